@@ -1,0 +1,1 @@
+"""Presto training engine: config, launch, model, optimizers, trainer (never imports submission)."""

