@@ -1,0 +1,452 @@
+"""Reading a prepared data set for training and eval: which rank reads which samples, when.
+
+Owns: the data-set description read from ``stats.json`` (``DataSetInfo``), the per-epoch
+sample plan (``ShardPlan``: which (shard, row) each rank takes at each step), shard I/O with
+a one-shard background prefetch (``ShardStore``), the training iterator with a saveable data
+position (``TrainLoader``) and the eval split (``load_eval_batches``). Never: writing data
+sets (prepare.py), the on-disk schema (shards.py), padding and labels (collate.py), reading
+the launcher's environment (rank and world size are passed in) or any communication: every
+rank derives the same plan from ``stats.json`` and the seed alone.
+
+Policies, in one place:
+
+* **Whole shards per rank.** Epoch ``e`` shuffles the file list with
+  ``numpy.random.default_rng([seed, e])``; rank ``r`` reads ``files[(f·W + r) % n]`` for
+  ``f in range(n // W)``. When ``n % W != 0`` the ``n % W`` files at the end of that epoch's
+  shuffled list are skipped for the epoch (a different set each epoch; a warning says so once).
+* **Order inside a rank.** The rank reads its shards in that order and each shard's rows in a
+  permutation drawn from ``default_rng([seed, e, r])``. Rows are shuffled within a shard, not
+  across the rank's shards, so only the current shard and the prefetched next one are in
+  memory; across an epoch the file order changes too. A batch may straddle two shards.
+* **Equal steps on every rank** (otherwise collectives hang): ``steps_per_epoch(e)`` is the
+  minimum over ranks of ``samples_r // local_batch_size``, computed from ``stats.json`` sizes.
+  A rank's surplus samples (the tail of its order) are not read that epoch. It varies by
+  epoch when shard sizes differ.
+* **Iteration never ends**: the loader runs on into the next epoch; the trainer stops it
+  (MLPerf counts samples, not epochs). ``epoch``/``step_in_epoch`` name the *next* batch.
+* **Data position**: ``state_dict()`` is the same on every rank (no rank in it), so one
+  copy in a checkpoint serves all ranks; restoring it replays the exact batch sequence.
+* **Checksums**: with ``verify=True`` every rank checks ``stats.json`` and the eval file, and
+  rank ``r`` checks every ``W``-th file of ``checksums.sha256`` from ``r`` (plus the row count
+  of each train shard among them): together the ranks hash the data set once. A failing rank
+  raises ``DataError`` naming the file; the launcher (mpiexec, torchrun, srun) ends the others.
+  Every shard's row count is checked again against ``stats.json`` when it is loaded.
+* **Eval split**: rank ``r`` takes eval samples ``r, r+W, r+2W, …`` in file order, no
+  shuffling; every sample is evaluated exactly once across ranks and ranks differ by at most
+  one sample. Ranks may run a different number of eval forward passes: the trainer
+  all-reduces only the final correct/total sums, never per batch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from loaders.collate import Batch, collate
+from loaders.shards import (EVAL_FILE, VLEN_INT16, DataError, Samples, read_checksums,
+                            read_shard, verify_checksums)
+
+STATS_FILE = "stats.json"
+PLAN_NAME = "shards-v1"  # bump when the sample order for a given seed changes
+_warned_skips: set = set()
+
+
+# --------------------------------------------------------------------------- data-set info
+
+@dataclass(frozen=True)
+class DataSetInfo:
+    """What ``stats.json`` says about a prepared data set: shard files, their sizes, the
+    parameters used. Read before any shard is opened, so each rank can plan alone."""
+
+    root: Path
+    train_files: tuple[str, ...]    # paths relative to root, in stats.json order
+    train_samples: tuple[int, ...]  # rows per shard
+    parameters: dict
+
+    @classmethod
+    def read(cls, root) -> "DataSetInfo":
+        root = Path(root)
+        path = root / STATS_FILE
+        try:
+            stats = json.loads(path.read_text())
+            shards = stats["train_shards"]
+            files = tuple(str(s["file"]) for s in shards)
+            sizes = tuple(int(s["samples"]) for s in shards)
+        except FileNotFoundError:
+            raise DataError(f"{path}: missing; {root} is not a prepared data set - run "
+                            f"`python -m loaders.prepare --out {root}`") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise DataError(f"{path}: cannot read the train shard list ({e!r}); expected "
+                            '"train_shards": [{"file": ..., "samples": N}, ...]') from e
+        if not files:
+            raise DataError(f"{path}: lists no train shards")
+        return cls(root, files, sizes, dict(stats.get("parameters", {})))
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.train_files)
+
+    @property
+    def digest(self) -> str:
+        """Identifies the shard list and sizes: a saved data position only means something
+        for the same data set."""
+        text = json.dumps([self.train_files, self.train_samples])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------- sample selection
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Which (shard, row) pairs each rank takes at each step of an epoch; pure arithmetic on
+    shard sizes and the seed, identical on every rank. Load balancers replace this layer."""
+
+    shard_samples: tuple[int, ...]
+    world_size: int
+    seed: int
+
+    def __post_init__(self):
+        n, w = len(self.shard_samples), self.world_size
+        if w < 1:
+            raise ValueError(f"world_size must be >= 1, got {w}")
+        if w > n:
+            raise DataError(f"the data set has {n} train shards but world_size is {w}: each "
+                            f"rank reads whole shards, so we need at least {w} shards - re-run "
+                            f"`python -m loaders.prepare --shards N` with N >= {w} (a multiple "
+                            f"of {w} reads every shard every epoch)")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shard_samples)
+
+    def file_order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_shards)
+
+    def rank_shards(self, epoch: int, rank: int) -> np.ndarray:
+        """Shard indices rank reads in ``epoch``, in reading order."""
+        files, n, w = self.file_order(epoch), self.num_shards, self.world_size
+        return files[[(f * w + rank) % n for f in range(n // w)]]
+
+    def skipped_shards(self, epoch: int) -> np.ndarray:
+        """The ``n % W`` shards no rank reads in ``epoch``."""
+        n, w = self.num_shards, self.world_size
+        return self.file_order(epoch)[(n // w) * w:]
+
+    def rank_samples(self, epoch: int, rank: int) -> int:
+        return sum(self.shard_samples[s] for s in self.rank_shards(epoch, rank))
+
+    def steps_per_epoch(self, epoch: int, local_batch_size: int) -> int:
+        return min(self.rank_samples(epoch, r) // local_batch_size
+                   for r in range(self.world_size))
+
+    def rank_batches(self, epoch: int, rank: int, local_batch_size: int) -> np.ndarray:
+        """int32 array [steps, local_batch_size, 2] of (shard index, row) per sample."""
+        rng = np.random.default_rng([self.seed, epoch, rank])
+        pairs = [np.stack([np.full(size, shard), rng.permutation(size)], 1)
+                 for shard in self.rank_shards(epoch, rank)
+                 for size in [self.shard_samples[shard]]]
+        steps = self.steps_per_epoch(epoch, local_batch_size)
+        order = np.concatenate(pairs).astype(np.int32)[: steps * local_batch_size]
+        return order.reshape(steps, local_batch_size, 2)
+
+
+# ------------------------------------------------------------------------------- shard I/O
+
+class ShardStore:
+    """The shards a rank holds in memory, loaded on demand or ahead of time on one background
+    thread. What is loaded never changes what is read: the order comes from the plan, and a
+    prefetch only decides *when* a shard's bytes arrive."""
+
+    def __init__(self, info: DataSetInfo, prefetch: bool = True):
+        self._info = info
+        self._pool = (ThreadPoolExecutor(1, thread_name_prefix="presto-shard-prefetch")
+                      if prefetch else None)
+        self._shards: dict[int, Samples | Future] = {}
+
+    @property
+    def resident(self) -> list[int]:
+        return sorted(self._shards)
+
+    def prefetch(self, index: int) -> None:
+        if self._pool is not None and index not in self._shards:
+            self._shards[index] = self._pool.submit(self._read, index)
+
+    def get(self, index: int) -> Samples:
+        entry = self._shards.get(index)
+        if entry is None:
+            entry = self._read(index)
+        elif isinstance(entry, Future):
+            entry = entry.result()  # re-raises the reader's DataError here, on the main thread
+        self._shards[index] = entry
+        return entry
+
+    def retain(self, keep: set[int]) -> None:
+        for index in [i for i in self._shards if i not in keep]:
+            entry = self._shards.pop(index)
+            if isinstance(entry, Future):
+                entry.cancel()
+
+    def close(self) -> None:
+        self._shards.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _read(self, index: int) -> Samples:
+        path = self._info.root / self._info.train_files[index]
+        samples = _read_shard(path)
+        _check_rows(path, len(samples), self._info.train_samples[index])
+        return samples
+
+
+def _check_rows(path: Path, found: int, expected: int) -> None:
+    if found != expected:
+        raise DataError(f"{path}: has {found} samples but {STATS_FILE} says {expected}; the "
+                        "data set was modified after preparation - rebuild it")
+
+
+def _read_shard(path: Path) -> Samples:
+    """``read_shard`` with every failure (missing file, damaged data past a good header)
+    turned into a DataError that names the file."""
+    if not path.is_file():
+        raise DataError(f"{path}: missing from the data set - rebuild it with "
+                        "`python -m loaders.prepare`")
+    try:
+        return read_shard(path)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: cannot read ({e}); the shard is corrupt or truncated - "
+                        "rebuild the data set with `python -m loaders.prepare`") from e
+
+
+def _count_rows(path: Path) -> int:
+    try:
+        with h5py.File(path, "r") as f:
+            return len(f["next_sentence_labels"])
+    except (OSError, KeyError) as e:
+        raise DataError(f"{path}: cannot read its row count ({e}); the shard is corrupt or "
+                        "not in the MLPerf schema - rebuild the data set") from e
+
+
+def take(samples: dict[int, Samples], pairs: np.ndarray) -> Samples:
+    """Gather the (shard, row) ``pairs`` from loaded shards into one ``Samples``."""
+    cols = {key: [] for key in VLEN_INT16}
+    nsp = np.empty(len(pairs), dtype=np.int8)
+    for i, (shard, row) in enumerate(pairs.tolist()):
+        source = samples[shard]
+        for key in VLEN_INT16:
+            cols[key].append(getattr(source, key)[row])
+        nsp[i] = source.next_sentence_labels[row]
+    return Samples(**cols, next_sentence_labels=nsp)
+
+
+# ---------------------------------------------------------------------------------- training
+
+class TrainLoader:
+    """Endless iterator of local training ``Batch``es for one rank (see the module docstring
+    for the sharding, ordering, remainder and checksum policies).
+
+    ``drop_last`` must stay True: every rank takes the same number of full batches per epoch
+    and the surplus is dropped; partial batches would differ in size across ranks."""
+
+    def __init__(self, data_dir, rank: int, world_size: int, local_batch_size: int, seed: int,
+                 *, verify: bool = True, prefetch: bool = True, drop_last: bool = True):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        if local_batch_size < 1:
+            raise ValueError(f"local_batch_size must be >= 1, got {local_batch_size}")
+        if not drop_last:
+            raise ValueError("drop_last=False is not supported: every rank must run the same "
+                             "number of equal-size steps; the surplus of an epoch is dropped")
+        root = Path(data_dir)
+        if verify:
+            verify_checksums(root, [STATS_FILE])
+        self.info = DataSetInfo.read(root)
+        try:
+            self.plan = ShardPlan(self.info.train_samples, world_size, seed)
+        except DataError as e:
+            raise DataError(f"{root / STATS_FILE}: {e}") from None
+        self.rank, self.world_size = rank, world_size
+        self.local_batch_size, self.seed = local_batch_size, seed
+        self._steps_cache: dict[int, int] = {}
+        if verify:
+            self._verify()
+        self._warn_if_shards_skipped()
+        self._check_steps(0)
+        self._store = ShardStore(self.info, prefetch)
+        self._epoch, self._step = 0, 0
+        self._schedules: dict[int, _EpochSchedule] = {}
+
+    # -- position ------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def step_in_epoch(self) -> int:
+        return self._step
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps of the current epoch (it changes with the epoch when shard sizes differ)."""
+        return self._steps(self._epoch)
+
+    @property
+    def resident_shards(self) -> list[int]:
+        return self._store.resident
+
+    def state_dict(self) -> dict:
+        return {"epoch": self._epoch, "step_in_epoch": self._step, "seed": self.seed,
+                "world_size": self.world_size, "local_batch_size": self.local_batch_size,
+                "num_shards": self.info.num_shards, "data_set": self.info.digest,
+                "plan": PLAN_NAME}
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = self.state_dict()
+        for key in ("plan", "world_size", "local_batch_size", "seed", "num_shards", "data_set"):
+            if key not in state:
+                raise ValueError(f"data position has no '{key}'; it was not saved by "
+                                 "TrainLoader.state_dict()")
+            if state[key] != mine[key]:
+                raise ValueError(f"data position was saved with {key}={state[key]!r}, this "
+                                 f"run has {key}={mine[key]!r}: the sample order would differ. "
+                                 f"Resume with the same {key}, or start the data from scratch")
+        epoch, step = int(state["epoch"]), int(state["step_in_epoch"])
+        steps = self._steps(epoch) if epoch >= 0 else 0
+        if not 0 <= step < steps:
+            raise ValueError(f"data position epoch={epoch} step_in_epoch={step} is outside "
+                             f"that epoch's {steps} steps")
+        self._epoch, self._step = epoch, step
+        self._schedules.clear()
+        self._store.retain(set())
+
+    # -- iteration -------------------------------------------------------------------------
+    def __iter__(self) -> "TrainLoader":
+        return self
+
+    def __next__(self) -> Batch:
+        schedule = self._schedule(self._epoch)
+        pairs = schedule.batches[self._step]
+        self._plan_residency(schedule)
+        shards = {s: self._store.get(s) for s in np.unique(pairs[:, 0]).tolist()}
+        batch = collate(take(shards, pairs))
+        self._advance(len(schedule.batches))
+        return batch
+
+    def close(self) -> None:
+        self._store.close()
+
+    def __enter__(self) -> "TrainLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------
+    def _advance(self, steps: int) -> None:
+        self._step += 1
+        if self._step == steps:
+            self._schedules.pop(self._epoch, None)
+            self._epoch, self._step = self._epoch + 1, 0
+
+    def _schedule(self, epoch: int) -> "_EpochSchedule":
+        if epoch not in self._schedules:
+            self._check_steps(epoch)
+            batches = self.plan.rank_batches(epoch, self.rank, self.local_batch_size)
+            self._schedules[epoch] = _EpochSchedule(batches)
+        return self._schedules[epoch]
+
+    def _plan_residency(self, schedule: "_EpochSchedule") -> None:
+        """Keep the shards still needed this epoch, start loading the next one."""
+        keep = schedule.needed_from(self._step)
+        upcoming = schedule.next_new_shard(self._step)
+        if upcoming is None:  # last shard of the epoch: prefetch the next epoch's first
+            upcoming = self._schedule(self._epoch + 1).first_shard
+        self._store.retain(keep | {upcoming})
+        self._store.prefetch(upcoming)
+
+    def _steps(self, epoch: int) -> int:
+        if epoch not in self._steps_cache:
+            self._steps_cache[epoch] = self.plan.steps_per_epoch(epoch, self.local_batch_size)
+        return self._steps_cache[epoch]
+
+    def _check_steps(self, epoch: int) -> None:
+        if self._steps(epoch) == 0:
+            fewest = min(self.plan.rank_samples(epoch, r) for r in range(self.world_size))
+            raise DataError(f"{self.info.root}: in epoch {epoch} a rank gets only {fewest} "
+                            f"samples, fewer than local_batch_size={self.local_batch_size}; "
+                            "use a smaller batch or a bigger data set")
+
+    def _verify(self) -> None:
+        root, w = self.info.root, self.world_size
+        share = set(sorted(read_checksums(root))[self.rank::w])
+        verify_checksums(root, sorted(share | {EVAL_FILE}))
+        for index, rel in enumerate(self.info.train_files):
+            if rel in share:
+                _check_rows(root / rel, _count_rows(root / rel), self.info.train_samples[index])
+
+    def _warn_if_shards_skipped(self) -> None:
+        n, w = self.info.num_shards, self.world_size
+        key = (str(self.info.root), n, w)
+        if n % w and key not in _warned_skips:
+            _warned_skips.add(key)
+            warnings.warn(f"{self.info.root}: {n} train shards do not divide among {w} ranks; "
+                          f"each epoch skips {n % w} shard(s) (a different set each epoch). "
+                          f"Prepare a multiple of {w} shards to read every sample every epoch",
+                          stacklevel=3)
+
+
+class _EpochSchedule:
+    """One epoch's batches for this rank plus, per shard, the first and last step using it."""
+
+    def __init__(self, batches: np.ndarray):
+        self.batches = batches
+        flat = batches[:, :, 0].ravel()
+        width = batches.shape[1]
+        shards, first = np.unique(flat, return_index=True)
+        _, last_reversed = np.unique(flat[::-1], return_index=True)
+        self._last = dict(zip(shards.tolist(), ((len(flat) - 1 - last_reversed) // width).tolist()))
+        by_first = np.argsort(first, kind="stable")
+        self._first_steps = (first[by_first] // width)
+        self._by_first = shards[by_first]
+
+    @property
+    def first_shard(self) -> int:
+        return int(self.batches[0, 0, 0])
+
+    def needed_from(self, step: int) -> set[int]:
+        return {s for s, last in self._last.items() if last >= step}
+
+    def next_new_shard(self, step: int) -> int | None:
+        """The first shard not yet used at ``step``: the one to prefetch."""
+        i = int(np.searchsorted(self._first_steps, step, side="right"))
+        return int(self._by_first[i]) if i < len(self._by_first) else None
+
+
+# -------------------------------------------------------------------------------------- eval
+
+def eval_rows(num_samples: int, rank: int, world_size: int) -> np.ndarray:
+    """The eval rows rank evaluates: ``rank, rank+W, …`` (strided, file order)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size}")
+    return np.arange(rank, num_samples, world_size)
+
+
+def load_eval_batches(data_dir, rank: int, world_size: int, batch_size: int) -> list[Batch]:
+    """This rank's share of the fixed eval set as a list of ``Batch``es, the last one possibly
+    smaller. Deterministic and unshuffled; covers each eval sample exactly once across ranks.
+    A rank may get one sample (and so one batch) more than another: all-reduce only the final
+    correct/total sums, never per batch. Checksums are verified by ``TrainLoader``."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    samples = _read_shard(Path(data_dir) / EVAL_FILE)
+    rows = eval_rows(len(samples), rank, world_size)
+    pairs = np.stack([np.zeros_like(rows), rows], 1)
+    return [collate(take({0: samples}, pairs[i:i + batch_size]))
+            for i in range(0, len(pairs), batch_size)]
