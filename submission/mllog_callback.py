@@ -1,0 +1,274 @@
+"""MLPerf logging as a callback on runtime events: ``Event`` in, ``:::MLLOG`` lines out.
+
+Owns: which MLPerf key is logged at which runtime event, with which value and metadata, written
+through the real ``mlperf_logging.mllog`` package (never hand-formatted lines). Never: steers the
+training loop, reads the launcher's environment, or writes to any logger but its own.
+
+Use (the trainer only sees an object with ``on_event``)::
+
+    from submission.mllog_callback import MLPerfLogger
+    callbacks.add(MLPerfLogger(Path(cfg.train.output_dir) / "mlperf_bert.log", is_main=rank == 0))
+
+What is logged where (docs/MLPERF_LOGGING.md has the full table):
+
+    INIT_START   cache_clear, init_start, submission_{benchmark,org,platform,division,status}
+                 (+ submission_poc_name/email when given)
+    INIT_STOP    hyperparameters (each exactly once), train_samples/eval_samples when known,
+                 init_stop
+    RUN_START    run_start
+    BLOCK_START  block_start {first_epoch_num: samples before the block, epoch_count: samples in it}
+    STEP         tracked_stats {loss, mlm_loss, nsp_loss, lr, grad_norm} every N steps (optional)
+    BLOCK_STOP   block_stop  {first_epoch_num}
+    EVAL_START   eval_start  {epoch_num: samples trained}
+    EVAL_STOP    eval_stop, eval_accuracy {epoch_num: samples trained}
+    RUN_STOP     (train_samples/eval_samples if still unlogged), run_stop {status}
+
+BERT counts "epochs" in samples: every ``epoch_num``/``first_epoch_num`` is the number of samples
+trained so far (all ranks), the unit of the RCP checker's "epochs to converge".
+
+Design choices:
+
+* A private ``mllog.mllog.MLLogger`` bound to a private ``logging.Logger`` (``propagate=False``,
+  not registered with the logging manager) instead of the shared ``mllog.get_mllogger()``: the
+  shared one prints every line to stdout and ``mllog.config(filename=...)`` *adds* a file handler
+  to it each time, so two loggers in one process (tests, a second run) would write into each
+  other's files. Lines are identical either way; nothing reaches the root logger.
+* ``default_stack_offset=2`` and ``root_dir`` = repository root: the ``file``/``lineno`` metadata
+  of each line points at the line in this module that chose the key, not at mllog internals.
+* ``cache_clear``'s value is the ``cache_clear=`` argument, else ``state.derived["cache_clear"]``,
+  else True: whoever launches the run (run.sub) knows whether page caches were dropped and says
+  so; the MLPerf rules want the key present, the value is the claim.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from mlperf_logging import mllog
+from mlperf_logging.mllog import constants as C
+
+from runtime.events import Event, RunState
+
+_REPO_ROOT = str(Path(__file__).resolve().parents[1])
+
+# The compliance-checker ruleset to judge logs with. 5.0.0 is the last whose *_common.yaml
+# accepts submission_benchmark "bert"; 5.1.0 ships an identical closed_bert.yaml/open_bert.yaml
+# but dropped "bert" from the benchmark list, so a BERT log fails 5.1.0 on that key alone.
+COMPLIANCE_RULESET = "5.0.0"
+
+# Optimizer hyperparameter keys by optimizer registry name; closed BERT requires the LAMB ones.
+_OPT_KEYS = {
+    "lamb": {"beta1": C.OPT_LAMB_BETA_1, "beta2": C.OPT_LAMB_BETA_2, "eps": C.OPT_LAMB_EPSILON,
+             "weight_decay": C.OPT_LAMB_WEIGHT_DECAY},
+    "adamw": {"beta1": C.OPT_ADAMW_BETA_1, "beta2": C.OPT_ADAMW_BETA_2, "eps": C.OPT_ADAMW_EPSILON,
+              "weight_decay": C.OPT_ADAMW_WEIGHT_DECAY},
+    "lars": {"momentum": C.LARS_OPT_MOMENTUM, "weight_decay": C.LARS_OPT_WEIGHT_DECAY},
+}
+
+
+class MLPerfLogger:
+    """Writes the MLPerf log of a run on the main rank; a no-op on every other rank.
+
+    Args:
+        log_path: file to write (parents are created; an existing file is replaced, one run per
+            file, because the checker wants exactly one run_start/run_stop per log).
+        is_main: True on global rank 0 only.
+        echo: also print each ``:::MLLOG`` line to stdout (off by default: the trainer prints
+            its own progress line).
+        tracked_stats_every: log ``tracked_stats`` every this many optimizer steps; ``None``
+            uses ``config.train.log_every_steps``; 0 turns it off. The checker ignores the key.
+        poc_name, poc_email: optional ``submission_poc_name``/``submission_poc_email``.
+        cache_clear: the ``cache_clear`` value; ``None`` takes ``state.derived["cache_clear"]``
+            at INIT_START, else True.
+    """
+
+    def __init__(self, log_path: str | Path, is_main: bool, *, echo: bool = False,
+                 tracked_stats_every: int | None = None, poc_name: str | None = None,
+                 poc_email: str | None = None, cache_clear: bool | None = None):
+        self.log_path = Path(log_path)
+        self.is_main = bool(is_main)
+        self.tracked_stats_every = tracked_stats_every
+        self.poc_name, self.poc_email = poc_name, poc_email
+        self.cache_clear = cache_clear
+        self._logged: set[str] = set()          # keys that must appear exactly once
+        self._handlers: list[logging.Handler] = []
+        self.mllogger = None
+        if not self.is_main:
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # A bare Logger (not logging.getLogger): no parent, so nothing can reach the root
+        # logger, and it is garbage-collected with this object instead of living in the manager.
+        logger = logging.Logger(f"presto.mllog.{id(self):x}", level=logging.INFO)
+        logger.propagate = False
+        self._handlers.append(logging.FileHandler(self.log_path, mode="w", encoding="utf-8"))
+        if echo:
+            self._handlers.append(logging.StreamHandler(sys.stdout))
+        for handler in self._handlers:
+            handler.setLevel(logging.INFO)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            logger.addHandler(handler)
+        self.mllogger = mllog.mllog.MLLogger(logger=logger, default_stack_offset=2,
+                                             root_dir=_REPO_ROOT)
+
+    # -- the Callback protocol -------------------------------------------------------------
+
+    def on_event(self, event: Event, state: RunState) -> None:
+        if self.mllogger is None:
+            return
+        handler = getattr(self, f"_on_{event.value}", None)
+        if handler is not None:
+            handler(state)
+
+    def close(self) -> None:
+        """Flush and close the log file (also done at RUN_STOP)."""
+        for handler in self._handlers:
+            handler.flush()
+            if isinstance(handler, logging.FileHandler):
+                handler.close()
+
+    # -- event handlers --------------------------------------------------------------------
+
+    def _on_init_start(self, state: RunState) -> None:
+        sub = state.config.submission
+        cache_clear = self.cache_clear
+        if cache_clear is None:
+            cache_clear = state.derived.get("cache_clear", True)
+        self._event(C.CACHE_CLEAR, bool(cache_clear))
+        self._start(C.INIT_START)
+        self._once(C.SUBMISSION_BENCHMARK, sub.benchmark)
+        self._once(C.SUBMISSION_ORG, sub.org)
+        self._once(C.SUBMISSION_PLATFORM, sub.platform)
+        self._once(C.SUBMISSION_DIVISION, sub.division)
+        self._once(C.SUBMISSION_STATUS, sub.status)
+        if self.poc_name:
+            self._once(C.SUBMISSION_POC_NAME, self.poc_name)
+        if self.poc_email:
+            self._once(C.SUBMISSION_POC_EMAIL, self.poc_email)
+
+    def _on_init_stop(self, state: RunState) -> None:
+        for key, value in hyperparameters(state).items():
+            self._once(key, value)
+        self._dataset_sizes(state, force=False)
+        self._end(C.INIT_STOP)
+
+    def _on_run_start(self, state: RunState) -> None:
+        self._start(C.RUN_START)
+
+    def _on_block_start(self, state: RunState) -> None:
+        meta: dict[str, Any] = {C.FIRST_EPOCH_NUM: int(state.block_start_samples)}
+        if state.block_samples > 0:
+            meta[C.EPOCH_COUNT] = int(state.block_samples)
+        else:  # the checker wants epoch_count > 0; an unknown block length is 0 samples_count
+            meta[C.SAMPLES_COUNT] = 0
+        self._start(C.BLOCK_START, metadata=meta)
+
+    def _on_block_stop(self, state: RunState) -> None:
+        self._end(C.BLOCK_STOP, metadata={C.FIRST_EPOCH_NUM: int(state.block_start_samples)})
+
+    def _on_step(self, state: RunState) -> None:
+        every = self.tracked_stats_every
+        if every is None:
+            every = int(getattr(state.config.train, "log_every_steps", 0) or 0)
+        m = state.last_step
+        if m is None or every <= 0 or m.step % every:
+            return
+        # Key names avoid the substrings the RCP checker greps for (eval_accuracy,
+        # global_batch_size, train_samples): it matches raw text, not keys.
+        stats = {"loss": m.loss, "mlm_loss": m.mlm_loss, "nsp_loss": m.nsp_loss, "lr": m.lr,
+                 "grad_norm": m.grad_norm}
+        self._event("tracked_stats", {k: _num(v) for k, v in stats.items()},
+                    metadata={"step": int(m.step), C.SAMPLES_COUNT: int(m.samples)})
+
+    def _on_eval_start(self, state: RunState) -> None:
+        self._start(C.EVAL_START, metadata={C.EPOCH_NUM: int(state.samples)})
+
+    def _on_eval_stop(self, state: RunState) -> None:
+        self._end(C.EVAL_STOP, metadata={C.EPOCH_NUM: int(state.samples)})
+        if state.eval_accuracy is not None:
+            self._event(C.EVAL_ACCURACY, float(state.eval_accuracy),
+                        metadata={C.EPOCH_NUM: int(state.samples)})
+        self._dataset_sizes(state, force=False)
+
+    def _on_run_stop(self, state: RunState) -> None:
+        self._dataset_sizes(state, force=True)
+        status = state.status if state.status in (C.SUCCESS, C.ABORTED) else C.ABORTED
+        self._end(C.RUN_STOP, metadata={C.STATUS: status})
+        self.close()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _dataset_sizes(self, state: RunState, force: bool) -> None:
+        """train_samples/eval_samples exactly once: as soon as known (> 0), at the latest
+        before run_stop (the checker requires both)."""
+        for key, value in ((C.TRAIN_SAMPLES, state.train_samples),
+                           (C.EVAL_SAMPLES, state.eval_samples)):
+            if key not in self._logged and (force or value > 0):
+                self._once(key, int(value))
+
+    # Every call below adds exactly one frame, so default_stack_offset=2 names the caller
+    # of these helpers in the line's file/lineno metadata.
+    def _event(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
+        self.mllogger.event(key=key, value=value, metadata=metadata)
+
+    def _once(self, key: str, value: Any) -> None:
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        self.mllogger.event(key=key, value=value)
+
+    def _start(self, key: str, metadata: dict | None = None) -> None:
+        self.mllogger.start(key=key, value=None, metadata=metadata)
+
+    def _end(self, key: str, metadata: dict | None = None) -> None:
+        self.mllogger.end(key=key, value=None, metadata=metadata)
+
+
+def hyperparameters(state: RunState) -> dict[str, Any]:
+    """The MLPerf hyperparameter keys and values of a run, in log order.
+
+    Values the trainer derived (``state.derived``: local_batch_size, gradient_accumulation_steps,
+    lr, warmup_steps, start_warmup_step, total_steps) win over the config, so the log says what
+    actually ran. Raises ValueError when the config scales the lr but the trainer did not report
+    the scaled value (the log would otherwise claim the wrong base lr).
+    """
+    cfg, d = state.config, state.derived
+    if "lr" in d:
+        lr = float(d["lr"])
+    elif cfg.optim.lr_scaling == "none":
+        lr = float(cfg.optim.lr)
+    else:
+        raise ValueError(f"optim.lr_scaling={cfg.optim.lr_scaling!r}: the trainer must put the "
+                         "scaled lr in RunState.derived['lr'] before INIT_STOP")
+    accum = int(d.get("gradient_accumulation_steps", cfg.train.gradient_accumulation_steps))
+    local = d.get("local_batch_size")
+    if local is None:
+        local = cfg.local_batch_size(state.world_size)
+    warmup = int(d.get("warmup_steps", cfg.schedule.warmup_steps))
+    hp: dict[str, Any] = {
+        C.SEED: int(cfg.train.seed),
+        C.GLOBAL_BATCH_SIZE: int(cfg.train.global_batch_size),
+        "d_batch_size": int(local),
+        C.GRADIENT_ACCUMULATION_STEPS: accum,
+        "max_predictions_per_seq": int(cfg.data.max_predictions_per_seq),
+        C.OPT_NAME: cfg.optim.name,
+        C.OPT_BASE_LR: lr,
+        C.OPT_LR_TRAINING_STEPS: int(d.get("total_steps", cfg.schedule.total_steps)),
+        C.OPT_LR_WARMUP_STEPS: warmup,
+        C.NUM_WARMUP_STEPS: warmup,
+        C.START_WARMUP_STEP: int(d.get("start_warmup_step", cfg.schedule.start_warmup_step)),
+    }
+    for field_name, key in _OPT_KEYS.get(cfg.optim.name, {}).items():
+        hp[key] = float(getattr(cfg.optim, field_name))
+    if cfg.optim.name == "lamb":
+        hp[C.OPT_LAMB_LR_DECAY_POLY_POWER] = float(cfg.schedule.power)
+    hp[C.OPT_GRADIENT_CLIP_NORM] = float(cfg.train.max_grad_norm)
+    return hp
+
+
+def _num(value: Any) -> float | None:
+    """JSON-safe float: NaN/inf (an fp16 overflow step) become null instead of invalid JSON."""
+    value = float(value)
+    return value if math.isfinite(value) else None

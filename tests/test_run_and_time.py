@@ -1,0 +1,241 @@
+"""run_and_time.sh: fail-fast checks, the launch command per launcher, the RESULT line.
+
+PYTHON, MPIEXEC, MPIRUN and SRUN are stub scripts that record their argv and exit with
+$STUB_RC; the PYTHON stub passes `-m runtime.config` on to the real interpreter, so the launch
+values really come from the config. Everything lives under a directory with a space in its name
+to prove the quoting. The real end-to-end run is tested elsewhere (it trains).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "run_and_time.sh"
+RESULT_RE = re.compile(r"^RESULT,bert,(\d+),(\d+),(\S+),(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (AM|PM))$")
+
+STUB = f"""#!{sys.executable}
+import json, os, sys
+argv = sys.argv[1:]
+if argv[:2] == ["-m", "runtime.config"]:
+    os.execv({sys.executable!r}, [{sys.executable!r}] + argv)
+with open(os.environ["STUB_LOG"], "a") as f:
+    f.write(json.dumps({{"prog": os.path.basename(sys.argv[0]), "argv": argv}}) + "\\n")
+sys.exit(int(os.environ.get("STUB_RC", "0")))
+"""
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    root = tmp_path / "with space"
+    bindir = root / "bin dir"
+    bindir.mkdir(parents=True)
+    stubs = {}
+    for name in ("python", "mpiexec", "mpirun", "srun"):
+        path = bindir / name
+        path.write_text(STUB)
+        path.chmod(0o755)
+        stubs[name] = str(path)
+    return root, stubs
+
+
+def write_config(root: Path, launcher: str, nodes: int = 1, ranks: int = 2, seed: int = 7,
+                 name: str = "config_TEST_1x2x8x1.toml") -> Path:
+    path = root / "my configs" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'[system]\nlauncher = "{launcher}"\nnodes = {nodes}\nranks_per_node = {ranks}\n'
+                    f'device = "cpu"\n[train]\nseed = {seed}\nglobal_batch_size = 16\n')
+    return path
+
+
+def run(sandbox, config: Path | None, *args: str, rc: int = 0, **env_extra):
+    root, stubs = sandbox
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "OMPI_", "PMI_")) and k not in (
+               "CONFIG", "SEED", "RUN_DIR", "LOGDIR", "HOSTFILE", "MASTER_ADDR", "MASTER_PORT",
+               "TORCHRUN")}
+    env.update(PYTHON=stubs["python"], MPIEXEC=stubs["mpiexec"], MPIRUN=stubs["mpirun"],
+               SRUN=stubs["srun"], STUB_LOG=str(root / "calls.jsonl"), STUB_RC=str(rc),
+               LOGDIR=str(root / "log dir"), USER="tester")
+    if config is not None:
+        env["CONFIG"] = str(config)
+    env.update(env_extra)
+    proc = subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True,
+                          timeout=60, cwd=root)
+    log = root / "calls.jsonl"
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    log.unlink(missing_ok=True)
+    return proc, calls
+
+
+def result_line(proc) -> re.Match:
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT,")]
+    assert len(lines) == 1, proc.stdout + proc.stderr
+    m = RESULT_RE.match(lines[0])
+    assert m, lines[0]
+    return m
+
+
+def train_args(config: Path, seed: int, argv: list[str]) -> None:
+    """The submission.train part of a launch: config, seed and output dir, each one argv item."""
+    i = argv.index("submission.train")
+    assert argv[i - 1] == "-m"
+    rest = argv[i + 1:]
+    assert rest[:4] == ["--config", str(config), "--set", f"train.seed={seed}"]
+    assert rest[4] == "--set" and rest[5].startswith("train.output_dir=")
+    out = rest[5].split("=", 1)[1]
+    assert out.startswith(str(config.parents[1] / "log dir") + "/"), out
+    assert f"{config.stem}_seed{seed}" in out
+
+
+def test_missing_config_fails_and_names_it(sandbox):
+    root, _ = sandbox
+    missing = root / "no such" / "config_X_1x1x1x1.toml"
+    proc, calls = run(sandbox, missing)
+    assert proc.returncode != 0
+    assert str(missing) in proc.stderr and "CONFIG" in proc.stderr
+    assert not calls and "RESULT" not in proc.stdout
+
+
+def test_default_config_is_the_cpu_one(sandbox):
+    default = REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
+    proc, calls = run(sandbox, None)
+    if not default.exists():
+        assert proc.returncode != 0 and str(default) in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
+    assert any(str(default) in c["argv"] for c in calls)
+
+
+def test_mpiexec_command_line(sandbox):
+    root, stubs = sandbox
+    cfg = write_config(root, "mpiexec", ranks=2)
+    proc, calls = run(sandbox, cfg, SEED="123")
+    assert proc.returncode == 0, proc.stderr
+    assert [c["prog"] for c in calls] == ["mpiexec"]
+    argv = calls[0]["argv"]
+    assert argv[:3] == ["-n", "2", stubs["python"]]
+    train_args(cfg, 123, argv)
+    m = result_line(proc)
+    assert m.group(1) == "123" and m.group(3) == "tester"
+    assert "STARTING TIMING RUN AT" in proc.stdout and "ENDING TIMING RUN AT" in proc.stdout
+
+
+def test_mpirun_command_line(sandbox):
+    root, stubs = sandbox
+    cfg = write_config(root, "mpirun", ranks=4)
+    proc, calls = run(sandbox, cfg)
+    assert proc.returncode == 0, proc.stderr
+    argv = calls[0]["argv"]
+    assert calls[0]["prog"] == "mpirun"
+    assert argv[:3] == ["-n", "4", "--oversubscribe"]
+    assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
+    assert argv[argv.index("-m") - 1] == stubs["python"]
+    train_args(cfg, 7, argv)
+    assert result_line(proc).group(1) == "7"
+
+
+def test_torchrun_command_line(sandbox):
+    root, _ = sandbox
+    cfg = write_config(root, "torchrun", ranks=2)
+    proc, calls = run(sandbox, cfg)
+    assert proc.returncode == 0, proc.stderr
+    assert [c["prog"] for c in calls] == ["python"]
+    argv = calls[0]["argv"]
+    assert argv[:5] == ["-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+                        "--standalone"]
+    assert argv[5:7] == ["-m", "submission.train"]
+    train_args(cfg, 7, argv)
+    result_line(proc)
+
+
+def test_torchrun_multinode_needs_master_addr(sandbox):
+    root, _ = sandbox
+    cfg = write_config(root, "torchrun", nodes=2, ranks=2, name="config_TEST_2x2x4x1.toml")
+    proc, calls = run(sandbox, cfg)
+    assert proc.returncode != 0 and "MASTER_ADDR" in proc.stderr and not calls
+    proc, calls = run(sandbox, cfg, MASTER_ADDR="node0", MASTER_PORT="1234")
+    assert proc.returncode == 0, proc.stderr
+    argv = calls[0]["argv"]
+    assert "--nnodes=2" in argv and "--rdzv_endpoint=node0:1234" in argv
+    assert "--standalone" not in argv
+
+
+def test_srun_inside_a_job_step_runs_the_rank_directly(sandbox):
+    root, _ = sandbox
+    cfg = write_config(root, "srun", ranks=2)
+    proc, calls = run(sandbox, cfg, SLURM_PROCID="0", SLURM_JOB_ID="77", SLURM_STEP_ID="3")
+    assert proc.returncode == 0, proc.stderr
+    assert [c["prog"] for c in calls] == ["python"]
+    argv = calls[0]["argv"]
+    assert argv[:2] == ["-m", "submission.train"]
+    train_args(cfg, 7, argv)
+    out = next(a for a in argv if a.startswith("train.output_dir="))
+    assert out.endswith("_job77.3")   # the same output dir on every task of the step
+    result_line(proc)
+    # Other tasks train but leave the RESULT line to task 0.
+    proc, calls = run(sandbox, cfg, SLURM_PROCID="1", SLURM_JOB_ID="77", SLURM_STEP_ID="3")
+    assert proc.returncode == 0 and calls and "RESULT," not in proc.stdout
+
+
+def test_srun_outside_a_job_step_launches_tasks(sandbox):
+    root, stubs = sandbox
+    cfg = write_config(root, "srun", nodes=2, ranks=4, name="config_TEST_2x4x2x1.toml")
+    proc, calls = run(sandbox, cfg)
+    assert proc.returncode == 0, proc.stderr
+    assert calls[0]["prog"] == "srun"
+    argv = calls[0]["argv"]
+    assert argv[:3] == ["--nodes=2", "--ntasks-per-node=4", stubs["python"]]
+    train_args(cfg, 7, argv)
+
+
+def test_launcher_failure_exits_nonzero_without_result(sandbox):
+    root, _ = sandbox
+    cfg = write_config(root, "mpiexec")
+    proc, calls = run(sandbox, cfg, rc=1)
+    assert proc.returncode == 1
+    assert calls and "RESULT" not in proc.stdout
+    assert "FAILED" in proc.stderr and "status 1" in proc.stderr
+
+
+def test_extra_overrides_are_passed_and_validated(sandbox):
+    root, _ = sandbox
+    cfg = write_config(root, "mpiexec")
+    proc, calls = run(sandbox, cfg, "--", "optim.lr=0.001", "train.log_every_steps=5")
+    assert proc.returncode == 0, proc.stderr
+    argv = calls[0]["argv"]
+    assert argv[-4:] == ["--set", "optim.lr=0.001", "--set", "train.log_every_steps=5"]
+    # An override can change the launch itself: it is applied before the values are read.
+    proc, calls = run(sandbox, cfg, "--", "system.launcher=mpirun")
+    assert proc.returncode == 0 and calls[0]["prog"] == "mpirun"
+    # A misspelt key stops before anything launches, with runtime.config's message.
+    proc, calls = run(sandbox, cfg, "--", "optim.lrr=1")
+    assert proc.returncode != 0 and not calls and "optim.lrr" in proc.stderr
+    # Not an override at all.
+    proc, calls = run(sandbox, cfg, "--", "lr")
+    assert proc.returncode != 0 and not calls and "'lr'" in proc.stderr
+
+
+def test_multinode_mpi_needs_hostfile(sandbox):
+    root, _ = sandbox
+    cfg = write_config(root, "mpiexec", nodes=2, ranks=2, name="config_TEST_2x2x4x1.toml")
+    proc, calls = run(sandbox, cfg)
+    assert proc.returncode != 0 and "HOSTFILE" in proc.stderr and not calls
+    hosts = root / "hosts file"
+    hosts.write_text("a\nb\n")
+    proc, calls = run(sandbox, cfg, HOSTFILE=str(hosts))
+    assert proc.returncode == 0, proc.stderr
+    assert calls[0]["argv"][:4] == ["-n", "4", "-f", str(hosts)]
+
+
+def test_unknown_launcher_is_refused(sandbox):
+    root, _ = sandbox
+    cfg = write_config(root, "ssh")
+    proc, calls = run(sandbox, cfg)
+    assert proc.returncode != 0 and not calls and "system.launcher='ssh'" in proc.stderr
