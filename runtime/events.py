@@ -1,0 +1,97 @@
+"""Runtime events and the callback interface (how MLPerf logging, metrics and progress plug in).
+
+The trainer fires events in this order; callbacks observe them and never steer the loop::
+
+    INIT_START                      process up, config validated on every rank
+      ... build model, optimizer, data ...
+    INIT_STOP                       everything ready; nothing timed has happened yet
+    RUN_START                       MLPerf's timed region begins
+    while not stopped:
+        BLOCK_START                 a block of training between two evaluations
+        STEP  (per optimizer step)  state.last_step has loss, lr, grad norm, tokens, times
+        BLOCK_STOP
+        EVAL_START
+        EVAL_STOP                   state.eval_accuracy set
+    RUN_STOP                        state.status = "success" | "aborted"
+
+Owns: the event names and the read-only ``RunState`` given to callbacks. Never: I/O.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class Event(enum.Enum):
+    INIT_START = "init_start"
+    INIT_STOP = "init_stop"
+    RUN_START = "run_start"
+    BLOCK_START = "block_start"
+    STEP = "step"
+    BLOCK_STOP = "block_stop"
+    EVAL_START = "eval_start"
+    EVAL_STOP = "eval_stop"
+    RUN_STOP = "run_stop"
+
+
+@dataclass
+class StepMetrics:
+    """What one optimizer step did, on this rank (and ``*_max``/``*_mean`` across ranks)."""
+
+    step: int
+    samples: int                 # samples trained so far, all ranks, after this step
+    loss: float
+    mlm_loss: float
+    nsp_loss: float
+    lr: float
+    grad_norm: float             # global norm of the averaged gradient, before clipping
+    clip_coef: float             # multiplier folded into the step (1.0 = not clipped)
+    step_time_s: float
+    real_tokens: int             # this rank's real tokens in the step
+    computed_tokens: int         # this rank's tokens computed, padding included
+    skipped: bool = False        # fp16: step skipped because of inf/nan gradients
+    loss_scale: float = 1.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RunState:
+    """The trainer's state as callbacks see it. Callbacks must treat it as read-only."""
+
+    config: Any                  # runtime.config.Config
+    rank: int
+    world_size: int
+    step: int = 0
+    samples: int = 0             # samples trained, all ranks
+    epoch: int = 0
+    block_start_samples: int = 0
+    block_samples: int = 0       # samples in the current block (until the next eval)
+    eval_accuracy: float | None = None
+    eval_samples: int = 0        # eval samples used for eval_accuracy
+    train_samples: int = 0       # samples in one training epoch (MLPerf train_samples)
+    status: str | None = None    # "success" | "aborted" at RUN_STOP
+    last_step: StepMetrics | None = None
+    derived: dict[str, Any] = field(default_factory=dict)  # local batch, accum, warm-up...
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+class Callback(Protocol):
+    def on_event(self, event: Event, state: RunState) -> None: ...
+
+
+class CallbackList:
+    """Fans an event out to callbacks in registration order."""
+
+    def __init__(self, callbacks: list[Callback] | None = None):
+        self.callbacks = list(callbacks or [])
+
+    def add(self, callback: Callback) -> None:
+        self.callbacks.append(callback)
+
+    def fire(self, event: Event, state: RunState) -> None:
+        for cb in self.callbacks:
+            cb.on_event(event, state)

@@ -1,0 +1,158 @@
+"""Metrics file, progress line and the loss/accuracy plot: callbacks on runtime events.
+
+Owns: ``metrics.jsonl`` (one JSON object per logged step and per eval, rank 0), the progress
+line on stdout, and ``plot.png`` drawn from the metrics file. Never: steers training.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from runtime.events import Event, RunState
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    m, s = divmod(seconds, 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+class MetricsWriter:
+    """Appends step and eval records to ``<dir>/metrics.jsonl`` on rank 0."""
+
+    def __init__(self, path: str | Path, every: int = 1):
+        self.path = Path(path)
+        self.every = max(1, every)
+        self._file = None
+
+    def on_event(self, event: Event, state: RunState) -> None:
+        if not state.is_main:
+            return
+        if event is Event.RUN_START:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "w")
+            self._t0 = time.perf_counter()
+        elif event is Event.STEP and self._file and state.step % self.every == 0:
+            m = state.last_step
+            rec = {"kind": "step", "time_s": time.perf_counter() - self._t0, "step": m.step,
+                   "samples": m.samples, "loss": m.loss, "mlm_loss": m.mlm_loss,
+                   "nsp_loss": m.nsp_loss, "lr": m.lr, "grad_norm": m.grad_norm,
+                   "clip_coef": m.clip_coef, "step_time_s": m.step_time_s,
+                   "real_tokens": m.real_tokens, "computed_tokens": m.computed_tokens,
+                   "padding_efficiency": m.real_tokens / max(m.computed_tokens, 1),
+                   "skipped": m.skipped, "loss_scale": m.loss_scale, **m.extra}
+            self._write(rec)
+        elif event is Event.EVAL_STOP and self._file:
+            self._write({"kind": "eval", "time_s": time.perf_counter() - self._t0,
+                         "step": state.step, "samples": state.samples,
+                         "eval_accuracy": state.eval_accuracy})
+        elif event is Event.RUN_STOP and self._file:
+            self._write({"kind": "run_stop", "time_s": time.perf_counter() - self._t0,
+                         "status": state.status, "step": state.step, "samples": state.samples,
+                         "eval_accuracy": state.eval_accuracy})
+            self._file.close()
+            self._file = None
+
+    def _write(self, rec: dict) -> None:
+        self._file.write(json.dumps(rec) + "\n")
+        self._file.flush()
+
+
+class ProgressPrinter:
+    """One progress line every ``every`` steps and after each eval (rank 0).
+
+    The time-left estimate extrapolates the last two eval accuracies linearly to the target
+    when accuracy is rising, else reports the time to the step budget."""
+
+    def __init__(self, every: int = 10, stream=sys.stdout):
+        self.every = max(1, every)
+        self.stream = stream
+        self.evals: list[tuple[int, float]] = []
+
+    def on_event(self, event: Event, state: RunState) -> None:
+        if not state.is_main:
+            return
+        if event is Event.RUN_START:
+            self.t0 = time.perf_counter()
+            self.tokens = [0, 0]
+        elif event is Event.STEP:
+            m = state.last_step
+            self.tokens[0] += m.real_tokens
+            self.tokens[1] += m.computed_tokens
+            if state.step % self.every == 0:
+                self._print(state)
+        elif event is Event.EVAL_STOP:
+            self.evals.append((state.samples, state.eval_accuracy))
+            self._print(state, eval_line=True)
+        elif event is Event.RUN_STOP:
+            self._print(state, eval_line=True)
+            print(f"run stopped: status={state.status} after {state.step} steps, "
+                  f"{state.samples} samples, {time.perf_counter() - self.t0:.1f} s", file=self.stream,
+                  flush=True)
+
+    def _print(self, state: RunState, eval_line: bool = False) -> None:
+        elapsed = time.perf_counter() - self.t0
+        rate = state.samples / elapsed if elapsed > 0 else 0.0
+        parts = [f"step {state.step}", f"samples {state.samples}", f"{rate:.1f} samples/s"]
+        m = state.last_step
+        if m is not None:
+            parts += [f"loss {m.loss:.3f} (mlm {m.mlm_loss:.3f} nsp {m.nsp_loss:.3f})",
+                      f"lr {m.lr:.2e}", f"|g| {m.grad_norm:.2f}"]
+            if self.tokens[1]:
+                parts.append(f"pad-eff {self.tokens[0] / self.tokens[1]:.2f}")
+        if self.evals:
+            parts.append(f"eval acc {self.evals[-1][1]:.4f}")
+        parts.append(f"elapsed {_fmt_duration(elapsed)}")
+        parts.append(self._time_left(state, rate))
+        prefix = "[eval] " if eval_line else ""
+        print(prefix + " | ".join(parts), file=self.stream, flush=True)
+
+    def _time_left(self, state: RunState, rate: float) -> str:
+        t = state.config.train
+        if rate <= 0:
+            return "left ?"
+        if len(self.evals) >= 2:
+            (s0, a0), (s1, a1) = self.evals[-2], self.evals[-1]
+            if a1 > a0 and s1 > s0:
+                need = (t.target_mlm_accuracy - a1) * (s1 - s0) / (a1 - a0)
+                return f"left ~{_fmt_duration(max(need, 0) / rate)} (to target, trend)"
+        budget = t.max_steps * t.global_batch_size
+        if t.max_samples_termination:
+            budget = min(budget, t.max_samples_termination)
+        return f"left <= {_fmt_duration((budget - state.samples) / rate)} (to budget)"
+
+
+def plot_metrics(metrics_path: str | Path, png_path: str | Path, title: str = "",
+                 target: float | None = None) -> Path:
+    """Draw loss and eval accuracy against samples from a metrics.jsonl file."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, evals = [], []
+    for line in Path(metrics_path).read_text().splitlines():
+        rec = json.loads(line)
+        if rec["kind"] == "step":
+            steps.append((rec["samples"], rec["loss"]))
+        elif rec["kind"] == "eval" and rec["eval_accuracy"] is not None:
+            evals.append((rec["samples"], rec["eval_accuracy"]))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    if steps:
+        ax.plot(*zip(*steps), color="tab:blue", lw=1, label="training loss")
+    ax.set_xlabel("samples")
+    ax.set_ylabel("loss", color="tab:blue")
+    ax2 = ax.twinx()
+    if evals:
+        ax2.plot(*zip(*evals), "o-", color="tab:red", label="eval MLM accuracy")
+    if target is not None:
+        ax2.axhline(target, color="tab:red", ls="--", lw=0.8, label=f"target {target}")
+    ax2.set_ylabel("eval masked-LM accuracy", color="tab:red")
+    ax.set_title(title or "Presto BERT pre-training")
+    fig.tight_layout()
+    png_path = Path(png_path)
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return png_path
