@@ -1,24 +1,25 @@
 """Read one training epoch on this rank and write its samples' input_ids to OUT/rank<r>.json.
 
 Launch: mpiexec -n 2 python tests/dist_scripts/read_epoch.py DATA_DIR OUT [BATCH] [SEED]
-Rank and world size come from the PMI variables mpiexec (MPICH hydra) sets; standalone on
-purpose, so it tests the loader without the runtime's launcher code.
+Rank and world size come from runtime.env, the one module that reads the launcher's
+environment; no process group is needed, the loader itself never communicates.
 """
 import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root, for `loaders`
 
 from loaders.dataset import TrainLoader  # noqa: E402
+from runtime.env import discover  # noqa: E402
 
 
 def main() -> None:
     data_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
     batch = int(sys.argv[3]) if len(sys.argv) > 3 else 4
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 7
-    rank, world = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+    info = discover()
+    rank, world = info.rank, info.world_size
     loader = TrainLoader(data_dir, rank, world, batch, seed)
     rows = []
     for _ in range(loader.steps_per_epoch):

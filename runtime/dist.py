@@ -1,0 +1,379 @@
+"""torch.distributed setup, the few collectives the runtime uses, and fault handling.
+
+Owns: joining the ranks into one process group (`init_distributed`), binding each rank's
+device, small helpers (`all_reduce_sum`, `barrier`, `broadcast_object`, `all_gather_object`,
+`check_same_on_all_ranks`), and making a failure on one rank end every rank (`run_guarded`).
+Never: reads the environment (runtime.env does; values arrive in a `LaunchInfo`), decides
+batch sizes or touches the model.
+
+Rendezvous, by ``LaunchInfo.rendezvous``:
+  "mpi"   rank 0 opens a TCPStore on port 0 (the OS picks a free port and keeps it bound, so two
+          jobs on one machine never collide and there is no pick-then-bind race) on 127.0.0.1
+          when every rank shares its hostname, else on its routable address (or MASTER_ADDR),
+          and sends (address, port) to the others with ``MPI.COMM_WORLD.bcast``.
+  "tcp"   ``tcp://MASTER_ADDR:MASTER_PORT`` (torchrun's agent store, or srun's first node).
+  "file"  a FileStore in the launcher's per-job directory (Open MPI on one node, no mpi4py).
+  "local" a world of one on an in-memory HashStore: no port, yet every collective works the
+          same as with many ranks (DDP, all_reduce, barrier), so callers never branch on it.
+The helpers also work before `init_distributed`, as a world of one (handy in unit tests).
+
+Faults: see `run_guarded`. In short, an exception on any rank prints its traceback prefixed
+with the rank and ends the job: ``MPI.COMM_WORLD.Abort`` under MPI (the launcher kills every
+rank), else ``os._exit``; peers blocked in a gloo collective see the closed connection at once
+(or time out after ``timeout_s``), raise, and exit the same way. torchrun, mpiexec and mpirun
+also kill the remaining ranks once one exits non-zero or dies from a signal.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Optional, TypeVar
+
+import torch
+import torch.distributed as torch_dist
+
+from runtime.env import LaunchInfo
+
+T = TypeVar("T")
+
+# Seconds Abort gets to kill the job before this rank exits on its own.
+ABORT_GRACE_S = 10.0
+
+
+class DistError(RuntimeError):
+    """Joining the ranks failed, or the ranks disagree."""
+
+
+class RanksDisagree(DistError):
+    """Raised identically on every rank (so `run_guarded` prints it once and need not abort)."""
+
+    raised_on_all_ranks = True
+
+
+@dataclass
+class DistContext:
+    """This rank's place in the initialised process group."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str                     # "nccl" or "gloo"
+    group: Any                       # the default (world) process group
+    info: LaunchInfo
+    timeout_s: float = 60.0
+    _store: Any = field(default=None, repr=False)  # keeps rank 0's TCPStore server alive
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+_CTX: Optional[DistContext] = None
+
+
+def current() -> Optional[DistContext]:
+    """The context `init_distributed` made, or None before it (and after `shutdown`)."""
+    return _CTX
+
+
+def init_distributed(info: LaunchInfo, device: str = "auto", timeout_s: float = 60) -> DistContext:
+    """Bind this rank's device and join the process group; see the module docstring.
+
+    device: "auto" (cuda when available, else cpu), "cpu", "cuda" (cuda:local_rank) or
+    "cuda:N". Backend: NCCL on cuda, gloo on cpu. timeout_s bounds the rendezvous and every
+    collective, so a hung peer turns into an exception rather than a hang.
+    """
+    global _CTX
+    if _CTX is not None:
+        raise DistError("init_distributed was already called in this process (call shutdown first)")
+    dev = _bind_device(info, device)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    timeout = timedelta(seconds=timeout_s)
+    kwargs: dict[str, Any] = dict(backend=backend, rank=info.rank, world_size=info.world_size,
+                                  timeout=timeout)
+    if dev.type == "cuda":
+        kwargs["device_id"] = dev
+    store = None
+    if info.rendezvous == "local":
+        if info.world_size != 1:
+            raise DistError(f"rendezvous 'local' needs a world of 1, not {info.world_size}")
+        store = torch_dist.HashStore()
+    elif info.rendezvous == "mpi":
+        store = _mpi_store(info, timeout)
+    elif info.rendezvous == "file":
+        store = torch_dist.FileStore(info.store_path, info.world_size)
+        store.set_timeout(timeout)
+    elif info.rendezvous == "tcp":
+        host = f"[{info.master_addr}]" if ":" in info.master_addr else info.master_addr
+        kwargs["init_method"] = f"tcp://{host}:{info.master_port}"
+    else:
+        raise DistError(f"unknown rendezvous {info.rendezvous!r}")
+    if store is not None:
+        kwargs["store"] = store
+    try:
+        torch_dist.init_process_group(**kwargs)
+    except Exception as e:
+        where = (f"tcp://{info.master_addr}:{info.master_port}" if info.rendezvous == "tcp"
+                 else info.store_path if info.rendezvous == "file" else info.rendezvous)
+        raise DistError(f"rank {info.rank}/{info.world_size} could not join the process group "
+                        f"({backend}, rendezvous {where}, timeout {timeout_s:g} s): {e}") from e
+    _CTX = DistContext(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
+                       local_world_size=info.local_world_size, device=dev, backend=backend,
+                       group=torch_dist.group.WORLD, info=info, timeout_s=timeout_s,
+                       _store=store)
+    return _CTX
+
+
+def shutdown() -> None:
+    """Leave the process group (success path; on failure `run_guarded` exits instead)."""
+    global _CTX
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+    _CTX = None
+
+
+def _bind_device(info: LaunchInfo, device: str) -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise DistError(f"device {device!r}: use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise DistError(f"device {device!r}: only cpu and cuda are supported")
+    if not torch.cuda.is_available():
+        raise DistError(f"rank {info.rank}: device {device!r} asked for, but torch sees no CUDA "
+                        f"device here; use device=cpu or auto")
+    count = torch.cuda.device_count()
+    index = dev.index if dev.index is not None else info.local_rank
+    if index >= count:
+        raise DistError(
+            f"rank {info.rank} (local rank {info.local_rank} of {info.local_world_size} on this "
+            f"node) needs cuda:{index}, but this node shows {count} CUDA device(s): start at most "
+            f"{count} ranks per node, or check CUDA_VISIBLE_DEVICES")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _mpi_store(info: LaunchInfo, timeout: timedelta):
+    """Rank 0 opens a TCPStore on a free port and sends (addr, port) over MPI."""
+    from mpi4py import MPI  # initialised by runtime.env.discover
+
+    comm = MPI.COMM_WORLD
+    hosts = comm.allgather(socket.gethostname())
+    message: tuple = ("error", "rank 0 did not answer", None)
+    store = None
+    if info.rank == 0:
+        try:
+            if info.master_addr:
+                addr = info.master_addr
+            elif len(set(hosts)) == 1:
+                addr = "127.0.0.1"  # one host: loopback needs no name resolution at all
+            else:
+                addr = routable_address([h for h in hosts if h != hosts[0]])
+            store = torch_dist.TCPStore(addr, 0, info.world_size, is_master=True,
+                                        timeout=timeout, wait_for_workers=False)
+            message = ("ok", addr, store.port)
+        except Exception as e:  # tell the others instead of leaving them in bcast
+            message = ("error", f"{type(e).__name__}: {e}", None)
+    status, addr, port = comm.bcast(message, root=0)
+    if status != "ok":
+        raise DistError(f"rank {info.rank}: rank 0 could not open the rendezvous store: {addr}")
+    if info.rank != 0:
+        store = torch_dist.TCPStore(addr, port, info.world_size, is_master=False, timeout=timeout)
+    return store
+
+
+def routable_address(peer_hosts: list[str]) -> str:
+    """This host's IPv4 address that other hosts can reach (not a loopback one)."""
+    name = socket.gethostname()
+    try:
+        for *_, sockaddr in socket.getaddrinfo(socket.getfqdn(name), None, socket.AF_INET,
+                                                socket.SOCK_STREAM):
+            if not sockaddr[0].startswith("127."):
+                return sockaddr[0]
+    except OSError:
+        pass
+    # The hostname maps to loopback (Debian's 127.0.1.1): ask the kernel which source address
+    # it would use towards a peer. A UDP connect sends nothing.
+    for peer in peer_hosts:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((socket.gethostbyname(peer), 9))
+                addr = s.getsockname()[0]
+            if not addr.startswith("127."):
+                return addr
+        except OSError:
+            continue
+    raise DistError(f"cannot find an address of {name} that other hosts can reach; "
+                    f"set MASTER_ADDR to rank 0's address")
+
+
+# ---------------------------------------------------------------------------------------------
+# collectives (a world of one before init_distributed)
+
+
+def _active() -> bool:
+    return torch_dist.is_available() and torch_dist.is_initialized()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over ranks, in place; returns it."""
+    if _active():
+        torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
+    return tensor
+
+
+def barrier() -> None:
+    """Wait for every rank. Under gloo a monitored barrier: a timeout names the missing ranks."""
+    if not _active() or torch_dist.get_world_size() == 1:
+        return
+    if torch_dist.get_backend() == "gloo":
+        timeout = timedelta(seconds=_CTX.timeout_s) if _CTX else None
+        torch_dist.monitored_barrier(timeout=timeout, wait_all_ranks=True)
+    else:
+        torch_dist.barrier()
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """``obj`` from rank ``src`` (picklable), returned on every rank."""
+    if not _active():
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_object(obj: Any) -> list:
+    """Every rank's ``obj``, indexed by rank."""
+    if not _active():
+        return [obj]
+    out: list = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(out, obj)
+    return out
+
+
+def check_same_on_all_ranks(name: str, value: Any) -> str:
+    """Raise `RanksDisagree` on every rank unless all ranks hold the same ``value``.
+
+    ``value``: a string (e.g. a config fingerprint) or anything JSON-serialisable (compared as
+    sorted-key JSON). Only a hash travels; on a mismatch the values themselves are gathered to
+    name the differing keys. Returns the hash.
+    """
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    digests = all_gather_object(digest)
+    if all(d == digests[0] for d in digests):
+        return digest
+    groups: dict[str, list[int]] = {}
+    for r, d in enumerate(digests):
+        groups.setdefault(d, []).append(r)
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    parts = [f"ranks {_ranges(rs)} have {d[:12]}" for d, rs in groups.items()]
+    detail = ""
+    values = all_gather_object(value)  # mismatch only: worth the bytes to say what differs
+    if isinstance(values[0], dict):
+        keys = sorted({k for r in differ for k in _differing_keys(values[0], values[r])})
+        if keys:
+            detail = f"; differing keys: {', '.join(keys[:20])}" + (" …" if len(keys) > 20 else "")
+    raise RanksDisagree(
+        f"{name} differs between ranks: rank(s) {_ranges(differ)} disagree with rank 0 "
+        f"({'; '.join(parts)}){detail}. Every rank must start with the same {name}: check "
+        f"the files and overrides each rank was given.")
+
+
+def _differing_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            out += _differing_keys(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[1, 2, 3, 7] -> "1-3,7" (keeps messages short at 1000 ranks)."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# fault handling
+
+
+def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None) -> T:
+    """Run ``main_fn()``; if it raises on this rank, end the whole job, never hang.
+
+    The traceback goes to stderr with every line prefixed ``[rank N]``. Then:
+      * under MPI: ``MPI.COMM_WORLD.Abort(1)`` — the launcher kills every rank;
+      * otherwise ``os._exit(1)``: this rank's sockets close, so peers in a gloo collective
+        fail at once ("Connection closed by peer") or after the process-group timeout, and
+        exit the same way; torchrun/mpirun then stop any rank still running.
+    ``os._exit`` rather than ``sys.exit``: atexit handlers (MPI_Finalize, process-group
+    teardown) wait for peers, which may be stuck. The process group is not destroyed on this
+    path for the same reason (destroying it with collectives in flight can block).
+    Errors raised identically on every rank (`RanksDisagree`) exit 1 without an abort (every
+    rank is leaving anyway); rank 0 prints the traceback, the others one line each. ``SystemExit(0)`` passes through; ``SystemExit(n)`` counts as a
+    failure with status n.
+    """
+    try:
+        return main_fn()
+    except SystemExit as e:
+        if e.code in (None, 0):
+            raise
+        code = e.code if isinstance(e.code, int) else 1
+        _die(code, info, f"exited with status {e.code!r}\n", everywhere=False)
+    except BaseException as e:  # noqa: BLE001 — anything uncaught must end the job
+        everywhere = getattr(e, "raised_on_all_ranks", False)
+        if everywhere and _rank_for_messages(info) not in (0, "?"):
+            text = f"{type(e).__name__}: {e}"  # rank 0 prints the traceback
+        else:
+            text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        _die(1, info, text, everywhere=everywhere)
+    raise AssertionError("unreachable")
+
+
+def _die(code: int, info: Optional[LaunchInfo], text: str, everywhere: bool):
+    prefix = f"[rank {_rank_for_messages(info)}] "
+    lines = "".join(prefix + line + "\n" for line in text.rstrip("\n").split("\n"))
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(lines)
+        sys.stderr.flush()
+    except Exception:
+        pass
+    mpi = sys.modules.get("mpi4py.MPI")
+    if not everywhere and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        # Abort should kill us; if the launcher is slow about it, leave anyway.
+        timer = threading.Timer(ABORT_GRACE_S, os._exit, args=(code,))
+        timer.daemon = True
+        timer.start()
+        mpi.COMM_WORLD.Abort(code)
+    os._exit(code)
+
+
+def _rank_for_messages(info: Optional[LaunchInfo]):
+    if _CTX is not None:
+        return _CTX.rank
+    if info is not None:
+        return info.rank
+    if _active():
+        return torch_dist.get_rank()
+    return "?"

@@ -1,0 +1,87 @@
+"""One rank of the distributed tests: ``python tests/dist_scripts/worker.py MODE [--timeout S]``.
+
+Started by a real launcher (mpiexec, mpirun, torchrun) from tests/test_dist.py. Modes:
+  allreduce  discover, join, all-reduce rank+1, check the sum and the object helpers, print
+             (and with --out DIR write DIR/rank<N>.json) the result; exit 0
+  config     ranks hold different configs: check_same_on_all_ranks must stop both
+  raise      rank 1 raises in the middle of a run of all-reduces
+  kill       rank 1 SIGKILLs itself in the middle of a run of all-reduces
+  hang       rank 1 stops answering (sleeps); rank 0's all-reduce must time out
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import torch  # noqa: E402
+
+from runtime import dist  # noqa: E402
+from runtime.env import discover  # noqa: E402
+
+
+def allreduce_steps(ctx, n, fault_rank=None, fault=None):
+    for step in range(n):
+        if step == 3 and ctx.rank == fault_rank:
+            fault()
+        t = torch.full((4,), float(ctx.rank + 1))
+        dist.all_reduce_sum(t)
+        time.sleep(0.05)
+    return t
+
+
+def main(mode: str, timeout_s: float, out_dir: str = "") -> int:
+    info = discover()
+
+    def body():
+        ctx = dist.init_distributed(info, device="cpu", timeout_s=timeout_s)
+        ws = ctx.world_size
+        if mode == "allreduce":
+            t = allreduce_steps(ctx, 2)
+            expect = ws * (ws + 1) / 2
+            assert torch.all(t == expect), (t, expect)
+            assert dist.broadcast_object({"from": ctx.rank}) == {"from": 0}
+            assert dist.all_gather_object(ctx.rank) == list(range(ws))
+            dist.check_same_on_all_ranks("config", {"lr": 1e-3, "seed": 1})
+            dist.barrier()
+            result = json.dumps({
+                "rank": ctx.rank, "world_size": ws, "local_rank": ctx.local_rank,
+                "local_world_size": ctx.local_world_size, "launcher": info.launcher,
+                "rendezvous": info.rendezvous, "backend": ctx.backend, "sum": t[0].item(),
+                "is_main": ctx.is_main})
+            print("RESULT " + result, flush=True)
+            if out_dir:  # launchers may interleave the ranks' stdout; files never do
+                with open(os.path.join(out_dir, f"rank{ctx.rank}.json"), "w") as f:
+                    f.write(result)
+            dist.shutdown()
+        elif mode == "config":
+            cfg = {"optimizer": {"lr": 1e-3 * (1 + ctx.rank), "name": "lamb"}, "seed": 1}
+            dist.check_same_on_all_ranks("config", cfg)
+            print("config check passed (wrong)", flush=True)
+        elif mode == "raise":
+            def boom():
+                raise RuntimeError("injected failure on rank 1")
+            allreduce_steps(ctx, 400, fault_rank=1, fault=boom)
+        elif mode == "kill":
+            allreduce_steps(ctx, 400, fault_rank=1,
+                            fault=lambda: os.kill(os.getpid(), signal.SIGKILL))
+        elif mode == "hang":
+            allreduce_steps(ctx, 400, fault_rank=1, fault=lambda: time.sleep(3600))
+        else:
+            raise SystemExit(f"unknown mode {mode}")
+        return 0
+
+    return dist.run_guarded(body, info)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode")
+    ap.add_argument("--timeout", type=float, default=20.0)
+    ap.add_argument("--tag", default="", help="ignored; lets the test find its own ranks")
+    ap.add_argument("--out", default="", help="directory for rank<N>.json results")
+    a = ap.parse_args()
+    sys.exit(main(a.mode, a.timeout, a.out))
