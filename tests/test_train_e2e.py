@@ -43,7 +43,7 @@ def run_and_time(overrides: list[str], timeout: float = 240, env_extra=None):
 def compliance(log: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage",
                            "training", "--ruleset", RULESET, str(log)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, cwd=log.parent)
 
 
 def mllog_events(log: Path) -> list[dict]:

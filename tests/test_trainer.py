@@ -1,0 +1,192 @@
+"""Trainer pieces: eval accuracy aggregated across ranks, fp16 loss scaling and skipped
+steps, gradient accumulation, the stopping rule and the eval cadence."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from loaders.shards import EVAL_FILE, read_shard
+from runtime.config import load_config
+from runtime.dist import init_distributed
+from runtime.env import discover
+from runtime.events import CallbackList, Event
+from runtime.trainer import DynamicLossScale, Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+THE = 1996  # "the" in the uncased BERT vocab
+
+
+def tiny_config(data_dir, *extra):
+    return load_config(None, [f'data.data_dir="{data_dir}"', "model.num_hidden_layers=1",
+                              "model.hidden_size=64", "model.num_attention_heads=2",
+                              "model.intermediate_size=128", "train.global_batch_size=16",
+                              "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0",
+                              "system.device=cpu", *extra])
+
+
+@pytest.fixture(scope="module")
+def single_ctx():
+    return init_distributed(discover({}), device="cpu")
+
+
+def eval_counts(data_dir, tmp_path, ranks: int) -> dict:
+    out = tmp_path / f"counts{ranks}.json"
+    cmd = [sys.executable, str(ROOT / "tests/dist_scripts/eval_counts.py"), str(data_dir), str(out)]
+    if ranks > 1:
+        cmd = [str(MPIEXEC), "-n", str(ranks), *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_eval_accuracy_is_sum_correct_over_sum_masked_across_ranks(small_dataset, tmp_path):
+    # Independent truth from the eval file: the model is biased to always predict "the".
+    ev = read_shard(small_dataset / EVAL_FILE)
+    masked = np.concatenate(ev.masked_lm_ids)
+    want = {"count": int(masked.size), "correct": int((masked == THE).sum())}
+    assert want["correct"] > 0
+    for ranks in (1, 2, 4):
+        got = eval_counts(small_dataset, tmp_path, ranks)
+        assert {k: got[k] for k in want} == want, (ranks, got)
+        assert got["eval_samples"] == len(ev)
+        assert got["accuracy"] == pytest.approx(want["correct"] / want["count"])
+
+
+def test_dynamic_loss_scale_halves_on_overflow_and_grows_after_good_steps():
+    s = DynamicLossScale(2.0 ** 16, growth_interval=3)
+    s.update(finite=False)
+    assert s.scale == 2.0 ** 15 and s.skipped == 1
+    for _ in range(3):
+        s.update(finite=True)
+    assert s.scale == 2.0 ** 16
+    off = DynamicLossScale(2.0 ** 16, enabled=False)
+    off.update(finite=False)
+    assert off.scale == 1.0 and off.skipped == 0
+
+
+def _fixed_batches(trainer, n):
+    it = iter(trainer.train_loader)
+    return [next(it) for _ in range(n)]
+
+
+def test_non_finite_gradient_skips_the_step_and_counts_it(small_dataset, single_ctx):
+    trainer = Trainer(tiny_config(small_dataset), single_ctx)
+    trainer.setup()
+    trainer.loss_scale = DynamicLossScale(1024.0)  # as with precision=fp16
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    poison = trainer.model.bert.encoder.layer[0].output.dense.weight
+    handle = poison.register_hook(lambda g: torch.full_like(g, float("inf")))
+    m = trainer.train_step(iter(_fixed_batches(trainer, 1)))
+    handle.remove()
+    assert m.skipped and not math.isfinite(m.grad_norm)
+    assert trainer.loss_scale.skipped == 1 and trainer.loss_scale.scale == 512.0
+    for n, p in trainer.model.named_parameters():
+        assert torch.equal(p, before[n]), n
+    m2 = trainer.train_step(iter(_fixed_batches(trainer, 1)))
+    assert not m2.skipped and math.isfinite(m2.grad_norm)
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
+    assert changed
+    trainer.close()
+
+
+def test_loss_scale_is_unscaled_inside_the_step(small_dataset, single_ctx):
+    """Same batch, scale 1 vs 1024: same gradient norm, same update."""
+    results = []
+    for scale in (1.0, 1024.0):
+        torch.manual_seed(0)
+        trainer = Trainer(tiny_config(small_dataset), single_ctx)
+        trainer.setup()
+        trainer.loss_scale = DynamicLossScale(scale, enabled=scale != 1.0)
+        batch = _fixed_batches(trainer, 1)
+        m = trainer.train_step(iter(batch))
+        results.append((m.grad_norm, trainer.model.cls.seq_relationship.weight.detach().clone()))
+        trainer.close()
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-7)
+
+
+def test_gradient_accumulation_averages_micro_batch_gradients(small_dataset, single_ctx):
+    trainer = Trainer(tiny_config(small_dataset, "train.gradient_accumulation_steps=2",
+                                  "train.clip_mode=none"), single_ctx)
+    trainer.setup()
+    assert trainer.local_batch == 8
+    batches = _fixed_batches(trainer, 2)
+    # Direct computation: mean of the two micro-batches' gradients.
+    expected = None
+    for b in batches:
+        trainer.model.zero_grad(set_to_none=True)
+        out = trainer.model(b.input_ids, b.token_type_ids, b.attention_mask,
+                            masked_lm_labels=b.masked_lm_labels,
+                            next_sentence_labels=b.next_sentence_labels)
+        out.loss.backward()
+        g = [p.grad.clone() / 2 for p in trainer.model.parameters()]
+        expected = g if expected is None else [a + c for a, c in zip(expected, g)]
+    trainer.model.zero_grad(set_to_none=True)
+    captured = {}
+    real_step = trainer.optimizer.step
+
+    def capture(grad_scale=1.0):
+        captured["grads"] = [p.grad.clone() for p in trainer.model.parameters()]
+        captured["grad_scale"] = grad_scale
+        return real_step(grad_scale=grad_scale)
+
+    trainer.optimizer.step = capture
+    m = trainer.train_step(iter(batches))
+    for got, want in zip(captured["grads"], expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    assert captured["grad_scale"] == 1.0 and m.clip_coef == 1.0
+    assert m.real_tokens == sum(b.num_real_tokens for b in batches)
+    trainer.close()
+
+
+def test_clip_coefficient_is_folded_into_the_step(small_dataset, single_ctx):
+    trainer = Trainer(tiny_config(small_dataset, "train.max_grad_norm=0.01"), single_ctx)
+    trainer.setup()
+    seen = {}
+    real_step = trainer.optimizer.step
+    trainer.optimizer.step = lambda grad_scale=1.0: (seen.setdefault("s", grad_scale),
+                                                     real_step(grad_scale=grad_scale))
+    m = trainer.train_step(iter(_fixed_batches(trainer, 1)))
+    assert m.grad_norm > 0.01
+    assert seen["s"] == pytest.approx(0.01 / (m.grad_norm + 1e-6))
+    assert m.clip_coef == pytest.approx(seen["s"])
+    trainer.close()
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def on_event(self, event, state):
+        self.events.append((event, state.samples, state.eval_accuracy, state.status))
+
+
+def test_eval_cadence_events_and_stop_at_max_steps(small_dataset, single_ctx):
+    rec = Recorder()
+    cfg = tiny_config(small_dataset, "train.eval_iter_start_samples=32",
+                      "train.eval_iter_samples=48", "train.max_steps=7",
+                      "train.target_mlm_accuracy=0.99")
+    trainer = Trainer(cfg, single_ctx, CallbackList([rec]))
+    state = trainer.fit()
+    trainer.close()
+    assert state.status == "aborted" and state.step == 7 and state.samples == 112
+    evals = [s for e, s, _, _ in rec.events if e is Event.EVAL_STOP]
+    assert evals == [32, 80, 112]  # first at 32, then every 48, and once more at the budget
+    kinds = [e for e, *_ in rec.events if e is not Event.STEP]
+    assert kinds[:3] == [Event.INIT_START, Event.INIT_STOP, Event.RUN_START]
+    assert kinds[-1] is Event.RUN_STOP
+
+
+def test_mlperf_eval_cadence_formula():
+    cfg = load_config(None, ["train.global_batch_size=448"])
+    assert cfg.train.eval_cadence() == (150_000, 150_000)
+    cfg = load_config(None, ["train.global_batch_size=3072", "train.eval_iter_start_samples=0"])
+    assert cfg.train.eval_cadence() == (0, 175_000)
