@@ -1,0 +1,380 @@
+"""``python -m bench.time_to_accuracy``: time to target accuracy, this runtime vs plain PyTorch.
+
+Side by side in one run, same config (model, data, global batch, schedule, eval cadence,
+target, budget) and seeds: for each seed it trains
+
+  runtime   ``SEED=s CONFIG=CFG RUN_DIR=... ./run_and_time.sh -- OVERRIDES``; time =
+            run_stop − run_start of the run's ``mlperf_bert.log`` (MLPerf's timed region),
+            samples = epoch_num of the last eval_accuracy, status from run_stop's metadata;
+            throughput and padding efficiency from rank 0's ``metrics.jsonl`` step records;
+  baseline  ``torchrun --standalone --nproc_per_node RANKS bench/baseline_ddp.py --config CFG
+            --set train.seed=s --set OVERRIDES --out FILE`` (the recipe a user would write: DDP
+            default buckets, torch AdamW, clip_grad_norm_ after backward, random batches padded
+            to max length; see that file), timed the same way (init excluded).
+
+The order alternates per seed (1st seed runtime first, 2nd baseline first, ...) so slow drift
+of the machine falls on both. Then it prints a table (per seed, and the median over seeds that
+reached the target), a final JSON line, and writes the same record to ``--out``.
+
+A run that does not reach the target is kept, with its status (``aborted``; ``failed`` when it
+crashed) and time_to_target_s = None. ``ratio_time`` = median baseline time / median runtime
+time over the seeds where *both* reached the target (``ratio_seeds`` says which); likewise
+``ratio_samples``. Above 1 means the runtime is faster.
+
+    python -m bench.time_to_accuracy --config submission/configs/config_CPU_1x2x32x1.toml \\
+        --seeds 1,2,3 [--set section.key=value ...] [--baseline-lr 2e-3] \\
+        [--out bench/results/time_to_accuracy.json] [--workdir DIR]
+
+Run directories and each run's console output (``*.out``) stay in ``--workdir`` (default
+``results/time_to_accuracy_<date>/``). A benchmark, not a test: it measures whatever machine
+runs it; keep the machine otherwise idle.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results" / "time_to_accuracy.json"
+BASELINE = REPO / "bench" / "baseline_ddp.py"
+MLLOG_PREFIX = ":::MLLOG "
+
+
+# --------------------------------------------------------------------------------- parsing
+
+def parse_mllog(path: str | Path) -> dict:
+    """Time to target from an MLPerf log: run_stop − run_start (ms → s), status from
+    run_stop's metadata, samples from the last eval_accuracy's epoch_num.
+
+    A log without run_stop (the run crashed) gives status 'failed'. time_to_target_s and
+    samples_to_target are None unless the status is 'success'."""
+    start = stop = None
+    status = None
+    evals: list[list] = []
+    for line in Path(path).read_text().splitlines():
+        i = line.find(MLLOG_PREFIX)
+        if i < 0:
+            continue
+        rec = json.loads(line[i + len(MLLOG_PREFIX):])
+        key, ms, meta = rec.get("key"), rec.get("time_ms"), rec.get("metadata") or {}
+        if key == "run_start":
+            start = ms
+        elif key == "run_stop":
+            stop, status = ms, meta.get("status")
+        elif key == "eval_accuracy":
+            evals.append([int(meta.get("epoch_num", 0)), float(rec["value"]), ms])
+    if start is None:
+        return {"status": "failed", "time_to_target_s": None, "run_time_s": None,
+                "samples_to_target": None, "samples": None, "eval_accuracy": None,
+                "eval_history": [], "error": f"{path}: no run_start"}
+    history = [[s, a, (ms - start) / 1000.0] for s, a, ms in evals]
+    status = status if stop is not None else "failed"
+    run_time = (stop - start) / 1000.0 if stop is not None else None
+    samples = evals[-1][0] if evals else 0
+    ok = status == "success"
+    return {"status": status, "time_to_target_s": run_time if ok else None,
+            "run_time_s": run_time, "samples_to_target": samples if ok else None,
+            "samples": samples, "eval_accuracy": evals[-1][1] if evals else None,
+            "eval_history": history}
+
+
+def parse_metrics(path: str | Path) -> dict:
+    """Throughput (samples per second of training steps, evals excluded) and padding
+    efficiency (real / computed tokens, rank 0's batches) from a runtime metrics.jsonl."""
+    samples = 0
+    step_s = real = computed = 0.0
+    path = Path(path)
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("kind") != "step":
+                continue
+            samples = rec["samples"]
+            step_s += rec["step_time_s"]
+            real += rec["real_tokens"]
+            computed += rec["computed_tokens"]
+    return {"train_time_s": step_s or None,
+            "throughput_samples_per_s": samples / step_s if step_s else None,
+            "padding_efficiency": real / computed if computed else None}
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Medians of one system's runs. Time and samples to target: over runs that reached it
+    (``reached`` of ``of`` say how many); throughput and padding: over every run."""
+    ok = [r for r in runs if r.get("status") == "success"]
+    return {"reached": len(ok), "of": len(runs),
+            "median_time_to_target_s": _median(r["time_to_target_s"] for r in ok),
+            "median_samples_to_target": _median(r["samples_to_target"] for r in ok),
+            "median_throughput_samples_per_s": _median(r.get("throughput_samples_per_s")
+                                                       for r in runs),
+            "median_padding_efficiency": _median(r.get("padding_efficiency") for r in runs),
+            "runs": runs}
+
+
+def compare(runtime_runs: list[dict], baseline_runs: list[dict]) -> dict:
+    """Ratios baseline / runtime over the seeds where both reached the target."""
+    by_seed = {r["seed"]: r for r in runtime_runs}
+    pairs = [(by_seed[b["seed"]], b) for b in baseline_runs
+             if b["seed"] in by_seed and b.get("status") == "success"
+             and by_seed[b["seed"]].get("status") == "success"]
+
+    def ratio(key):
+        rt = _median(r[key] for r, _ in pairs)
+        bl = _median(b[key] for _, b in pairs)
+        return bl / rt if rt and bl is not None else None
+
+    n = len({r["seed"] for r in runtime_runs} | {b["seed"] for b in baseline_runs})
+    return {"ratio_time": ratio("time_to_target_s"), "ratio_samples": ratio("samples_to_target"),
+            "ratio_seeds": [r["seed"] for r, _ in pairs],
+            "ratio_note": f"median baseline / median runtime over the {len(pairs)} of {n} "
+                          "seeds where both reached the target"}
+
+
+# ----------------------------------------------------------------------------------- runs
+
+def _launch(cmd: list[str], env: dict, log: Path, timeout: float | None) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    with open(log, "w") as out:
+        out.write("$ " + shlex.join(cmd) + "\n")
+        out.flush()
+        try:
+            rc = subprocess.run(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    return rc, time.perf_counter() - t0
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_runtime(config: Path, seed: int, overrides: list[str], workdir: Path,
+                timeout: float | None = None) -> dict:
+    run_dir = workdir / f"runtime_seed{seed}"
+    log = workdir / f"runtime_seed{seed}.out"
+    env = dict(os.environ, SEED=str(seed), CONFIG=str(config), RUN_DIR=str(run_dir),
+               LOGDIR=str(workdir), PYTHON=sys.executable)
+    cmd = [str(REPO / "run_and_time.sh"), "--", *overrides]
+    rc, wall = _launch(cmd, env, log, timeout)
+    mllog = run_dir / "mlperf_bert.log"
+    rec = parse_mllog(mllog) if mllog.is_file() else {
+        "status": "failed", "time_to_target_s": None, "run_time_s": None,
+        "samples_to_target": None, "samples": None, "eval_accuracy": None, "eval_history": [],
+        "error": f"no {mllog}"}
+    rec.update(parse_metrics(run_dir / "metrics.jsonl"))
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        rec["steps"] = json.loads(summary.read_text()).get("steps")
+    if rec["status"] == "failed":
+        rec["error"] = (rec.get("error", "") + "\n" + _tail(log)).strip()
+    rec.update(system="runtime", seed=seed, rc=rc, wall_s=wall, run_dir=str(run_dir),
+               console=str(log), command=shlex.join(
+                   [f"SEED={seed}", f"CONFIG={config}", f"RUN_DIR={run_dir}", *cmd]))
+    return rec
+
+
+def run_baseline(config: Path, seed: int, overrides: list[str], workdir: Path, nproc: int,
+                 baseline_lr: float | None = None, timeout: float | None = None) -> dict:
+    out = workdir / f"baseline_seed{seed}.json"
+    log = workdir / f"baseline_seed{seed}.out"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", str(BASELINE), "--config", str(config),
+           "--set", f"train.seed={seed}"]
+    for o in overrides:
+        cmd += ["--set", o]
+    if baseline_lr is not None:
+        cmd += ["--baseline-lr", repr(baseline_lr)]
+    cmd += ["--out", str(out)]
+    rc, wall = _launch(cmd, dict(os.environ), log, timeout)
+    if out.is_file():
+        rec = json.loads(out.read_text())
+    else:
+        rec = {"status": "failed", "time_to_target_s": None, "run_time_s": None,
+               "samples_to_target": None, "samples": None, "eval_accuracy": None,
+               "eval_history": [], "error": _tail(log)}
+    rec.update(system="baseline", seed=seed, rc=rc, wall_s=wall, summary=str(out),
+               console=str(log), command=shlex.join(cmd))
+    return rec
+
+
+# ---------------------------------------------------------------------------------- report
+
+def _f(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def table(record: dict) -> str:
+    rt = {r["seed"]: r for r in record["runtime"]["runs"]}
+    bl = {r["seed"]: r for r in record["baseline"]["runs"]}
+    head = (f"{'seed':>6} {'first':>8} | {'runtime':>8} {'time_s':>8} {'samples':>8} "
+            f"{'smp/s':>7} {'pad':>5} | {'baseline':>8} {'time_s':>8} {'samples':>8} "
+            f"{'smp/s':>7} {'pad':>5} | {'t ratio':>7}")
+    lines = [head, "-" * len(head)]
+    for i, seed in enumerate(record["seeds"]):
+        r, b = rt.get(seed, {}), bl.get(seed, {})
+        ratio = (b["time_to_target_s"] / r["time_to_target_s"]
+                 if r.get("time_to_target_s") and b.get("time_to_target_s") else None)
+        lines.append(
+            f"{seed:>6} {record['order'][i]:>8} | {r.get('status', '-'):>8} "
+            f"{_f(r.get('time_to_target_s'), '.1f'):>8} {_f(r.get('samples_to_target'), 'd'):>8} "
+            f"{_f(r.get('throughput_samples_per_s'), '.1f'):>7} "
+            f"{_f(r.get('padding_efficiency'), '.2f'):>5} | {b.get('status', '-'):>8} "
+            f"{_f(b.get('time_to_target_s'), '.1f'):>8} {_f(b.get('samples_to_target'), 'd'):>8} "
+            f"{_f(b.get('throughput_samples_per_s'), '.1f'):>7} "
+            f"{_f(b.get('padding_efficiency'), '.2f'):>5} | {_f(ratio, '.2f'):>7}")
+    R, B = record["runtime"], record["baseline"]
+
+    def med(s, key, fmt):
+        v = s[key]
+        if fmt == "d" and v is not None:
+            v = int(round(v))
+        return _f(v, fmt)
+    r_ok, b_ok = f"{R['reached']}/{R['of']} ok", f"{B['reached']}/{B['of']} ok"
+    lines.append("-" * len(head))
+    lines.append(
+        f"{'median':>6} {'':>8} | {r_ok:>8} "
+        f"{med(R, 'median_time_to_target_s', '.1f'):>8} "
+        f"{med(R, 'median_samples_to_target', 'd'):>8} "
+        f"{med(R, 'median_throughput_samples_per_s', '.1f'):>7} "
+        f"{med(R, 'median_padding_efficiency', '.2f'):>5} | {b_ok:>8} "
+        f"{med(B, 'median_time_to_target_s', '.1f'):>8} "
+        f"{med(B, 'median_samples_to_target', 'd'):>8} "
+        f"{med(B, 'median_throughput_samples_per_s', '.1f'):>7} "
+        f"{med(B, 'median_padding_efficiency', '.2f'):>5} | {_f(record['ratio_time'], '.2f'):>7}")
+    lines.append(f"ratio_time (baseline/runtime) = {_f(record['ratio_time'], '.3f')}, "
+                 f"ratio_samples = {_f(record['ratio_samples'], '.3f')}: {record['ratio_note']}")
+    return "\n".join(lines)
+
+
+COMPACT_RUN_KEYS = ("seed", "status", "time_to_target_s", "samples_to_target",
+                    "throughput_samples_per_s", "padding_efficiency", "eval_accuracy")
+
+
+def compact(record: dict) -> dict:
+    """The record for the final JSON line: per-run details (eval history, commands, paths)
+    stay in the --out file."""
+    out = dict(record)
+    for system in ("runtime", "baseline"):
+        out[system] = dict(record[system], runs=[{k: r.get(k) for k in COMPACT_RUN_KEYS}
+                                                 for r in record[system]["runs"]])
+    return out
+
+
+def machine() -> dict:
+    import torch
+    return {"host": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform(),
+            "processor": _cpu_model(), "python": platform.python_version(),
+            "torch": torch.__version__, "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+# ------------------------------------------------------------------------------------ main
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m bench.time_to_accuracy",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--config", type=Path,
+                    default=REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml")
+    ap.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="config override for both systems (repeatable)")
+    ap.add_argument("--baseline-lr", type=float, default=None,
+                    help="baseline AdamW lr when the config's optimizer is not adamw "
+                         "(default: bench/baseline_ddp.py's)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="run directories and console logs (default results/time_to_accuracy_<date>)")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds per run (default none)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    from runtime.config import ConfigError, load_config
+    try:
+        seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
+        cfg = load_config(a.config, a.set)
+    except (ValueError, ConfigError) as e:
+        print(f"time_to_accuracy: {e}", file=sys.stderr)
+        return 2
+    config = a.config.resolve()
+    nproc = cfg.system.nodes * cfg.system.ranks_per_node
+    stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
+    workdir = (a.workdir or REPO / "results" / f"time_to_accuracy_{stamp}").resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"time_to_accuracy: {config.name}, seeds {seeds}, {nproc} ranks, target "
+          f"{cfg.train.target_mlm_accuracy}, max_steps {cfg.train.max_steps}; logs in {workdir}",
+          flush=True)
+
+    runtime_runs, baseline_runs, order = [], [], []
+    for i, seed in enumerate(seeds):
+        first = "runtime" if i % 2 == 0 else "baseline"
+        order.append(first)
+        for system in ((["runtime", "baseline"]) if first == "runtime" else ["baseline", "runtime"]):
+            if system == "runtime":
+                rec = run_runtime(config, seed, a.set, workdir, a.timeout)
+                runtime_runs.append(rec)
+            else:
+                rec = run_baseline(config, seed, a.set, workdir, nproc, a.baseline_lr, a.timeout)
+                baseline_runs.append(rec)
+            print(f"  seed {seed} {system:<8} {rec['status']:<8} time_to_target "
+                  f"{_f(rec['time_to_target_s'], '.1f')} s, samples "
+                  f"{_f(rec.get('samples_to_target'), 'd')}, last acc "
+                  f"{_f(rec.get('eval_accuracy'), '.4f')} (wall {rec['wall_s']:.0f} s)", flush=True)
+            if rec["status"] == "failed":
+                print(f"    failed (rc {rec['rc']}); see {rec['console']}:\n"
+                      + "\n".join("    " + ln for ln in rec.get("error", "").splitlines()),
+                      flush=True)
+
+    record = {"bench": "time_to_accuracy",
+              "command": "python -m bench.time_to_accuracy " + shlex.join(argv),
+              "config": str(a.config), "overrides": a.set, "seeds": seeds, "order": order,
+              "target_mlm_accuracy": cfg.train.target_mlm_accuracy,
+              "baseline_lr": baseline_runs[0].get("lr") if baseline_runs else None,
+              "runtime": summarize(runtime_runs), "baseline": summarize(baseline_runs),
+              **compare(runtime_runs, baseline_runs),
+              "machine": machine(),
+              "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "workdir": str(workdir)}
+    print(table(record))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"record: {a.out}")
+    print(json.dumps(compact(record), separators=(",", ":")), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""bench.time_to_accuracy and bench/baseline_ddp.py: parsing, aggregation, the baseline's
+collate and lr rule (fast), and tiny real runs (slow: torchrun / run_and_time.sh, 2 ranks)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bench import time_to_accuracy as tta
+from bench.baseline_ddp import DEFAULT_BASELINE_LR, baseline_lr, pad_to_max_length
+from runtime.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def mllog_line(key, time_ms, value=None, **meta):
+    rec = {"namespace": "", "time_ms": time_ms, "event_type": "POINT_IN_TIME", "key": key,
+           "value": value, "metadata": {"file": "x.py", "lineno": 1, **meta}}
+    return ":::MLLOG " + json.dumps(rec)
+
+
+def write_log(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# ----------------------------------------------------------------------------- parsing
+
+def test_parse_mllog_success(tmp_path):
+    log = write_log(tmp_path / "a.log", [
+        mllog_line("init_start", 500),
+        mllog_line("run_start", 1000),
+        mllog_line("eval_accuracy", 2000, 0.10, epoch_num=64),
+        "some unrelated line",
+        "[0] " + mllog_line("eval_accuracy", 5400, 0.31, epoch_num=128),  # a prefixed line
+        mllog_line("run_stop", 5500, status="success"),
+    ])
+    r = tta.parse_mllog(log)
+    assert r["status"] == "success"
+    assert r["time_to_target_s"] == pytest.approx(4.5)
+    assert r["run_time_s"] == pytest.approx(4.5)
+    assert r["samples_to_target"] == 128 and r["samples"] == 128
+    assert r["eval_accuracy"] == pytest.approx(0.31)
+    assert r["eval_history"] == [[64, 0.10, 1.0], [128, 0.31, 4.4]]
+
+
+def test_parse_mllog_aborted_and_crashed(tmp_path):
+    aborted = tta.parse_mllog(write_log(tmp_path / "b.log", [
+        mllog_line("run_start", 0), mllog_line("eval_accuracy", 3000, 0.2, epoch_num=320),
+        mllog_line("run_stop", 3100, status="aborted")]))
+    assert aborted["status"] == "aborted"
+    assert aborted["time_to_target_s"] is None and aborted["samples_to_target"] is None
+    assert aborted["run_time_s"] == pytest.approx(3.1) and aborted["samples"] == 320
+
+    crashed = tta.parse_mllog(write_log(tmp_path / "c.log", [
+        mllog_line("run_start", 0), mllog_line("eval_accuracy", 3000, 0.2, epoch_num=64)]))
+    assert crashed["status"] == "failed" and crashed["time_to_target_s"] is None
+
+    never = tta.parse_mllog(write_log(tmp_path / "d.log", [mllog_line("init_start", 0)]))
+    assert never["status"] == "failed" and "run_start" in never["error"]
+
+
+def test_parse_metrics(tmp_path):
+    steps = [{"kind": "step", "samples": 64 * i, "step_time_s": 0.5, "real_tokens": 90,
+              "computed_tokens": 100} for i in (1, 2)]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in
+                              steps + [{"kind": "eval", "samples": 128, "eval_accuracy": 0.1}]))
+    m = tta.parse_metrics(path)
+    assert m["throughput_samples_per_s"] == pytest.approx(128.0)
+    assert m["padding_efficiency"] == pytest.approx(0.9)
+    assert tta.parse_metrics(tmp_path / "missing.jsonl")["throughput_samples_per_s"] is None
+
+
+# ------------------------------------------------------------------------- aggregation
+
+def run(system, seed, status, t=None, samples=None, thr=100.0):
+    ok = status == "success"
+    return {"system": system, "seed": seed, "status": status,
+            "time_to_target_s": t if ok else None, "samples_to_target": samples if ok else None,
+            "throughput_samples_per_s": thr, "padding_efficiency": 0.8,
+            "eval_accuracy": 0.5, "eval_history": [[64, 0.5, 1.0]]}
+
+
+def test_summarize_and_compare_keep_failed_runs():
+    rt = [run("runtime", 1, "success", 100.0, 640), run("runtime", 2, "success", 120.0, 768),
+          run("runtime", 3, "aborted")]
+    bl = [run("baseline", 1, "success", 150.0, 704), run("baseline", 2, "failed", thr=None),
+          run("baseline", 3, "success", 300.0, 1024)]
+    R, B = tta.summarize(rt), tta.summarize(bl)
+    assert (R["reached"], R["of"], len(R["runs"])) == (2, 3, 3)
+    assert (B["reached"], B["of"], len(B["runs"])) == (2, 3, 3)  # the failed run is kept
+    assert R["median_time_to_target_s"] == pytest.approx(110.0)
+    assert B["median_time_to_target_s"] == pytest.approx(225.0)
+    assert B["median_throughput_samples_per_s"] == pytest.approx(100.0)  # None skipped
+    c = tta.compare(rt, bl)
+    assert c["ratio_seeds"] == [1]  # the only seed where both reached the target
+    assert c["ratio_time"] == pytest.approx(1.5)
+    assert c["ratio_samples"] == pytest.approx(1.1)
+    assert "1 of 3 seeds" in c["ratio_note"]
+
+
+def test_compare_without_pairs_and_table():
+    rt = [run("runtime", 1, "aborted"), run("runtime", 2, "success", 50.0, 320)]
+    bl = [run("baseline", 1, "success", 80.0, 320), run("baseline", 2, "aborted")]
+    c = tta.compare(rt, bl)
+    assert c["ratio_time"] is None and c["ratio_samples"] is None and c["ratio_seeds"] == []
+    record = {"seeds": [1, 2], "order": ["runtime", "baseline"],
+              "runtime": tta.summarize(rt), "baseline": tta.summarize(bl), **c}
+    text = tta.table(record)
+    assert text.count("aborted") == 2 and "1/2 ok" in text and "0 of 2 seeds" in text
+    line = tta.compact(record)
+    assert "eval_history" not in json.dumps(line)
+    assert line["runtime"]["runs"][1]["time_to_target_s"] == 50.0
+    assert record["runtime"]["runs"][1]["eval_history"]  # the full record is untouched
+
+
+# -------------------------------------------------------------------- baseline pieces
+
+def test_baseline_collate_pads_to_max_length():
+    items = [{"input_ids": np.array([101, 7, 103, 102], np.int16),
+              "segment_ids": np.array([0, 0, 0, 0], np.int16),
+              "masked_lm_positions": np.array([2, 0], np.int16),  # 0 = an empty slot
+              "masked_lm_ids": np.array([55, 0], np.int16), "next_sentence_labels": 1},
+             {"input_ids": np.array([101, 9, 102], np.int16),
+              "segment_ids": np.array([0, 1, 1], np.int16),
+              "masked_lm_positions": np.array([1], np.int16),
+              "masked_lm_ids": np.array([9], np.int16), "next_sentence_labels": 0}]
+    b = pad_to_max_length(16)(items)
+    assert b["input_ids"].shape == (2, 16) and b["input_ids"].dtype == torch.long
+    assert b["attention_mask"].sum(1).tolist() == [4, 3]
+    assert b["token_type_ids"][1, :3].tolist() == [0, 1, 1]
+    labels = b["masked_lm_labels"]
+    assert labels[0, 2] == 55 and labels[1, 1] == 9
+    assert int((labels != -100).sum()) == 2  # the empty slot at position 0 is no label
+    assert b["next_sentence_labels"].tolist() == [1, 0] and b["real_tokens"] == 7
+
+
+def test_baseline_lr_rule():
+    lamb = load_config(None, ["optim.name=lamb", "optim.lr=4e-4"])
+    assert baseline_lr(lamb, None)[0] == DEFAULT_BASELINE_LR
+    assert baseline_lr(lamb, 1e-3)[0] == 1e-3
+    adamw = load_config(None, ["optim.name=adamw", "optim.lr=5e-4"])
+    assert baseline_lr(adamw, 1e-3)[0] == 5e-4  # the config's own AdamW lr wins
+
+
+# ----------------------------------------------------------------------- real, tiny runs
+
+def tiny_config(tmp_path: Path, data: Path, **train) -> Path:
+    t = dict(dict(global_batch_size=16, seed=1, target_mlm_accuracy=0.99, max_steps=4,
+                  eval_iter_samples=32, log_every_steps=2), **train)
+    text = (f'[model]\nhidden_size = 32\nnum_hidden_layers = 1\nnum_attention_heads = 2\n'
+            f'intermediate_size = 64\nmax_position_embeddings = 128\n'
+            f'[data]\ndata_dir = "{data}"\nmax_seq_length = 128\neval_batch_size = 32\n'
+            f'[schedule]\nwarmup_steps = 1\ntotal_steps = 10\n'
+            f'[system]\ndevice = "cpu"\nranks_per_node = 2\n'
+            '[train]\n' + "".join(f"{k} = {v}\n" for k, v in t.items()))
+    path = tmp_path / "config_TINY_1x2x8x1.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.slow
+def test_baseline_tiny_run(tmp_path, small_dataset):
+    cfg = tiny_config(tmp_path, small_dataset)
+    out = tmp_path / "baseline.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(REPO / "bench" / "baseline_ddp.py"), "--config", str(cfg), "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # aborted: max_steps before 0.99
+    s = json.loads(out.read_text())
+    assert s["status"] == "aborted"
+    assert s["time_to_target_s"] is None and s["samples_to_target"] is None
+    assert (s["steps"], s["samples"]) == (4, 64)
+    assert [h[0] for h in s["eval_history"]] == [32, 64]
+    assert all(0.0 <= h[1] <= 1.0 for h in s["eval_history"])
+    assert 0 < s["eval_history"][0][2] <= s["eval_history"][1][2] <= s["run_time_s"]
+    assert s["throughput_samples_per_s"] > 0 and 0 < s["padding_efficiency"] <= 1
+    assert (s["world_size"], s["local_batch_size"], s["max_seq_length"]) == (2, 8, 128)
+    assert s["lr"] == DEFAULT_BASELINE_LR and "lamb" in s["lr_source"]
+    assert "[baseline] [eval] step 4" in proc.stdout
+
+
+@pytest.mark.slow
+def test_harness_one_seed(tmp_path, small_dataset, capsys):
+    cfg = tiny_config(tmp_path, small_dataset, max_steps=2)
+    out = tmp_path / "tta.json"
+    rc = tta.main(["--config", str(cfg), "--seeds", "5", "--out", str(out),
+                   "--workdir", str(tmp_path / "work"), "--timeout", "120"])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last)["bench"] == "time_to_accuracy"
+    assert rec["seeds"] == [5] and rec["order"] == ["runtime"]
+    for system in ("runtime", "baseline"):
+        (r,) = rec[system]["runs"]
+        assert r["seed"] == 5 and r["status"] == "aborted", r
+        assert r["samples"] == 32 and r["time_to_target_s"] is None and r["run_time_s"] > 0
+        assert r["throughput_samples_per_s"] > 0
+    assert rec["ratio_time"] is None and rec["ratio_seeds"] == []
