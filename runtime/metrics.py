@@ -88,7 +88,6 @@ class ProgressPrinter:
             self.evals.append((state.samples, state.eval_accuracy))
             self._print(state, eval_line=True)
         elif event is Event.RUN_STOP:
-            self._print(state, eval_line=True)
             print(f"run stopped: status={state.status} after {state.step} steps, "
                   f"{state.samples} samples, {time.perf_counter() - self.t0:.1f} s", file=self.stream,
                   flush=True)

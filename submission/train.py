@@ -20,7 +20,7 @@ import torch
 
 from runtime.config import ConfigError, load_config
 from runtime.dist import check_same_on_all_ranks, init_distributed, run_guarded, shutdown
-from runtime.env import discover
+from runtime.env import LaunchError, discover
 from runtime.events import CallbackList
 from runtime.metrics import MetricsWriter, ProgressPrinter, plot_metrics
 from runtime.trainer import Trainer
@@ -87,6 +87,9 @@ def main(argv=None) -> int:
         cfg.local_batch_size(info.world_size)  # fail before any rank trains
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except LaunchError as e:
+        print(f"launch error: {e}", file=sys.stderr, flush=True)
         return 2
     return run_guarded(lambda: train(cfg, info), info)
 
