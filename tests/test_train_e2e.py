@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ def tiny_overrides(data_dir: Path, out: Path, **extra) -> list[str]:
 
 
 def run_and_time(overrides: list[str], timeout: float = 240, env_extra=None):
+    """The README's entry point, with the CPU benchmark config and overrides after `--`."""
     env = dict(os.environ, CONFIG=str(CPU_CONFIG), SEED="7", **(env_extra or {}))
     return subprocess.run(["bash", str(ROOT / "run_and_time.sh"), "--", *overrides], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=timeout)
@@ -77,6 +79,23 @@ def test_short_real_run_reaches_target_and_log_passes_checker(small_dataset, tmp
     assert len(steps) == summary["steps"] and steps[0]["samples"] == 16
     assert all(0 < m["padding_efficiency"] <= 1 for m in steps)
     assert (out / "loss_accuracy.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+def test_other_launchers_train_the_same_run(small_dataset, tmp_path, launcher):
+    """torchrun and Open MPI's mpirun start the same 2-rank training (mpiexec: above)."""
+    if launcher == "mpirun" and shutil.which("mpirun.openmpi") is None:
+        pytest.skip("Open MPI's mpirun is not installed (make test installs openmpi-bin as root)")
+    out = tmp_path / "run"
+    env = {"MPIRUN": "mpirun.openmpi"} if launcher == "mpirun" else {}
+    proc = run_and_time(tiny_overrides(small_dataset, out, **{"system.launcher": f'"{launcher}"'}),
+                        env_extra=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "RESULT,bert,7," in proc.stdout
+    assert compliance(out / "mlperf_bert.log").returncode == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "success"
 
 
 @pytest.mark.slow
