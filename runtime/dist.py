@@ -137,6 +137,10 @@ def shutdown() -> None:
     """Leave the process group (success path; on failure `run_guarded` exits instead)."""
     global _CTX
     if torch_dist.is_available() and torch_dist.is_initialized():
+        # Meet first: rank 0 hosts the rendezvous store, and a rank that tears its group
+        # down while a peer still talks to it makes the peer's C++ threads std::terminate.
+        if torch_dist.get_world_size() > 1:
+            torch_dist.barrier()
         torch_dist.destroy_process_group()
     _CTX = None
 
