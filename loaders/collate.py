@@ -1,9 +1,11 @@
-"""Samples → one padded batch of torch tensors.
+"""Samples → one padded batch of torch tensors, one sample per row or several packed.
 
-Owns: the ``Batch`` the model consumes and ``collate``, which pads a batch only to its own
-longest sequence and rebuilds the masked-LM labels from the stored positions. Never: choosing
-which samples form a batch (see dataset.py's ``ShardPlan``), file I/O, or device placement
-policy (``Batch.to`` moves tensors where the caller says).
+Owns: the ``Batch`` the model consumes, the unpadded per-row form ``Rows`` (what the torch
+path and the DALI pipeline both pad), best-fit packing of samples into rows
+(``best_fit_rows``), padding a batch only to its own longest row, and rebuilding the masked-LM
+labels from the stored positions. Never: choosing which samples form a batch (see dataset.py's
+plans and balance.py), file I/O, or device placement policy (``Batch.to`` moves tensors
+where the caller says).
 """
 from __future__ import annotations
 
@@ -21,22 +23,39 @@ IGNORE_INDEX = -100
 
 @dataclass
 class Batch:
-    """One local batch, padded to ``L`` = the longest sequence in this batch (not ``seq_len``).
+    """One local batch of rows, padded to ``L`` = the longest row in this batch (not
+    ``seq_len``).
 
     ``masked_lm_labels`` holds the original token at each masked position and ``IGNORE_INDEX``
-    everywhere else, so the MLM loss and accuracy need no separate mask."""
+    everywhere else, so the MLM loss and accuracy need no separate mask.
+
+    Packing (Graphcore's convention): a row may hold several sequences back to back; then
+    ``attention_mask`` is the 1-based index of the sequence each token belongs to (1, 1, …,
+    2, 2, …, 0 on padding), each sequence starts with its [CLS], and
+    ``next_sentence_labels`` has one entry per *sequence*, in row-major order. Unpacked rows
+    are the special case of one sequence per row (mask 1/0). The model derives position ids
+    (restarting per sequence) and the [CLS] positions from the mask."""
 
     input_ids: torch.Tensor           # [b, L] int64, 0-padded
     token_type_ids: torch.Tensor      # [b, L] int64, 0-padded (segment A = 0, B = 1)
     attention_mask: torch.Tensor      # [b, L] int64, 1 = real token, 0 = padding
     masked_lm_labels: torch.Tensor    # [b, L] int64, IGNORE_INDEX except at masked positions
-    next_sentence_labels: torch.Tensor  # [b] int64, 1 = B is a random sentence (MLPerf)
+    next_sentence_labels: torch.Tensor  # [sequences] int64, 1 = B is a random sentence (MLPerf)
     num_real_tokens: int              # Σ sequence lengths
-    num_padded_tokens: int            # b · L, what the model computes on
+    num_padded_tokens: int            # rows · L, what a padded model computes on
 
     @property
     def size(self) -> int:
+        """Rows (= sequences unless packed)."""
         return self.input_ids.shape[0]
+
+    @property
+    def num_sequences(self) -> int:
+        return self.next_sentence_labels.shape[0]
+
+    @property
+    def packed(self) -> bool:
+        return self.num_sequences != self.size
 
     @property
     def num_masked(self) -> int:
@@ -58,57 +77,121 @@ class Batch:
 
 
 def collate(samples: Samples) -> Batch:
-    """Pad ``samples`` to their longest sequence and rebuild the masked-LM labels.
+    """Pad ``samples`` to their longest sequence (one sample per row) and rebuild the
+    masked-LM labels."""
+    return pad_rows(sample_rows(samples))
+
+
+def collate_packed(samples: Samples, pack_length: int) -> Batch:
+    """Pack ``samples`` best-fit into rows of at most ``pack_length`` tokens, then pad the
+    rows to the longest row (see ``best_fit_rows`` and the ``Batch`` packing convention)."""
+    return pad_rows(sample_rows(samples, best_fit_rows(samples.lengths(), pack_length)))
+
+
+@dataclass
+class Rows:
+    """A batch before padding: per row, the concatenated real tokens of its sequences.
+
+    What both padding paths consume: ``pad_rows`` here (torch path) and the DALI pipeline
+    (loaders/dali_pipeline.py), so the two cannot disagree on content, only on padding."""
+
+    input_ids: list            # per row: int64 [n_row]
+    token_type_ids: list       # per row: int64 [n_row]
+    attention_mask: list       # per row: int64 [n_row], k = the row's k-th sequence (1-based)
+    masked_lm_labels: list     # per row: int64 [n_row], IGNORE_INDEX where not masked
+    next_sentence_labels: list  # per row: int64 [k], one per sequence in the row
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def best_fit_rows(lengths: np.ndarray, pack_length: int) -> list[list[int]]:
+    """Best-fit decreasing: sequences longest first (ties by index), each into the open row
+    with the least room that still fits it, else into a new row. Deterministic.
+
+    Returns, per row, the sample indices in the order they sit in the row."""
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in order.tolist():
+        n = int(lengths[i])
+        if n > pack_length:
+            raise DataError(f"a sample of length {n} does not fit a packed row of "
+                            f"pack_length={pack_length}; raise data.pack_length to at least {n}")
+        fits = [r for r in range(len(rows)) if room[r] >= n]
+        if fits:
+            best = min(fits, key=lambda r: (room[r], r))
+            rows[best].append(i)
+            room[best] -= n
+        else:
+            rows.append([i])
+            room.append(pack_length - n)
+    return rows
+
+
+def sample_rows(samples: Samples, rows: list[list[int]] | None = None) -> Rows:
+    """Per-row token arrays; ``rows`` lists the samples of each row (default: one each)."""
+    if len(samples) == 0:
+        raise ValueError("collate: empty batch")
+    rows = [[i] for i in range(len(samples))] if rows is None else rows
+    labels = _masked_lm_labels(samples)
+    out = Rows([], [], [], [], [])
+    for members in rows:
+        out.input_ids.append(_cat(samples.input_ids, members))
+        out.token_type_ids.append(_cat(samples.segment_ids, members))
+        out.attention_mask.append(np.concatenate(
+            [np.full(len(samples.input_ids[i]), k, dtype=np.int64)
+             for k, i in enumerate(members, 1)]))
+        out.masked_lm_labels.append(_cat(labels, members))
+        out.next_sentence_labels.append(
+            np.asarray(samples.next_sentence_labels, dtype=np.int64)[members])
+    return out
+
+
+def pad_rows(rows: Rows) -> Batch:
+    """Stack ``rows`` into a ``Batch`` padded to the longest row."""
+    lengths = np.fromiter((len(r) for r in rows.input_ids), dtype=np.int64, count=len(rows))
+    width = int(lengths.max())
+    real = np.arange(width)[None, :] < lengths[:, None]  # [rows, L] True on real tokens
+
+    def padded(column: list, fill: int) -> torch.Tensor:
+        out = np.full((len(rows), width), fill, dtype=np.int64)
+        out[real] = np.concatenate(column)
+        return torch.from_numpy(out)
+
+    return Batch(
+        input_ids=padded(rows.input_ids, 0),
+        token_type_ids=padded(rows.token_type_ids, 0),
+        attention_mask=padded(rows.attention_mask, 0),
+        masked_lm_labels=padded(rows.masked_lm_labels, IGNORE_INDEX),
+        next_sentence_labels=torch.from_numpy(np.concatenate(rows.next_sentence_labels)),
+        num_real_tokens=int(lengths.sum()),
+        num_padded_tokens=len(rows) * width,
+    )
+
+
+def _cat(column: list, members: list[int]) -> np.ndarray:
+    return np.concatenate([column[i] for i in members]).astype(np.int64)
+
+
+def _masked_lm_labels(samples: Samples) -> list[np.ndarray]:
+    """Per sample: the original token at each masked position, IGNORE_INDEX elsewhere.
 
     Stored positions/ids are unpadded (vlen), so every stored pair is a real label. A pair
     at position 0 is the padding of a fixed-length MLPerf shard converted as-is (position 0 is
     always [CLS], never masked) and is ignored."""
-    b = len(samples)
-    if b == 0:
-        raise ValueError("collate: empty batch")
-    lengths = samples.lengths()
-    width = int(lengths.max())
-    real = np.arange(width)[None, :] < lengths[:, None]  # [b, L] True on real tokens
-
-    input_ids = np.zeros((b, width), dtype=np.int64)
-    input_ids[real] = np.concatenate(samples.input_ids)
-    token_type_ids = np.zeros((b, width), dtype=np.int64)
-    token_type_ids[real] = np.concatenate(samples.segment_ids)
-    labels = _masked_lm_labels(samples, lengths, width)
-
-    return Batch(
-        input_ids=torch.from_numpy(input_ids),
-        token_type_ids=torch.from_numpy(token_type_ids),
-        attention_mask=torch.from_numpy(real.astype(np.int64)),
-        masked_lm_labels=torch.from_numpy(labels),
-        next_sentence_labels=torch.from_numpy(
-            np.asarray(samples.next_sentence_labels, dtype=np.int64).reshape(b)),
-        num_real_tokens=int(lengths.sum()),
-        num_padded_tokens=b * width,
-    )
-
-
-def _masked_lm_labels(samples: Samples, lengths: np.ndarray, width: int) -> np.ndarray:
-    counts = np.fromiter((len(p) for p in samples.masked_lm_positions), dtype=np.int64,
-                         count=len(samples))
-    rows = np.repeat(np.arange(len(samples)), counts)
-    positions = _concat(samples.masked_lm_positions)
-    ids = _concat(samples.masked_lm_ids)
-    if len(ids) != len(positions):
-        raise DataError("masked_lm_ids and masked_lm_positions differ in length in this batch")
-    keep = positions > 0
-    rows, positions, ids = rows[keep], positions[keep], ids[keep]
-    beyond = positions >= lengths[rows]
-    if beyond.any():
-        i = int(np.flatnonzero(beyond)[0])
-        raise DataError(f"sample {int(rows[i])} of a batch: masked position {int(positions[i])} "
-                        f"is beyond its length {int(lengths[rows[i]])}; the shard is malformed")
-    labels = np.full((len(samples), width), IGNORE_INDEX, dtype=np.int64)
-    labels[rows, positions] = ids
-    return labels
-
-
-def _concat(arrays: list) -> np.ndarray:
-    if not arrays:
-        return np.zeros(0, dtype=np.int64)
-    return np.concatenate(arrays).astype(np.int64)
+    out = []
+    for i, (ids, positions, targets) in enumerate(zip(
+            samples.input_ids, samples.masked_lm_positions, samples.masked_lm_ids)):
+        if len(positions) != len(targets):
+            raise DataError("masked_lm_ids and masked_lm_positions differ in length in this batch")
+        positions = positions.astype(np.int64)
+        keep = positions > 0
+        positions, targets = positions[keep], targets[keep]
+        if len(positions) and positions.max() >= len(ids):
+            raise DataError(f"sample {i} of a batch: masked position {int(positions.max())} "
+                            f"is beyond its length {len(ids)}; the shard is malformed")
+        labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int64)
+        labels[positions] = targets
+        out.append(labels)
+    return out

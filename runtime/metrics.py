@@ -65,7 +65,10 @@ class ProgressPrinter:
     """One progress line every ``every`` steps and after each eval (rank 0).
 
     The time-left estimate extrapolates the last two eval accuracies linearly to the target
-    when accuracy is rising, else reports the time to the step budget."""
+    when accuracy is rising, else reports the time to the step budget. ``pad-eff`` is Σ real
+    / Σ computed tokens over all ranks since the start; ``imbalance tok … fwd …`` the mean,
+    over the steps since the previous line, of max/mean over ranks of computed tokens and of
+    forward time (runtime.balance)."""
 
     def __init__(self, every: int = 10, stream=sys.stdout):
         self.every = max(1, every)
@@ -78,10 +81,14 @@ class ProgressPrinter:
         if event is Event.RUN_START:
             self.t0 = time.perf_counter()
             self.tokens = [0, 0]
+            self.imbalance: list[tuple[float, float]] = []
         elif event is Event.STEP:
             m = state.last_step
-            self.tokens[0] += m.real_tokens
-            self.tokens[1] += m.computed_tokens
+            # All ranks' tokens when the trainer measured balance (runtime.balance), else ours.
+            self.tokens[0] += m.extra.get("real_tokens_all", m.real_tokens)
+            self.tokens[1] += m.extra.get("computed_tokens_all", m.computed_tokens)
+            if "imbalance_tokens" in m.extra:
+                self.imbalance.append((m.extra["imbalance_tokens"], m.extra["imbalance_compute"]))
             if state.step % self.every == 0:
                 self._print(state)
         elif event is Event.EVAL_STOP:
@@ -101,7 +108,11 @@ class ProgressPrinter:
             parts += [f"loss {m.loss:.3f} (mlm {m.mlm_loss:.3f} nsp {m.nsp_loss:.3f})",
                       f"lr {m.lr:.2e}", f"|g| {m.grad_norm:.2f}"]
             if self.tokens[1]:
-                parts.append(f"pad-eff {self.tokens[0] / self.tokens[1]:.2f}")
+                parts.append(f"pad-eff {self.tokens[0] / self.tokens[1]:.3f}")
+            if self.imbalance:  # mean of the steps since the last line
+                tokens, compute = (sum(x) / len(x) for x in zip(*self.imbalance))
+                parts.append(f"imbalance tok {tokens:.3f} fwd {compute:.2f}")
+                self.imbalance = []
         if self.evals:
             parts.append(f"eval acc {self.evals[-1][1]:.4f}")
         parts.append(f"elapsed {_fmt_duration(elapsed)}")

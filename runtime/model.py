@@ -11,9 +11,15 @@ written for one device of any kind (CPU, or CUDA under bf16 autocast); callers m
 Two choices that set the cost of a step:
 - The MLM head (transform + 30k-wide decoder) runs only on the masked positions, gathered from
   the flattened [b·L, H] hidden states; running it on every position costs ~2.5× at MiniLM size.
-- Attention is one function, ``attention(q, k, v, key_mask, dropout_p)``, over padded
-  [b, heads, L, d] tensors. It is the seam for an unpadded path (concatenated tokens +
-  cu_seqlens): that path replaces this function and the head split/merge in BertSelfAttention.
+- ``attention="padded"`` (default) runs on [b, L] batches padded to their longest row, through
+  ``attention(q, k, v, mask, dropout_p)``; ``attention="unpadded"`` gathers the real tokens
+  once (``TokenLayout``), runs every layer on [T, H] with T = Σ lengths, and attends within
+  each sequence through ``kernels.attention.varlen_attention`` (cu_seqlens). Both give the
+  same outputs on the real tokens (tests/test_model.py holds them equal).
+- Packed rows (several sequences per row, ``attention_mask`` = 1-based sequence index, see
+  ``loaders.collate.Batch``): position ids restart per sequence and NSP reads each sequence's
+  own [CLS], both derived from the mask (``TokenLayout``); the padded path masks attention
+  block-diagonally (built with ``packed=True``), the unpadded path needs nothing more.
 
 Example::
 
@@ -36,6 +42,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.attention import Varlen, varlen_attention
+
+ATTENTION_MODES = ("padded", "unpadded")
 IGNORE_INDEX = -100
 """masked_lm_labels value of positions that are not predicted (HF / torch convention)."""
 
@@ -105,13 +114,56 @@ class BertConfig:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
               dropout_p: float) -> torch.Tensor:
     """Softmax attention over padded batches: q, k, v [b, heads, L, d]; key_mask bool
-    [b, 1, 1, L], True where the key is a real token.
+    [b, 1, 1, L], True where the key is a real token (or [b, 1, L, L] per query: packed rows).
 
-    Only keys are masked, so a padded *query* row still attends to the real keys of its
-    sequence and stays finite (its output is never used). A NaN needs a sequence with no real
-    key at all, which [CLS] at position 0 rules out.
+    A padded *query* row still attends to real keys and stays finite (its output is never
+    used). A NaN needs a query with no visible key at all, which [CLS] at position 0 of
+    every sequence rules out.
     """
     return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
+
+
+def packed_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[b, L] sequence indices (0 = padding) → bool [b, 1, L, L]: a token sees the real
+    tokens of its own sequence; a padding query sees every real key (finite, unused)."""
+    q, k = attention_mask[:, :, None], attention_mask[:, None, :]
+    return ((k > 0) & ((q == k) | (q == 0)))[:, None]
+
+
+@dataclass
+class TokenLayout:
+    """Where the real tokens of a padded [b, L] batch are and which sequence each belongs
+    to (a sequence = a run of one nonzero ``attention_mask`` value in one row)."""
+
+    index: torch.Tensor  # int64 [T]: flat (row·L + column) positions of the real tokens
+    varlen: Varlen
+
+    @classmethod
+    def of(cls, attention_mask: torch.Tensor) -> "TokenLayout":
+        b, width = attention_mask.shape
+        flat = attention_mask.reshape(-1)
+        index = (flat > 0).nonzero().squeeze(1)  # a CPU-GPU sync point
+        row_and_seq = (index // width) * (width + 1) + flat[index]
+        _, lengths = torch.unique_consecutive(row_and_seq, return_counts=True)
+        return cls(index, Varlen.from_lengths(lengths))
+
+    @property
+    def cls_index(self) -> torch.Tensor:
+        """Flat positions of each sequence's first token, its [CLS], in row-major order."""
+        return self.index[self.varlen.cu_seqlens[:-1].long()]
+
+    def position_ids(self, shape) -> torch.Tensor:
+        """[b, L] positions restarting at 0 for every sequence (0 on padding)."""
+        out = torch.zeros(shape[0] * shape[1], dtype=torch.long, device=self.index.device)
+        return out.index_put((self.index,), self.varlen.token_in_seq).view(shape)
+
+
+@dataclass
+class Unpadded:
+    """The attention argument of the unpadded path: the layout plus the kernel name."""
+
+    varlen: Varlen
+    kernel: str = "auto"
 
 
 class BertEmbeddings(nn.Module):
@@ -124,10 +176,13 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        # Positions from arange, not a stored position_ids buffer: nothing to save or load.
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        # Positions from arange unless given (packed rows, unpadded tokens), not a stored
+        # position_ids buffer: nothing to save or load.
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
              + self.token_type_embeddings(token_type_ids))
         return self.dropout(self.LayerNorm(x))
 
@@ -145,9 +200,16 @@ class BertSelfAttention(nn.Module):
         b, length, hidden = x.shape
         return x.view(b, length, self.num_heads, hidden // self.num_heads).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_mask) -> torch.Tensor:
+        """x [b, L, H] with a padded mask, or [T, H] with an ``Unpadded`` layout."""
+        dropout_p = self.dropout_p if self.training else 0.0
+        if isinstance(key_mask, Unpadded):
+            heads = (proj(x).view(x.shape[0], self.num_heads, -1)
+                     for proj in (self.query, self.key, self.value))
+            context = varlen_attention(*heads, key_mask.varlen, dropout_p, key_mask.kernel)
+            return context.reshape(x.shape)
         q, k, v = (self._split_heads(proj(x)) for proj in (self.query, self.key, self.value))
-        context = attention(q, k, v, key_mask, self.dropout_p if self.training else 0.0)
+        context = attention(q, k, v, key_mask, dropout_p)
         return context.transpose(1, 2).reshape(x.shape)
 
 
@@ -220,23 +282,71 @@ class BertPooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(hidden[:, 0]))  # the [CLS] token
+    def forward(self, cls_rows: torch.Tensor) -> torch.Tensor:
+        """cls_rows [sequences, H]: the hidden state of each sequence's [CLS] token."""
+        return torch.tanh(self.dense(cls_rows))
+
+
+@dataclass
+class Encoded:
+    """What ``BertModel.encode`` returns."""
+
+    rows: torch.Tensor             # [N, H]: hidden states of [b·L] positions, or of T real tokens
+    pooled: torch.Tensor           # [sequences, H]: pooled [CLS] outputs, row-major order
+    token_index: Optional[torch.Tensor]  # [T] flat positions of ``rows`` (unpadded), or None
 
 
 class BertModel(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    """``attention``: 'padded' | 'unpadded' (see the module docstring); ``packed``: rows may
+    hold several sequences (only the padded path needs to know); ``kernel``: the
+    varlen attention kernel of the unpadded path (kernels.attention.KERNELS)."""
+
+    def __init__(self, cfg: BertConfig, attention: str = "padded", packed: bool = False,
+                 kernel: str = "auto"):
         super().__init__()
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention={attention!r}: choose one of {ATTENTION_MODES}")
+        self.attention_mode, self.packed, self.kernel = attention, packed, kernel
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
         self.pooler = BertPooler(cfg)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (hidden states [b, L, H], pooled [CLS] output [b, H])."""
+        """Returns (hidden states [b, L, H] — zero on padding in the unpadded path —,
+        pooled [CLS] outputs [sequences, H])."""
+        enc = self.encode(input_ids, token_type_ids, attention_mask)
+        if enc.token_index is None:
+            return enc.rows.view(*input_ids.shape, -1), enc.pooled
+        hidden = enc.rows.new_zeros(input_ids.numel(), enc.rows.shape[-1])
+        return hidden.index_copy(0, enc.token_index, enc.rows).view(*input_ids.shape, -1), \
+            enc.pooled
+
+    def encode(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+               attention_mask: torch.Tensor) -> Encoded:
+        if self.attention_mode == "unpadded":
+            return self._encode_unpadded(input_ids, token_type_ids, attention_mask)
+        if self.packed:
+            return self._encode_packed(input_ids, token_type_ids, attention_mask)
         key_mask = attention_mask.bool()[:, None, None, :]
         hidden = self.encoder(self.embeddings(input_ids, token_type_ids), key_mask)
-        return hidden, self.pooler(hidden)
+        return Encoded(hidden.reshape(-1, hidden.shape[-1]), self.pooler(hidden[:, 0]), None)
+
+    def _encode_packed(self, input_ids, token_type_ids, attention_mask) -> Encoded:
+        layout = TokenLayout.of(attention_mask)
+        x = self.embeddings(input_ids, token_type_ids, layout.position_ids(input_ids.shape))
+        hidden = self.encoder(x, packed_attention_mask(attention_mask))
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        return Encoded(rows, self.pooler(rows.index_select(0, layout.cls_index)), None)
+
+    def _encode_unpadded(self, input_ids, token_type_ids, attention_mask) -> Encoded:
+        layout = TokenLayout.of(attention_mask)
+        index = layout.index
+        x = self.embeddings(input_ids.reshape(-1)[index], token_type_ids.reshape(-1)[index],
+                            layout.varlen.token_in_seq)
+        rows = self.encoder(x, Unpadded(layout.varlen, self.kernel))
+        cls_rows = rows.index_select(0, layout.varlen.cu_seqlens[:-1].long())
+        return Encoded(rows, self.pooler(cls_rows), index)
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -291,12 +401,15 @@ class PreTrainingOutput:
 
 
 class BertForPreTraining(nn.Module):
-    """HF ``BertForPreTraining``: ``bert`` (embeddings, encoder, pooler) + ``cls`` heads."""
+    """HF ``BertForPreTraining``: ``bert`` (embeddings, encoder, pooler) + ``cls`` heads.
+    ``attention``, ``packed``, ``kernel``: how it computes (see ``BertModel``); the
+    parameters and outputs are the same for every choice."""
 
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, attention: str = "padded", packed: bool = False,
+                 kernel: str = "auto"):
         super().__init__()
         self.config = cfg
-        self.bert = BertModel(cfg)
+        self.bert = BertModel(cfg, attention, packed, kernel)
         self.cls = BertPreTrainingHeads(cfg)
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
         self.init_weights()
@@ -319,17 +432,21 @@ class BertForPreTraining(nn.Module):
                 attention_mask: Optional[torch.Tensor] = None,
                 masked_lm_labels: Optional[torch.Tensor] = None,
                 next_sentence_labels: Optional[torch.Tensor] = None) -> PreTrainingOutput:
-        """input_ids, token_type_ids, attention_mask (1 real, 0 pad): [b, L] long; missing
-        token types are 0 and a missing mask means no padding. masked_lm_labels [b, L] with
-        IGNORE_INDEX where not predicted; next_sentence_labels [b] (1 = random next)."""
+        """input_ids, token_type_ids, attention_mask (1 real, 0 pad; packed rows: the
+        1-based sequence index): [b, L] long; missing token types are 0 and a missing mask
+        means no padding. masked_lm_labels [b, L] with IGNORE_INDEX where not predicted;
+        next_sentence_labels [sequences] (1 = random next)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        hidden, pooled = self.bert(input_ids, token_type_ids, attention_mask)
-        out = PreTrainingOutput(nsp_logits=self.cls.seq_relationship(pooled))
+        enc = self.bert.encode(input_ids, token_type_ids, attention_mask)
+        out = PreTrainingOutput(nsp_logits=self.cls.seq_relationship(enc.pooled))
         if masked_lm_labels is not None:
-            self._masked_lm(out, hidden, masked_lm_labels)
+            labels = masked_lm_labels.reshape(-1)
+            if enc.token_index is not None:
+                labels = labels.index_select(0, enc.token_index)
+            self._masked_lm(out, enc.rows, labels)
         if next_sentence_labels is not None:
             out.nsp_loss = F.cross_entropy(out.nsp_logits.float(), next_sentence_labels.view(-1))
         losses = [x for x in (out.mlm_loss, out.nsp_loss) if x is not None]
@@ -338,11 +455,11 @@ class BertForPreTraining(nn.Module):
 
     def _masked_lm(self, out: PreTrainingOutput, hidden: torch.Tensor,
                    labels: torch.Tensor) -> None:
-        labels = labels.reshape(-1)
+        """hidden [N, H] and labels [N]: row-aligned (padded positions or real tokens)."""
         # nonzero() is a CPU-GPU sync point: the number of masked rows sets the shapes below.
         rows = (labels != IGNORE_INDEX).nonzero().squeeze(1)
         targets = labels.index_select(0, rows)
-        logits = self.cls.predictions(hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows))
+        logits = self.cls.predictions(hidden.index_select(0, rows))
         total = F.cross_entropy(logits.float(), targets, reduction="sum")
         out.mlm_logits = logits
         out.mlm_count = torch.tensor(rows.numel(), device=labels.device)

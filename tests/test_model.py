@@ -185,6 +185,108 @@ def test_padding_invariance():
     assert torch.isfinite(hb).all()  # padded query rows attend to real keys: no NaN
 
 
+# -------------------------------------------------------------- unpadded and packed paths
+
+def same_weights(model, **kw):
+    """A model of another compute path (attention, packed, kernel) with ``model``'s weights."""
+    other = BertForPreTraining(model.config, **kw)
+    other.load_state_dict(model.state_dict())
+    return other.eval()
+
+
+def pack_rows(ids, types, mask, labels, rows):
+    """The unpacked batch's sequences packed as ``rows`` (lists of sequence indices), in the
+    loaders' convention: attention_mask = 1-based sequence index in the row."""
+    lengths = mask.sum(1).tolist()
+    width = max(sum(lengths[i] for i in row) for row in rows)
+    out = [torch.zeros(len(rows), width, dtype=torch.long) for _ in range(3)]
+    out.append(torch.full((len(rows), width), -100, dtype=torch.long))
+    for r, row in enumerate(rows):
+        start = 0
+        for k, i in enumerate(row, 1):
+            n = lengths[i]
+            for t, src in zip(out, (ids, types, None, labels)):
+                t[r, start:start + n] = k if src is None else src[i, :n]
+            start += n
+    return out
+
+
+def per_sequence_hidden(hidden, mask):
+    """{(row, k): hidden rows of the k-th sequence of a row}."""
+    return {(r, k): hidden[r][mask[r] == k] for r in range(mask.shape[0])
+            for k in range(1, int(mask[r].max()) + 1)}
+
+
+@pytest.mark.parametrize("kernel", ["per_sequence", "repad", "block_diagonal"])
+def test_unpadded_outputs_and_gradients_equal_padded(kernel):
+    cfg, model = tiny_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ids, types, mask, labels, nsp = tiny_batch(cfg, pad_to=30)
+    unpadded = same_weights(model, attention="unpadded", kernel=kernel)
+    model.eval()
+    out = [m(ids, types, mask, labels, nsp) for m in (model, unpadded)]
+    hidden = [m.bert(ids, types, mask)[0] for m in (model, unpadded)]
+    real = mask.bool()
+    torch.testing.assert_close(hidden[1][real], hidden[0][real], atol=1e-5, rtol=1e-5)
+    assert not hidden[1][~real].any()  # nothing computed on padding
+    for name in ("mlm_logits", "nsp_logits", "loss"):
+        torch.testing.assert_close(getattr(out[1], name), getattr(out[0], name),
+                                   atol=1e-5, rtol=1e-5)
+    for o in out:
+        o.loss.backward()
+    for (name, a), b in zip(model.named_parameters(), unpadded.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("attention", ["padded", "unpadded"])
+def test_packed_sequences_equal_the_sequences_alone(attention):
+    cfg, model = tiny_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ids, types, mask, labels, nsp = tiny_batch(cfg)
+    model.eval()
+    rows = [[1, 2], [0]]  # sequence 1 and 2 share a row: positions must restart for 2
+    p_ids, p_types, p_mask, p_labels = pack_rows(ids, types, mask, labels, rows)
+    assert p_ids.shape[1] <= cfg.max_position_embeddings
+    packed = same_weights(model, attention=attention, packed=True)
+    with torch.no_grad():
+        alone = model(ids, types, mask, labels, nsp)
+        out = packed(p_ids, p_types, p_mask, p_labels, nsp[[1, 2, 0]])
+        h_alone = model.bert(ids, types, mask)[0]
+        h_packed = per_sequence_hidden(packed.bert(p_ids, p_types, p_mask)[0], p_mask)
+    for (r, k), h in h_packed.items():
+        i = rows[r][k - 1]
+        torch.testing.assert_close(h, h_alone[i][mask[i].bool()], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.nsp_logits, alone.nsp_logits[[1, 2, 0]], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.nsp_loss, alone.nsp_loss, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out.mlm_loss, alone.mlm_loss, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["padded", "unpadded"])
+def test_packed_attention_leaks_nothing_between_sequences(attention):
+    cfg, model = tiny_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = same_weights(model, attention=attention, packed=True)
+    ids, types, mask, labels, nsp = tiny_batch(cfg)
+    p_ids, p_types, p_mask, _ = pack_rows(ids, types, mask, labels, [[0, 1, 2]])
+    changed = p_ids.clone()
+    middle = p_mask == 2
+    changed[middle & (p_ids > 3)] = 5  # every word of the middle sequence, not its [CLS]/[SEP]
+    changed_types = p_types.clone()
+    changed_types[middle] = 1 - changed_types[middle]
+    assert not torch.equal(changed, p_ids)
+    with torch.no_grad():
+        before = per_sequence_hidden(model.bert(p_ids, p_types, p_mask)[0], p_mask)
+        after = per_sequence_hidden(model.bert(changed, changed_types, p_mask)[0], p_mask)
+        nsp_before = model(p_ids, p_types, p_mask).nsp_logits
+        nsp_after = model(changed, changed_types, p_mask).nsp_logits
+    assert not torch.allclose(after[(0, 2)], before[(0, 2)])  # the change does reach its own
+    for key in ((0, 1), (0, 3)):
+        torch.testing.assert_close(after[key], before[key], atol=0, rtol=0)
+    torch.testing.assert_close(nsp_after[[0, 2]], nsp_before[[0, 2]], atol=0, rtol=0)
+
+
+def test_unknown_attention_mode_is_an_error():
+    with pytest.raises(ValueError, match="attention='flash'"):
+        BertForPreTraining(BertConfig(**TINY), attention="flash")
+
+
 # ------------------------------------------------------------------------------- outputs
 
 def test_mlm_head_runs_only_on_masked_positions():

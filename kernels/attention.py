@@ -1,0 +1,128 @@
+"""Attention over unpadded (concatenated) sequences: a plain-torch reference and faster paths.
+
+Owns: ``Varlen`` (where each sequence's tokens sit in the concatenated layout: cu_seqlens and
+friends, computed once per forward and shared by every layer) and the variable-length
+attention functions, each taking q, k, v as [T, heads, d] (T = Σ sequence lengths) and
+returning [T, heads, d], with attention confined to each sequence:
+
+``per_sequence``   the reference: one SDPA call per sequence. Exact, no padding anywhere.
+``repad``          scatter q/k/v into [n, heads, max_len, d] with a key mask, one SDPA call,
+                   gather back. Pads *only attention* (to the longest sequence of the batch);
+                   every token-parallel layer around it stays unpadded.
+``block_diagonal`` one SDPA call over all T tokens with a [T, T] same-sequence mask:
+                   computes T² scores to use Σ len² of them (kept as the measured
+                   counter-example; see docs/BENCHMARKS.md).
+``cuda_varlen``    CUDA only: nested (jagged) tensors into SDPA, which dispatches to the
+                   flash / memory-efficient varlen kernels and supports dropout. Guarded by
+                   availability; UNTESTED on the CPU-only development machine.
+
+``varlen_attention(..., kernel="auto")`` picks ``cuda_varlen`` on CUDA and ``repad`` on CPU
+(the fastest CPU path measured by ``python -m bench.balance --attention``).
+Never: model parameters, head split/merge, or deciding which tokens are real (the caller
+passes cu_seqlens). Dropout draws differ between kernels, so they agree exactly only with
+dropout_p = 0 (what the tests check).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+KERNELS = ("auto", "per_sequence", "repad", "block_diagonal", "cuda_varlen")
+
+
+@dataclass
+class Varlen:
+    """The concatenated layout of n sequences of T tokens in total."""
+
+    cu_seqlens: torch.Tensor   # int32 [n+1] on the tokens' device: offsets, 0 … T
+    lengths: list[int]         # host copy of the n lengths
+    max_len: int
+    token_in_seq: torch.Tensor  # int64 [T]: each token's position within its sequence
+    seq_of_token: torch.Tensor  # int64 [T]: each token's sequence
+
+    @classmethod
+    def from_lengths(cls, lengths: torch.Tensor) -> "Varlen":
+        """``lengths`` int [n] (any device): the layout of sequences laid end to end."""
+        lengths = lengths.to(torch.int64)
+        cu = F.pad(torch.cumsum(lengths, 0), (1, 0))
+        host = lengths.tolist()  # a CPU-GPU sync: the kernels need host-side sizes
+        seq = torch.repeat_interleave(torch.arange(len(host), device=lengths.device), lengths)
+        token_in_seq = torch.arange(cu[-1].item() if len(host) else 0,
+                                    device=lengths.device) - cu[seq]
+        return cls(cu.to(torch.int32), host, max(host, default=0), token_in_seq, seq)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self.lengths))
+
+
+def per_sequence(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
+    """Reference: SDPA on each sequence alone."""
+    out, start = [], 0
+    for n in varlen.lengths:
+        piece = [t[start:start + n].transpose(0, 1) for t in (q, k, v)]  # [heads, n, d]
+        out.append(F.scaled_dot_product_attention(*piece, dropout_p=dropout_p).transpose(0, 1))
+        start += n
+    return torch.cat(out)
+
+
+def repad(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
+    """One SDPA call over [n, heads, max_len, d], keys masked beyond each length."""
+    n, width = len(varlen.lengths), varlen.max_len
+    where = (varlen.seq_of_token, varlen.token_in_seq)
+
+    def pad(t):
+        out = t.new_zeros(n, width, *t.shape[1:])
+        return out.index_put(where, t).transpose(1, 2)  # [n, heads, max_len, d]
+
+    key_mask = (torch.arange(width, device=q.device)[None, :]
+                < torch.tensor(varlen.lengths, device=q.device)[:, None])[:, None, None, :]
+    out = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=key_mask,
+                                         dropout_p=dropout_p)
+    return out.transpose(1, 2)[where]
+
+
+def block_diagonal(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
+    """One SDPA call over all T tokens, a token attending only to its own sequence."""
+    seq = varlen.seq_of_token
+    mask = (seq[:, None] == seq[None, :])[None]  # [1, T, T]
+    out = F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)),
+                                         attn_mask=mask, dropout_p=dropout_p)
+    return out.transpose(0, 1)
+
+
+def cuda_varlen(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
+    """CUDA: jagged nested tensors into SDPA (flash / memory-efficient varlen kernels).
+    UNTESTED here (no GPU on the development machine); ``per_sequence`` is its reference."""
+    if not q.is_cuda:
+        raise RuntimeError("cuda_varlen needs CUDA tensors; use kernel='repad' on CPU")
+    offsets = varlen.cu_seqlens.to(torch.int64)
+
+    def jag(t):  # [T, heads, d] → nested [n, j, heads, d] → [n, heads, j, d]
+        return torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(jag(q), jag(k), jag(v), dropout_p=dropout_p)
+    return out.transpose(1, 2).values()
+
+
+_BY_NAME = {"per_sequence": per_sequence, "repad": repad, "block_diagonal": block_diagonal,
+            "cuda_varlen": cuda_varlen}
+
+
+def varlen_attention(q, k, v, varlen: Varlen, dropout_p: float = 0.0,
+                     kernel: str = "auto") -> torch.Tensor:
+    """Attention of q, k, v [T, heads, d] within each sequence of ``varlen``."""
+    if kernel == "auto":
+        kernel = "cuda_varlen" if q.is_cuda and cuda_varlen_available() else "repad"
+    try:
+        fn = _BY_NAME[kernel]
+    except KeyError:
+        raise ValueError(f"unknown varlen attention kernel {kernel!r}; choose one of "
+                         f"{', '.join(KERNELS)}") from None
+    return fn(q, k, v, varlen, dropout_p)
+
+
+def cuda_varlen_available() -> bool:
+    return torch.cuda.is_available() and hasattr(torch.nested, "nested_tensor_from_jagged")

@@ -1,0 +1,108 @@
+"""Load-balance measurement: padding efficiency and imbalance across ranks, every step.
+
+Owns: counting, per step and rank, the real tokens, the computed tokens (what the model
+computes on: rows × L when padded, the real tokens when ``model.attention='unpadded'``), the
+compute time and the time waiting for data; reducing them across ranks (sum and max, two
+small all-reduces) into ``StepMetrics.extra``:
+
+  pad_eff           Σ real / Σ computed tokens over ranks (1.0 = no compute on padding)
+  imbalance_tokens  max / mean computed tokens over ranks (the padded compute a step waits for)
+  imbalance_real    max / mean real tokens
+  imbalance_compute max / mean compute time over ranks
+  compute_s_max, compute_s_mean, load_s_max   seconds
+  real_tokens_all, computed_tokens_all        the sums (the progress line accumulates them)
+
+Compute time is the forward passes of the training step, timed by hooks on the model: the
+forward has no communication, so it is this rank's own work, while the end of the backward
+waits for the slowest rank's gradient allreduce and cannot be timed per rank without that
+wait. The backward runs on the same shapes (≈ 2× the forward), so the ratio carries over.
+On CUDA the hooks record events (no sync in the step); the single sync is the all-reduce.
+
+Never: changes what is trained, steers the loop, or reads the environment.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from runtime.dist import all_reduce_max, all_reduce_sum
+
+FIELDS = ("real", "computed", "compute_s", "load_s")
+
+
+class BalanceMeter:
+    """Counts one rank's step (``wrap`` the training iterator, hooks on ``model``), then
+    ``reduce()`` all-reduces and returns the step's ``extra`` metrics."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, world_size: int,
+                 unpadded: bool):
+        self.device, self.world_size, self.unpadded = device, world_size, unpadded
+        self._counts = dict.fromkeys(FIELDS, 0.0)
+        self.last_local = dict(self._counts)  # this rank's counts of the last reduced step
+        self._spans: list = []
+        self._hooks = [model.register_forward_pre_hook(self._forward_start),
+                       model.register_forward_hook(self._forward_stop)]
+
+    def wrap(self, batches):
+        """The training iterator, counting each batch's tokens and the wait for it."""
+        while True:
+            t0 = time.perf_counter()
+            batch = next(batches)
+            self._counts["load_s"] += time.perf_counter() - t0
+            self._counts["real"] += batch.num_real_tokens
+            self._counts["computed"] += (batch.num_real_tokens if self.unpadded
+                                         else batch.num_padded_tokens)
+            yield batch
+
+    def reduce(self) -> dict[str, float]:
+        """All-reduce this step's counts (every rank must call it) and reset them."""
+        self._counts["compute_s"] = self._compute_seconds()
+        local = torch.tensor([self._counts[f] for f in FIELDS], dtype=torch.float64,
+                             device=self.device)
+        total = all_reduce_sum(local.clone()).tolist()
+        top = all_reduce_max(local.clone()).tolist()
+        self.last_local, self._counts = self._counts, dict.fromkeys(FIELDS, 0.0)
+        return step_balance(dict(zip(FIELDS, total)), dict(zip(FIELDS, top)), self.world_size)
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+    # -- forward timing ----------------------------------------------------------------------
+    def _forward_start(self, module, args) -> None:
+        if module.training:
+            self._spans.append([self._mark()])
+
+    def _forward_stop(self, module, args, output) -> None:
+        if module.training and self._spans and len(self._spans[-1]) == 1:
+            self._spans[-1].append(self._mark())
+
+    def _mark(self):
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _compute_seconds(self) -> float:
+        spans, self._spans = [s for s in self._spans if len(s) == 2], []
+        if self.device.type == "cuda":
+            if spans:
+                spans[-1][1].synchronize()
+            return sum(a.elapsed_time(b) for a, b in spans) / 1000.0
+        return sum(b - a for a, b in spans)
+
+
+def step_balance(total: dict, top: dict, world_size: int) -> dict[str, float]:
+    """The ``extra`` metrics from per-field sums and maxima over ``world_size`` ranks."""
+    def ratio(field: str) -> float:
+        mean = total[field] / world_size
+        return top[field] / mean if mean > 0 else 1.0
+
+    return {"pad_eff": total["real"] / max(total["computed"], 1.0),
+            "imbalance_tokens": ratio("computed"), "imbalance_real": ratio("real"),
+            "imbalance_compute": ratio("compute_s"),
+            "compute_s_max": top["compute_s"], "compute_s_mean": total["compute_s"] / world_size,
+            "load_s_max": top["load_s"],
+            "real_tokens_all": total["real"], "computed_tokens_all": total["computed"]}

@@ -1,0 +1,46 @@
+"""Train a tiny model for a few steps with data.balance=BALANCE on this rank and write what
+the balance meter saw: OUT/rank<r>.json has this rank's per-step counts and the reduced
+``extra`` metrics. Launch under mpiexec -n N or alone.
+
+    python tests/dist_scripts/balance_steps.py DATA_DIR OUT BALANCE ATTENTION
+"""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from runtime.config import load_config  # noqa: E402
+from runtime.dist import init_distributed, shutdown  # noqa: E402
+from runtime.env import discover  # noqa: E402
+from runtime.trainer import Trainer  # noqa: E402
+
+
+def main() -> None:
+    data_dir, out, balance, attention = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    cfg = load_config(None, [f'data.data_dir="{data_dir}"', "model.num_hidden_layers=1",
+                             "model.hidden_size=64", "model.num_attention_heads=2",
+                             "model.intermediate_size=128", "train.global_batch_size=16",
+                             f"data.balance={balance}", f"model.attention={attention}",
+                             "system.device=cpu"])
+    ctx = init_distributed(discover(), device="cpu", timeout_s=60)
+    torch.set_num_threads(1)
+    trainer = Trainer(cfg, ctx)
+    trainer.setup()
+    it = trainer.balance_meter.wrap(iter(trainer.train_loader))
+    steps = []
+    for _ in range(3):
+        m = trainer.train_step(it)
+        trainer._measure_balance(m)
+        steps.append({"local": trainer.balance_meter.last_local, "extra": m.extra,
+                      "computed_tokens": m.computed_tokens, "real_tokens": m.real_tokens})
+    (out / f"rank{ctx.rank}.json").write_text(json.dumps({"world": ctx.world_size,
+                                                          "steps": steps}))
+    trainer.close()
+    shutdown()
+
+
+if __name__ == "__main__":
+    main()

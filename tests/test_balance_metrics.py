@@ -1,0 +1,87 @@
+"""runtime.balance: per-step padding efficiency and imbalance, reduced across real ranks,
+in StepMetrics.extra, metrics.jsonl and the progress line; the balanced modes train."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from runtime.balance import step_balance
+from runtime.events import CallbackList
+from runtime.metrics import MetricsWriter, ProgressPrinter
+from runtime.trainer import Trainer
+from tests.test_trainer import MPIEXEC, ROOT, tiny_config
+
+
+def test_step_balance_arithmetic():
+    total = {"real": 300.0, "computed": 400.0, "compute_s": 3.0, "load_s": 0.2}
+    top = {"real": 180.0, "computed": 256.0, "compute_s": 2.0, "load_s": 0.15}
+    got = step_balance(total, top, world_size=2)
+    assert got["pad_eff"] == 0.75
+    assert got["imbalance_tokens"] == 256 / 200 and got["imbalance_real"] == 180 / 150
+    assert got["imbalance_compute"] == 2.0 / 1.5
+    assert (got["compute_s_max"], got["compute_s_mean"], got["load_s_max"]) == (2.0, 1.5, 0.15)
+
+
+@pytest.mark.parametrize("balance,attention,loader", [
+    ("random", "padded", "torch"), ("pack", "unpadded", "torch"), ("local", "padded", "dali"),
+    ("pack", "padded", "torch")])
+def test_fit_writes_balance_metrics_and_progress(small_dataset, single_ctx, tmp_path,
+                                                 balance, attention, loader):
+    if loader == "dali":
+        pytest.importorskip("nvidia.dali")
+    cfg = tiny_config(small_dataset, f"data.balance={balance}", f"model.attention={attention}",
+                      f"data.loader={loader}",
+                      "train.max_steps=4", "train.eval_iter_start_samples=64",
+                      "train.eval_iter_samples=64", "train.target_mlm_accuracy=0.99")
+    stream = io.StringIO()
+    callbacks = CallbackList([MetricsWriter(tmp_path / "metrics.jsonl"),
+                              ProgressPrinter(every=2, stream=stream)])
+    trainer = Trainer(cfg, single_ctx, callbacks)
+    state = trainer.fit()
+    trainer.close()
+    assert state.step == 4
+    steps = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+             if r["kind"] == "step"]
+    assert len(steps) == 4
+    for r in steps:
+        assert r["imbalance_tokens"] == r["imbalance_real"] == 1.0  # one rank
+        assert r["real_tokens_all"] == r["real_tokens"] > 0
+        assert r["computed_tokens_all"] == r["computed_tokens"]
+        assert r["pad_eff"] == pytest.approx(r["real_tokens"] / r["computed_tokens"])
+        assert r["compute_s_max"] > 0 and r["imbalance_compute"] == pytest.approx(1.0)
+        if attention == "unpadded":
+            assert r["pad_eff"] == 1.0
+        else:
+            assert r["pad_eff"] < 1.0
+    assert "pad-eff" in stream.getvalue() and "imbalance tok 1.000" in stream.getvalue()
+
+
+def test_two_ranks_reduce_tokens_and_time(small_dataset, tmp_path):
+    if not MPIEXEC.exists():
+        pytest.skip("no mpiexec next to the interpreter")
+    script = ROOT / "tests/dist_scripts/balance_steps.py"
+    proc = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(script),
+                           str(small_dataset), str(tmp_path), "global", "padded"],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for step in range(3):
+        local = [r["steps"][step]["local"] for r in ranks]
+        extra = ranks[0]["steps"][step]["extra"]
+        assert extra == ranks[1]["steps"][step]["extra"]  # every rank holds the reduced values
+        real = [x["real"] for x in local]
+        computed = [x["computed"] for x in local]
+        assert extra["real_tokens_all"] == sum(real)
+        assert extra["pad_eff"] == pytest.approx(sum(real) / sum(computed))
+        assert extra["imbalance_real"] == pytest.approx(max(real) / (sum(real) / 2))
+        assert extra["imbalance_tokens"] == pytest.approx(max(computed) / (sum(computed) / 2))
+        times = [x["compute_s"] for x in local]
+        assert extra["compute_s_max"] == pytest.approx(max(times))
+        assert extra["imbalance_compute"] == pytest.approx(max(times) / (sum(times) / 2))
+        for r in ranks:
+            s = r["steps"][step]
+            assert s["computed_tokens"] == s["local"]["computed"]
