@@ -16,6 +16,7 @@ import difflib
 import hashlib
 import json
 import math
+import re
 import sys
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -25,6 +26,12 @@ from typing import Any, get_type_hints
 
 class ConfigError(ValueError):
     """An invalid configuration; the message names the key and what to change."""
+
+
+# Values that reach Slurm or file names (system.*): no whitespace, quotes or shell characters.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_SAFE_IMAGE = re.compile(r"[A-Za-z0-9_.:/#@+-]+")
+_SAFE_MOUNTS = re.compile(r"[A-Za-z0-9_.:/,+-]+")
 
 
 def _doc(text: str, default: Any = dataclasses.MISSING, **kw) -> Any:
@@ -52,8 +59,13 @@ class ModelConfig:
     attention_probs_dropout_prob: float = _doc("dropout on attention probabilities", 0.1)
     layer_norm_eps: float = _doc("LayerNorm epsilon", 1e-12)
     initializer_range: float = _doc("std of the normal init of weights", 0.02)
+    attention: str = _doc("'padded' (each batch padded to its longest row) | 'unpadded' "
+                          "(every layer on the concatenated real tokens, attention per sequence "
+                          "via cu_seqlens: no compute on padding)", "padded")
 
     def validate(self) -> None:
+        if self.attention not in ("padded", "unpadded"):
+            raise ConfigError(f"model.attention must be padded | unpadded, got {self.attention!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"model.hidden_size ({self.hidden_size}) is not divisible by "
                               f"model.num_attention_heads ({self.num_attention_heads}); "
@@ -73,6 +85,43 @@ class DataConfig:
     verify_checksums: bool = _doc("verify shard checksums before training starts", True)
     eval_batch_size: int = _doc("per-rank batch size for evaluation", 128)
     prefetch: bool = _doc("read the next shard in a background thread", True)
+    balance: str = _doc("which samples form each rank's batch (loaders/balance.py): 'random' | "
+                        "'global' (NVIDIA exchange: global batch sorted by length, dealt "
+                        "strided) | 'local' (Samsung: length bins with equal per-bin counts per "
+                        "rank, zig-zag deal in node groups) | 'pack' (local, then several "
+                        "sequences packed per row, block-diagonal attention)", "random")
+    bin_edges: list[int] = _doc("local/pack: upper edges of the length bins, e.g. [64, 96, 127, "
+                                "128]; [] = data.num_bins quantiles of the data set's lengths",
+                                default_factory=list)
+    num_bins: int = _doc("local/pack: quantile bins when data.bin_edges is empty (bins that "
+                         "share a length value merge)", 4)
+    group_size: int = _doc("local/pack: G, ranks per node group of the zig-zag deal; must "
+                           "divide the world size (0 = ranks per node)", 0)
+    pack_length: int = _doc("pack: tokens per packed row (0 = data.max_seq_length)", 0)
+    loader: str = _doc("'torch' (collation in Python) | 'dali' (NVIDIA DALI pipeline: "
+                       "padding and prefetch; GPU pipeline where CUDA exists)", "torch")
+
+    def validate(self) -> None:
+        modes = ("random", "global", "local", "pack")
+        if self.balance not in modes:
+            raise ConfigError(f"data.balance must be {' | '.join(modes)}, got {self.balance!r}")
+        if self.loader not in ("torch", "dali"):
+            raise ConfigError(f"data.loader must be torch | dali, got {self.loader!r}")
+        edges = list(self.bin_edges)
+        if any(e < 1 for e in edges) or edges != sorted(set(edges)):
+            raise ConfigError(f"data.bin_edges = {edges}: give strictly increasing positive "
+                              "upper edges, the last >= the longest sample (e.g. [64, 96, 128])")
+        if self.num_bins < 1 or self.group_size < 0 or self.pack_length < 0:
+            raise ConfigError("data.num_bins must be >= 1, data.group_size and "
+                              "data.pack_length >= 0 (0 = default)")
+        if self.pack_length > self.max_seq_length:
+            raise ConfigError(f"data.pack_length ({self.pack_length}) > data.max_seq_length "
+                              f"({self.max_seq_length}): a packed row must fit the model's "
+                              "positions; lower data.pack_length")
+
+
+#: optim.backend values (runtime.optim checks availability: 'apex' only where apex imports).
+OPTIM_BACKENDS = ("auto", "reference", "foreach", "fused", "apex")
 
 
 @dataclass
@@ -80,7 +129,11 @@ class OptimConfig:
     """Optimizer (by registry name) and its hyperparameters."""
 
     name: str = _doc("optimizer registry name: lamb | adamw | lars", "lamb")
-    backend: str = _doc("step implementation: 'reference' (plain torch)", "reference")
+    backend: str = _doc("optimizer step implementation: 'auto' (fused on CPU and CUDA, "
+                        "foreach elsewhere) | 'reference' (plain torch, per tensor) | "
+                        "'foreach' (torch._foreach_*) | 'fused' (flat buffers, compiled) | "
+                        "'apex' (apex FusedLAMB/FusedAdam kernels, CUDA, where apex imports)",
+                        "auto")
     lr: float = _doc("base learning rate (MLPerf opt_base_learning_rate), before lr_scaling", 4.25e-4)
     beta1: float = _doc("first-moment decay (opt_lamb_beta_1)", 0.9)
     beta2: float = _doc("second-moment decay (opt_lamb_beta_2)", 0.999)
@@ -106,6 +159,9 @@ class OptimConfig:
             raise ConfigError(f"optim.eps must be > 0, got {self.eps}")
         if self.lr_scaling not in ("none", "linear", "sqrt"):
             raise ConfigError(f"optim.lr_scaling must be none | linear | sqrt, got {self.lr_scaling!r}")
+        if self.backend not in OPTIM_BACKENDS:
+            raise ConfigError(f"optim.backend must be {' | '.join(OPTIM_BACKENDS)}, got "
+                              f"{self.backend!r}; 'auto' picks the fastest for the device")
         if self.lr_scaling != "none" and self.base_global_batch_size <= 0:
             raise ConfigError("optim.lr_scaling needs optim.base_global_batch_size > 0 "
                               "(the batch optim.lr was tuned for)")
@@ -139,8 +195,26 @@ class TrainConfig:
     seed: int = _doc("seed of init, data order and dropout", 42)
     precision: str = _doc("'fp32' | 'bf16' (autocast, CUDA) | 'fp16' (dynamic loss scale, CUDA)",
                           "fp32")
-    max_grad_norm: float = _doc("clip the averaged gradient to this global norm (0 = off)", 1.0)
-    clip_mode: str = _doc("'global_after' (reference) | 'none'", "global_after")
+    max_grad_norm: float = _doc("clip threshold τ on the gradient norm (0 = off); where it "
+                                "acts: clip_mode", 1.0)
+    clip_mode: str = _doc(
+        "where the max_grad_norm clip acts (BACKGROUND §5): 'global_after' (reference: norm of "
+        "the averaged gradient after the allreduce, folded into the optimizer step) | "
+        "'local_before' (each rank clips its whole gradient before the allreduce; cannot "
+        "overlap backward) | 'bucket_before' (each rank clips each of K buckets to "
+        "max_grad_norm/sqrt(K) before launching it; Samsung) | 'none'", "global_after")
+    grad_sync: str = _doc("how ranks average gradients: 'buckets' (the runtime's buckets, "
+                          "runtime/buckets.py; every clip_mode) | 'ddp' (torch DDP with its default "
+                          "buckets; clip_mode global_after | none)", "buckets")
+    bucket_cap_mb: float = _doc("bucket size in MiB (grad_sync buckets); a larger parameter "
+                                "is cut into pieces of this size", 1.0)
+    bucket_plan: str = _doc("JSON bucket plan (runtime/buckets.py docstring has the format; "
+                            "the bucket tuner writes it): explicit buckets, split parameters "
+                            "allowed; overrides bucket_cap_mb. '' = cut by bucket_cap_mb", "")
+    allreduce_dtype: str = _doc("dtype the gradient allreduce runs in: 'fp32' | 'bf16' | "
+                                "'fp16' (grad_sync buckets); norms stay fp32", "fp32")
+    timeline: bool = _doc("record each step's compute/communication timeline into "
+                          "metrics.jsonl (python -m runtime.timeline draws it)", False)
     target_mlm_accuracy: float = _doc("stop with success at this masked-LM accuracy", 0.720)
     max_steps: int = _doc("stop (aborted) after this many optimizer steps", 6700)
     max_samples_termination: int = _doc("stop (aborted) after this many samples (0 = no limit)", 0)
@@ -156,8 +230,7 @@ class TrainConfig:
     def validate(self) -> None:
         if self.precision not in ("fp32", "bf16", "fp16"):
             raise ConfigError(f"train.precision must be fp32 | bf16 | fp16, got {self.precision!r}")
-        if self.clip_mode not in ("global_after", "none"):
-            raise ConfigError(f"train.clip_mode must be global_after | none, got {self.clip_mode!r}")
+        self._validate_grad_sync()
         if self.global_batch_size <= 0 or self.gradient_accumulation_steps <= 0:
             raise ConfigError("train.global_batch_size and train.gradient_accumulation_steps "
                               "must be positive")
@@ -165,6 +238,28 @@ class TrainConfig:
             raise ConfigError("train.target_mlm_accuracy must be in (0, 1]")
         if self.max_steps <= 0:
             raise ConfigError("train.max_steps must be > 0")
+
+    def _validate_grad_sync(self) -> None:
+        modes = ("global_after", "local_before", "bucket_before", "none")
+        if self.clip_mode not in modes:
+            raise ConfigError(f"train.clip_mode must be {' | '.join(modes)}, got {self.clip_mode!r}")
+        if self.grad_sync not in ("buckets", "ddp"):
+            raise ConfigError(f"train.grad_sync must be buckets | ddp, got {self.grad_sync!r}")
+        if self.grad_sync == "ddp" and self.clip_mode not in ("global_after", "none"):
+            raise ConfigError(f"train.clip_mode={self.clip_mode} clips before the allreduce, "
+                              f"which needs train.grad_sync='buckets' (ddp supports "
+                              f"global_after | none)")
+        if self.grad_sync == "ddp" and (self.bucket_plan or self.allreduce_dtype != "fp32"):
+            raise ConfigError("train.bucket_plan and train.allreduce_dtype need "
+                              "train.grad_sync='buckets'")
+        if not self.bucket_cap_mb > 0:
+            raise ConfigError(f"train.bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
+        if self.allreduce_dtype not in ("fp32", "bf16", "fp16"):
+            raise ConfigError(f"train.allreduce_dtype must be fp32 | bf16 | fp16, got "
+                              f"{self.allreduce_dtype!r}")
+        if self.max_grad_norm < 0:
+            raise ConfigError(f"train.max_grad_norm must be >= 0 (0 = no clipping), got "
+                              f"{self.max_grad_norm}")
 
     def eval_cadence(self) -> tuple[int, int]:
         """(first eval, every) in samples; MLPerf's formula where not set."""
@@ -189,6 +284,40 @@ class SystemConfig:
     walltime_minutes: int = _doc("walltime for one experiment (slurm)", 30)
     dist_timeout_s: float = _doc("collective timeout: a dead rank stops the others after this", 60.0)
     threads_per_rank: int = _doc("torch intra-op threads per rank (0 = cores / ranks)", 0)
+    cache_clear: str = _doc("page-cache drop before each experiment of submission/run.sub: "
+                            "'auto' (every node, where permitted; else skipped with a note and "
+                            "logged cache_clear=false) | 'required' (an experiment whose nodes "
+                            "cannot drop caches is not run) | 'off'", "auto")
+    srun_mpi: str = _doc("srun --mpi plugin when system.launcher='srun': pmi2 | pmix | none",
+                         "pmi2")
+    container_image: str = _doc("pyxis/enroot image for srun --container-image (launcher srun; "
+                                "'' = no container); it must hold the requirements", "")
+    container_mounts: str = _doc("extra srun --container-mounts, 'SRC:DST[,SRC:DST]'; the "
+                                 "repository, data.data_dir and LOGDIR are always mounted at "
+                                 "their own paths", "")
+
+    def validate(self) -> None:
+        # system.name names files and Slurm jobs: keep it to characters no shell or Slurm reads.
+        if not _SAFE_NAME.fullmatch(self.name):
+            raise ConfigError(f"system.name = {self.name!r}: use letters, digits, '_', '-', '.' "
+                              "(it names the Slurm job and the submission's files)")
+        if self.nodes < 1 or self.ranks_per_node < 1:
+            raise ConfigError("system.nodes and system.ranks_per_node must be >= 1")
+        if self.walltime_minutes < 1:
+            raise ConfigError(f"system.walltime_minutes must be >= 1, got {self.walltime_minutes}")
+        for key, allowed in (("cache_clear", ("auto", "required", "off")),
+                             ("srun_mpi", ("pmi2", "pmix", "none"))):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"system.{key} must be {' | '.join(allowed)}, "
+                                  f"got {getattr(self, key)!r}")
+        if self.container_image and not _SAFE_IMAGE.fullmatch(self.container_image):
+            raise ConfigError(f"system.container_image = {self.container_image!r}: an image name "
+                              "or path without spaces, quotes or shell characters "
+                              "(e.g. nvcr.io#nvidia/pytorch:24.04-py3 or /images/presto.sqsh)")
+        if self.container_mounts and not _SAFE_MOUNTS.fullmatch(self.container_mounts):
+            raise ConfigError(f"system.container_mounts = {self.container_mounts!r}: use "
+                              "'SRC:DST[:ro]' items separated by commas, paths without spaces, "
+                              "quotes or shell characters")
 
 
 @dataclass
@@ -280,6 +409,10 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return float(value)
     elif hint is str:
         if isinstance(value, str):
+            return value
+    elif text == "list[int]":
+        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
+                                           for v in value):
             return value
     raise ConfigError(f"{key} = {value!r} has the wrong type; expected {text}")
 

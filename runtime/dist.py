@@ -1,8 +1,9 @@
 """torch.distributed setup, the few collectives the runtime uses, and fault handling.
 
 Owns: joining the ranks into one process group (`init_distributed`), binding each rank's
-device, small helpers (`all_reduce_sum`, `barrier`, `broadcast_object`, `all_gather_object`,
-`check_same_on_all_ranks`), and making a failure on one rank end every rank (`run_guarded`).
+device, small helpers (`all_reduce_sum`, `all_reduce_max`, `barrier`, `broadcast_object`,
+`broadcast_tensors`, `all_gather_object`, `check_same_on_all_ranks`), and making a failure on
+one rank end every rank (`run_guarded`).
 Never: reads the environment (runtime.env does; values arrive in a `LaunchInfo`), decides
 batch sizes or touches the model.
 
@@ -239,6 +240,13 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """Element-wise maximum of ``tensor`` over ranks, in place; returns it."""
+    if _active():
+        torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
+    return tensor
+
+
 def barrier() -> None:
     """Wait for every rank. Under gloo a monitored barrier: a timeout names the missing ranks."""
     if not _active() or torch_dist.get_world_size() == 1:
@@ -257,6 +265,15 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     box = [obj]
     torch_dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0) -> None:
+    """Overwrite ``tensors`` in place with rank ``src``'s values (e.g. the initial weights, as
+    DDP does when it wraps a model)."""
+    if not _active() or torch_dist.get_world_size() == 1:
+        return
+    for t in tensors:
+        torch_dist.broadcast(t.detach(), src=src)
 
 
 def all_gather_object(obj: Any) -> list:

@@ -45,14 +45,19 @@ class StepMetrics:
     mlm_loss: float
     nsp_loss: float
     lr: float
-    grad_norm: float             # global norm of the averaged gradient, before clipping
-    clip_coef: float             # multiplier folded into the step (1.0 = not clipped)
+    grad_norm: float             # global norm of the averaged gradient: before clipping for
+    #                              clip_mode global_after/none; for local_before/bucket_before
+    #                              of the averaged *clipped* gradient (the unclipped average is
+    #                              never formed; extra.local_grad_norm has this rank's ‖g_r‖)
+    clip_coef: float             # strongest clip multiplier applied (1.0 = not clipped):
+    #                              global_after the one folded into the step; local_before this
+    #                              rank's; bucket_before this rank's smallest bucket coefficient
     step_time_s: float
     real_tokens: int             # this rank's real tokens in the step
     computed_tokens: int         # this rank's tokens computed, padding included
     skipped: bool = False        # fp16: step skipped because of inf/nan gradients
     loss_scale: float = 1.0
-    extra: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # numbers; "timeline" is a dict
 
 
 @dataclass

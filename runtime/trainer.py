@@ -7,13 +7,18 @@ the final RunState; ``close()`` runs on success and on error.
 Owns: the step (forward, backward, gradient averaging, clipping folded into the optimizer
 step, mixed precision), evaluation, the stopping rule and the events callbacks observe.
 Never: reads the environment (runtime.env), writes MLPerf logs (submission's callback does),
-knows shard files (loaders does).
+knows shard files (loaders does), launches allreduces itself (runtime.buckets or DDP do).
+
+Gradient averaging (train.grad_sync): 'buckets' (default) - the runtime's gradient buckets
+(runtime.buckets) reduce bucket by bucket during backward and clip before the allreduce for
+clip_mode local_before / bucket_before; 'ddp' - torch DDP with its default buckets.
 
 Clipping (clip_mode 'global_after', the reference semantics): gradients are averaged across
-ranks during backward (DDP buckets), then ĝ = min(1, τ/‖ḡ‖)·ḡ is applied as the optimizer's
+ranks during backward, then ĝ = min(1, τ/‖ḡ‖)·ḡ is applied as the optimizer's
 ``grad_scale`` - no extra pass over the gradients, and the optimizer itself never clips, so
-nothing is clipped twice. fp16 folds the loss-scale unscale into the same multiplier and
-skips the step when the norm is not finite.
+nothing is clipped twice. The before-allreduce modes clip inside the buckets and pass 1.0.
+fp16 folds the loss-scale unscale into the same multiplier and skips the step when the norm
+is not finite.
 """
 from __future__ import annotations
 
@@ -26,14 +31,18 @@ import torch
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel
 
+from loaders.balance import BalanceSpec
 from loaders.dataset import TrainLoader, load_eval_batches
+from runtime.balance import BalanceMeter
 from runtime.config import Config
-from runtime.dist import DistContext, all_reduce_sum
+from runtime.buckets import GradientBuckets, SyncReport, build_gradient_buckets
+from runtime.dist import DistContext, all_reduce_sum, broadcast_tensors
 from runtime.events import CallbackList, Event, RunState, StepMetrics
 from runtime.model import BertConfig, BertForPreTraining, load_pretrained, minilm_path
 from runtime.optim import build_optimizer
 from runtime.schedules import build_schedule, scaled_lr
-from kernels.optim_reference import global_grad_norm
+from runtime.timeline import StepTimeline
+from kernels.optim_reference import CLIP_EPS, global_grad_norm
 
 
 def build_model(cfg: Config) -> BertForPreTraining:
@@ -45,12 +54,21 @@ def build_model(cfg: Config) -> BertForPreTraining:
         hidden_dropout_prob=m.hidden_dropout_prob,
         attention_probs_dropout_prob=m.attention_probs_dropout_prob,
         layer_norm_eps=m.layer_norm_eps, initializer_range=m.initializer_range)
-    model = BertForPreTraining(bert_cfg)
+    model = BertForPreTraining(bert_cfg, attention=m.attention,
+                               packed=cfg.data.balance == "pack")
     if m.init == "minilm":
         load_pretrained(model, minilm_path())
     elif m.init != "scratch":
         load_pretrained(model, m.init)
     return model
+
+
+def balance_spec(cfg: Config, ranks_per_node: int) -> BalanceSpec:
+    """The loaders' balancing spec from the data.* keys (group_size 0 = ranks per node)."""
+    d = cfg.data
+    return BalanceSpec(mode=d.balance, bin_edges=tuple(d.bin_edges), num_bins=d.num_bins,
+                       group_size=d.group_size or ranks_per_node,
+                       pack_length=d.pack_length or d.max_seq_length)
 
 
 class DynamicLossScale:
@@ -101,7 +119,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)  # same init on every rank
         model = build_model(cfg).to(dist.device)
         self.model = model
-        self.ddp = self._wrap(model)
+        self.net = self._wrap(model)
         self.base_lr = scaled_lr(cfg.optim.lr_scaling, cfg.optim.lr,
                                  cfg.optim.base_global_batch_size, cfg.train.global_batch_size) \
             if cfg.optim.lr_scaling != "none" else cfg.optim.lr
@@ -115,10 +133,9 @@ class Trainer:
         self.loss_scale = DynamicLossScale(cfg.train.init_loss_scale,
                                            enabled=cfg.train.precision == "fp16")
         torch.manual_seed(cfg.train.seed * 1000 + dist.rank)  # dropout differs per rank
-        self.train_loader = TrainLoader(cfg.data.data_dir, dist.rank, dist.world_size,
-                                        self.local_batch, cfg.train.seed,
-                                        verify=cfg.data.verify_checksums,
-                                        prefetch=cfg.data.prefetch)
+        self.train_loader = self._build_train_loader()
+        self.balance_meter = BalanceMeter(model, dist.device, dist.world_size,
+                                          unpadded=cfg.model.attention == "unpadded")
         self.eval_batches = load_eval_batches(cfg.data.data_dir, dist.rank, dist.world_size,
                                               cfg.data.eval_batch_size)
         self.state.train_samples = (self.train_loader.steps_per_epoch * self.local_batch
@@ -127,11 +144,34 @@ class Trainer:
             sum(len(b.next_sentence_labels) for b in self.eval_batches))).item())
         self.state.derived.update(self._derived())
 
+    def _build_train_loader(self):
+        """``TrainLoader`` (data.loader 'torch') or its DALI twin, balanced by data.balance;
+        a bad bin / group / pack specification fails here, before anything trains."""
+        cfg, dist = self.cfg, self.dist
+        kwargs = dict(verify=cfg.data.verify_checksums, prefetch=cfg.data.prefetch,
+                      balance=balance_spec(cfg, dist.local_world_size))
+        args = (cfg.data.data_dir, dist.rank, dist.world_size, self.local_batch, cfg.train.seed)
+        if cfg.data.loader == "dali":
+            from loaders.dali_pipeline import DaliTrainLoader  # DALI is imported only when used
+            device_id = dist.device.index if dist.device.type == "cuda" else None
+            return DaliTrainLoader(*args, device_id=device_id, **kwargs)
+        return TrainLoader(*args, **kwargs)
+
     def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        if self.dist.world_size == 1:
-            return model
-        ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        """The module the step calls: DDP (grad_sync 'ddp', several ranks) or the model itself,
+        its gradients then averaged by the runtime's buckets (``self.buckets``)."""
+        t = self.cfg.train
+        self.timeline = StepTimeline() if t.timeline else None
+        self.buckets: GradientBuckets | None = None
+        if t.grad_sync == "ddp":
+            if self.dist.world_size == 1:
+                return model
+            ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
+            return DistributedDataParallel(model, device_ids=ids)
+        broadcast_tensors(list(model.parameters()) + list(model.buffers()))  # as DDP does
+        self.buckets = build_gradient_buckets(model, t, self.dist.world_size, self.dist.group,
+                                              self.timeline)
+        return model
 
     def _optim_hparams(self) -> dict:
         o = self.cfg.optim
@@ -165,50 +205,83 @@ class Trainer:
         for _ in range(self.accum):
             yield next(it).to(self.dist.device, non_blocking=True)
 
+    def _span(self, name: str):
+        """A timeline span (train.timeline), else nothing."""
+        return self.timeline.span(name) if self.timeline else contextlib.nullcontext()
+
+    def _no_sync(self):
+        """Accumulate without averaging: every micro-step but the last."""
+        if self.buckets is not None:
+            return self.buckets.no_sync()
+        return self.net.no_sync() if self.net is not self.model else contextlib.nullcontext()
+
     def train_step(self, it) -> StepMetrics:
         t0 = time.perf_counter()
-        self.ddp.train()
+        if self.timeline:
+            self.timeline.start_step(t0)
+        self.net.train()
         step = self.state.step
         lr = self.schedule(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.buckets is not None:
+            self.buckets.begin_step(self.loss_scale.scale)
         loss_sum = torch.zeros(3, device=self.dist.device)
         real = computed = 0
         for i, batch in enumerate(self._micro_batches(it)):
             last = i == self.accum - 1
-            sync = contextlib.nullcontext() if last or self.ddp is self.model else self.ddp.no_sync()
-            with sync:
-                with self._autocast():
-                    out = self.ddp(batch.input_ids, batch.token_type_ids, batch.attention_mask,
+            with contextlib.nullcontext() if last else self._no_sync():
+                with self._span("forward"), self._autocast():
+                    out = self.net(batch.input_ids, batch.token_type_ids, batch.attention_mask,
                                    masked_lm_labels=batch.masked_lm_labels,
                                    next_sentence_labels=batch.next_sentence_labels)
-                (out.loss * (self.loss_scale.scale / self.accum)).backward()
+                with self._span("backward"):
+                    (out.loss * (self.loss_scale.scale / self.accum)).backward()
             loss_sum += torch.stack([out.loss.detach(), out.mlm_loss.detach(),
                                      out.nsp_loss.detach()]).float() / self.accum
             real += batch.num_real_tokens
             computed += batch.num_padded_tokens
-        return self._optimizer_step(step, lr, loss_sum, real, computed, t0)
+        with self._span("sync"):  # the buckets' last launches and the wait for every allreduce
+            report = self.buckets.finish() if self.buckets is not None else None
+        return self._optimizer_step(step, lr, loss_sum, real, computed, t0, report)
 
-    def _optimizer_step(self, step, lr, loss_sum, real, computed, t0) -> StepMetrics:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        # DDP averaged the gradients; the norm is of the *averaged* gradient (reference).
-        norm = float(global_grad_norm(grads)) / self.loss_scale.scale
-        finite = math.isfinite(norm)
-        coef = 1.0
-        if self.cfg.train.clip_mode == "global_after" and self.cfg.train.max_grad_norm > 0 and finite:
-            coef = min(1.0, self.cfg.train.max_grad_norm / (norm + 1e-6))
-        if finite:
-            self.optimizer.step(grad_scale=coef / self.loss_scale.scale)
-        self.loss_scale.update(finite)
-        self.optimizer.zero_grad(set_to_none=True)
+    def _grad_norm(self) -> float:
+        """Global L2 norm of the averaged (for the before modes: already clipped) gradient."""
+        if self.buckets is not None:
+            return float(self.buckets.grad_norm())  # one pass over the buffer
+        if hasattr(self.optimizer, "grad_norm"):  # fused backend: one pass over its flat buffer
+            return float(self.optimizer.grad_norm())
+        return float(global_grad_norm([p.grad for p in self.model.parameters()
+                                       if p.grad is not None]))
+
+    def _optimizer_step(self, step, lr, loss_sum, real, computed, t0,
+                        report: SyncReport | None = None) -> StepMetrics:
+        t = self.cfg.train
+        with self._span("optimizer"):
+            norm = self._grad_norm() / self.loss_scale.scale
+            finite = math.isfinite(norm)
+            coef = 1.0
+            if t.clip_mode == "global_after" and t.max_grad_norm > 0 and finite:
+                coef = min(1.0, t.max_grad_norm / (norm + CLIP_EPS))
+            if finite:
+                self.optimizer.step(grad_scale=coef / self.loss_scale.scale)
+            self.loss_scale.update(finite)
+            if self.buckets is not None:
+                self.buckets.zero_grad()  # gradients stay views of the bucket buffer
+            else:
+                self.optimizer.zero_grad(set_to_none=True)
+        extra = report.metrics() if report is not None else {}
+        if self.timeline:
+            extra.update(self.timeline.summary())
         losses = (all_reduce_sum(loss_sum) / self.dist.world_size).tolist()
         self.state.step = step + 1
-        self.state.samples += self.cfg.train.global_batch_size
+        self.state.samples += t.global_batch_size
         return StepMetrics(step=step + 1, samples=self.state.samples, loss=losses[0],
                            mlm_loss=losses[1], nsp_loss=losses[2], lr=lr, grad_norm=norm,
-                           clip_coef=coef, step_time_s=time.perf_counter() - t0,
+                           clip_coef=coef * (report.clip_coef if report is not None else 1.0),
+                           step_time_s=time.perf_counter() - t0,
                            real_tokens=real, computed_tokens=computed, skipped=not finite,
-                           loss_scale=self.loss_scale.scale)
+                           loss_scale=self.loss_scale.scale, extra=extra)
 
     # ---- evaluation ---------------------------------------------------------------------
     @torch.no_grad()
@@ -249,13 +322,14 @@ class Trainer:
         t, st, fire = self.cfg.train, self.state, self.callbacks.fire
         first, every = t.eval_cadence()
         next_eval = first
-        it = iter(self.train_loader)
+        it = self.balance_meter.wrap(iter(self.train_loader))
         while st.status is None:
             st.block_start_samples = st.samples
             st.block_samples = max(next_eval - st.samples, 0)
             fire(Event.BLOCK_START, st)
             while st.samples < next_eval and not self._out_of_budget():
                 st.last_step = self.train_step(it)
+                self._measure_balance(st.last_step)
                 st.epoch = self.train_loader.epoch
                 fire(Event.STEP, st)
             fire(Event.BLOCK_STOP, st)
@@ -265,6 +339,12 @@ class Trainer:
                 st.status = "success"
             elif self._out_of_budget():
                 st.status = "aborted"
+
+    def _measure_balance(self, m: StepMetrics) -> None:
+        """Padding efficiency and imbalance across ranks (runtime.balance) into ``m.extra``;
+        ``computed_tokens`` becomes what the model computed (the real tokens when unpadded)."""
+        m.extra.update(self.balance_meter.reduce())
+        m.computed_tokens = int(self.balance_meter.last_local["computed"])
 
     def _eval_and_log(self) -> float:
         self.callbacks.fire(Event.EVAL_START, self.state)
@@ -280,5 +360,9 @@ class Trainer:
         return t.max_samples_termination > 0 and self.state.samples >= t.max_samples_termination
 
     def close(self) -> None:
+        if getattr(self, "balance_meter", None) is not None:
+            self.balance_meter.close()
+        if getattr(self, "buckets", None) is not None:
+            self.buckets.close()
         if self.train_loader is not None and hasattr(self.train_loader, "close"):
             self.train_loader.close()

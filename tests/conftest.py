@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+# A real one-node Slurm cluster (munged, slurmctld, slurmd by PID) shared by the whole session:
+# test_dist's srun tests and test_slurm use it.
+from slurm_cluster import slurm_cluster  # noqa: F401,E402
+
 # Options of the shared small set; tests that rebuild it for comparisons use the same ones.
 SMALL_DATASET_OPTIONS = dict(max_docs=400, shards=4, eval_samples=64, dupe_factor=2,
                              eval_doc_fraction=0.2, seq_len=128, max_pred=20, seed=12345)
@@ -39,3 +43,16 @@ def small_dataset_report(tmp_path_factory):
 def small_dataset(small_dataset_report) -> Path:
     """Path of the shared small real-text data set (treat it as read-only)."""
     return small_dataset_report.out
+
+
+@pytest.fixture(scope="module")
+def single_ctx():
+    """A world of one (gloo, CPU) for a test module. One process group per process at a time:
+    reuse one that exists, else make one and shut it down after the module."""
+    from runtime import dist
+    from runtime.env import discover
+    ours = dist.current() is None
+    ctx = dist.init_distributed(discover({}), device="cpu") if ours else dist.current()
+    yield ctx
+    if ours:
+        dist.shutdown()

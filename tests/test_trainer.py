@@ -14,8 +14,6 @@ import torch
 
 from loaders.shards import EVAL_FILE, read_shard
 from runtime.config import load_config
-from runtime.dist import init_distributed
-from runtime.env import discover
 from runtime.events import CallbackList, Event
 from runtime.trainer import DynamicLossScale, Trainer
 
@@ -30,11 +28,6 @@ def tiny_config(data_dir, *extra):
                               "model.intermediate_size=128", "train.global_batch_size=16",
                               "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0",
                               "system.device=cpu", *extra])
-
-
-@pytest.fixture(scope="module")
-def single_ctx():
-    return init_distributed(discover({}), device="cpu")
 
 
 def eval_counts(data_dir, tmp_path, ranks: int) -> dict:

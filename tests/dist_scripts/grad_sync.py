@@ -1,0 +1,254 @@
+"""One rank of the gradient-bucket tests (tests/test_buckets.py), under ``mpiexec -n P``:
+
+    python tests/dist_scripts/grad_sync.py CASE DATA_DIR WORK_DIR
+
+Every rank builds the trainer on a tiny BERT (real tied 30522-row word embedding, so the
+size-cap plan splits it), takes its own batches, and computes its *local* gradient on an
+independent copy of the model with plain autograd (no buckets, no communication). The local
+gradients are all-gathered, and the gradient the optimizer receives (``p.grad`` times the
+``grad_scale`` passed to ``optimizer.step``) must equal BACKGROUND §5's formula for the
+clip mode, computed here from the gathered gradients. Two steps per mode: the second runs on
+the plan re-cut in measured production order.
+
+CASE:
+  modes        the four clip modes, bucket_cap_mb=1 (the embedding split in 8 pieces), timeline
+               on: formula, overlap (a bucket launched before backward ended, except
+               local_before: none), gradients are views of the bucket buffer
+  accumulation global_after and bucket_before with 2 micro-batches: formula on the summed
+               micro-batch gradients, nothing launched before the last micro-step
+  plan         bucket_before on an explicit plan file splitting the embedding at odd offsets,
+               its first piece sharing a bucket with other parameters
+  plan-differs each rank reads a different plan file: every rank must stop with an error
+  plan-missing rank 1's plan misses a parameter: the job must stop with an error
+
+Rank 0 writes WORK_DIR/result.json: what was checked, per mode.
+"""
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+import torch.distributed as torch_dist  # noqa: E402
+
+from runtime.buckets import reverse_registration_order  # noqa: E402
+from runtime.config import load_config  # noqa: E402
+from runtime.dist import init_distributed, run_guarded, shutdown  # noqa: E402
+from runtime.env import discover  # noqa: E402
+from runtime.trainer import Trainer, build_model  # noqa: E402
+
+TAU = 0.5
+EPS = 1e-6  # kernels.optim_reference.CLIP_EPS, the ε of every clip coefficient
+EMB = "bert.embeddings.word_embeddings.weight"
+
+
+def tiny_config(data_dir, *extra):
+    return load_config(None, [
+        f'data.data_dir="{data_dir}"', "model.num_hidden_layers=1", "model.hidden_size=64",
+        "model.num_attention_heads=2", "model.intermediate_size=128",
+        "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0",
+        "train.global_batch_size=16", f"train.max_grad_norm={TAU}", "train.bucket_cap_mb=1",
+        "system.device=cpu", "train.timeline=true", *extra])
+
+
+def local_gradient(ref, batches, accum):
+    """This rank's gradient, plain autograd on ``ref``: {name: tensor}."""
+    ref.zero_grad(set_to_none=True)
+    for b in batches:
+        out = ref(b.input_ids, b.token_type_ids, b.attention_mask,
+                  masked_lm_labels=b.masked_lm_labels, next_sentence_labels=b.next_sentence_labels)
+        (out.loss / accum).backward()
+    return {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
+
+
+def gather(grads: dict) -> list[dict]:
+    """Every rank's {name: gradient}, indexed by rank."""
+    names = list(grads)
+    flat = torch.cat([grads[n].reshape(-1) for n in names])
+    out = [torch.empty_like(flat) for _ in range(torch_dist.get_world_size())]
+    torch_dist.all_gather(out, flat)
+    result = []
+    for f in out:
+        d, o = {}, 0
+        for n in names:
+            d[n] = f[o:o + grads[n].numel()].view_as(grads[n])
+            o += grads[n].numel()
+        result.append(d)
+    return result
+
+
+def norm(tensors) -> float:
+    return math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors))
+
+
+def expected(mode: str, per_rank: list[dict], plan) -> dict:
+    """BACKGROUND §5, from the gathered per-rank gradients (computed in float64)."""
+    P = len(per_rank)
+    g = [{n: t.double() for n, t in r.items()} for r in per_rank]
+    mean = {n: sum(r[n] for r in g) / P for n in g[0]}
+    if mode == "none":
+        return mean
+    if mode == "global_after":
+        c = min(1.0, TAU / (norm(mean.values()) + EPS))
+        return {n: c * t for n, t in mean.items()}
+    if mode == "local_before":
+        cs = [min(1.0, TAU / (norm(r.values()) + EPS)) for r in g]
+        return {n: sum(c * r[n] for c, r in zip(cs, g)) / P for n in g[0]}
+    assert mode == "bucket_before"
+    out = {n: torch.zeros_like(t).reshape(-1) for n, t in mean.items()}
+    bound = TAU / math.sqrt(len(plan.buckets))
+    for bucket in plan.buckets:
+        pieces = [(p.name, p.start, p.stop) for p in bucket]
+        for r in g:
+            c = min(1.0, bound / (norm(r[n].reshape(-1)[a:b] for n, a, b in pieces) + EPS))
+            for n, a, b in pieces:
+                out[n][a:b] += c * r[n].reshape(-1)[a:b] / P
+    return {n: out[n].view_as(mean[n]) for n in out}
+
+
+class Capture:
+    """Wraps optimizer.step: the effective gradient p.grad * grad_scale, by name."""
+
+    def __init__(self, trainer):
+        self.trainer, self.real = trainer, trainer.optimizer.step
+        trainer.optimizer.step = self
+
+    def __call__(self, grad_scale=1.0):
+        self.grads = {n: p.grad.double() * grad_scale
+                      for n, p in self.trainer.model.named_parameters()}
+        return self.real(grad_scale=grad_scale)
+
+
+class LaunchCounter:
+    """Counts the buckets' all_reduce calls, and how many had happened at each forward."""
+
+    def __init__(self, trainer):
+        import runtime.buckets as rb
+        self.calls, self.at_forward = 0, []
+        counter = self
+
+        class Counting:
+            def all_reduce(self, *a, **k):
+                counter.calls += 1
+                return torch_dist.all_reduce(*a, **k)
+
+            def __getattr__(self, name):
+                return getattr(torch_dist, name)
+        rb.torch_dist = Counting()
+        trainer.model.register_forward_pre_hook(lambda *_: self.at_forward.append(self.calls))
+
+
+def check_close(got: dict, want: dict, what: str) -> float:
+    worst = 0.0
+    for n in want:
+        diff = float((got[n] - want[n]).abs().max())
+        scale = float(want[n].abs().max()) + 1e-12
+        worst = max(worst, diff / scale)
+        if diff > 1e-5 * scale + 1e-9:
+            raise AssertionError(f"{what}: {n} differs from the formula by {diff:.3g} "
+                                 f"(max |want| {scale:.3g})")
+    return worst
+
+
+def run_mode(ctx, data_dir, mode, *extra, accum=1, steps=2, counter=False):
+    cfg = tiny_config(data_dir, f"train.clip_mode={mode}",
+                      f"train.gradient_accumulation_steps={accum}", *extra)
+    trainer = Trainer(cfg, ctx)
+    trainer.setup()
+    torch.manual_seed(cfg.train.seed)
+    ref = build_model(cfg)
+    it = iter(trainer.train_loader)
+    cap = Capture(trainer)
+    launches = LaunchCounter(trainer) if counter else None
+    rec = {"mode": mode, "steps": []}
+    flat = trainer.buckets.flat
+    for _ in range(steps):
+        ref.load_state_dict(trainer.model.state_dict())
+        batches = [next(it) for _ in range(accum)]
+        per_rank = gather(local_gradient(ref, batches, accum))
+        plan = trainer.buckets.plan
+        want = expected(mode, per_rank, plan)
+        if launches:
+            launches.calls, launches.at_forward = 0, []
+        m = trainer.train_step(iter(batches))
+        err = check_close(cap.grads, want, f"{mode} step {m.step}")
+        views = all(p.grad.untyped_storage().data_ptr() == trainer.buckets.flat.untyped_storage()
+                    .data_ptr() for p in trainer.model.parameters())
+        tl = m.extra["timeline"]
+        backward_end = max(e for _, e in tl["spans"]["backward"])
+        launch, ready = tl["buckets"]["launch"], tl["buckets"]["ready"]
+        early = sum(1 for t in launch if t < backward_end)
+        # overlap: allreduces started while backward was still producing gradients
+        while_producing = sum(1 for t in launch if t < max(ready))
+        step = {"step": m.step, "max_rel_err": err, "buckets": len(plan.buckets),
+                "split": plan.split_parameters(), "clip_coef": m.clip_coef,
+                "clip_coef_min": m.extra.get("clip_coef_min"),
+                "clip_coef_mean": m.extra.get("clip_coef_mean"),
+                "grad_norm": m.grad_norm, "launched_in_backward": early,
+                "launched_before_last_ready": while_producing,
+                "launched_in_backward_report": m.extra["buckets_launched_in_backward"],
+                "grads_are_views": views, "comm_s": m.extra["comm_s"],
+                "exposed_comm_s": m.extra["exposed_comm_s"],
+                "launches_at_forward": launches.at_forward if launches else None,
+                "launches": launches.calls if launches else None,
+                "diff_from_global_after": norm((want[n] - expected("global_after", per_rank, plan)[n])
+                                               for n in want)}
+        rec["steps"].append(step)
+    rec["plan_recut"] = trainer.buckets.flat is not flat
+    rec["measured_order_head"] = trainer.buckets.measured_order[:3]
+    trainer.close()
+    return rec
+
+
+def write_plan(path: Path, model, emb_cuts=(123457, 1000003), shift=0):
+    names = reverse_registration_order(list(model.named_parameters()))
+    assert names[-1] == EMB or EMB in names
+    others = [n for n in names if n != EMB]
+    a, b = emb_cuts
+    plan = {"format": "presto-bucket-plan/1",
+            "buckets": [others[:3 + shift], others[3 + shift:] + [f"{EMB}[0:{a}]"],
+                        [f"{EMB}[{a}:{b}]"], [f"{EMB}[{b}:]"]]}
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def main() -> None:
+    case, data_dir, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    ctx = init_distributed(discover(), device="cpu", timeout_s=30)
+    torch.set_num_threads(1)
+    rank = ctx.rank
+    results = []
+    if case == "modes":
+        for mode in ("global_after", "local_before", "bucket_before", "none"):
+            results.append(run_mode(ctx, data_dir, mode))
+    elif case == "accumulation":
+        for mode in ("global_after", "bucket_before"):
+            results.append(run_mode(ctx, data_dir, mode, accum=2, steps=1, counter=True))
+    elif case in ("plan", "plan-differs", "plan-missing"):
+        model = build_model(tiny_config(data_dir))
+        if case == "plan":
+            path = work / "plan.json"
+            if rank == 0:
+                write_plan(path, model)
+            torch_dist.barrier()
+        elif case == "plan-differs":
+            path = write_plan(work / f"plan{rank}.json", model, shift=rank)
+        else:
+            path = write_plan(work / f"plan{rank}.json", model)
+            if rank == 1:
+                data = json.loads(path.read_text())
+                data["buckets"][0] = data["buckets"][0][1:]  # drops a parameter
+                path.write_text(json.dumps(data))
+        results.append(run_mode(ctx, data_dir, "bucket_before", f'train.bucket_plan="{path}"'))
+    else:
+        raise SystemExit(f"unknown case {case}")
+    if rank == 0:
+        (work / "result.json").write_text(json.dumps({"world": ctx.world_size,
+                                                      "results": results}, indent=1))
+    shutdown()
+
+
+if __name__ == "__main__":
+    run_guarded(main)

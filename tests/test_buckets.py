@@ -1,0 +1,374 @@
+"""Gradient buckets (runtime.buckets), the step timeline (runtime.timeline) and the clip modes.
+
+Unit tests run in this process (a world of one). The distributed tests start real ranks with
+the venv's ``mpiexec`` on tests/dist_scripts/grad_sync.py, which checks on every rank that the
+gradient the optimizer receives equals BACKGROUND §5's formula computed from the all-gathered
+per-rank gradients, and reports what it saw (overlap, views, launches) for the asserts here.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from runtime.buckets import (BucketPlan, GradientBuckets, Piece, PlanError, fp32_norm,
+                             reverse_registration_order)
+from runtime.config import ConfigError, load_config
+from runtime.timeline import StepTimeline, plot_timeline, union_length
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+SCRIPT = ROOT / "tests" / "dist_scripts" / "grad_sync.py"
+needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (pip mpich)")
+SIZES = {"a": 10, "big": 25, "b": 3}
+
+
+# ---------------------------------------------------------------------------------------------
+# plans
+
+
+def test_cap_plan_cuts_large_parameters_into_consecutive_pieces():
+    plan = BucketPlan.from_cap(SIZES.items(), cap_elements=8)
+    assert plan.buckets == (
+        (Piece("a", 0, 8),), (Piece("a", 8, 10),),
+        (Piece("big", 0, 8),), (Piece("big", 8, 16),), (Piece("big", 16, 24),),
+        (Piece("big", 24, 25), Piece("b", 0, 3)))
+    plan.validate(SIZES)
+    assert plan.split_parameters() == ["a", "big"] and plan.order() == ["a", "big", "b"]
+    whole = BucketPlan.from_cap(SIZES.items(), cap_elements=100)
+    assert whole.buckets == ((Piece("a", 0, 10), Piece("big", 0, 25), Piece("b", 0, 3)),)
+
+
+def test_plan_file_round_trip_and_digest():
+    data = {"format": "presto-bucket-plan/1", "buckets": [["b", "big[0:7]"], ["big[7:]", "a"]]}
+    plan = BucketPlan.from_json(data, SIZES)
+    assert plan.buckets == ((Piece("b", 0, 3), Piece("big", 0, 7)),
+                            (Piece("big", 7, 25), Piece("a", 0, 10)))
+    assert plan.to_json(SIZES) == {"format": "presto-bucket-plan/1",
+                                   "buckets": [["b", "big[0:7]"], ["big[7:25]", "a"]]}
+    moved = BucketPlan.from_json({"buckets": [["b", "big[0:8]"], ["big[8:]", "a"]]}, SIZES)
+    assert plan.digest() == BucketPlan.from_json(plan.to_json(SIZES), SIZES).digest()
+    assert plan.digest() != moved.digest()
+
+
+@pytest.mark.parametrize("buckets,message", [
+    ([["a", "big"]], r"in no bucket: b\b"),
+    ([["a", "big", "b"], ["a"]], r"parameter a: elements \[0:10\] are in two buckets \(0 and 1\)"),
+    ([["a", "big[0:10]", "b"], ["big[5:]"]], r"parameter big: elements \[5:10\] are in two"),
+    ([["a", "big[0:10]", "b"], ["big[12:]"]], r"parameter big: elements \[10:12\] are in no bucket"),
+    ([["a", "big[0:20]", "b"]], r"parameter big: elements \[20:25\] are in no bucket"),
+    ([["big[0:10]", "a"], ["big[10:]", "b"]], r"pieces of split parameter big \(buckets \[0, 1\]\)"
+                                              r" must follow each other"),
+    ([["big[10:]"], ["big[:10]", "a", "b"]], r"pieces of split parameter big"),
+    ([["a", "bigg", "b"]], r"unknown parameter 'bigg'; did you mean big\?"),
+    ([["a", "big[0:30]", "b"]], r"big\[0:30\] is not a non-empty range of its 25 elements"),
+    ([["a", "big", "b"], []], r"bucket 1 is empty"),
+    ([["a", "big", "b[x]"]], r"is not \"name\" or \"name\[start:stop\]\""),
+])
+def test_bad_plans_name_the_parameter(buckets, message):
+    with pytest.raises(PlanError, match=message):
+        BucketPlan.from_json({"buckets": buckets}, SIZES, source="plan.json")
+
+
+def test_plan_file_errors(tmp_path):
+    with pytest.raises(PlanError, match="train.bucket_plan: .* does not exist"):
+        BucketPlan.read(tmp_path / "missing.json", SIZES)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(PlanError, match="not valid JSON"):
+        BucketPlan.read(tmp_path / "bad.json", SIZES)
+    with pytest.raises(PlanError, match="format"):
+        BucketPlan.from_json({"format": "other/2", "buckets": [["a", "big", "b"]]}, SIZES)
+
+
+def test_config_keys_are_validated():
+    with pytest.raises(ConfigError, match="train.clip_mode=bucket_before .* train.grad_sync='buckets'"):
+        load_config(None, ["train.clip_mode=bucket_before", "train.grad_sync=ddp"])
+    with pytest.raises(ConfigError, match="global_after | local_before | bucket_before | none"):
+        load_config(None, ["train.clip_mode=before"])
+    with pytest.raises(ConfigError, match="train.bucket_cap_mb must be > 0"):
+        load_config(None, ["train.bucket_cap_mb=0"])
+    with pytest.raises(ConfigError, match="train.allreduce_dtype"):
+        load_config(None, ["train.allreduce_dtype=int8"])
+    cfg = load_config(None, ["train.clip_mode=bucket_before", "train.bucket_cap_mb=4"])
+    assert cfg.train.grad_sync == "buckets"
+
+
+# ---------------------------------------------------------------------------------------------
+# buckets in one process
+
+
+class LateFirst(nn.Module):
+    """Registered late-then-early but used early-then-late: the gradient of ``late`` arrives
+    first, so reverse registration order (``early`` first) is wrong and must be re-measured."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.late = nn.Linear(6, 3)
+        self.early = nn.Linear(4, 6)
+
+    def forward(self, x):
+        return self.late(torch.tanh(self.early(x)))
+
+
+def toy_buckets(model, clip_mode="none", cap=9, tau=1.0, **kw):
+    named = list(model.named_parameters())
+    plan = BucketPlan.from_cap([(n, p.numel()) for n, p in reversed(named)], cap)
+    return GradientBuckets(named, plan, world_size=1, clip_mode=clip_mode, max_grad_norm=tau,
+                           cap_elements=cap, **kw)
+
+
+def autograd_grads(model, x):
+    clone = LateFirst()
+    clone.load_state_dict(model.state_dict())
+    clone(x).pow(2).sum().backward()
+    return {n: p.grad for n, p in clone.named_parameters()}
+
+
+def test_gradients_are_views_of_the_bucket_buffer_and_accumulate_in_place():
+    model = LateFirst()
+    buckets = toy_buckets(model)
+    x = torch.randn(5, 4)
+    want = autograd_grads(model, x)
+    buckets.begin_step()
+    model(x).pow(2).sum().backward()
+    buckets.finish()
+    for name, p in model.named_parameters():
+        assert p.grad.untyped_storage().data_ptr() == buckets.flat.untyped_storage().data_ptr()
+        torch.testing.assert_close(p.grad, want[name])
+    flat = torch.cat([want[n].reshape(-1) for n in buckets.plan.order()])
+    torch.testing.assert_close(buckets.flat, flat)
+    for p, offset, numel in buckets.layout():
+        assert p.grad.data_ptr() == buckets.flat[offset:offset + numel].data_ptr()
+
+
+def test_first_step_recuts_the_plan_in_measured_order():
+    model = LateFirst()
+    buckets = toy_buckets(model)
+    assert buckets.plan.order()[0].startswith("early")  # reverse registration: a wrong guess
+    version = buckets.layout_version
+    x = torch.randn(5, 4)
+    buckets.begin_step()
+    model(x).pow(2).sum().backward()
+    buckets.finish()
+    buckets.zero_grad()
+    assert buckets.measured_order[:2] == ["late.bias", "late.weight"]
+    assert buckets.plan.order() == buckets.measured_order
+    assert buckets.layout_version == version + 1
+    buckets.begin_step()  # the next step accumulates into the new buffer
+    model(x).pow(2).sum().backward()
+    buckets.finish()
+    want = autograd_grads(model, x)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want[name])
+        assert p.grad.untyped_storage().data_ptr() == buckets.flat.untyped_storage().data_ptr()
+
+
+def test_bucket_before_clips_each_bucket_to_tau_over_sqrt_k():
+    model = LateFirst()
+    buckets = toy_buckets(model, clip_mode="bucket_before", cap=9, tau=0.3)
+    x = torch.randn(5, 4) * 3
+    want = autograd_grads(model, x)
+    buckets.begin_step()
+    model(x).pow(2).sum().backward()
+    report = buckets.finish()
+    k = buckets.num_buckets
+    assert k >= 3 and len(report.clip_coefs) == k
+    assert min(report.clip_coefs) < 1.0
+    for b, (lo, hi) in enumerate(buckets.bounds):
+        local = torch.cat([want[p.name].reshape(-1)[p.start:p.stop] for p in buckets.plan.buckets[b]])
+        coef = min(1.0, (0.3 / math.sqrt(k)) / (float(local.norm()) + 1e-6))
+        assert report.clip_coefs[b] == pytest.approx(coef, rel=1e-5)
+        torch.testing.assert_close(buckets.flat[lo:hi], coef * local)
+        assert float(buckets.flat[lo:hi].norm()) <= 0.3 / math.sqrt(k) * (1 + 1e-5)
+    assert report.local_norm == pytest.approx(
+        math.sqrt(sum(float(g.pow(2).sum()) for g in want.values())), rel=1e-5)
+
+
+def test_no_sync_accumulates_without_launching_and_a_second_synced_backward_is_an_error():
+    model = LateFirst()
+    timeline = StepTimeline()
+    buckets = toy_buckets(model, timeline=timeline)
+    x = torch.randn(5, 4)
+    buckets.begin_step()
+    with buckets.no_sync():
+        model(x).pow(2).sum().backward()
+    assert all(t is None for t in timeline.launch)
+    model(x).pow(2).sum().backward()
+    assert all(t is not None for t in timeline.launch)
+    buckets.finish()
+    torch.testing.assert_close(model.late.bias.grad, 2 * autograd_grads(model, x)["late.bias"])
+    buckets.zero_grad()
+    buckets.begin_step()
+    model(x).pow(2).sum().backward()
+    with pytest.raises(RuntimeError, match="produced twice .* no_sync"):
+        model(x).pow(2).sum().backward()
+
+
+def test_grads_set_to_none_are_re_pointed_into_the_buffer():
+    model = LateFirst()
+    buckets = toy_buckets(model)
+    model.zero_grad(set_to_none=True)
+    buckets.begin_step()
+    model(torch.randn(5, 4)).sum().backward()
+    buckets.finish()
+    assert all(p.grad.untyped_storage().data_ptr() == buckets.flat.untyped_storage().data_ptr()
+               for p in model.parameters())
+
+
+def test_fp32_norm_is_accurate_on_millions_of_elements():
+    torch.manual_seed(0)
+    x = torch.randn(4_000_000) * 1e-3
+    assert float(fp32_norm(x)) == pytest.approx(float(x.double().norm()), rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# timeline
+
+
+def test_union_length_counts_overlaps_once():
+    assert union_length([]) == 0.0
+    assert union_length([(0, 1), (0.5, 2), (3, 4)]) == pytest.approx(3.0)
+    assert union_length([(0, 4), (1, 2)]) == pytest.approx(4.0)
+
+
+def test_timeline_summary_derives_exposed_communication():
+    clock = iter([0.0, 0.0, 1.0, 1.0, 3.0]).__next__
+    tl = StepTimeline(clock=clock)
+    tl.start_step(0.0)
+    with tl.span("forward"):      # 0 → 1
+        pass
+    with tl.span("backward"):     # 1 → 3
+        pass
+    tl.start_buckets([100, 200])
+    tl.bucket_ready(0, 1.5), tl.bucket_launched(0, 1.5), tl.bucket_done(0, 2.5)
+    tl.bucket_ready(1, 3.0), tl.bucket_launched(1, 3.0), tl.bucket_done(1, 3.5)
+    s = tl.summary(end=4.0)
+    assert s["comm_s"] == pytest.approx(1.5)
+    assert s["exposed_comm_s"] == pytest.approx(0.5)
+    assert s["overlap_frac"] == pytest.approx(1 - 0.5 / 1.5)
+    assert s["timeline"]["buckets"]["launch"] == [1.5, 3.0] and s["timeline"]["step_s"] == 4.0
+
+
+def test_timeline_is_recorded_into_metrics_and_drawn(small_dataset, tmp_path, single_ctx):
+    from runtime.events import CallbackList
+    from runtime.metrics import MetricsWriter
+    from runtime.trainer import Trainer
+    ctx = single_ctx
+    cfg = load_config(None, [f'data.data_dir="{small_dataset}"', "model.num_hidden_layers=1",
+                             "model.hidden_size=64", "model.num_attention_heads=2",
+                             "model.intermediate_size=128", "train.global_batch_size=8",
+                             "system.device=cpu", "train.timeline=true", "train.max_steps=2",
+                             "train.eval_iter_start_samples=16", "train.eval_iter_samples=16",
+                             "train.clip_mode=bucket_before", "data.eval_batch_size=64"])
+    metrics = tmp_path / "metrics.jsonl"
+    trainer = Trainer(cfg, ctx, CallbackList([MetricsWriter(metrics)]))
+    trainer.fit()
+    trainer.close()
+    steps = [json.loads(line) for line in metrics.read_text().splitlines()
+             if json.loads(line)["kind"] == "step"]
+    assert len(steps) == 2
+    for rec in steps:
+        b = rec["timeline"]["buckets"]
+        assert len(b["launch"]) == rec["buckets"] == len(b["bytes"]) > 1
+        assert all(r is not None and r <= l <= d for r, l, d in zip(b["ready"], b["launch"], b["done"]))
+        assert {"comm_s", "exposed_comm_s", "overlap_frac", "clip_coef_min", "clip_coef_mean",
+                "local_grad_norm"} <= set(rec)
+    png = tmp_path / "t.png"
+    out = subprocess.run([sys.executable, "-m", "runtime.timeline", str(metrics), "--out", str(png)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert png.stat().st_size > 10_000
+    with pytest.raises(ValueError, match="step 7 has no timeline"):
+        plot_timeline(metrics, tmp_path / "x.png", step=7)
+
+
+# ---------------------------------------------------------------------------------------------
+# real ranks
+
+
+def run_case(case: str, ranks: int, data_dir: Path, work: Path, timeout=240):
+    start = time.monotonic()
+    proc = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, str(SCRIPT), case,
+                           str(data_dir), str(work)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=_env())
+    return proc, time.monotonic() - start
+
+
+def _env():
+    from tests.test_dist import _clean_env
+    return _clean_env()
+
+
+def _results(work: Path) -> dict:
+    return {r["mode"]: r for r in json.loads((work / "result.json").read_text())["results"]}
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_each_clip_mode_matches_the_formula_from_gathered_gradients(ranks, small_dataset, tmp_path):
+    proc, _ = run_case("modes", ranks, small_dataset, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = _results(tmp_path)
+    assert set(results) == {"global_after", "local_before", "bucket_before", "none"}
+    for mode, rec in results.items():
+        assert rec["plan_recut"]  # step 2 ran on the plan re-cut in measured order
+        for step in rec["steps"]:
+            assert step["max_rel_err"] < 1e-5
+            assert step["grads_are_views"]
+            assert step["split"] == ["bert.embeddings.word_embeddings.weight"]
+            if mode != "global_after":  # the modes really differ: the check can fail
+                assert step["diff_from_global_after"] > 1e-2, (mode, step)
+            if mode == "local_before":  # nothing can start before the local norm is known
+                assert step["launched_before_last_ready"] == 0
+                assert step["launched_in_backward"] == step["launched_in_backward_report"] == 0
+            else:                       # overlap: allreduces launched while backward runs
+                assert step["launched_before_last_ready"] >= 1, (mode, step)
+                assert step["launched_in_backward_report"] == step["buckets"]
+    assert results["global_after"]["steps"][0]["clip_coef"] < 1.0
+    assert results["local_before"]["steps"][0]["clip_coef"] < 1.0
+    bb = results["bucket_before"]["steps"][0]
+    assert bb["clip_coef_min"] < bb["clip_coef_mean"] <= 1.0
+    assert bb["grad_norm"] <= 0.5 * (1 + 1e-5)  # ‖ĝ‖ ≤ τ holds for the bucket-wise clip
+
+
+@needs_mpiexec
+def test_accumulation_reduces_only_on_the_last_micro_step(small_dataset, tmp_path):
+    proc, _ = run_case("accumulation", 2, small_dataset, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for mode, rec in _results(tmp_path).items():
+        step = rec["steps"][0]
+        assert step["max_rel_err"] < 1e-5
+        assert step["launches_at_forward"] == [0, 0]  # nothing launched in micro-step 1
+        assert step["launches"] == step["buckets"]
+
+
+@needs_mpiexec
+def test_explicit_plan_with_a_split_parameter(small_dataset, tmp_path):
+    proc, _ = run_case("plan", 2, small_dataset, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rec = _results(tmp_path)["bucket_before"]
+    assert not rec["plan_recut"]  # a plan file is never reordered
+    for step in rec["steps"]:
+        assert step["buckets"] == 4 and step["max_rel_err"] < 1e-5
+        assert step["split"] == ["bert.embeddings.word_embeddings.weight"]
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("case,message", [
+    ("plan-differs", "bucket plan (train.bucket_plan / train.bucket_cap_mb) differs between ranks"),
+    ("plan-missing", "parameter(s) in no bucket: cls.seq_relationship.bias"),
+])
+def test_bad_plans_stop_every_rank_at_start(case, message, small_dataset, tmp_path):
+    proc, elapsed = run_case(case, 2, small_dataset, tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert elapsed < 60
+    assert not (tmp_path / "result.json").exists()
