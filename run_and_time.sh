@@ -128,7 +128,7 @@ case "$LAUNCHER" in
         else
             SRUN="${SRUN:-srun}"
             command -v "$SRUN" >/dev/null || die "SRUN '$SRUN' not found: launcher srun needs Slurm"
-            CMD=("$SRUN" "--nodes=$NODES" "--ntasks-per-node=$RANKS" "${TRAIN[@]}")
+            CMD=("$SRUN" "--nodes=$NODES" "--ntasks-per-node=$RANKS" --kill-on-bad-exit=1 "${TRAIN[@]}")
         fi ;;
     torchrun)
         if [[ -n "${TORCHRUN:-}" ]]; then CMD=("$TORCHRUN"); else CMD=("$PYTHON" -m torch.distributed.run); fi

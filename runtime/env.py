@@ -24,6 +24,10 @@ Detection, first match wins (docs/LAUNCH.md has the commands):
 3. Nothing: a single process, rank 0 of 1.
 
 mpi4py is imported only in case 1, so a plain ``python -m ...`` never loads an MPI library.
+
+Also read here, because it is the batch script's word about this launch: ``PRESTO_CACHE_CLEAR``
+(``cache_cleared()``), set by submission/run.sub to 1 when every node dropped its page caches
+before this experiment and 0 when it could not; the MLPerf log's ``cache_clear`` says the same.
 """
 from __future__ import annotations
 
@@ -371,6 +375,24 @@ def derived_port(key: str) -> int:
     """A port every rank computes alike from a job id, in [15000, 32000) (below ephemeral)."""
     digest = int(hashlib.sha256(key.encode()).hexdigest(), 16)
     return DERIVED_PORT_BASE + digest % DERIVED_PORT_SPAN
+
+
+# ---------------------------------------------------------------------------------------------
+# the batch script's word on this launch
+
+CACHE_CLEAR_VAR = "PRESTO_CACHE_CLEAR"
+
+
+def cache_cleared(env: Optional[Mapping[str, str]] = None) -> Optional[bool]:
+    """True/False when submission/run.sub did/could not drop the page caches on every node
+    before this run (``PRESTO_CACHE_CLEAR`` = 1/0); None when unset (not launched by run.sub)."""
+    env = os.environ if env is None else env
+    value = env.get(CACHE_CLEAR_VAR, "").strip()
+    if value == "":
+        return None
+    if value in ("0", "1"):
+        return value == "1"
+    raise LaunchError(f"{CACHE_CLEAR_VAR}={value!r}: use 1 (caches dropped) or 0 (not dropped)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,6 +12,11 @@ Contents:
     mllog_callback.py   ``MLPerfLogger``: runtime events -> ``:::MLLOG`` lines via mlperf-logging
     train.py            ``python -m submission.train --config FILE [--set section.key=value ...]``:
                         one rank of a run; exit 0 when the target was reached, 1 otherwise
+    run.sub             the sbatch script: NEXP experiments per allocation, cache clear, srun
+    __main__.py         ``python -m submission submit|status|report|package`` (README "Running
+                        on a Slurm cluster"), over slurm.py (sbatch, squeue), report.py
+                        (scoring, compliance, olympic mean, RCP), package.py (MLPerf layout and
+                        its checkers) and sysinfo.py (the system description of a node)
 
 The MLPerf entry point is ``run_and_time.sh`` at the repository root; docs/MLPERF_LOGGING.md
 says what is logged where and how to run the compliance checker on a log.

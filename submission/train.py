@@ -20,7 +20,7 @@ import torch
 
 from runtime.config import ConfigError, load_config
 from runtime.dist import check_same_on_all_ranks, init_distributed, run_guarded, shutdown
-from runtime.env import LaunchError, discover
+from runtime.env import LaunchError, cache_cleared, discover
 from runtime.events import CallbackList
 from runtime.metrics import MetricsWriter, ProgressPrinter, plot_metrics
 from runtime.trainer import Trainer
@@ -45,13 +45,13 @@ def set_threads(cfg, local_world_size: int) -> None:
     torch.set_num_threads(n)
 
 
-def train(cfg, info) -> int:
+def train(cfg, info, cache_clear: bool | None = None) -> int:
     ctx = init_distributed(info, device=cfg.system.device, timeout_s=cfg.system.dist_timeout_s)
     check_same_on_all_ranks("config", cfg.fingerprint())
     set_threads(cfg, info.local_world_size)
     out = Path(cfg.train.output_dir)
     callbacks = CallbackList([
-        MLPerfLogger(out / LOG_NAME, is_main=ctx.rank == 0),
+        MLPerfLogger(out / LOG_NAME, is_main=ctx.rank == 0, cache_clear=cache_clear),
         MetricsWriter(out / METRICS_NAME, every=1),
         ProgressPrinter(every=cfg.train.log_every_steps),
     ])
@@ -84,6 +84,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, args.set)
         info = discover()
+        cache_clear = cache_cleared()  # run.sub's word on the page caches (None: not run.sub)
         cfg.local_batch_size(info.world_size)  # fail before any rank trains
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr, flush=True)
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
     except LaunchError as e:
         print(f"launch error: {e}", file=sys.stderr, flush=True)
         return 2
-    return run_guarded(lambda: train(cfg, info), info)
+    return run_guarded(lambda: train(cfg, info, cache_clear), info)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Unit tests feed fake launcher environments to `discover`. The rest start real launchers —
 the venv's MPICH ``mpiexec``, ``torchrun``, and Open MPI's ``mpirun`` when Debian's
 ``openmpi-bin`` is installed — on tests/dist_scripts/worker.py, and check results, exit
-status and elapsed time. Real ``srun`` needs a Slurm cluster: only its environment is tested.
+status and elapsed time. Real ``srun`` (with and without ``--mpi=pmi2``) runs on the private
+one-node cluster of the ``slurm_cluster`` fixture (tests/slurm_cluster.py).
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -294,7 +294,11 @@ def _cmd(launcher: str, mode: str, timeout_s: float, tag: str, out_dir: str,
         # --standalone: the agent's store takes a free port, so concurrent jobs never collide.
         return [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(WORKER), *args]
     if launcher.startswith("srun"):  # "srun-none", "srun-pmi2"
-        return ["srun", f"--mpi={launcher.split('-')[1]}", "-n", "2", *script]
+        # --kill-on-bad-exit, as run_and_time.sh and run.sub launch: a task that dies before
+        # the runtime's own guard exists (pip MPICH's intermittent UCX failure in MPI_Init,
+        # pmodels/mpich#7417) must still end the step, not leave the other task in MPI_Init.
+        return ["srun", f"--mpi={launcher.split('-')[1]}", "--kill-on-bad-exit=1", "-n", "2",
+                *script]
     if launcher == "openmpi":
         exports = [a for k in (extra_env or {}) for a in ("-x", k)]
         return [OPENMPI, "--allow-run-as-root", "--oversubscribe", "-np", "2", *exports, *script]
@@ -408,28 +412,13 @@ def test_openmpi_with_mpi4py_on_openmpi_lib():
                          launcher="mpi", rendezvous="mpi")
 
 
-@lru_cache(maxsize=1)
-def _slurm_ready() -> bool:
-    """A Slurm cluster answers and has an idle node (Debian's slurm-wlm, BACKGROUND §9)."""
-    if not shutil.which("srun") or not shutil.which("sinfo"):
-        return False
-    try:
-        out = subprocess.run(["sinfo", "-h", "-t", "idle,mix", "-o", "%n"], capture_output=True,
-                             text=True, timeout=10, env=_clean_env())
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and bool(out.stdout.strip())
-
-
 @pytest.mark.parametrize("mode,mpi", [("allreduce", "none"), ("allreduce", "pmi2"),
                                       ("raise", "none"), ("kill", "pmi2")])
 @pytest.mark.timeout(150)
-def test_srun(mode, mpi):
-    """Real srun when a Slurm cluster is up: without MPI (SLURM_* variables, port from the
-    job id) and with --mpi=pmi2 (mpi4py on pip's MPICH)."""
-    if not _slurm_ready():
-        pytest.skip("no Slurm cluster (srun/sinfo missing or no idle node)")
-    rc, out, elapsed, res = _launch(f"srun-{mpi}", mode)
+def test_srun(mode, mpi, slurm_cluster):
+    """Real srun on the test cluster: without MPI (SLURM_* variables, port from the job id)
+    and with --mpi=pmi2 (mpi4py on pip's MPICH)."""
+    rc, out, elapsed, res = _launch(f"srun-{mpi}", mode, extra_env=slurm_cluster.env)
     if mode == "allreduce":
         _assert_allreduce_ok(rc, out, elapsed, res, launcher="srun",
                              rendezvous="mpi" if mpi == "pmi2" else "tcp")

@@ -191,7 +191,8 @@ def test_srun_outside_a_job_step_launches_tasks(sandbox):
     assert proc.returncode == 0, proc.stderr
     assert calls[0]["prog"] == "srun"
     argv = calls[0]["argv"]
-    assert argv[:3] == ["--nodes=2", "--ntasks-per-node=4", stubs["python"]]
+    # --kill-on-bad-exit: a task that dies (even before the runtime's guard) ends the step
+    assert argv[:4] == ["--nodes=2", "--ntasks-per-node=4", "--kill-on-bad-exit=1", stubs["python"]]
     train_args(cfg, 7, argv)
 
 
