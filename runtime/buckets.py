@@ -61,6 +61,18 @@ Ranks must agree: the plan's digest is compared across ranks (`check_same_on_all
 when the buckets are built and after the rebuild. A plan that differs between ranks stops
 every rank with a clear error instead of mismatched collectives that would hang.
 
+The tied word embedding (``train.tied_embedding_sync = "split"``, clip_mode global_after |
+none). Used by the lookup (the first op of forward) and the MLM decoder (tied), its gradient
+is final only at the very end of backward, so a dense allreduce of it can never overlap - and
+it is 88% of the CPU benchmark model's bytes. Split mode keeps the two shares apart: the
+decoder multiplies by ``decoder_tap(weight)`` (the model's ``weight_tap``), whose backward hands
+the decoder's share to the buckets instead of autograd; it is pre-divided by P and its
+allreduce launched at once, early in backward (timeline lane K). The lookup's share reaches
+``.grad`` as usual, in a bucket of its own; when it is final each rank marks the rows it
+touched, an allreduce-max of that row mask gives the union, and only those rows are reduced
+(rows no rank touched are zero on every rank, so the result is exact). `finish` then adds the
+reduced decoder share. The sum is the same averaged gradient as the dense path (tested).
+
 Unused parameters (no gradient in a step) leave their bucket pending; it and every bucket
 after it are launched by `finish` after backward, with zeros for the missing gradient -
 correct, but the overlap after that bucket is lost. BERT pre-training uses every parameter.
@@ -139,9 +151,10 @@ class BucketPlan:
 
     @classmethod
     def from_cap(cls, order: Iterable[tuple[str, int]], cap_elements: int,
-                 source: str = "cap") -> "BucketPlan":
+                 source: str = "cap", alone: Optional[str] = None) -> "BucketPlan":
         """Fill buckets up to ``cap_elements`` in ``order`` ((name, numel) pairs); a parameter
-        larger than the cap is cut into cap-sized pieces (see the module docstring)."""
+        larger than the cap is cut into cap-sized pieces (see the module docstring). The
+        parameter ``alone`` (tied_embedding_sync split) gets one whole bucket of its own."""
         if cap_elements <= 0:
             raise PlanError(f"bucket cap must be > 0 elements, got {cap_elements}")
         buckets: list[tuple[Piece, ...]] = []
@@ -149,6 +162,12 @@ class BucketPlan:
         used = 0
         for name, numel in order:
             start = 0
+            if name == alone:
+                if current:
+                    buckets.append(tuple(current))
+                buckets.append((Piece(name, 0, numel),))
+                current, used = [], 0
+                continue
             if numel > cap_elements or used + numel > cap_elements:
                 if current:
                     buckets.append(tuple(current))
@@ -281,6 +300,31 @@ def _check_pieces(name: str, numel: int, entries: list, source: str) -> None:
                         f"gradient stays one view of the flat buffer")
 
 
+def alone_bucket(plan: BucketPlan, name: str, numel: int) -> int:
+    """Index of the bucket that holds all of ``name`` and nothing else; else `PlanError`."""
+    for k, bucket in enumerate(plan.buckets):
+        if len(bucket) == 1 and bucket[0] == Piece(name, 0, numel):
+            return k
+    raise PlanError(f"{plan.source}: train.tied_embedding_sync='split' needs {name} whole and "
+                    f"alone in one bucket (its lookup gradient is reduced row-sparsely); put "
+                    f"[\"{name}\"] as a bucket of its own in the plan")
+
+
+class _DecoderGradTap(torch.autograd.Function):
+    """Identity on the tied weight in forward; in backward the decoder's share of its gradient
+    goes to ``sink`` instead of into the parameter's ``.grad`` (tied_embedding_sync split)."""
+
+    @staticmethod
+    def forward(ctx, weight, sink):
+        ctx.sink = sink
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.sink(grad)
+        return None, None
+
+
 def fp32_norm(t: torch.Tensor) -> torch.Tensor:
     """‖t‖₂ accumulated in fp32, as a 0-dim tensor (no host sync).
 
@@ -337,7 +381,8 @@ class GradientBuckets:
     def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]], plan: BucketPlan, *,
                  world_size: int, group: Any = None, clip_mode: str = "global_after",
                  max_grad_norm: float = 1.0, reduce_dtype: Optional[torch.dtype] = None,
-                 cap_elements: Optional[int] = None, timeline: Any = None):
+                 cap_elements: Optional[int] = None, timeline: Any = None,
+                 tied_split: Optional[str] = None):
         if clip_mode not in CLIP_MODES:
             raise ValueError(f"clip_mode must be one of {' | '.join(CLIP_MODES)}, got {clip_mode!r}")
         self.params = {n: p for n, p in named_params if p.requires_grad}
@@ -363,6 +408,14 @@ class GradientBuckets:
         self._measuring = True
         self._armed = False
         self._sync = True
+        self.tied_split = tied_split  # the tied embedding's name when its sync is split
+        if tied_split is not None:
+            if clip_mode not in ("global_after", "none"):
+                raise ValueError(f"tied_embedding_sync split needs clip_mode global_after | "
+                                 f"none, got {clip_mode!r}")
+            tied = self.params[tied_split]
+            self._dec = torch.zeros_like(tied, memory_format=torch.contiguous_format)
+            self._dec_fresh = True
         self._install(plan)
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
                          for p in self.params.values()]
@@ -390,6 +443,8 @@ class GradientBuckets:
                             for n in self.params}
         self._names = {id(p): n for n, p in self.params.items()}
         self.flat = torch.zeros(offset, dtype=self.dtype, device=self.device)
+        self._sparse_k = (alone_bucket(plan, self.tied_split, self.sizes[self.tied_split])
+                          if self.tied_split is not None else None)
         self._attach()
         self.layout_version += 1
 
@@ -417,9 +472,93 @@ class GradientBuckets:
     def num_buckets(self) -> int:
         return len(self.bounds)
 
+    def _comm_size(self) -> int:
+        return torch.tensor([], dtype=self.reduce_dtype).element_size()
+
     def bucket_bytes(self) -> list[int]:
-        size = torch.tensor([], dtype=self.reduce_dtype).element_size()
+        size = self._comm_size()
         return [(hi - lo) * size for lo, hi in self.bounds]
+
+    # ---- the tied embedding, split (tied_embedding_sync = "split") ------------------------
+    def decoder_tap(self, weight: torch.Tensor) -> torch.Tensor:
+        """What the MLM decoder multiplies by instead of the tied weight itself (the model's
+        ``weight_tap``): the same values; its gradient comes to `_on_decoder_grad`."""
+        return _DecoderGradTap.apply(weight, self._on_decoder_grad)
+
+    def _on_decoder_grad(self, grad: torch.Tensor) -> None:
+        if not self._armed:  # a backward outside a training step: plain autograd semantics
+            param = self.params[self.tied_split]
+            if param.grad is None:
+                param.grad = grad.clone()
+            else:
+                param.grad.add_(grad)
+            return
+        if self._dec_fresh:
+            self._dec.copy_(grad)
+            self._dec_fresh = False
+        else:
+            self._dec.add_(grad)  # gradient accumulation: micro-steps add up
+        if not self._sync:
+            return
+        k = self.num_buckets  # the decoder's timeline lane
+        now = time.perf_counter() if self.timeline is not None else 0.0
+        if self.timeline is not None:
+            self.timeline.bucket_ready(k, now)
+        if self.world_size > 1:
+            self._dec.mul_(1.0 / self.world_size)
+        if self.world_size == 1 or self.skip_communication:
+            if self.timeline is not None:
+                self.timeline.bucket_launched(k, now)
+                self.timeline.bucket_done(k, now)
+            return
+        comm = self._dec if self.reduce_dtype == self._dec.dtype else self._dec.to(self.reduce_dtype)
+        self._dec_work = torch_dist.all_reduce(comm, op=torch_dist.ReduceOp.SUM,
+                                               group=self.group, async_op=True)
+        self._dec_comm = comm
+        if self.timeline is not None:
+            self.timeline.bucket_launched(k, now)
+            self._dec_work.get_future().add_done_callback(self.timeline.done_callback(k))
+
+    def _launch_sparse(self, k: int) -> None:
+        """The lookup's share of the tied gradient (its bucket k): first which rows any rank
+        touched (an allreduce-max of a row mask; rows no rank touched are zero everywhere)."""
+        now = time.perf_counter() if self.timeline is not None else 0.0
+        if self.timeline is not None:
+            self.timeline.bucket_launched(k, now)
+        if self.world_size == 1 or self.skip_communication:
+            if self.timeline is not None:
+                self.timeline.bucket_done(k, now)
+            return
+        grad = self._tied_rows()
+        self._mask = (grad != 0).any(dim=1).to(torch.uint8)
+        self._works[k] = torch_dist.all_reduce(self._mask, op=torch_dist.ReduceOp.MAX,
+                                               group=self.group, async_op=True)
+
+    def _tied_rows(self) -> torch.Tensor:
+        lo, hi = self.bounds[self._sparse_k]
+        return self.flat[lo:hi].view(self._dec.shape[0], -1)
+
+    def _finish_tied(self) -> None:
+        """After every bucket was launched: reduce the touched rows, then add the decoder's
+        reduced share. Every rank issues these collectives at the same point."""
+        k, grad = self._sparse_k, self._tied_rows()
+        if self._mask is not None:
+            self._works[k].wait()
+            self._works[k] = None
+            idx = self._mask.nonzero().squeeze(1)
+            rows = grad.index_select(0, idx).to(self.reduce_dtype)
+            rows.mul_(1.0 / self.world_size)
+            torch_dist.all_reduce(rows, op=torch_dist.ReduceOp.SUM, group=self.group)
+            grad.index_copy_(0, idx, rows.to(grad.dtype))
+            if self.timeline is not None:
+                self.timeline.bytes[k] = rows.numel() * rows.element_size()
+                self.timeline.bucket_done(k, time.perf_counter())
+        if self._dec_work is not None:
+            self._dec_work.wait()
+            if self._dec_comm is not self._dec:
+                self._dec.copy_(self._dec_comm)
+        if not self._dec_fresh:  # the decoder ran in this step
+            grad.add_(self._dec.view_as(grad))
 
     # ---- one step -----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -447,8 +586,13 @@ class GradientBuckets:
         self._local_coef: Optional[torch.Tensor] = None
         self._local_norm: Optional[torch.Tensor] = None
         self._backward_done_at: Optional[float] = None
+        self._dec_work: Any = None
+        self._dec_comm: Optional[torch.Tensor] = None
+        self._dec_fresh = True
+        self._mask: Optional[torch.Tensor] = None
         if self.timeline is not None:
-            self.timeline.start_buckets(self.bucket_bytes())
+            extra = [self._dec.numel() * self._comm_size()] if self.tied_split else []
+            self.timeline.start_buckets(self.bucket_bytes() + extra)  # lane K: the decoder's
         self._armed = True
 
     def _on_grad(self, param: torch.nn.Parameter) -> None:
@@ -478,6 +622,8 @@ class GradientBuckets:
             self._next += 1
 
     def _launch(self, k: int) -> None:
+        if k == self._sparse_k:
+            return self._launch_sparse(k)
         lo, hi = self.bounds[k]
         buf = self.flat[lo:hi]
         scale = 1.0 / self.world_size
@@ -523,6 +669,8 @@ class GradientBuckets:
                 self.timeline.bucket_ready(k, self._backward_done_at)
             self._launch(k)
         self._next = self.num_buckets
+        if self.tied_split is not None:
+            self._finish_tied()
         for k, work in enumerate(self._works):
             if work is not None:
                 work.wait()
@@ -563,12 +711,16 @@ class GradientBuckets:
             self.flat.zero_()
             return
         self._install(BucketPlan.from_cap([(n, self.sizes[n]) for n in order],
-                                          self._cap_elements, self.plan.source))
+                                          self._cap_elements, self.plan.source,
+                                          alone=self.tied_split))
 
     def close(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
+        head = getattr(self, "_head", None)
+        if head is not None:
+            head.weight_tap = None
 
 
 def build_gradient_buckets(model: torch.nn.Module, train_cfg: Any, world_size: int,
@@ -578,15 +730,38 @@ def build_gradient_buckets(model: torch.nn.Module, train_cfg: Any, world_size: i
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     sizes = {n: p.numel() for n, p in named}
     element = named[0][1].element_size() if named else 4
+    head, tied = None, None
+    if getattr(train_cfg, "tied_embedding_sync", "dense") == "split":
+        head, tied = _tied_head(model, named)
     cap = None
     if train_cfg.bucket_plan:
         plan = BucketPlan.read(train_cfg.bucket_plan, sizes)
     else:
         cap = max(1, int(train_cfg.bucket_cap_mb * MB) // element)
         plan = BucketPlan.from_cap([(n, sizes[n]) for n in reverse_registration_order(named)],
-                                   cap, source=f"bucket_cap_mb={train_cfg.bucket_cap_mb:g}")
+                                   cap, source=f"bucket_cap_mb={train_cfg.bucket_cap_mb:g}",
+                                   alone=tied)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16,
              "fp16": torch.float16}[train_cfg.allreduce_dtype]
-    return GradientBuckets(named, plan, world_size=world_size, group=group,
-                           clip_mode=train_cfg.clip_mode, max_grad_norm=train_cfg.max_grad_norm,
-                           reduce_dtype=dtype, cap_elements=cap, timeline=timeline)
+    buckets = GradientBuckets(named, plan, world_size=world_size, group=group,
+                              clip_mode=train_cfg.clip_mode,
+                              max_grad_norm=train_cfg.max_grad_norm, reduce_dtype=dtype,
+                              cap_elements=cap, timeline=timeline, tied_split=tied)
+    if head is not None:
+        head.weight_tap = buckets.decoder_tap
+        buckets._head = head
+    return buckets
+
+
+def _tied_head(model: torch.nn.Module, named: list) -> tuple[torch.nn.Module, str]:
+    """The MLM head whose decoder weight is tied to a trainable parameter, and that
+    parameter's name (tied_embedding_sync split)."""
+    for module in model.modules():
+        if hasattr(module, "weight_tap") and hasattr(module, "decoder"):
+            weight = module.decoder.weight
+            for name, param in named:
+                if param is weight:
+                    return module, name
+    raise ValueError("train.tied_embedding_sync='split' needs a model whose MLM head ties its "
+                     "decoder weight to a trainable parameter and takes a weight_tap "
+                     "(runtime.model.BertLMPredictionHead); use tied_embedding_sync='dense'")

@@ -213,6 +213,12 @@ class TrainConfig:
                             "allowed; overrides bucket_cap_mb. '' = cut by bucket_cap_mb", "")
     allreduce_dtype: str = _doc("dtype the gradient allreduce runs in: 'fp32' | 'bf16' | "
                                 "'fp16' (grad_sync buckets); norms stay fp32", "fp32")
+    tied_embedding_sync: str = _doc(
+        "how the tied word embedding's gradient is averaged (grad_sync buckets): 'dense' (one "
+        "allreduce of all of it when its gradient is final, at the end of backward) | 'split' "
+        "(the MLM decoder's share reduced as soon as backward produces it, overlapped; the "
+        "lookup's share at the end, only the rows of tokens some rank saw; clip_mode "
+        "global_after | none). docs/GRADIENT_SYNC.md", "dense")
     timeline: bool = _doc("record each step's compute/communication timeline into "
                           "metrics.jsonl (python -m runtime.timeline draws it)", False)
     target_mlm_accuracy: float = _doc("stop with success at this masked-LM accuracy", 0.720)
@@ -254,6 +260,16 @@ class TrainConfig:
                               "train.grad_sync='buckets'")
         if not self.bucket_cap_mb > 0:
             raise ConfigError(f"train.bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
+        if self.tied_embedding_sync not in ("dense", "split"):
+            raise ConfigError(f"train.tied_embedding_sync must be dense | split, got "
+                              f"{self.tied_embedding_sync!r}")
+        if self.tied_embedding_sync == "split" and (
+                self.grad_sync != "buckets" or self.clip_mode not in ("global_after", "none")):
+            raise ConfigError(f"train.tied_embedding_sync='split' needs train.grad_sync='buckets' "
+                              f"and clip_mode global_after | none (got grad_sync="
+                              f"{self.grad_sync!r}, clip_mode={self.clip_mode!r}): the before-"
+                              f"allreduce modes need each bucket's whole local gradient; use "
+                              f"tied_embedding_sync='dense' with them")
         if self.allreduce_dtype not in ("fp32", "bf16", "fp16"):
             raise ConfigError(f"train.allreduce_dtype must be fp32 | bf16 | fp16, got "
                               f"{self.allreduce_dtype!r}")

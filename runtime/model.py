@@ -367,9 +367,16 @@ class BertLMPredictionHead(nn.Module):
         # As in HF: one Parameter under two names, cls.predictions.bias and .decoder.bias.
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         self.decoder.bias = self.bias
+        # Set by the runtime's gradient buckets (train.tied_embedding_sync = "split"): the tied
+        # weight passes through it, so the decoder's share of its gradient can be taken (and
+        # reduced) as soon as backward produces it, apart from the lookup's share.
+        self.weight_tap: Optional[Any] = None
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.transform(rows))
+        hidden = self.transform(rows)
+        if self.weight_tap is None:
+            return self.decoder(hidden)
+        return F.linear(hidden, self.weight_tap(self.decoder.weight), self.bias)
 
 
 class BertPreTrainingHeads(nn.Module):

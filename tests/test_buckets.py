@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.buckets import (BucketPlan, GradientBuckets, Piece, PlanError, fp32_norm,
-                             reverse_registration_order)
+from runtime.buckets import (BucketPlan, GradientBuckets, Piece, PlanError, alone_bucket,
+                             fp32_norm, reverse_registration_order)
 from runtime.config import ConfigError, load_config
 from runtime.timeline import StepTimeline, plot_timeline, union_length
 
@@ -337,6 +337,47 @@ def test_each_clip_mode_matches_the_formula_from_gathered_gradients(ranks, small
     bb = results["bucket_before"]["steps"][0]
     assert bb["clip_coef_min"] < bb["clip_coef_mean"] <= 1.0
     assert bb["grad_norm"] <= 0.5 * (1 + 1e-5)  # ‖ĝ‖ ≤ τ holds for the bucket-wise clip
+
+
+@needs_mpiexec
+def test_split_tied_embedding_sync_is_exact_and_reduces_the_decoder_share_early(
+        small_dataset, tmp_path):
+    proc, _ = run_case("split", 2, small_dataset, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = _results(tmp_path)
+    assert set(results) == {"global_after+split", "none+split", "global_after+split+accum"}
+    for label, rec in results.items():
+        for step in rec["steps"]:
+            assert step["max_rel_err"] < 1e-5, (label, step)  # the reference gradient
+            assert step["split"] == []  # the tied embedding is one whole bucket of its own
+            assert step["lanes"] == step["buckets"] + 1  # + the decoder's share
+            # the decoder's share goes out while backward is still running ...
+            assert step["lane_launch"][-1] < step["backward_end"], (label, step)
+            # ... and the lookup's share is the touched rows only, a small part of the table
+            k = step["sparse_bucket"]
+            assert 0 < step["lane_bytes"][k] < 0.25 * step["tied_bytes"], (label, step)
+    accum = results["global_after+split+accum"]["steps"][0]
+    assert accum["launches_at_forward"] == [0, 0]  # nothing launched in micro-step 1
+    # decoder share + every dense bucket + the row mask + the rows
+    assert accum["launches"] == accum["buckets"] + 2
+
+
+def test_split_config_is_refused_with_the_before_modes():
+    for mode in ("local_before", "bucket_before"):
+        with pytest.raises(ConfigError, match="tied_embedding_sync='split' needs"):
+            load_config(None, [f"train.clip_mode={mode}", "train.tied_embedding_sync=split"])
+    with pytest.raises(ConfigError, match="dense | split"):
+        load_config(None, ["train.tied_embedding_sync=sparse"])
+
+
+def test_split_plan_keeps_the_tied_parameter_whole_and_alone():
+    order = [("a", 10), ("emb", 100), ("b", 5), ("c", 5)]
+    plan = BucketPlan.from_cap(order, 8, alone="emb")
+    assert [[(p.name, p.start, p.stop) for p in b] for b in plan.buckets] == [
+        [("a", 0, 8)], [("a", 8, 10)], [("emb", 0, 100)], [("b", 0, 5)], [("c", 0, 5)]]
+    assert alone_bucket(plan, "emb", 100) == 2
+    with pytest.raises(PlanError, match="whole and alone"):
+        alone_bucket(BucketPlan.from_cap(order, 8), "emb", 100)
 
 
 @needs_mpiexec

@@ -85,14 +85,19 @@ def test_overlap_benchmark_writes_its_record(small_dataset, tmp_path):
             f'data.data_dir="{small_dataset}"', "data.eval_batch_size=64"]
     cmd = [sys.executable, "-m", "bench.overlap", "--rate-mbit", "200", "--steps", "2",
            "--warmup", "2", "--repeat", "2", "--out", str(out), "--workdir", str(tmp_path),
-           "--variants", "after_backward,ddp,buckets/global_after,buckets/bucket_before",
+           "--variants", "after_backward,ddp,buckets/global_after,buckets/bucket_before,"
+                         "buckets/global_after+split",
            *[a for s in tiny for a in ("--set", s)]]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert record == json.loads(out.read_text())
     v = record["variants"]
-    assert set(v) == {"after_backward", "ddp", "buckets/global_after", "buckets/bucket_before"}
+    assert set(v) == {"after_backward", "ddp", "buckets/global_after", "buckets/bucket_before",
+                      "buckets/global_after+split"}
+    # split: the bytes left for the end of backward shrink to the touched rows of the embedding
+    split, dense = v["buckets/global_after+split"], v["buckets/global_after"]
+    assert split["end_bytes_frac"] < 0.5 * dense["end_bytes_frac"], (split, dense)
     assert v["after_backward"]["buckets"] == 1 and v["buckets/global_after"]["buckets"] > 1
     assert v["after_backward"]["comm_s"] > 0 and v["ddp"]["comm_s"] is None
     assert record["calibration"]["allreduce_full_s"] > 0

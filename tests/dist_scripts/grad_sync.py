@@ -16,6 +16,9 @@ CASE:
                local_before: none), gradients are views of the bucket buffer
   accumulation global_after and bucket_before with 2 micro-batches: formula on the summed
                micro-batch gradients, nothing launched before the last micro-step
+  split        train.tied_embedding_sync=split with global_after and none, and with 2
+               micro-batches: formula; the decoder's share launched during backward (timeline
+               lane K); the lookup's share reduced on the touched rows only
   plan         bucket_before on an explicit plan file splitting the embedding at odd offsets,
                its first piece sharing a bucket with other parameters
   plan-differs each rank reads a different plan file: every rank must stop with an error
@@ -194,7 +197,11 @@ def run_mode(ctx, data_dir, mode, *extra, accum=1, steps=2, counter=False):
                 "launches_at_forward": launches.at_forward if launches else None,
                 "launches": launches.calls if launches else None,
                 "diff_from_global_after": norm((want[n] - expected("global_after", per_rank, plan)[n])
-                                               for n in want)}
+                                               for n in want),
+                "lanes": len(launch), "backward_end": backward_end,
+                "lane_launch": launch, "lane_bytes": tl["buckets"]["bytes"],
+                "sparse_bucket": trainer.buckets._sparse_k,
+                "tied_bytes": trainer.model.bert.embeddings.word_embeddings.weight.numel() * 4}
         rec["steps"].append(step)
     rec["plan_recut"] = trainer.buckets.flat is not flat
     rec["measured_order_head"] = trainer.buckets.measured_order[:3]
@@ -223,6 +230,12 @@ def main() -> None:
     if case == "modes":
         for mode in ("global_after", "local_before", "bucket_before", "none"):
             results.append(run_mode(ctx, data_dir, mode))
+    elif case == "split":
+        for mode, accum in (("global_after", 1), ("none", 1), ("global_after", 2)):
+            rec = run_mode(ctx, data_dir, mode, "train.tied_embedding_sync=split", accum=accum,
+                           steps=2 if accum == 1 else 1, counter=accum > 1)
+            rec["mode"] = f"{mode}+split" + ("+accum" if accum > 1 else "")
+            results.append(rec)
     elif case == "accumulation":
         for mode in ("global_after", "bucket_before"):
             results.append(run_mode(ctx, data_dir, mode, accum=2, steps=1, counter=True))
