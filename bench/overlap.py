@@ -59,9 +59,11 @@ DEFAULT_CONFIG = REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
 MODES = ("global_after", "local_before", "bucket_before", "none")
 VARIANTS = {
     "after_backward": ["train.grad_sync=buckets", "train.bucket_cap_mb=1024",
-                       "train.clip_mode=global_after"],
-    "ddp": ["train.grad_sync=ddp", "train.clip_mode=global_after"],
-    **{f"buckets/{m}": ["train.grad_sync=buckets", f"train.clip_mode={m}"] for m in MODES},
+                       "train.clip_mode=global_after", "train.tied_embedding_sync=dense"],
+    "ddp": ["train.grad_sync=ddp", "train.clip_mode=global_after",
+            "train.tied_embedding_sync=dense"],
+    **{f"buckets/{m}": ["train.grad_sync=buckets", f"train.clip_mode={m}",
+                        "train.tied_embedding_sync=dense"] for m in MODES},
     "buckets/global_after+split": ["train.grad_sync=buckets", "train.clip_mode=global_after",
                                    "train.tied_embedding_sync=split"],
 }

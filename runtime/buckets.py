@@ -730,12 +730,17 @@ def build_gradient_buckets(model: torch.nn.Module, train_cfg: Any, world_size: i
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     sizes = {n: p.numel() for n, p in named}
     element = named[0][1].element_size() if named else 4
+    asked = getattr(train_cfg, "tied_embedding_sync", "dense")
     head, tied = None, None
-    if getattr(train_cfg, "tied_embedding_sync", "dense") == "split":
-        head, tied = _tied_head(model, named)
+    if tied_sync_mode(asked, train_cfg.clip_mode, world_size) == "split":
+        found = _tied_head(model, named, required=asked == "split")
+        if found is not None:
+            head, tied = found
     cap = None
     if train_cfg.bucket_plan:
         plan = BucketPlan.read(train_cfg.bucket_plan, sizes)
+        if tied is not None and asked == "auto" and not _is_alone(plan, tied, sizes[tied]):
+            head, tied = None, None  # the plan splits the embedding: dense for it
     else:
         cap = max(1, int(train_cfg.bucket_cap_mb * MB) // element)
         plan = BucketPlan.from_cap([(n, sizes[n]) for n in reverse_registration_order(named)],
@@ -753,15 +758,35 @@ def build_gradient_buckets(model: torch.nn.Module, train_cfg: Any, world_size: i
     return buckets
 
 
-def _tied_head(model: torch.nn.Module, named: list) -> tuple[torch.nn.Module, str]:
+def tied_sync_mode(asked: str, clip_mode: str, world_size: int) -> str:
+    """``train.tied_embedding_sync`` resolved: 'auto' is split where it can help and applies
+    (several ranks; clip_mode global_after | none), dense otherwise."""
+    if asked != "auto":
+        return asked
+    return "split" if world_size > 1 and clip_mode in ("global_after", "none") else "dense"
+
+
+def _is_alone(plan: BucketPlan, name: str, numel: int) -> bool:
+    try:
+        alone_bucket(plan, name, numel)
+    except PlanError:
+        return False
+    return True
+
+
+def _tied_head(model: torch.nn.Module, named: list,
+               required: bool = True) -> Optional[tuple[torch.nn.Module, str]]:
     """The MLM head whose decoder weight is tied to a trainable parameter, and that
-    parameter's name (tied_embedding_sync split)."""
+    parameter's name (tied_embedding_sync split); None (or, when required, an error) if the
+    model has none."""
     for module in model.modules():
         if hasattr(module, "weight_tap") and hasattr(module, "decoder"):
             weight = module.decoder.weight
             for name, param in named:
                 if param is weight:
                     return module, name
+    if not required:
+        return None
     raise ValueError("train.tied_embedding_sync='split' needs a model whose MLM head ties its "
                      "decoder weight to a trainable parameter and takes a weight_tap "
                      "(runtime.model.BertLMPredictionHead); use tied_embedding_sync='dense'")

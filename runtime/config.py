@@ -218,7 +218,9 @@ class TrainConfig:
         "allreduce of all of it when its gradient is final, at the end of backward) | 'split' "
         "(the MLM decoder's share reduced as soon as backward produces it, overlapped; the "
         "lookup's share at the end, only the rows of tokens some rank saw; clip_mode "
-        "global_after | none). docs/GRADIENT_SYNC.md", "dense")
+        "global_after | none) | 'auto' (split where it applies: several ranks, clip_mode "
+        "global_after | none, a plan that keeps the embedding whole; else dense). "
+        "docs/GRADIENT_SYNC.md", "auto")
     timeline: bool = _doc("record each step's compute/communication timeline into "
                           "metrics.jsonl (python -m runtime.timeline draws it)", False)
     target_mlm_accuracy: float = _doc("stop with success at this masked-LM accuracy", 0.720)
@@ -260,8 +262,8 @@ class TrainConfig:
                               "train.grad_sync='buckets'")
         if not self.bucket_cap_mb > 0:
             raise ConfigError(f"train.bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
-        if self.tied_embedding_sync not in ("dense", "split"):
-            raise ConfigError(f"train.tied_embedding_sync must be dense | split, got "
+        if self.tied_embedding_sync not in ("auto", "dense", "split"):
+            raise ConfigError(f"train.tied_embedding_sync must be auto | dense | split, got "
                               f"{self.tied_embedding_sync!r}")
         if self.tied_embedding_sync == "split" and (
                 self.grad_sync != "buckets" or self.clip_mode not in ("global_after", "none")):

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from runtime.buckets import (BucketPlan, GradientBuckets, Piece, PlanError, alone_bucket,
-                             fp32_norm, reverse_registration_order)
+                             fp32_norm, reverse_registration_order, tied_sync_mode)
 from runtime.config import ConfigError, load_config
 from runtime.timeline import StepTimeline, plot_timeline, union_length
 
@@ -366,8 +366,18 @@ def test_split_config_is_refused_with_the_before_modes():
     for mode in ("local_before", "bucket_before"):
         with pytest.raises(ConfigError, match="tied_embedding_sync='split' needs"):
             load_config(None, [f"train.clip_mode={mode}", "train.tied_embedding_sync=split"])
-    with pytest.raises(ConfigError, match="dense | split"):
+    with pytest.raises(ConfigError, match="auto | dense | split"):
         load_config(None, ["train.tied_embedding_sync=sparse"])
+
+
+def test_auto_tied_sync_is_split_only_where_it_applies():
+    assert tied_sync_mode("auto", "global_after", 2) == "split"
+    assert tied_sync_mode("auto", "none", 8) == "split"
+    assert tied_sync_mode("auto", "bucket_before", 2) == "dense"  # needs whole local buckets
+    assert tied_sync_mode("auto", "local_before", 2) == "dense"
+    assert tied_sync_mode("auto", "global_after", 1) == "dense"   # nothing to reduce
+    assert tied_sync_mode("dense", "global_after", 2) == "dense"
+    assert load_config(None, []).train.tied_embedding_sync == "auto"
 
 
 def test_split_plan_keeps_the_tied_parameter_whole_and_alone():

@@ -53,7 +53,7 @@ def tiny_config(data_dir, *extra):
         "model.num_attention_heads=2", "model.intermediate_size=128",
         "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0",
         "train.global_batch_size=16", f"train.max_grad_norm={TAU}", "train.bucket_cap_mb=1",
-        "system.device=cpu", "train.timeline=true", *extra])
+        "system.device=cpu", "train.timeline=true", "train.tied_embedding_sync=dense", *extra])
 
 
 def local_gradient(ref, batches, accum):
