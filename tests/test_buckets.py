@@ -267,7 +267,8 @@ def test_timeline_is_recorded_into_metrics_and_drawn(small_dataset, tmp_path, si
                              "model.intermediate_size=128", "train.global_batch_size=8",
                              "system.device=cpu", "train.timeline=true", "train.max_steps=2",
                              "train.eval_iter_start_samples=16", "train.eval_iter_samples=16",
-                             "train.clip_mode=bucket_before", "data.eval_batch_size=64"])
+                             "train.clip_mode=bucket_before", "data.eval_batch_size=64",
+                             "train.bucket_cap_mb=1"])
     metrics = tmp_path / "metrics.jsonl"
     trainer = Trainer(cfg, ctx, CallbackList([MetricsWriter(metrics)]))
     trainer.fit()

@@ -82,7 +82,7 @@ def test_overlap_benchmark_writes_its_record(small_dataset, tmp_path):
     out = tmp_path / "overlap.json"
     tiny = ["model.num_hidden_layers=1", "model.hidden_size=64", "model.num_attention_heads=2",
             "model.intermediate_size=128", "train.global_batch_size=16",
-            f'data.data_dir="{small_dataset}"', "data.eval_batch_size=64"]
+            f'data.data_dir="{small_dataset}"', "data.eval_batch_size=64", "train.bucket_cap_mb=1"]
     cmd = [sys.executable, "-m", "bench.overlap", "--rate-mbit", "200", "--steps", "2",
            "--warmup", "2", "--repeat", "2", "--out", str(out), "--workdir", str(tmp_path),
            "--variants", "after_backward,ddp,buckets/global_after,buckets/bucket_before,"
