@@ -6,8 +6,12 @@ skip without a GPU / without NVIDIA apex."""
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -302,24 +306,39 @@ def _peak_growth_bytes(fn) -> int:
     return field("VmHWM") - before
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
-@pytest.mark.parametrize("name", ["lamb", "adamw", "lars"])
-def test_fused_step_allocates_no_model_sized_temporaries(name):
-    # One tensor above glibc's largest mmap threshold (32 MiB): its temporaries are always
-    # fresh pages, so the foreach control cannot hide them in a reused heap.
-    shapes = [(3000, 3000), (1024,)]  # 9M elements: 34 MiB per buffer
+MEMORY_SHAPES = [(3000, 3000), (1024,)]  # 9M elements: 34 MiB per buffer
+
+
+def memory_growth(name: str) -> dict:
+    """Peak resident growth of one step per backend. Run in a fresh process (the test does):
+    the heap a long test process has built up can hide the control's temporaries."""
     gen = torch.Generator().manual_seed(7)
     growth = {}
     for backend in ("foreach", "fused"):
         named = [(f"l{i}.weight", torch.randn(s, generator=gen).requires_grad_())
-                 for i, s in enumerate(shapes)]
+                 for i, s in enumerate(MEMORY_SHAPES)]
         opt = build_optimizer(name, named, lr=1e-3, backend=backend)
         for _, p in named:
             p.grad = torch.randn(p.shape, generator=gen)
         opt.step(grad_scale=0.5)  # state allocated, compiled
         growth[backend] = _peak_growth_bytes(lambda: opt.step(grad_scale=0.5))
         del opt, named
-    buffer = sum(torch.Size(s).numel() for s in shapes) * 4
+    return growth
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
+@pytest.mark.parametrize("name", ["lamb", "adamw", "lars"])
+def test_fused_step_allocates_no_model_sized_temporaries(name):
+    # One tensor above glibc's largest mmap threshold (32 MiB): its temporaries are always
+    # fresh pages, so the foreach control cannot hide them in a reused heap.
+    root = Path(__file__).resolve().parents[1]
+    code = ("import json, tests.test_optim_backends as t; "
+            f"print(json.dumps(t.memory_growth({name!r})))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(root)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    growth = json.loads(proc.stdout.strip().splitlines()[-1])
+    buffer = sum(torch.Size(s).numel() for s in MEMORY_SHAPES) * 4
     # The control shows the measurement sees temporaries: foreach allocates several.
     assert growth["foreach"] > 0.9 * buffer, growth
     assert growth["fused"] < 0.05 * buffer, growth
