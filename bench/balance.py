@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.time_to_accuracy import _f
 from loaders.balance import MODES, BalanceSpec, make_plan
 from loaders.collate import best_fit_rows
 from loaders.dataset import DataSetInfo, ShardPlan, TrainLoader, read_lengths
@@ -261,9 +262,6 @@ def train(variants: list[str], seeds: list[int], workdir: Path, step_time: int,
 
 
 # ---------------------------------------------------------------------------------- output
-
-def _f(v, fmt):
-    return "-" if v is None else format(v, fmt)
 
 
 def print_tables(rec: dict) -> None:

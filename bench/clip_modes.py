@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.time_to_accuracy import machine, run_runtime
+from bench.time_to_accuracy import _f, machine, run_runtime
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "clip_modes.json"
@@ -54,9 +54,6 @@ def clip_stats(metrics: Path) -> dict:
             "grad_norm_mean": statistics.fmean(r["grad_norm"] for r in steps),
             "local_norm_mean": statistics.fmean(local) if local else None}
 
-
-def _f(v, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
 
 
 def table(runs: list[dict]) -> str:
@@ -105,8 +102,7 @@ def main(argv=None) -> int:
               "command": "python -m bench.clip_modes " + " ".join(argv or sys.argv[1:]),
               "config": str(a.config), "overrides": a.set, "machine": machine(),
               "wall_s": round(time.perf_counter() - start, 1),
-              "runs": [{k: v for k, v in r.items() if k != "eval_history"} | {
-                  "eval_history": r.get("eval_history")} for r in runs]}
+              "runs": runs}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(record, indent=1))
     print(table(runs))

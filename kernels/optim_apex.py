@@ -38,6 +38,7 @@ from collections.abc import Sequence
 
 import torch
 
+from kernels.optim_foreach import _subsets
 from kernels.optim_reference import Scalar, _check_lengths, _check_step, _per_tensor
 
 __all__ = ["available", "lamb_step", "adamw_step"]
@@ -82,13 +83,6 @@ def _scale_grads(grads: list[torch.Tensor], grad_scale: Scalar) -> torch.Tensor:
     return gs.reciprocal()
 
 
-def _by_value(keys: Sequence, n: int) -> dict:
-    out: dict = {}
-    for i in range(n):
-        out.setdefault(keys[i], []).append(i)
-    return out
-
-
 @torch.no_grad()
 def lamb_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
               exp_avgs: Sequence[torch.Tensor], exp_avg_sqs: Sequence[torch.Tensor], *,
@@ -108,7 +102,7 @@ def lamb_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
     grads = list(grads)
     norm = _scale_grads(grads, grad_scale)
     noop = torch.zeros(1, dtype=torch.int, device=params[0].device)
-    for (wd, adapt), idx in _by_value(list(zip(wds, adapts)), n).items():
+    for (wd, adapt), idx in _subsets(list(zip(wds, adapts)), n).items():
         if wd != 0.0 and not adapt:
             raise ValueError("backend 'apex': a tensor with weight decay that does not adapt "
                              "cannot be expressed with apex FusedLAMB; use 'fused'")
@@ -135,7 +129,7 @@ def adamw_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
     if not (isinstance(grad_scale, float) and grad_scale == 1.0):
         torch._foreach_mul_(grads, grad_scale)
     noop = torch.zeros(1, dtype=torch.int, device=params[0].device)
-    for wd, idx in _by_value(wds, n).items():
+    for wd, idx in _subsets(wds, n).items():
         lists = [[t[i] for i in idx] for t in (grads, params, exp_avgs, exp_avg_sqs)]
         applier(amp_C.multi_tensor_adam, noop, lists, float(lr), beta1, beta2, eps, step, 1,
                 int(bias_correction), wd)

@@ -382,7 +382,7 @@ class GradientBuckets:
                  world_size: int, group: Any = None, clip_mode: str = "global_after",
                  max_grad_norm: float = 1.0, reduce_dtype: Optional[torch.dtype] = None,
                  cap_elements: Optional[int] = None, timeline: Any = None,
-                 tied_split: Optional[str] = None):
+                 tied_split: Optional[str] = None, tied_head: Optional[torch.nn.Module] = None):
         if clip_mode not in CLIP_MODES:
             raise ValueError(f"clip_mode must be one of {' | '.join(CLIP_MODES)}, got {clip_mode!r}")
         self.params = {n: p for n, p in named_params if p.requires_grad}
@@ -419,6 +419,9 @@ class GradientBuckets:
         self._install(plan)
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
                          for p in self.params.values()]
+        self._head = tied_head  # its weight_tap routes the decoder's share to us (split)
+        if tied_head is not None:
+            tied_head.weight_tap = self.decoder_tap
 
     # ---- layout -------------------------------------------------------------------------
     def _install(self, plan: BucketPlan) -> None:
@@ -472,11 +475,8 @@ class GradientBuckets:
     def num_buckets(self) -> int:
         return len(self.bounds)
 
-    def _comm_size(self) -> int:
-        return torch.tensor([], dtype=self.reduce_dtype).element_size()
-
     def bucket_bytes(self) -> list[int]:
-        size = self._comm_size()
+        size = self.reduce_dtype.itemsize
         return [(hi - lo) * size for lo, hi in self.bounds]
 
     # ---- the tied embedding, split (tied_embedding_sync = "split") ------------------------
@@ -591,7 +591,7 @@ class GradientBuckets:
         self._dec_fresh = True
         self._mask: Optional[torch.Tensor] = None
         if self.timeline is not None:
-            extra = [self._dec.numel() * self._comm_size()] if self.tied_split else []
+            extra = [self._dec.numel() * self.reduce_dtype.itemsize] if self.tied_split else []
             self.timeline.start_buckets(self.bucket_bytes() + extra)  # lane K: the decoder's
         self._armed = True
 
@@ -718,9 +718,8 @@ class GradientBuckets:
         for h in self._handles:
             h.remove()
         self._handles = []
-        head = getattr(self, "_head", None)
-        if head is not None:
-            head.weight_tap = None
+        if self._head is not None:
+            self._head.weight_tap = None
 
 
 def build_gradient_buckets(model: torch.nn.Module, train_cfg: Any, world_size: int,
@@ -730,7 +729,7 @@ def build_gradient_buckets(model: torch.nn.Module, train_cfg: Any, world_size: i
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     sizes = {n: p.numel() for n, p in named}
     element = named[0][1].element_size() if named else 4
-    asked = getattr(train_cfg, "tied_embedding_sync", "dense")
+    asked = train_cfg.tied_embedding_sync
     head, tied = None, None
     if tied_sync_mode(asked, train_cfg.clip_mode, world_size) == "split":
         found = _tied_head(model, named, required=asked == "split")
@@ -748,14 +747,10 @@ def build_gradient_buckets(model: torch.nn.Module, train_cfg: Any, world_size: i
                                    alone=tied)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16,
              "fp16": torch.float16}[train_cfg.allreduce_dtype]
-    buckets = GradientBuckets(named, plan, world_size=world_size, group=group,
-                              clip_mode=train_cfg.clip_mode,
-                              max_grad_norm=train_cfg.max_grad_norm, reduce_dtype=dtype,
-                              cap_elements=cap, timeline=timeline, tied_split=tied)
-    if head is not None:
-        head.weight_tap = buckets.decoder_tap
-        buckets._head = head
-    return buckets
+    return GradientBuckets(named, plan, world_size=world_size, group=group,
+                           clip_mode=train_cfg.clip_mode, max_grad_norm=train_cfg.max_grad_norm,
+                           reduce_dtype=dtype, cap_elements=cap, timeline=timeline,
+                           tied_split=tied, tied_head=head)
 
 
 def tied_sync_mode(asked: str, clip_mode: str, world_size: int) -> str:
