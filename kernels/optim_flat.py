@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.optim_reference import Scalar, _trust_ratio
+from kernels.optim_reference import ROW, Scalar, _trust_ratio, norm_of_rows, row_norms
 
 __all__ = [
     "BYTES_PER_ELEMENT",
@@ -69,8 +69,8 @@ __all__ = [
     "FusedLars",
 ]
 
-#: Elements per row: every tensor starts on a row boundary; norms are sums over rows.
-ROW = 1024
+# ROW (kernels.optim_reference.ROW, 1024) elements per row: every tensor starts on a row
+# boundary; norms are sums over rows.
 
 #: Bytes one fp32 element costs a fused step (read + written), as counted in the docstring.
 BYTES_PER_ELEMENT = {"lamb": 40, "adamw": 28, "lars": 28}
@@ -367,8 +367,9 @@ class _FusedStep:
                            v(eps, "eps"), *extra)
 
     def grad_norm(self) -> torch.Tensor:
-        """L2 norm of every gradient in the buffer (padding is zero), 0-dim fp32."""
-        return torch.linalg.vector_norm(self.buffers.grads, dtype=torch.float32)
+        """L2 norm of every gradient in the buffer (padding is zero), 0-dim fp32: per-row
+        norms, as ``kernels.optim_reference.global_grad_norm`` (the same bits)."""
+        return norm_of_rows(row_norms(self.buffers.grads))
 
     def warmup(self) -> float:
         """Compile every pass now (a step with all tensors inactive: nothing changes).

@@ -107,7 +107,7 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.distributed as torch_dist
 
-from kernels.optim_reference import CLIP_EPS
+from kernels.optim_reference import CLIP_EPS, global_grad_norm
 from runtime.dist import broadcast_object, check_same_on_all_ranks
 
 PLAN_FORMAT = "presto-bucket-plan/1"
@@ -468,8 +468,10 @@ class GradientBuckets:
         return [(self.params[n], self.offsets[n], self.sizes[n]) for n in self.plan.order()]
 
     def grad_norm(self) -> torch.Tensor:
-        """L2 norm of the whole gradient buffer (fp32, not unscaled): one pass."""
-        return fp32_norm(self.flat)
+        """L2 norm of the whole gradient buffer (fp32, not unscaled): per-row norms of each
+        parameter's gradient (``kernels.optim_reference.global_grad_norm``), so the value
+        does not depend on the plan that placed the gradients."""
+        return global_grad_norm([self._view(n) for n in self.plan.order()])
 
     @property
     def num_buckets(self) -> int:
