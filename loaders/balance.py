@@ -47,12 +47,15 @@ of the epoch is trained exactly once across ranks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
 from loaders.shards import DataError
 
-MODES = ("random", "global", "local", "pack")
+#: data.balance: declared once here; runtime.config types the key with it.
+BalanceMode = Literal["random", "global", "local", "pack"]
+MODES = get_args(BalanceMode)
 
 
 @dataclass(frozen=True)
