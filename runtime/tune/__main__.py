@@ -1,0 +1,279 @@
+"""The bucket tuner: ``python -m runtime.tune`` under the launcher that trains.
+
+    mpiexec -n 2 python -m runtime.tune --config submission/configs/config_CPU_1x2x32x1.toml
+    MODE=tune CONFIG=... ./run_and_time.sh            (same launcher and ranks as training)
+    python -m runtime.tune --simulate FABRIC.toml --profile PROFILE.toml   (cluster projection)
+
+On the current world it measures (runtime.tune.measure) each gradient's ready time, the
+forward/backward/optimizer spans and allreduce times from 4 KiB to the whole gradient; fits
+T(n) (runtime.tune.costmodel); solves the exact partition (runtime.tune.solve) under the
+step-time model (runtime.tune.simulate); prints the table (no bucketing, this config's
+buckets, DDP 25 MiB, Horovod 64 MiB, Megatron's size, the best single size, tuned) and writes,
+in ``--out`` (default results/tune_<config>_<date>/):
+  bucket_plan.json   the tuned plan, the format ``train.bucket_plan`` reads (meta: what was
+                     measured and predicted); use it with ``-- train.bucket_plan=PATH``
+  plans/*.json       every plan of the table (``--write-all``), for side-by-side runs
+  tune.json          profile, sweep, fit, table, predicted timelines
+  timeline.png       compute and communication lanes of this config's plan and the tuned one
+Exit status: 0 done (also for a world of one: nothing to tune), 2 bad input (config, plan,
+fabric or profile file), 1 a failure while measuring.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m runtime.tune",
+                                 description="Measure this world and write an exact bucket plan "
+                                             "(or, with --simulate, project a cluster).")
+    ap.add_argument("--config", help="config TOML (as for training)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    ap.add_argument("--out", default=None, help="output directory (default "
+                    "results/tune_<config>_<date>)")
+    ap.add_argument("--steps", type=int, default=6, help="measured steps (after --warmup)")
+    ap.add_argument("--warmup", type=int, default=2, help="steps before measuring (>= 1: the "
+                    "first step records the production order)")
+    ap.add_argument("--contention-steps", type=int, default=3, help="steps with an allreduce "
+                    "running beside backward, to measure how much compute slows it (κ; 0: "
+                    "assume none, as on GPUs)")
+    ap.add_argument("--repeats", type=int, default=5, help="allreduces per message size")
+    ap.add_argument("--sizes", type=int, default=None, help="message sizes to measure, spread "
+                    "geometrically (default: powers of two)")
+    ap.add_argument("--min-bytes", type=int, default=4096, help="smallest message (4 KiB)")
+    ap.add_argument("--fit", choices=("auto", "affine", "piecewise"), default="auto")
+    ap.add_argument("--num-buckets", default=None, help="bucket count of the tuned plan: a "
+                    "number, 'free', or 'config' (the config plan's K; default for "
+                    "clip_mode bucket_before, whose clip threshold τ/√K depends on K)")
+    ap.add_argument("--grid", type=int, default=None, help="interior cut grid in elements "
+                    "(default: automatic; 0: parameter boundaries only)")
+    ap.add_argument("--write-all", action="store_true", help="also write every plan of the "
+                    "table to OUT/plans/")
+    ap.add_argument("--no-png", action="store_true")
+    ap.add_argument("--simulate", metavar="FABRIC", help="project a cluster from a fabric file "
+                    "(runtime.tune.fabric) instead of measuring")
+    ap.add_argument("--profile", metavar="PROFILE", help="with --simulate: the per-GPU compute "
+                    "profile file (runtime.tune.project)")
+    ap.add_argument("--gpus", default="8,16,32,64,128,256,512,1024",
+                    help="with --simulate: GPU counts")
+    ap.add_argument("--json", default=None, help="with --simulate: write the projection here")
+    return ap.parse_args(argv)
+
+
+def set_threads(cfg, local_world_size: int) -> None:
+    import torch
+    n = cfg.system.threads_per_rank or max(1, (os.cpu_count() or 1) // max(local_world_size, 1))
+    torch.set_num_threads(n)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.simulate:
+        from runtime.tune.project import main as project_main
+        return project_main(args)
+    if not args.config:
+        print("runtime.tune: give --config FILE (the config you train with), or --simulate "
+              "FABRIC for a projection", file=sys.stderr)
+        return 2
+    from runtime.config import ConfigError, load_config
+    from runtime.env import LaunchError, discover
+    try:
+        cfg = load_config(args.config, args.set)
+        info = discover()
+        cfg.local_batch_size(info.world_size)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except LaunchError as e:
+        print(f"launch error: {e}", file=sys.stderr, flush=True)
+        return 2
+    if info.world_size == 1:
+        print("runtime.tune: nothing to tune: a world of one rank sends no gradients (no "
+              "allreduce to overlap). Run it under the launcher and rank count you train with, "
+              "e.g. `mpiexec -n 2 python -m runtime.tune --config C` or `MODE=tune "
+              "./run_and_time.sh`.", flush=True)
+        return 0
+    if args.warmup < 1 or args.steps < 1:
+        print("runtime.tune: --warmup and --steps must be >= 1", file=sys.stderr)
+        return 2
+    from runtime.dist import run_guarded
+    return run_guarded(lambda: tune(cfg, info, args), info)
+
+
+class BadInput(Exception):
+    pass
+
+
+def tune(cfg, info, args) -> int:
+    import torch
+    from runtime.dist import init_distributed, shutdown
+    from runtime.grad_sync.plan import BucketPlan, PlanError
+    from runtime.tune import measure
+    from runtime.tune.costmodel import check_sweep, fit, sweep_table
+    from runtime.tune.report import plot_timelines, profile_summary, table
+    from runtime.tune.simulate import SyncSpec
+    from runtime.tune.solve import MB, compare
+
+    ctx = init_distributed(info, device=cfg.system.device, timeout_s=cfg.system.dist_timeout_s)
+    set_threads(cfg, info.local_world_size)
+    main_rank = ctx.rank == 0
+    say = (lambda *a: print(*a, flush=True)) if main_rank else (lambda *a: None)
+    t_start = time.time()
+    say(f"runtime.tune: {ctx.world_size} ranks, {cfg.source}: measuring {args.warmup}+"
+        f"{args.steps} steps without communication")
+    m = measure.measure_step(cfg, ctx, steps=args.steps, warmup=args.warmup,
+                             contention_steps=args.contention_steps)
+    profile = m.profile
+    reduce_dtype = measure.REDUCE_DTYPES[cfg.train.allreduce_dtype]
+    rb = torch.empty((), dtype=reduce_dtype).element_size()
+    total = profile.total_elements() * rb
+    sizes = measure.sweep_sizes(total, args.min_bytes, args.sizes)
+    say(f"measuring allreduce ({cfg.train.allreduce_dtype}) at {len(sizes)} sizes, "
+        f"{args.min_bytes} B .. {total / MB:.1f} MiB, {args.repeats} repeats each")
+    times = measure.measure_allreduce(sizes, reduce_dtype, ctx.device, args.repeats)
+    code = 0
+    if main_rank:
+        try:
+            code = _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start)
+        except (BadInput, PlanError) as e:
+            print(f"runtime.tune: {e}", file=sys.stderr, flush=True)
+            code = 2
+    from runtime.dist import broadcast_object
+    code = broadcast_object(code)
+    shutdown()
+    return code
+
+
+def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
+    from runtime.grad_sync.plan import MB, BucketPlan, PlanError
+    from runtime.tune import measure
+    from runtime.tune.costmodel import check_sweep, fit, sweep_table
+    from runtime.tune.report import plot_timelines, profile_summary, table
+    from runtime.tune.simulate import SyncSpec
+    from runtime.tune.solve import cap_plan, compare
+
+    profile = m.profile
+    check = check_sweep(sizes, times)
+    for w in check.warnings:
+        print(f"warning: {w}", flush=True)
+    comm = fit(sizes, times, ctx.world_size, args.fit)
+    if check.warnings:
+        print("the measured allreduce times:\n" + sweep_table(sizes, times, comm), flush=True)
+    spec = SyncSpec(clip_mode=cfg.train.clip_mode, tied_sync="dense", reduce_bytes=rb,
+                    align=measure.engine_align(), world_size=ctx.world_size)
+    sizes_by_name = profile.sizes()
+    config_plan, config_name = None, f"this config (bucket_cap_mb={cfg.train.bucket_cap_mb:g})"
+    if cfg.train.bucket_plan:
+        config_plan = BucketPlan.read(cfg.train.bucket_plan, sizes_by_name)
+        config_name = f"this config ({Path(cfg.train.bucket_plan).name})"
+    else:
+        from runtime.tune.simulate import Instance
+        from runtime.tune.solve import resolve_tied
+        mode = resolve_tied(cfg.train.tied_embedding_sync, cfg.train.clip_mode, ctx.world_size)
+        alone = profile.tied if mode == "split" else None
+        inst = Instance.build(profile, spec, comm)
+        config_plan = cap_plan(inst, cfg.train.bucket_cap_mb * MB, config_name, alone)
+    K = _num_buckets(args.num_buckets, cfg, config_plan)
+    rows = compare(profile, comm, spec, cfg.train.tied_embedding_sync, config_plan, config_name,
+                   num_buckets=K, grid=args.grid)
+    if cfg.train.clip_mode == "bucket_before" and K is not None:
+        free = compare(profile, comm, spec, cfg.train.tied_embedding_sync, None, "", None,
+                       grid=args.grid)[-1]
+        free.candidate.name = f"tuned, free K"
+        free.candidate.note += (f"; clip threshold τ/√{free.timeline.num_buckets} instead of "
+                                f"τ/√{K}: a different clip")
+        rows.append(free)
+    out = Path(args.out or ROOT / "results" /
+               f"tune_{Path(cfg.source).stem}_{datetime.datetime.now():%Y%m%d_%H%M%S}")
+    out.mkdir(parents=True, exist_ok=True)
+    tuned = next(r for r in rows if r.name == "tuned")
+    sol = tuned.candidate.extra["solution"]
+    meta = {"written_by": "python -m runtime.tune", "config": cfg.source,
+            "overrides": args.set, "world_size": ctx.world_size,
+            "clip_mode": cfg.train.clip_mode, "tied_embedding_sync": tuned.candidate.tied_sync,
+            "allreduce_dtype": cfg.train.allreduce_dtype, "align": measure.engine_align(),
+            "predicted_step_s": tuned.timeline.step_s,
+            "predicted_exposed_comm_s": tuned.timeline.exposed_s,
+            "allreduce_model": comm.to_json(), "date": f"{datetime.date.today()}"}
+    plan_path = out / "bucket_plan.json"
+    tuned.candidate.plan.write(plan_path, profile.sizes(), meta)
+    plans = {}
+    if args.write_all:
+        for r in rows:
+            slug = re.sub(r"[^a-z0-9]+", "_", r.name.lower()).strip("_")
+            path = out / "plans" / f"{slug}.json"
+            r.candidate.plan.write(path, profile.sizes(), {"name": r.name,
+                                                           "tied_embedding_sync": r.candidate.tied_sync,
+                                                           "predicted_step_s": r.timeline.step_s})
+            plans[r.name] = str(path)
+    text = table(rows)
+    print(profile_summary(profile, comm, spec), flush=True)
+    print(f"allreduce sweep ({len(sizes)} sizes):\n" + sweep_table(sizes, times, comm))
+    print()
+    print(text)
+    print()
+    png = None
+    if not args.no_png:
+        default = next(r for r in rows if r.name.startswith("this config"))
+        png = plot_timelines([default.timeline, tuned.timeline], out / "timeline.png",
+                             title=f"{Path(cfg.source).name}, {ctx.world_size} ranks")
+    record = {"command": "python -m runtime.tune " + " ".join(sys.argv[1:]),
+              "config": cfg.source, "overrides": args.set, "world_size": ctx.world_size,
+              "clip_mode": cfg.train.clip_mode, "tied_embedding_sync": cfg.train.tied_embedding_sync,
+              "profile": profile.to_json(), "steps": m.steps, "warmup": m.warmup,
+              "contention": m.per_step.get("contention"),
+              "sweep": {"bytes": sizes, "seconds": times, "warnings": check.warnings},
+              "allreduce_model": comm.to_json(), "align": measure.engine_align(),
+              "num_buckets_fixed": K,
+              "table": [{"name": r.name, "buckets": r.timeline.num_buckets,
+                         "tied_sync": r.candidate.tied_sync, "note": r.candidate.note,
+                         "predicted_step_s": r.timeline.step_s,
+                         "predicted_exposed_s": r.timeline.exposed_s,
+                         "plan_file": plans.get(r.name), "timeline": r.timeline.to_json()}
+                        for r in rows],
+              "solver": {"candidates": sol.candidates, "grid": sol.grid,
+                         "grid_bound_s": sol.grid_bound_s},
+              "plan": str(plan_path), "png": str(png) if png else None,
+              "wall_s": round(time.time() - t_start, 1)}
+    (out / "tune.json").write_text(json.dumps(record, indent=1))
+    gain = next(r for r in rows if r.name.startswith("this config")).timeline.step_s \
+        / tuned.timeline.step_s
+    print(f"tuned plan: {plan_path} ({tuned.timeline.num_buckets} buckets, predicted "
+          f"{tuned.timeline.step_s * 1e3:.1f} ms/step, {gain:.2f}× this config's buckets)\n"
+          f"use it:     -- train.bucket_plan={plan_path}"
+          + (f"  (train.tied_embedding_sync={tuned.candidate.tied_sync} is what it was "
+             f"solved for; 'auto' picks it from the plan)" if profile.tied else ""))
+    if png:
+        print(f"timeline:   {png}")
+    print(f"record:     {out / 'tune.json'}", flush=True)
+    return 0
+
+
+def _num_buckets(asked: Optional[str], cfg, config_plan) -> Optional[int]:
+    if asked is None:
+        asked = "config" if cfg.train.clip_mode == "bucket_before" else "free"
+    if asked == "free":
+        return None
+    if asked == "config":
+        return len(config_plan.buckets)
+    try:
+        k = int(asked)
+    except ValueError:
+        raise BadInput(f"--num-buckets {asked!r}: give a number, 'free' or 'config'") from None
+    if k < 1:
+        raise BadInput(f"--num-buckets must be >= 1, got {k}")
+    return k
+
+
+if __name__ == "__main__":
+    sys.exit(main())
