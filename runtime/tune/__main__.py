@@ -67,6 +67,9 @@ def parse_args(argv):
     ap.add_argument("--gpus", default="8,16,32,64,128,256,512,1024",
                     help="with --simulate: GPU counts")
     ap.add_argument("--json", default=None, help="with --simulate: write the projection here")
+    ap.add_argument("--profile-only", metavar="PATH", help="measure the step profile only "
+                    "(any world size, one rank too) and write it as JSON: the layer split a "
+                    "projection (--simulate) scales to a GPU's throughput")
     return ap.parse_args(argv)
 
 
@@ -97,6 +100,9 @@ def main(argv=None) -> int:
     except LaunchError as e:
         print(f"launch error: {e}", file=sys.stderr, flush=True)
         return 2
+    if args.profile_only:
+        from runtime.dist import run_guarded
+        return run_guarded(lambda: profile_only(cfg, info, args), info)
     if info.world_size == 1:
         print("runtime.tune: nothing to tune: a world of one rank sends no gradients (no "
               "allreduce to overlap). Run it under the launcher and rank count you train with, "
@@ -112,6 +118,28 @@ def main(argv=None) -> int:
 
 class BadInput(Exception):
     pass
+
+
+def profile_only(cfg, info, args) -> int:
+    from runtime.dist import init_distributed, shutdown
+    from runtime.tune import measure
+    ctx = init_distributed(info, device=cfg.system.device, timeout_s=cfg.system.dist_timeout_s)
+    set_threads(cfg, info.local_world_size)
+    m = measure.measure_step(cfg, ctx, steps=args.steps, warmup=args.warmup,
+                             contention_steps=0)
+    if ctx.rank == 0:
+        out = Path(args.profile_only)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        rec = {"written_by": "python -m runtime.tune --profile-only", "config": cfg.source,
+               "overrides": args.set, "world_size": ctx.world_size,
+               "date": f"{datetime.date.today()}", "steps": m.steps, "warmup": m.warmup,
+               "profile": m.profile.to_json()}
+        out.write_text(json.dumps(rec, indent=1))
+        p = m.profile
+        print(f"profile: forward {p.forward_s:.3f} s, backward {p.backward_s:.3f} s, optimizer "
+              f"{p.optimizer_s:.3f} s, {len(p.grads)} gradients -> {out}", flush=True)
+    shutdown()
+    return 0
 
 
 def tune(cfg, info, args) -> int:

@@ -225,7 +225,8 @@ def fit_affine(sizes: Iterable[float], times: Iterable[float], world_size: int =
 def fit_piecewise(sizes: Iterable[float], times: Iterable[float],
                   world_size: int = 2) -> CommModel:
     """Two lines meeting at a breakpoint searched among the measured sizes (continuous, each
-    slope ≥ 0, the first intercept ≥ 0); the best by RMS relative error."""
+    slope ≥ 0 and the second no steeper - concave, as a latency-bound protocol handing over to
+    a bandwidth-bound one - the first intercept ≥ 0); the best by mean relative error."""
     n, t = _arrays(sizes, times)
     order = np.argsort(n)
     n, t = n[order], t[order]
@@ -245,14 +246,16 @@ def fit_piecewise(sizes: Iterable[float], times: Iterable[float],
 
 
 def _fit_hinge(n, t, knot, world_size) -> CommModel | None:
-    """T = a + b·n + c·max(0, n − knot), relative least squares; None if a slope or the
-    intercept comes out negative."""
+    """T = a + b·n + c·max(0, n − knot), fitted in log space; None if a slope or the
+    intercept comes out negative, or the second slope is steeper than the first (large
+    messages slower per byte than small ones is not a protocol switch but a burst allowance or
+    noise; a convex T would also make many tiny buckets look free)."""
     A = np.stack([np.ones_like(n), n, np.maximum(0.0, n - knot)], axis=1)
     theta = _fit_log(A, t)
     if theta is None:
         return None
     a, b, c = (float(x) for x in theta)
-    if a < 0 or b < 0 or b + c < 0:
+    if a < 0 or b < 0 or b + c < 0 or c > 0:
         return None
     # second segment: a + b n + c (n − knot) = (a − c knot) + (b + c) n
     return CommModel(((0.0, float(a), float(b)), (float(knot), float(a - c * knot), float(b + c))),

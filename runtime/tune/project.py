@@ -1,0 +1,307 @@
+"""Projection to clusters (``python -m runtime.tune --simulate FABRIC --profile PROFILE``):
+step time, scaling efficiency and time-to-train of BERT from 8 to 1,024 GPUs, per clip mode
+and bucket plan, and the comparison with published MLPerf results.
+
+Owns: ``GpuProfile`` (a per-GPU compute profile: a TOML ``[profile]``, every assumption a
+documented field), `gpu_step_profile` (a CPU-measured layer split - ``python -m runtime.tune
+--profile-only`` on the same model shape - scaled to the GPU's published throughput),
+`rcp_samples` (samples to converge from mlperf-logging's reference convergence points),
+`project` (the scaling table), `published` (the four 1,024-A100 results and their errors) and
+the CLI.
+Never: measures GPUs (none here; a lent GPU's measured profile replaces the file's numbers),
+or claims more than its inputs: every number in the output traces to a field of the fabric or
+profile file, a measurement file, or BACKGROUND §10.
+
+The model of one step at P GPUs, local batch b (runtime.tune.simulate with κ = 1):
+  forward + backward = b / sequences_per_second, split between them, and over the gradients'
+  ready times, as the CPU measurement of the same shapes splits them;
+  optimizer = parameters · optimizer_bytes_per_param / (hbm_GBps · 1e9) / optimizer_shard;
+  launch work: a 1/P pass over each bucket (8 B/element at HBM speed), a norm pass for the
+  before-clip modes (4 B/element);
+  allreduce: the fabric's T(n) at P GPUs (runtime.tune.fabric), n in the reduce dtype;
+  the split tied embedding: its lookup rows all touched (at ≥ 8 × 512 tokens per step nearly
+  every row of a 30,522-word vocabulary is; the conservative choice);
+  + step_overhead_ms (the file's; 0 unless the user knows better).
+Time to train = steps · step + evaluations · eval time, steps = ⌈samples / global batch⌉,
+evaluations every MLPerf cadence floor(0.05·(230.23·B + 3e6)/25000)·25000 samples, each a
+forward over 10,000 samples spread over the GPUs (forward share of the per-sample compute)
+plus one allreduce latency. Start-up (run_start before the first step) is not modelled.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+from runtime.tune.fabric import Fabric, FabricError, from_table, load_fabric
+from runtime.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
+from runtime.tune.solve import (DDP_MB, HOROVOD_MB, MEGATRON_MIN_PARAMS, MB, cap_plan, resolve_tied,
+                                single_size_grid, solve)
+
+DATA = Path(__file__).resolve().parent / "systems"
+EVAL_SAMPLES = 10_000
+PUBLISHED = [
+    # round, system, GPUs, global batch, seconds, samples to 0.720, clip mode, fabric, profile
+    ("v1.1", "NVIDIA", 1024, 3072, 33.5, 2_840_000, "local_before", "dgx_a100_8xhdr.toml",
+     "a100_packed.toml", "clip before allreduce, no overlap (BACKGROUND §10)"),
+    ("v2.0", "NVIDIA", 1024, 4096, 25.3, 2_790_000, "local_before", "dgx_a100_8xhdr.toml",
+     "a100_packed.toml", "clip before allreduce, no overlap"),
+    ("v1.1", "Samsung (open, ADAM)", 1024, 16384, 25.1, 3_100_000, "bucket_before",
+     "dgx_a100_4xhdr.toml", "a100_padded.toml", "bucket clip, DDP 25 MB buckets, 4x HDR"),
+    ("v2.0", "Samsung (open, ADAM)", 1024, 16384, 22.3, 2_930_000, "bucket_before",
+     "dgx_a100_4xhdr.toml", "a100_padded.toml", "bucket clip, DDP 25 MB buckets, 4x HDR"),
+]
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """Per-GPU compute of one training step (``[profile]`` of a TOML file)."""
+
+    name: str
+    """what this describes"""
+    sequences_per_second: float
+    """forward + backward throughput of one GPU, sequences/s (published or measured)"""
+    layer_split: str
+    """JSON from `python -m runtime.tune --profile-only` on the same model shape (CPU is fine):
+    how forward, backward and the gradients' ready times divide the compute; relative to this
+    file's directory"""
+    hbm_GBps: float
+    """memory bandwidth the optimizer and the launch passes reach, GB/s"""
+    optimizer_bytes_per_param: float
+    """bytes the optimizer step reads and writes per parameter"""
+    optimizer_shard: int = 1
+    """GPUs that share one optimizer update (a distributed optimizer shards it)"""
+    reduce_bytes: int = 2
+    """bytes per gradient element in the allreduce (2: fp16/bf16)"""
+    step_overhead_ms: float = 0.0
+    """per-step time outside the model (data, launch, loss scaling); 0 unless known"""
+    source: str = ""
+    """where the numbers come from"""
+
+
+def load_profile(path: str | Path) -> tuple[GpuProfile, StepProfile, dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise FabricError(f"profile file {path} does not exist (see runtime/tune/systems/*.toml)")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise FabricError(f"{path}: not valid TOML ({e})") from e
+    gp = from_table(data.get("profile"), f"{path} [profile]", GpuProfile)
+    split = Path(gp.layer_split)
+    split = split if split.is_absolute() else path.parent / split
+    if not split.is_file():
+        raise FabricError(f"{path} [profile]: layer_split {split} does not exist; make it with "
+                          f"`python -m runtime.tune --config C --profile-only {split.name}`")
+    rec = json.loads(split.read_text())
+    cpu = StepProfile.from_json(rec["profile"])
+    return gp, cpu, rec
+
+
+def gpu_step_profile(gp: GpuProfile, cpu: StepProfile, local_batch: int) -> StepProfile:
+    """The CPU layer split scaled to ``local_batch`` sequences at the GPU's throughput."""
+    compute = local_batch / gp.sequences_per_second
+    scale = compute / (cpu.forward_s + cpu.backward_s)
+    params = cpu.total_elements()
+    hbm = gp.hbm_GBps * 1e9
+    opt = params * gp.optimizer_bytes_per_param / hbm / max(1, gp.optimizer_shard)
+    return replace(
+        cpu, grads=tuple(Gradient(g.name, g.numel, g.ready_s * scale) for g in cpu.grads),
+        forward_s=cpu.forward_s * scale, backward_s=cpu.backward_s * scale, optimizer_s=opt,
+        data_s=0.0, tail_s=gp.step_overhead_ms * 1e-3, element_bytes=4,
+        prescale_s_per_element=8 / hbm, norm_s_per_element=4 / hbm,
+        decoder_ready_s=None if cpu.decoder_ready_s is None else cpu.decoder_ready_s * scale,
+        touched_rows=cpu.tied_rows,
+        # the split's finish: row mask, gather and the decoder share's add, ~12 B/element
+        tied_finish_s=cpu.sizes().get(cpu.tied, 0) * 12 / hbm if cpu.tied else 0.0,
+        comm_slowdown=1.0)
+
+
+def rcp_samples(global_batch: int) -> tuple[float, str]:
+    """Mean samples to 0.720 of the reference convergence points (mlperf-logging
+    rcp_checker/training_5.0.0/rcps_bert.json), linear between the nearest batch sizes;
+    clamped to the table's range."""
+    import mlperf_logging
+    path = Path(mlperf_logging.__file__).parent / "rcp_checker" / "training_5.0.0" / "rcps_bert.json"
+    table = sorted((v["BS"], sum(v["Epochs to converge"]) / len(v["Epochs to converge"]))
+                   for v in json.loads(path.read_text()).values())
+    if global_batch <= table[0][0]:
+        return table[0][1], f"RCP at batch {table[0][0]} (smallest)"
+    if global_batch >= table[-1][0]:
+        return table[-1][1], f"RCP at batch {table[-1][0]} (largest)"
+    for (b0, s0), (b1, s1) in zip(table, table[1:]):
+        if b0 <= global_batch <= b1:
+            s = s0 + (s1 - s0) * (global_batch - b0) / (b1 - b0) if b1 > b0 else s0
+            return s, f"RCP between batch {b0} and {b1}"
+    raise AssertionError
+
+
+def eval_interval(global_batch: int) -> int:
+    return int(0.05 * (230.23 * global_batch + 3_000_000) // 25_000) * 25_000
+
+
+@dataclass
+class Point:
+    gpus: int
+    global_batch: int
+    clip_mode: str
+    plan: str
+    buckets: int
+    step_s: float
+    compute_s: float
+    exposed_s: float
+    optimizer_s: float
+    samples: float
+    steps: int
+    evals: int
+    eval_s: float
+    ttt_s: float
+    samples_source: str = ""
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _plans(inst: Instance, profile: StepProfile, P: int, num_buckets: Optional[int]):
+    elem = profile.element_bytes
+    alone = profile.tied if inst.spec.tied_sync == "split" else None
+    order = [(g.name, g.numel) for g in profile.grads]
+    out = {"no bucketing": ("one", None)}
+    from runtime.grad_sync.plan import BucketPlan
+    one = BucketPlan.from_cap(order, 1 << 62, "no bucketing", alone=alone)
+    plans = {"no bucketing": one}
+    for name, cap in (("DDP 25 MiB", DDP_MB * MB), ("Horovod 64 MiB", HOROVOD_MB * MB),
+                      ("Megatron", max(MEGATRON_MIN_PARAMS, 1_000_000 * P) * elem)):
+        plans[name] = cap_plan(inst, cap, name, alone)
+    best = min((simulate(inst, cap_plan(inst, c, "s", alone)).step_s, c)
+               for c in single_size_grid(profile.total_elements() * elem))
+    plans["best single size"] = cap_plan(inst, best[1], f"best single {best[1] / MB:.3g} MiB", alone)
+    sol = solve(inst, num_buckets=num_buckets, max_candidates=1500)
+    plans["tuned"] = inst.plan_from_cuts(sol.cuts, "tuned")
+    return plans
+
+
+def step_points(gp: GpuProfile, cpu: StepProfile, fabric: Fabric, gpus: int, local_batch: int,
+                clip_mode: str, samples: Optional[float] = None,
+                plans_wanted: Optional[list[str]] = None,
+                num_buckets: Optional[int] = None) -> list[Point]:
+    profile = gpu_step_profile(gp, cpu, local_batch)
+    comm = fabric.comm_model(gpus)
+    tied = resolve_tied("auto", clip_mode, gpus)
+    spec = SyncSpec(clip_mode=clip_mode, tied_sync=tied, reduce_bytes=gp.reduce_bytes,
+                    align=1024, world_size=gpus)
+    inst = Instance.build(profile, spec, comm)
+    B = gpus * local_batch
+    src = "given"
+    if samples is None:
+        samples, src = rcp_samples(B)
+    steps = math.ceil(samples / B)
+    evals = math.ceil(samples / eval_interval(B))
+    fwd_per_sample = profile.forward_s / local_batch
+    eval_s = math.ceil(EVAL_SAMPLES / gpus) * fwd_per_sample + comm.alpha
+    out = []
+    for name, plan in _plans(inst, profile, gpus, num_buckets).items():
+        if plans_wanted and name not in plans_wanted:
+            continue
+        tl = simulate(inst, plan, name)
+        out.append(Point(gpus, B, clip_mode, name, len(plan.buckets), tl.step_s,
+                         profile.forward_s + profile.backward_s, tl.exposed_s,
+                         profile.optimizer_s, samples, steps, evals, eval_s,
+                         steps * tl.step_s + evals * eval_s, src))
+    return out
+
+
+def project(gp, cpu, fabric, gpus_list, local_batch, clip_modes) -> list[Point]:
+    pts = []
+    for clip in clip_modes:
+        for p in gpus_list:
+            pts += step_points(gp, cpu, fabric, p, local_batch, clip)
+    return pts
+
+
+def scaling_table(points: list[Point]) -> str:
+    lines = ["| clip mode | GPUs | global batch | compute ms | step ms: no bucketing | DDP 25 MiB |"
+             " best single | **tuned** | exposed comm ms (tuned) | scaling eff. (tuned) | "
+             "samples (RCP) | time to train s (tuned) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    key = {}
+    for pt in points:
+        key.setdefault((pt.clip_mode, pt.gpus), {})[pt.plan] = pt
+    for (clip, p), d in key.items():
+        t = d["tuned"]
+        eff = t.compute_s / t.step_s
+        lines.append(f"| {clip} | {p} | {t.global_batch} | {t.compute_s * 1e3:.1f} | "
+                     f"{d['no bucketing'].step_s * 1e3:.1f} | {d['DDP 25 MiB'].step_s * 1e3:.1f} | "
+                     f"{d['best single size'].step_s * 1e3:.1f} | **{t.step_s * 1e3:.1f}** | "
+                     f"{t.exposed_s * 1e3:.1f} | {eff:.0%} | {t.samples / 1e6:.2f} M | "
+                     f"{t.ttt_s:.1f} |")
+    return "\n".join(lines)
+
+
+def published(profiles: dict, fabrics: dict) -> list[dict]:
+    rows = []
+    for rnd, system, gpus, batch, secs, samples, clip, fab, prof, how in PUBLISHED:
+        gp, cpu = profiles[prof]
+        fabric = fabrics[fab]
+        b = batch // gpus
+        K = 22 if clip == "bucket_before" else None  # Samsung's hard-coded 22 buckets
+        pts = step_points(gp, cpu, fabric, gpus, b, clip, samples,
+                          ["DDP 25 MiB", "no bucketing", "tuned"], num_buckets=K)
+        d = {pt.plan: pt for pt in pts}
+        theirs = d["DDP 25 MiB"] if clip == "bucket_before" else d["no bucketing"]
+        rows.append({"round": rnd, "system": system, "gpus": gpus, "global_batch": batch,
+                     "published_s": secs, "samples": samples, "clip_mode": clip, "fabric": fab,
+                     "profile": prof, "what_they_ran": how,
+                     "predicted_s": theirs.ttt_s, "error": theirs.ttt_s / secs - 1,
+                     "their_plan": theirs.to_json(), "tuned": d["tuned"].to_json(),
+                     "tuned_s": d["tuned"].ttt_s})
+    return rows
+
+
+def published_table(rows: list[dict]) -> str:
+    lines = ["| round | system | GPUs | batch | published s | predicted s | error | steps × step ms"
+             " | compute ms | exposed comm ms | optimizer ms | eval s | tuned plan s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r["their_plan"]
+        lines.append(f"| {r['round']} | {r['system']} | {r['gpus']} | {r['global_batch']} | "
+                     f"{r['published_s']} | {r['predicted_s']:.1f} | {r['error']:+.0%} | "
+                     f"{t['steps']} × {t['step_s'] * 1e3:.1f} | {t['compute_s'] * 1e3:.1f} | "
+                     f"{t['exposed_s'] * 1e3:.1f} | {t['optimizer_s'] * 1e3:.1f} | "
+                     f"{t['evals'] * t['eval_s']:.2f} | {r['tuned_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    try:
+        fabric = load_fabric(args.simulate)
+        prof_path = args.profile or DATA / "a100_packed.toml"
+        gp, cpu, _ = load_profile(prof_path)
+        gpus = [int(x) for x in str(args.gpus).split(",")]
+    except (FabricError, ValueError) as e:
+        print(f"runtime.tune --simulate: {e}", file=sys.stderr)
+        return 2
+    try:
+        local = int(getattr(args, "local_batch", None) or 4)
+        pts = project(gp, cpu, fabric, gpus, local, ("global_after", "bucket_before",
+                                                     "local_before"))
+    except FabricError as e:
+        print(f"runtime.tune --simulate: {e}", file=sys.stderr)
+        return 2
+    print(f"fabric: {fabric.name} ({fabric.source}); profile: {gp.name} "
+          f"({gp.sequences_per_second:g} seq/s per GPU; {gp.source}); local batch {local}\n")
+    print(scaling_table(pts))
+    profiles = {n: load_profile(DATA / n)[:2] for n in ("a100_packed.toml", "a100_padded.toml")}
+    fabrics = {n: load_fabric(DATA / n) for n in ("dgx_a100_8xhdr.toml", "dgx_a100_4xhdr.toml")}
+    pub = published(profiles, fabrics)
+    print("\npublished 1,024-A100 results (olympic means, BACKGROUND §10) against the model:\n")
+    print(published_table(pub))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"fabric": fabric.__dict__, "profile": gp.__dict__,
+                                               "local_batch": local,
+                                               "points": [p.to_json() for p in pts],
+                                               "published": pub}, indent=1))
+    return 0

@@ -1,0 +1,340 @@
+"""The bucket tuner (runtime.tune): the exact partition against brute force, the simulator
+against hand-computed timelines, the allreduce fit, plan files, projections, bad input, and a
+real tune on 2 CPU ranks whose plan the trainer then runs."""
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.grad_sync.plan import BucketPlan, GradLayout, Piece, PlanError
+from runtime.tune.costmodel import CommModel, SweepError, check_sweep, fit, fit_affine
+from runtime.tune.fabric import Fabric, FabricError, load_fabric
+from runtime.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
+from runtime.tune.solve import brute_force, compare, solve
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (pip mpich)")
+
+
+def random_instance(rng: random.Random):
+    m = rng.randint(2, 4)
+    grads, t = [], 0.0
+    for j in range(m):
+        t += rng.uniform(0, 3)
+        grads.append(Gradient(f"p{j}", rng.randint(1, 4), t))
+    split = rng.random() < 0.4
+    if split:
+        grads.append(Gradient("emb", rng.randint(2, 4), t + rng.uniform(0, 1)))
+    prof = StepProfile(tuple(grads), 1.0, grads[-1].ready_s + 0.1, 0.5,
+                       prescale_s_per_element=rng.choice([0.0, 0.05]),
+                       comm_slowdown=rng.choice([1.0, 1.0, 2.5]),
+                       tied="emb" if split else None, tied_rows=2 if split else 0,
+                       decoder_ready_s=rng.uniform(0, t) if split else None, touched_rows=1)
+    if rng.random() < 0.5:
+        comm = CommModel.affine(rng.uniform(0, 2), rng.uniform(0.1, 2))
+    else:
+        a, b1, k = rng.uniform(0, 1), rng.uniform(0.5, 2), rng.uniform(1, 5)
+        b2 = rng.uniform(0.1, b1)
+        comm = CommModel(((0, a, b1), (k, a + b1 * k - b2 * k, b2)))
+    clip = "global_after" if split else rng.choice(["global_after", "none", "bucket_before",
+                                                    "local_before"])
+    spec = SyncSpec(clip_mode=clip, tied_sync="split" if split else "dense",
+                    align=rng.choice([1, 2]))
+    return Instance.build(prof, spec, comm)
+
+
+# ---------------------------------------------------------------------------------------------
+# the exact partition
+
+
+def test_dp_equals_brute_force_over_every_element_position():
+    """Random small instances - split points anywhere, padding, piecewise T, launch work,
+    slowed communication, the split tied embedding and its decoder share, fixed K."""
+    rng = random.Random(12)
+    checked = fixed = 0
+    for _ in range(120):
+        inst = random_instance(rng)
+        cuts, best = brute_force(inst)
+        sol = solve(inst, grid=1)
+        assert sol.sync_end_s == pytest.approx(best, abs=1e-9), (cuts, sol.cuts)
+        assert inst.chain_end(sol.cuts) == pytest.approx(sol.sync_end_s, abs=1e-12)
+        checked += 1
+        K = rng.randint(1, 3)
+        _, best_k = brute_force(inst, num_buckets=K)
+        if math.isfinite(best_k):
+            sk = solve(inst, grid=1, num_buckets=K)
+            assert len(sk.cuts) == K and sk.sync_end_s == pytest.approx(best_k, abs=1e-9)
+            fixed += 1
+    assert checked == 120 and fixed > 50
+
+
+def test_some_instance_needs_a_split_parameter():
+    """The brute force really explores split points: with launch work, a cut inside a
+    parameter beats every boundary plan (so the grid is not decoration)."""
+    prof = StepProfile((Gradient("a", 1, 0.0), Gradient("b", 8, 1.0)), 0.0, 1.0, 0.0,
+                       prescale_s_per_element=0.5)
+    inst = Instance.build(prof, SyncSpec(), CommModel.affine(0.1, 0.1))
+    boundary = solve(inst, grid=0)
+    exact = solve(inst, grid=1)
+    assert exact.sync_end_s < boundary.sync_end_s - 1e-6
+    assert any(c not in {int(e) for e in inst.end} for c in exact.cuts)
+
+
+def test_theorem_boundaries_suffice_for_affine_t_without_launch_work():
+    rng = random.Random(5)
+    n = 0
+    while n < 40:
+        inst = random_instance(rng)
+        if len(inst.comm.segments) != 1 or inst.gamma or inst.profile.comm_slowdown != 1.0:
+            continue
+        _, best = brute_force(inst)
+        sol = solve(inst)            # picks boundaries only for this case
+        assert sol.grid is None and sol.grid_bound_s == 0.0
+        assert sol.sync_end_s == pytest.approx(best, abs=1e-9)
+        n += 1
+
+
+def test_local_before_wants_one_bucket():
+    prof = StepProfile(tuple(Gradient(f"p{i}", 100, i * 0.1) for i in range(5)), 0.1, 0.5, 0.05)
+    inst = Instance.build(prof, SyncSpec(clip_mode="local_before"), CommModel.affine(1e-3, 1e-5))
+    assert len(solve(inst).cuts) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the simulator
+
+
+def test_simulator_reproduces_a_hand_computed_timeline():
+    # three gradients, 100 elements each, ready at 0.1, 0.2, 0.3 s of a 0.35 s backward;
+    # T(n) = 0.01 + 0.001·n/4 (bytes), fp32; buckets [p0], [p1, p2]
+    prof = StepProfile((Gradient("p0", 100, 0.1), Gradient("p1", 100, 0.2),
+                        Gradient("p2", 100, 0.3)), forward_s=0.2, backward_s=0.35,
+                       optimizer_s=0.05, data_s=0.01, tail_s=0.02)
+    comm = CommModel.affine(0.01, 0.001 / 4)
+    inst = Instance.build(prof, SyncSpec(), comm)
+    plan = BucketPlan(((Piece("p0", 0, 100),), (Piece("p1", 0, 100), Piece("p2", 0, 100))))
+    tl = simulate(inst, plan)
+    t0 = 0.21                                    # data + forward
+    b0, b1 = tl.buckets
+    assert (b0.start - t0, b0.end - t0) == pytest.approx((0.1, 0.1 + 0.01 + 0.1))
+    # b1 issued at 0.3, the link is free at 0.21: 0.3 .. 0.3 + 0.01 + 0.2
+    assert (b1.start - t0, b1.end - t0) == pytest.approx((0.3, 0.51))
+    assert tl.exposed_s == pytest.approx(0.51 - 0.35)
+    assert tl.step_s == pytest.approx(0.01 + 0.2 + 0.51 + 0.05 + 0.02)
+    # one bucket: issued at 0.3, 0.01 + 0.3
+    one = simulate(inst, BucketPlan.from_cap([("p0", 100), ("p1", 100), ("p2", 100)], 1000))
+    assert one.step_s == pytest.approx(0.01 + 0.2 + 0.61 + 0.07)
+
+
+def test_simulator_models_the_split_tied_embedding_and_slowed_communication():
+    # decoder share (2 rows × 5 = 10 elements) ready at 0.05; layers after it; the
+    # embedding last. T(n) = n bytes · 1 ms/4 B = 1 ms per element; κ = 2 during backward.
+    prof = StepProfile((Gradient("head", 5, 0.01), Gradient("layer", 20, 0.2),
+                        Gradient("emb", 10, 0.4)), forward_s=0.0, backward_s=0.4,
+                       optimizer_s=0.0, tied="emb", tied_rows=2, decoder_ready_s=0.05,
+                       touched_rows=1, comm_slowdown=2.0)
+    comm = CommModel.affine(0.0, 0.001 / 4)
+    inst = Instance.build(prof, SyncSpec(tied_sync="split"), comm)
+    plan = BucketPlan(((Piece("head", 0, 5),), (Piece("layer", 0, 20),),
+                       (Piece("emb", 0, 10),)))
+    tl = simulate(inst, plan)
+    lanes = {b.lane: b for b in tl.buckets}
+    # head: 5 ms of work at half speed from 0.01 -> 0.02; decoder (10 elements) at 0.05 ->
+    # 0.07; layer issued at 0.2 -> 0.24; mask (2 bytes = 0.5 ms) at 0.4 after backward ->
+    # 0.4005; touched rows (1 row × 5 elements = 5 ms) -> 0.4055
+    assert lanes["b0"].end == pytest.approx(0.02)
+    assert lanes["decoder share"].start == pytest.approx(0.05)
+    assert lanes["decoder share"].end == pytest.approx(0.07)
+    assert lanes["b1"].end == pytest.approx(0.24)
+    assert lanes["b2 row mask"].end == pytest.approx(0.4005)
+    assert lanes["touched rows"].end == pytest.approx(0.4055)
+    assert inst.chain_end(inst.cuts_from_plan(plan)) == pytest.approx(0.4055)
+
+
+def test_bucket_bytes_include_the_flat_buffers_row_padding():
+    prof = StepProfile((Gradient("a", 1000, 0.1), Gradient("b", 30, 0.2)), 0.0, 0.3, 0.0)
+    inst = Instance.build(prof, SyncSpec(align=1024), CommModel.affine(0.0, 1.0))
+    plan = BucketPlan(((Piece("a", 0, 1000),), (Piece("b", 0, 30),)))
+    layout = GradLayout.of(plan, prof.sizes(), 1024)
+    tl = simulate(inst, plan)
+    assert [b.nbytes for b in tl.buckets] == [n * 4 for n in layout.bucket_elements()] \
+        == [4096, 4096]
+
+
+# ---------------------------------------------------------------------------------------------
+# the fit and its data
+
+
+def test_fit_recovers_alpha_beta_despite_a_slow_small_message():
+    n = np.array([2.0 ** k for k in range(12, 26)])
+    t = 50e-6 + n / 10e9
+    t[1] *= 8                                     # one small message waited for a busy core
+    m = fit(n, t, world_size=8)
+    assert m.kind == "affine"
+    assert m.alpha == pytest.approx(50e-6, rel=0.05)
+    assert m.bandwidth == pytest.approx(10e9, rel=0.01)
+    assert m.bus_bandwidth == pytest.approx(10e9 * 2 * 7 / 8, rel=0.01)
+
+
+def test_piecewise_fit_when_one_line_is_wrong():
+    n = np.array([2.0 ** k for k in range(12, 27)])
+    t = np.where(n < 2 ** 19, 20e-6 + n / 1e9, 20e-6 + 2 ** 19 / 1e9 + (n - 2 ** 19) / 10e9)  # concave
+    m = fit(n, t)
+    assert m.kind == "piecewise" and m.mean_rel_err < 0.02
+    assert fit_affine(n, t).mean_rel_err > 0.1
+
+
+def test_sweep_check_warns_and_shows_the_data():
+    check = check_sweep([4096, 8192], [1e-3, 2e-4])
+    text = " ".join(check.warnings)
+    assert "only 2 allreduce sizes" in text and "not monotonic" in text
+    assert "4 KiB" in check.table and "8 KiB" in check.table
+    with pytest.raises(SweepError, match="at least 2"):
+        fit([4096], [1e-3])
+
+
+# ---------------------------------------------------------------------------------------------
+# plans, table, files
+
+
+def toy_profile(tied: bool = True) -> StepProfile:
+    grads = [Gradient("cls.bias", 3000, 0.01)] + [
+        Gradient(f"layer{i}.w", 200_000, 0.05 + 0.05 * i) for i in range(6)]
+    if tied:
+        grads.append(Gradient("emb", 30_000 * 64, 0.4))
+    return StepProfile(tuple(grads), forward_s=0.2, backward_s=0.4, optimizer_s=0.02,
+                       tied="emb" if tied else None, tied_rows=30_000 if tied else 0,
+                       decoder_ready_s=0.03 if tied else None, touched_rows=2000)
+
+
+def test_table_and_written_plan_round_trip(tmp_path):
+    prof = toy_profile()
+    comm = CommModel.affine(1e-3, 1 / 50e6)
+    rows = compare(prof, comm, SyncSpec(world_size=2), "auto",
+                   BucketPlan.from_cap([(g.name, g.numel) for g in prof.grads], 2 ** 18, "cfg",
+                                       alone="emb"), "this config")
+    names = [r.name for r in rows]
+    assert names[:2] == ["no bucketing", "this config"] and names[-1] == "tuned"
+    assert any(n.startswith("best single size") for n in names)
+    tuned = rows[-1]
+    assert tuned.timeline.step_s <= min(r.timeline.step_s for r in rows) + 1e-12
+    path = tmp_path / "plan.json"
+    tuned.candidate.plan.write(path, prof.sizes(), {"predicted_step_s": tuned.timeline.step_s})
+    back = BucketPlan.read(path, prof.sizes())
+    assert back.digest() == tuned.candidate.plan.digest()
+    assert json.loads(path.read_text())["meta"]["predicted_step_s"] == tuned.timeline.step_s
+    if tuned.candidate.tied_sync == "split":   # the embedding whole and alone, as split needs
+        from runtime.grad_sync.plan import alone_bucket
+        alone_bucket(back, "emb", prof.sizes()["emb"])
+
+
+def test_a_plan_for_another_model_is_refused(tmp_path):
+    prof = toy_profile()
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"buckets": [["layer0.w", "layer9.w"]]}))
+    with pytest.raises(PlanError, match="unknown parameter 'layer9.w'"):
+        BucketPlan.read(path, prof.sizes())
+
+
+# ---------------------------------------------------------------------------------------------
+# projection
+
+
+def test_fabric_allreduce_model_by_hand():
+    f = Fabric("x", 8, 230.0, 192.0, 10.0, 6.0)
+    node = f.comm_model(8)
+    assert node.time(1e9) == pytest.approx(10e-6 + 2 * 7 / 8 * 1e9 / 230e9)
+    big = f.comm_model(1024)        # 128 nodes: tree latency 2·7 hops
+    want = 10e-6 + 2 * 7 * 6e-6 + 2 * 7 / 8 * 1e9 / 230e9 + 2 * 127 / 128 * 1e9 / 192e9
+    assert big.time(1e9) == pytest.approx(want)
+    with pytest.raises(FabricError, match="not a whole number of 8-GPU nodes"):
+        f.comm_model(12)
+
+
+def test_fabric_file_errors_name_the_field(tmp_path):
+    bad = tmp_path / "f.toml"
+    bad.write_text('[fabric]\nname = "x"\ngpus_per_node = 8\nintra_bus_bandwidth_GBps = 230\n')
+    with pytest.raises(FabricError, match=r"missing field\(s\): inter_bus_bandwidth_GBps \("
+                                          r"allreduce bus bandwidth between nodes"):
+        load_fabric(bad)
+    bad.write_text('[fabric]\nname = "x"\ngpus_per_node = "8"\n')
+    with pytest.raises(FabricError, match="missing field"):
+        load_fabric(bad)
+    with pytest.raises(FabricError, match="does not exist"):
+        load_fabric(tmp_path / "nope.toml")
+    good = load_fabric(ROOT / "runtime" / "tune" / "systems" / "dgx_a100_8xhdr.toml")
+    assert good.inter_bus_bandwidth_GBps == 192.0
+
+
+def test_projection_runs_and_compares_with_published(tmp_path):
+    out = tmp_path / "p.json"
+    proc = subprocess.run([sys.executable, "-m", "runtime.tune", "--simulate",
+                           str(ROOT / "runtime/tune/systems/dgx_a100_8xhdr.toml"), "--gpus",
+                           "8,64,1024", "--json", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rec = json.loads(out.read_text())
+    assert {p["gpus"] for p in rec["points"]} == {8, 64, 1024}
+    assert len(rec["published"]) == 4
+    for r in rec["published"]:
+        assert r["predicted_s"] > 0 and math.isfinite(r["error"])
+    for p in rec["points"]:
+        if p["plan"] == "tuned":        # the tuned plan is never slower than no bucketing
+            none = next(q for q in rec["points"] if q["plan"] == "no bucketing" and
+                        q["gpus"] == p["gpus"] and q["clip_mode"] == p["clip_mode"])
+            assert p["step_s"] <= none["step_s"] + 1e-9
+
+
+# ---------------------------------------------------------------------------------------------
+# the command on real ranks
+
+
+def _env():
+    from tests.test_dist import _clean_env
+    return _clean_env()
+
+
+def test_a_world_of_one_has_nothing_to_tune():
+    proc = subprocess.run([sys.executable, "-m", "runtime.tune", "--config",
+                           str(ROOT / "submission/configs/config_CPU_1x2x32x1.toml")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing to tune" in proc.stdout
+
+
+@needs_mpiexec
+def test_real_tune_on_two_ranks_and_the_trainer_runs_its_plan(small_dataset, tmp_path):
+    out = tmp_path / "tune"
+    sets = [f'data.data_dir="{small_dataset}"', "model.num_hidden_layers=1",
+            "model.hidden_size=64", "model.num_attention_heads=2", "model.intermediate_size=128",
+            "train.global_batch_size=8", "data.verify_checksums=false", "system.device=cpu",
+            "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"]
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "runtime.tune", "--config",
+           str(ROOT / "submission/configs/config_CPU_1x2x32x1.toml"), "--out", str(out),
+           "--steps", "2", "--warmup", "1", "--repeats", "1", "--sizes", "5",
+           "--contention-steps", "1", "--no-png"]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, env=_env())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "| **tuned** |" in proc.stdout and "use it:" in proc.stdout
+    rec = json.loads((out / "tune.json").read_text())
+    assert rec["world_size"] == 2 and len(rec["sweep"]["bytes"]) == 5
+    assert all(g[2] >= 0 for g in rec["profile"]["grads"])
+    # the trainer runs the written plan and reaches the same gradient as a size-cap plan
+    script = ROOT / "tests" / "dist_scripts" / "tune_plan.py"
+    proc = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(script),
+                           str(out / "bucket_plan.json"), str(tmp_path / "result.json"), *sets],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180, env=_env())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["buckets"] == len(json.loads((out / "bucket_plan.json").read_text())["buckets"])
+    assert res["max_rel_diff"] < 1e-5
