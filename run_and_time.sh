@@ -17,6 +17,10 @@
 #   TORCHRUN   launcher "torchrun"      default "$PYTHON -m torch.distributed.run"
 #   HOSTFILE   hosts for mpiexec/mpirun when system.nodes > 1 (required then)
 #   MASTER_ADDR, MASTER_PORT  rendezvous for torchrun when system.nodes > 1 (ADDR required)
+#   MODE       train (default) | tune: run the bucket tuner (python -m runtime.tune) with the
+#              same launcher, ranks and config instead of training; it writes the plan, table
+#              and timeline into RUN_DIR (default LOGDIR/tune_<config>_<date>) and prints no
+#              RESULT line. Use the plan with `-- train.bucket_plan=RUN_DIR/bucket_plan.json`.
 #
 # The launcher, node count and ranks per node come from the config (system.launcher,
 # system.nodes, system.ranks_per_node). Arguments after `--` are more config overrides, passed
@@ -84,8 +88,11 @@ NODES="${V[0]-}" RANKS="${V[1]-}" LAUNCHER="${V[2]-}" SEED="${V[3]-}"
 : "${SEED:?train.seed missing from the config output}"
 NP=$((NODES * RANKS))
 
+MODE="${MODE:-train}"
+[[ "$MODE" == train || "$MODE" == tune ]] || die "MODE='$MODE' is not train | tune"
 if [[ -z "${RUN_DIR:-}" ]]; then
     NAME="$(basename "$CONFIG" .toml)_seed${SEED}"
+    [[ "$MODE" == tune ]] && NAME="tune_$(basename "$CONFIG" .toml)"
     if [[ -n "${SLURM_JOB_ID:-}" ]]; then   # the same on every task of the step
         RUN_DIR="$LOGDIR/${NAME}_job${SLURM_JOB_ID}.${SLURM_STEP_ID:-0}"
     else
@@ -95,6 +102,10 @@ fi
 RUN_DIR="$(abspath "$RUN_DIR")"
 TRAIN=("$PYTHON" -m submission.train --config "$CONFIG" --set "train.seed=$SEED"
        --set "train.output_dir=$RUN_DIR" "${OVERRIDES[@]}")
+if [[ "$MODE" == tune ]]; then   # the bucket tuner, launched exactly as training would be
+    TRAIN=("$PYTHON" -m runtime.tune --config "$CONFIG" --set "train.seed=$SEED"
+           --out "$RUN_DIR" "${OVERRIDES[@]}")
+fi
 
 # -- the launch command ----------------------------------------------------------------------
 PRINT_RESULT=1
@@ -139,7 +150,7 @@ case "$LAUNCHER" in
         else
             CMD+=(--standalone)
         fi
-        CMD+=("${TRAIN[@]:1}") ;;   # torchrun runs "-m submission.train ..." itself: drop "$PYTHON"
+        CMD+=("${TRAIN[@]:1}") ;;   # torchrun runs "-m <module> ..." itself: drop "$PYTHON"
     *) die "system.launcher='$LAUNCHER' in '$CONFIG' is not one of mpiexec | mpirun | srun | torchrun" ;;
 esac
 
@@ -161,6 +172,9 @@ if ((RC != 0)); then
     printf 'run_and_time.sh: FAILED: %s exited with status %s after %s s; no RESULT line (logs in %s)\n' \
         "$LAUNCHER" "$RC" "$((END - START))" "$RUN_DIR" >&2
     exit "$RC"
+fi
+if [[ "$MODE" == tune ]]; then
+    exit 0   # not a timed run: the tuner printed its table and where the plan went
 fi
 if ((PRINT_RESULT)); then
     echo "RESULT,bert,$SEED,$((END - START)),$USER,$START_FMT"
