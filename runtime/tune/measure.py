@@ -44,14 +44,24 @@ def engine_align() -> int:
 
 
 def tied_embedding(model: torch.nn.Module) -> tuple[Optional[torch.nn.Module], Optional[str]]:
-    """The MLM head whose decoder weight is a trainable parameter (tied), and its name."""
+    """The MLM head whose decoder weight is also an embedding's weight (tied), and the
+    parameter's name."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     for module in model.modules():
-        if hasattr(module, "weight_tap") and hasattr(module, "decoder"):
+        decoder = getattr(module, "decoder", None)
+        if isinstance(decoder, torch.nn.Linear) and id(decoder.weight) in embeddings:
             for name, param in named:
-                if param is module.decoder.weight:
+                if param is decoder.weight:
                     return module, name
     return None, None
+
+
+def decoder_bias(head: Optional[torch.nn.Module], named: list) -> Optional[str]:
+    """The decoder's bias parameter: its gradient comes from the same autograd node as the
+    decoder's share of the tied weight, so its ready time is that share's."""
+    bias = getattr(getattr(head, "decoder", None), "bias", None)
+    return next((n for n, p in named if p is bias), None) if bias is not None else None
 
 
 class _Tap(torch.autograd.Function):
@@ -162,8 +172,10 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
         return fn
 
     handles = [p.register_post_accumulate_grad_hook(hook(n)) for n, p in named]
-    if head is not None:
+    tapped = head is not None and hasattr(head, "weight_tap")
+    if tapped:  # the model routes the decoder's weight through a tap: stamp it there
         head.weight_tap = lambda w: _Tap.apply(w, lambda: dec_stamp.append(time.perf_counter()))
+    bias_name = decoder_bias(head, named)
     autocast = contextlib.nullcontext()
     if cfg.train.precision != "fp32":
         dtype = torch.bfloat16 if cfg.train.precision == "bf16" else torch.float16
@@ -246,6 +258,8 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
             rec["touched_rows"].append(int(mask.sum()))
             if m[4] >= 0:
                 rec["decoder_ready_s"].append(m[4] - m[1])
+            elif head is not None and bias_name is not None:  # same node as the decoder share
+                rec["decoder_ready_s"].append(m[5 + names.index(bias_name)] - m[1])
             for n, r in zip(names, m[5:]):
                 ready[n].append(r - m[1])
         slowdown, contention = 1.0, {}
@@ -255,7 +269,7 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
     finally:
         for h in handles:
             h.remove()
-        if head is not None:
+        if tapped:
             head.weight_tap = None
         if hasattr(loader, "close"):
             loader.close()

@@ -98,8 +98,22 @@ def load_profile(path: str | Path) -> tuple[GpuProfile, StepProfile, dict]:
         raise FabricError(f"{path} [profile]: layer_split {split} does not exist; make it with "
                           f"`python -m runtime.tune --config C --profile-only {split.name}`")
     rec = json.loads(split.read_text())
-    cpu = StepProfile.from_json(rec["profile"])
+    cpu = with_tied_embedding(StepProfile.from_json(rec["profile"]))
     return gp, cpu, rec
+
+
+def with_tied_embedding(cpu: StepProfile) -> StepProfile:
+    """A BERT profile measured without the tied embedding marked (a model without a decoder
+    tap): the word embedding is the tied parameter, V = the MLM bias's size, and the decoder's
+    share is ready with the MLM bias (the same autograd node produces both)."""
+    if cpu.tied is not None:
+        return cpu
+    sizes = cpu.sizes()
+    emb = next((n for n in sizes if n.endswith("word_embeddings.weight")), None)
+    bias = next((g for g in cpu.grads if g.name == "cls.predictions.bias"), None)
+    if emb is None or bias is None:
+        return cpu
+    return replace(cpu, tied=emb, tied_rows=bias.numel, decoder_ready_s=bias.ready_s)
 
 
 def gpu_step_profile(gp: GpuProfile, cpu: StepProfile, local_batch: int) -> StepProfile:
