@@ -98,9 +98,11 @@ def worker(args) -> None:
 
 
 def distinct_plans(rec: dict) -> dict[str, str]:
-    """Table row name -> plan file, one name per distinct plan (the first row that has it)."""
+    """Table row name -> plan file, one name per distinct plan (the tuned plan's name first,
+    then the first row that has it)."""
     seen, out = {}, {}
-    for row in rec["table"]:
+    rows = sorted(rec["table"], key=lambda r: r["name"] != "tuned")
+    for row in rows:
         data = json.loads(Path(row["plan_file"]).read_text())
         key = json.dumps(data["buckets"])
         if key in seen:
