@@ -168,6 +168,16 @@ def compare(rec: dict, measured: dict) -> dict:
                      "measured_sync_s": m.get("sync_s")})
     tuned = next(r for r in rows if r["plan"] == "tuned")
     singles = [r for r in rows if r["plan"] != "tuned" and not r["plan"].startswith("tuned")]
+    # paired by round (every plan ran once per round, interleaved): other / tuned per round
+    steps = {n: [x["step_s"] for x in v] for n, v in measured.get("all", {}).items()}
+    for r in singles:
+        a, b = steps.get(r["plan"], []), steps.get("tuned", [])
+        ratios = sorted(x / y for x, y in zip(a, b))
+        if ratios:
+            q = (lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))])
+            r["paired_vs_tuned"] = {"median": statistics.median(ratios), "q25": q(0.25),
+                                    "q75": q(0.75), "tuned_faster_rounds":
+                                    sum(x > 1 for x in ratios), "rounds": len(ratios)}
     goals = {"all_within_15pct": all(abs(r["error"]) <= 0.15 for r in rows),
              "worst_error": max(rows, key=lambda r: abs(r["error"]))["error"],
              "tuned_at_least_as_fast_as_every_single_size": all(
@@ -177,18 +187,34 @@ def compare(rec: dict, measured: dict) -> dict:
     return {"rows": rows, "goals": goals}
 
 
+def rescore(record_path: str) -> None:
+    """Recompute the comparison of a finished run from its files (``--rescore RECORD``)."""
+    rec = json.loads(Path(record_path).read_text())
+    for res in rec["results"]:
+        tune = json.loads(Path(res["tune_json"]).read_text())
+        measured = json.loads((Path(res["tune_json"]).parent.parent /
+                               f"{res['shape']}_x{res['ratio_asked']:g}_measured.json").read_text())
+        res.update(compare(tune, measured))
+        print(table(res), flush=True)
+    Path(record_path).write_text(json.dumps(rec, indent=1))
+
+
 def table(result: dict) -> str:
     lines = [f"{result['shape']} at {result['rate_mbit']:.0f} Mbit/s: one full allreduce "
              f"{result['full_allreduce_s'] * 1e3:.0f} ms = {result['ratio_measured']:.2f}× "
              f"backward ({result['backward_s'] * 1e3:.0f} ms); fit: {result['fit']}", "",
              "| plan | buckets | tied | predicted ms | measured ms | error | predicted exposed ms |"
-             " measured exposed ms (timeline) |", "|---|---|---|---|---|---|---|---|"]
+             " measured exposed ms (timeline) | this / tuned, paired by round: median [q25, q75] |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         same = f" (= {', '.join(r['same_plan_as'])})" if r["same_plan_as"] else ""
+        pv = r.get("paired_vs_tuned")
+        paired = (f"{pv['median']:.3f} [{pv['q25']:.3f}, {pv['q75']:.3f}], tuned faster in "
+                  f"{pv['tuned_faster_rounds']}/{pv['rounds']}") if pv else "—"
         lines.append(f"| {r['plan']}{same} | {r['buckets']} | {r['tied_sync']} | "
                      f"{r['predicted_step_s'] * 1e3:.0f} | {r['measured_step_s'] * 1e3:.0f} | "
                      f"{r['error']:+.1%} | {r['predicted_exposed_s'] * 1e3:.0f} | "
-                     f"{(r['measured_exposed_tl_s'] or 0) * 1e3:.0f} |")
+                     f"{(r['measured_exposed_tl_s'] or 0) * 1e3:.0f} | {paired} |")
     g = result["goals"]
     lines.append(f"\nall within 15 %: {g['all_within_15pct']} (worst {g['worst_error']:+.1%}); "
                  f"tuned at least as fast as every other plan: "
@@ -263,6 +289,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "tune_validation.json"))
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--rescore", metavar="RECORD", help="recompute the tables of a finished "
+                    "record from its work files")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tune-json", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -270,6 +298,9 @@ def main(argv=None) -> int:
     args.argv = argv
     if args.worker:
         worker(args)
+        return 0
+    if args.rescore:
+        rescore(args.rescore)
         return 0
     return orchestrate(args)
 

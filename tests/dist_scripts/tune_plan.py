@@ -29,7 +29,9 @@ def step_grads(cfg, ctx, batches):
         return real(grad_scale=grad_scale)
     trainer.optimizer.step = capture
     trainer.train_step(iter(batches))
-    buckets = len(trainer.buckets.plan.buckets) if getattr(trainer, "buckets", None) else None
+    engine = getattr(trainer, "buckets", None) or getattr(trainer, "grad_sync", None)
+    plan = getattr(engine, "plan", None)
+    buckets = len(plan.buckets) if plan is not None else None
     trainer.close()
     return got, buckets
 
