@@ -225,7 +225,12 @@ def test_table_and_written_plan_round_trip(tmp_path):
     assert names[:2] == ["no bucketing", "this config"] and names[-1] == "tuned"
     assert any(n.startswith("best single size") for n in names)
     tuned = rows[-1]
-    assert tuned.timeline.step_s <= min(r.timeline.step_s for r in rows) + 1e-12
+    assert tuned.candidate.tied_sync == "split"     # auto on 2 ranks: the engine's split
+    same_mode = [r for r in rows if r.candidate.tied_sync == tuned.candidate.tied_sync]
+    assert tuned.timeline.step_s <= min(r.timeline.step_s for r in same_mode) + 1e-12
+    both = compare(prof, comm, SyncSpec(world_size=2), "auto", try_other_tied=True)
+    assert [r.name for r in both][-2:] == ["tuned", "tuned, tied dense"]
+    assert both[-1].candidate.tied_sync == "dense"
     path = tmp_path / "plan.json"
     tuned.candidate.plan.write(path, prof.sizes(), {"predicted_step_s": tuned.timeline.step_s})
     back = BucketPlan.read(path, prof.sizes())

@@ -57,6 +57,9 @@ def parse_args(argv):
                     "clip_mode bucket_before, whose clip threshold τ/√K depends on K)")
     ap.add_argument("--grid", type=int, default=None, help="interior cut grid in elements "
                     "(default: automatic; 0: parameter boundaries only)")
+    ap.add_argument("--both-tied", action="store_true", help="with tied_embedding_sync auto: "
+                    "also solve for the other tied mode and show it as a row (the plan written "
+                    "keeps the engine's mode)")
     ap.add_argument("--write-all", action="store_true", help="also write every plan of the "
                     "table to OUT/plans/")
     ap.add_argument("--no-png", action="store_true")
@@ -213,10 +216,10 @@ def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
         config_plan = cap_plan(inst, cfg.train.bucket_cap_mb * MB, config_name, alone)
     K = _num_buckets(args.num_buckets, cfg, config_plan)
     rows = compare(profile, comm, spec, cfg.train.tied_embedding_sync, config_plan, config_name,
-                   num_buckets=K, grid=args.grid)
+                   num_buckets=K, grid=args.grid, try_other_tied=args.both_tied)
     if cfg.train.clip_mode == "bucket_before" and K is not None:
-        free = compare(profile, comm, spec, cfg.train.tied_embedding_sync, None, "", None,
-                       grid=args.grid)[-1]
+        free = next(r for r in compare(profile, comm, spec, cfg.train.tied_embedding_sync,
+                                       None, "", None, grid=args.grid) if r.name == "tuned")
         free.candidate.name = f"tuned, free K"
         free.candidate.note += (f"; clip threshold τ/√{free.timeline.num_buckets} instead of "
                                 f"τ/√{K}: a different clip")

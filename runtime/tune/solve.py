@@ -262,17 +262,22 @@ def resolve_tied(asked: str, clip_mode: str, world_size: int) -> str:
 def compare(profile, comm, spec_base, tied_asked: str = "auto",
             config_plan: Optional[BucketPlan] = None, config_name: str = "this config",
             num_buckets: Optional[int] = None, grid: Optional[int] = None,
-            max_candidates: int = MAX_CANDIDATES) -> list[Row]:
+            max_candidates: int = MAX_CANDIDATES, try_other_tied: bool = False) -> list[Row]:
     """The table: no bucketing, this config's plan, DDP 25 MiB, Horovod 64 MiB, Megatron
     max(40M, 1M·P) parameters, the best single size, and the tuned plan (with ``num_buckets``
-    fixed when given; for tied 'auto' both tied modes are solved and the faster kept)."""
+    fixed when given) for the tied sync the engine resolves from ``tied_asked``; with
+    ``try_other_tied`` (and 'auto') a row for the other tied mode too."""
     from dataclasses import replace
     from runtime.tune.simulate import Instance, simulate
 
     mode = resolve_tied(tied_asked, spec_base.clip_mode, spec_base.world_size)
     if profile.tied is None:
         mode = "dense"
-    specs = {m: replace(spec_base, tied_sync=m) for m in {"dense", mode}}
+    modes = {"dense", mode}
+    if try_other_tied and tied_asked == "auto" and spec_base.clip_mode in ("global_after", "none") \
+            and spec_base.world_size > 1 and profile.tied is not None:
+        modes.add("split")
+    specs = {m: replace(spec_base, tied_sync=m) for m in modes}
     insts = {m: Instance.build(profile, s, comm) for m, s in specs.items()}
     inst = insts[mode]
     alone = profile.tied if mode == "split" else None
@@ -309,22 +314,23 @@ def compare(profile, comm, spec_base, tied_asked: str = "auto",
     cap, _, plan = best
     add(f"best single size {cap / MB:.3g} MiB", plan, mode,
         f"best of {len(single_size_grid(total_bytes))} caps, 64 KiB..whole", cap)
-    tuned = []
-    for m in sorted(insts):
-        if m != mode and tied_asked != "auto":
-            continue
+    def tuned_row(m, name):
         sol = solve(insts[m], grid=grid, num_buckets=num_buckets, max_candidates=max_candidates)
         plan = insts[m].plan_from_cuts(sol.cuts, "tuned")
-        tuned.append((sol.sync_end_s, m, sol, plan))
-    tuned.sort(key=lambda t: t[0])
-    _, m, sol, plan = tuned[0]
-    note = (f"exact DP over {sol.candidates} cut positions"
-            + (f" (grid {sol.grid} elements, bound {sol.grid_bound_s * 1e6:.1f} µs)" if sol.grid else
-               " (parameter boundaries: exact by Theorem 2)")
-            + (f", K fixed = {num_buckets}" if num_buckets else "")
-            + (f"; tied {m}" if profile.tied else ""))
-    others = {t[1]: t[0] for t in tuned[1:]}
-    add("tuned", plan, m, note, None, solution=sol, other_modes=others)
+        note = (f"exact DP over {sol.candidates} cut positions"
+                + (f" (grid {sol.grid} elements, bound {sol.grid_bound_s * 1e6:.1f} µs)"
+                   if sol.grid else " (parameter boundaries: exact by Theorem 2)")
+                + (f", K fixed = {num_buckets}" if num_buckets else "")
+                + (f"; tied {m}" if profile.tied else ""))
+        add(name, plan, m, note, None, solution=sol)
+
+    # the tied sync the engine resolves from the config; the other one only as an extra row:
+    # split measured faster than dense everywhere here (docs/GRADIENT_SYNC.md), and a model
+    # margin of a few percent is not evidence enough to switch the engine's mode
+    tuned_row(mode, "tuned")
+    other = "dense" if mode == "split" else "split"
+    if try_other_tied and profile.tied is not None and other in insts:
+        tuned_row(other, f"tuned, tied {other}")
     return rows
 
 
