@@ -2,20 +2,25 @@
 
 What it measures (each part can be skipped; every number comes from this run):
 
-1. **Sampler arithmetic** (``--worlds``): for each mode (random, global, local, pack) and
-   world size P, the plan of one epoch with every rank simulated in this process, local
-   batch ``--batch``, ``local``/``pack`` with G = min(``--group``, P). Data sets have fewer
-   shards than 1024 ranks, so for P > shards each shard's rows are shuffled (seeded) and cut
-   into P / shards *virtual* shards; only lengths matter here. Per step and rank:
+1. **Sampler arithmetic** (``--worlds``, default 8, 64, 1024; ``--modes``): for each mode
+   (random, global, local, pack, offline_pack) and world size P, the plan of one epoch with
+   every rank simulated in this process, on any prepared data set: rows of the data set's
+   max_seq_length, local batch ``--batch`` (default 32 up to seq 128, else 16),
+   ``local``/``pack`` with G = min(``--group``, P). Data sets have fewer shards than 1024
+   ranks, so for P > shards each shard's rows are shuffled (seeded) and cut into P / shards
+   *virtual* shards; only lengths matter here. Per step and rank:
      real      Σ len (the tokens an unpadded model computes)
-     computed  rows × L, L = the rank's longest row (a padded model; ``pack``: packed rows)
-     attention Σ len² (unpadded) — the attention-aware cost proxy
-   Reported: padding efficiency Σ real / Σ computed (padded model; an unpadded model computes
-   only real tokens, efficiency 1.0 by construction), imbalance = mean over steps of max/mean
-   over ranks of ``computed`` (padded cost), of ``real`` (unpadded cost) and of ``attention``;
-   and the remainder (samples of the epoch no rank trains), in %. Also the packing bound:
-   best-fit decreasing over the *whole* data set into rows of the sequence length, the best a
-   packer of any batch could do on these lengths.
+     computed  rows × L, L = the rank's longest row (a padded model; packed rows when packed)
+     attention Σ len² (unpadded)
+     cost      the length cost (loaders/length_cost.py) of the unpadded model (varlen, Σ len²)
+               and of the padded model: the CPU config model's measured defaults, or
+               ``--cost-unpadded`` / ``--cost-padded`` files from python -m runtime.length_cost
+   global/local deal by the unpadded cost, pack/offline_pack by the padded one. Reported:
+   padding efficiency Σ real / Σ computed (padded model; an unpadded model computes only real
+   tokens, 1.0 by construction), imbalance = mean over steps of max/mean over ranks of each
+   quantity, sequences per rank (offline_pack: b ± a few), the remainder (samples of the
+   epoch no rank trains), in %, and the packing bound: best-fit decreasing over the *whole*
+   data set into rows of the sequence length.
 2. **Attention kernels** (``--attention``): one attention forward+backward at the CPU
    benchmark's shape (2 heads × 64) on real ``local`` batches, 1 thread: padded SDPA vs the
    varlen kernels of kernels/attention.py; and a whole model forward+backward (the CPU config's
@@ -33,6 +38,7 @@ not a test: run the timed parts alone on the machine (``flock /tmp/presto_cpu.lo
 the shared development machine).
 
     python -m bench.balance                                # arithmetic, kernels, loaders
+    python -m bench.balance --data data/wiki512 --attention 0 --no-loaders   # seq 512 only
     python -m bench.balance --no-sim --no-loaders --attention 0 \\
         --train random,local+unpadded --seeds 42            # time to target (≈ 5 min/run)
 """
@@ -51,13 +57,17 @@ import numpy as np
 import torch
 
 from bench.time_to_accuracy import _f
-from loaders.balance import MODES, BalanceSpec, make_plan
-from loaders.collate import best_fit_rows
+from loaders.balance import MODES, PACKED_MODES, BalanceSpec, make_plan, packed_rows
 from loaders.dataset import DataSetInfo, ShardPlan, TrainLoader, read_lengths
+from loaders.length_cost import (LengthCost, default_cost, flops_cost, imbalance, load,
+                                 shape_of)
+from loaders.packing import best_fit_decreasing
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_CONFIG = REPO / "submission/configs/config_CPU_1x2x32x1.toml"
 RESULTS = REPO / "bench/results/balance.json"
+CPU_SHAPE = dict(vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=512)  # the CPU config's model (tests use it without a config)
 
 
 # ------------------------------------------------------------------------ 1. arithmetic
@@ -73,50 +83,90 @@ def virtual_shards(lengths: list[np.ndarray], world: int, seed: int = 0) -> list
             for part in np.array_split(rng.permutation(column), pieces)]
 
 
-def rank_costs(lengths: np.ndarray, mode: str, pack_length: int) -> tuple[int, int, int]:
-    """(real, computed, attention) of one rank's batch with these sample lengths."""
-    real, attention = int(lengths.sum()), int((lengths ** 2).sum())
+def data_seq_len(info: DataSetInfo, lengths) -> int:
+    """The data set's max_seq_length (stats.json), else its longest sample."""
+    value = info.parameters.get("seq_len") or info.parameters.get("max_seq_length")
+    return int(value) if value else int(max(int(c.max()) for c in lengths if len(c)))
+
+
+def default_costs(config=CPU_CONFIG) -> dict[str, LengthCost]:
+    """The length costs of ``config``'s model: measured defaults (loaders/length_costs.json)
+    where they exist, else the FLOP count; 'unpadded' is the varlen (Σ len²) layout."""
+    from runtime.config import load_config
+    shape = shape_of(load_config(config).model)
+    return {layout: default_cost(shape, layout) for layout in ("unpadded", "padded")}
+
+
+def rank_rows(lengths: np.ndarray, mode: str, pack_length: int) -> list[list[int]]:
+    """One rank batch's rows (lists of sequence lengths) as its model computes them: one
+    sequence per row, or ``pack``'s best-fit rows."""
     if mode == "pack":
-        rows = best_fit_rows(lengths, pack_length)
-        return real, len(rows) * max(int(lengths[r].sum()) for r in rows), attention
-    return real, len(lengths) * int(lengths.max()), attention
+        return packed_rows(lengths, pack_length)
+    return [[int(n)] for n in lengths]
+
+
+def rank_costs(rows: list[list[int]], costs: dict[str, LengthCost]) -> list[float]:
+    """(real, computed, Σlen², cost unpadded, cost padded) of one rank batch's rows:
+    computed = rows × the longest row (a padded model)."""
+    seqs = [n for row in rows for n in row]
+    widest = max(sum(row) for row in rows)
+    return [sum(seqs), len(rows) * widest, sum(n * n for n in seqs),
+            costs["unpadded"].of_rows(rows), costs["padded"].of_rows(rows)]
 
 
 def simulate(lengths: list[np.ndarray], mode: str, world: int, batch: int, group: int,
-             seed: int = 42, pack_length: int = 128) -> dict:
+             seed: int = 42, pack_length: int = 128,
+             costs: dict[str, LengthCost] | None = None) -> dict:
+    """One epoch of ``mode`` at ``world`` ranks: padding efficiency, imbalance by each cost,
+    sequences per rank and the remainder. The deal of global/local is by the unpadded cost
+    (the model they are for), pack/offline_pack by the padded one (packed rows)."""
+    costs = costs or {layout: flops_cost(CPU_SHAPE, layout) for layout in ("unpadded", "padded")}
     shards = virtual_shards(lengths, world)
     base = ShardPlan(tuple(len(s) for s in shards), world, seed)
     g = min(group, world)
-    plan = make_plan(BalanceSpec(mode, group_size=g, pack_length=pack_length), base, shards)
-    pairs = np.stack([plan.rank_batches(0, r, batch) for r in range(world)])  # [P, S, b, 2]
+    deal_cost = costs["padded" if mode in PACKED_MODES else "unpadded"]
+    plan = make_plan(BalanceSpec(mode, group_size=g, pack_length=pack_length, cost=deal_cost),
+                     base, shards)
+    pairs = np.stack([plan.rank_batches(0, r, batch) for r in range(world)])  # [P, S, n, 2]
     offsets = np.concatenate([[0], np.cumsum([len(s) for s in shards])])
-    lens = np.concatenate(shards)[offsets[pairs[..., 0]] + pairs[..., 1]]   # [P, S, b]
-    costs = np.array([[rank_costs(step, mode, pack_length) for step in rank] for rank in lens])
-    real, computed, attention = costs[..., 0], costs[..., 1], costs[..., 2]
-
-    def imbalance(x):
-        return float((x.max(0) / x.mean(0)).mean())
-
+    flat = np.concatenate(shards)
+    lens = np.where(pairs[..., 0] >= 0, flat[offsets[np.maximum(pairs[..., 0], 0)]
+                                             + pairs[..., 1]], 0)           # [P, S, n]
+    if mode in PACKED_MODES:
+        rows_all = plan.all_rows(0, batch)  # offline_pack's rows; None: pack packs per batch
+        table = np.empty(lens.shape[:2] + (5,))
+        for r in range(world):
+            for s in range(lens.shape[1]):
+                real = lens[r, s] > 0
+                if rows_all is None:
+                    rows = rank_rows(lens[r, s][real], mode, pack_length)
+                else:
+                    ids = rows_all[r, s][real]
+                    rows = [lens[r, s][real][ids == k].tolist() for k in range(ids.max() + 1)]
+                table[r, s] = rank_costs(rows, costs)
+        real, computed, attention, cost_u, cost_p = np.moveaxis(table, -1, 0)
+    else:
+        x = lens.astype(np.float64)
+        real, attention = x.sum(-1), (x ** 2).sum(-1)
+        computed = (x > 0).sum(-1) * x.max(-1)
+        cost_u, cost_p = costs["unpadded"].of_lengths(x), costs["padded"].of_lengths(x)
+    sequences = (lens > 0).sum(-1)
     return {"mode": mode, "world": world, "group": g if mode in ("local", "pack") else None,
             "steps": int(pairs.shape[1]), "padding_efficiency": float(real.sum() / computed.sum()),
             "imbalance_padded": imbalance(computed), "imbalance_real": imbalance(real),
             "imbalance_attention": imbalance(attention),
+            "imbalance_cost_unpadded": imbalance(cost_u),
+            "imbalance_cost_padded": imbalance(cost_p),
+            "sequences_per_rank": [int(sequences.min()), int(sequences.max())],
             "remainder_pct": 100.0 * len(plan.remainder(0, batch)) / int(offsets[-1])}
 
 
 def packing_bound(lengths: np.ndarray, pack_length: int) -> dict:
-    """Best-fit decreasing over all samples at once (rows tracked by their free room)."""
-    rows_with_room = np.zeros(pack_length + 1, dtype=np.int64)
-    for n in np.sort(lengths)[::-1].tolist():
-        fits = np.flatnonzero(rows_with_room[n:])
-        if len(fits):
-            room = n + int(fits[0])
-            rows_with_room[room] -= 1
-            rows_with_room[room - n] += 1
-        else:
-            rows_with_room[pack_length - n] += 1
-    rows = int(rows_with_room.sum())
-    return {"rows": rows, "padding_efficiency": float(lengths.sum() / (rows * pack_length)),
+    """Best-fit decreasing over all samples at once: the best a packer of any window of
+    these lengths reaches with this rule."""
+    rows = len(best_fit_decreasing(np.asarray(lengths), pack_length))
+    return {"rows": rows, "samples": int(len(lengths)),
+            "padding_efficiency": float(lengths.sum() / (rows * pack_length)),
             "samples_longer_than_half": int((lengths > pack_length // 2).sum())}
 
 
@@ -266,20 +316,32 @@ def train(variants: list[str], seeds: list[int], workdir: Path, step_time: int,
 
 def print_tables(rec: dict) -> None:
     if rec.get("simulation"):
-        print(f"\n1. sampler arithmetic, local batch {rec['batch']}, one epoch "
-              "(padding efficiency of a padded model; imbalance = mean over steps of max/mean "
-              "over ranks)")
+        print(f"\n1. sampler arithmetic on {rec['data']} (rows of {rec['seq_len']} tokens), "
+              f"local batch {rec['batch']}, one epoch (padding efficiency of a padded model; "
+              "imbalance = mean over steps of max/mean over ranks)")
+        for layout, c in rec["costs"].items():
+            fit = c.get("fit_error") or {}
+            err = (f"; fit: mean rel. error {fit['mean_rel_error']:.3f}, held-out "
+                   f"{c['held_out_error']['mean_rel_error']:.3f}"
+                   if fit and c.get("held_out_error") else "")
+            print(f"   cost {layout}: " + " + ".join(
+                f"{v:.3g}·{k}" for k, v in c["coefficients"].items() if v) + f" s ({c['source']}"
+                f"{err})")
         print("| mode | world | G | steps | pad. eff. | imb. padded tokens | imb. real tokens "
-              "| imb. Σlen² | remainder % |\n|---|---|---|---|---|---|---|---|---|")
+              "| imb. Σlen² | imb. cost unpadded | imb. cost padded | seqs/rank | remainder % |"
+              "\n|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rec["simulation"]:
+            lo, hi = r["sequences_per_rank"]
             print(f"| {r['mode']} | {r['world']} | {r['group'] or '-'} | {r['steps']} | "
                   f"{r['padding_efficiency']:.3f} | {r['imbalance_padded']:.4f} | "
                   f"{r['imbalance_real']:.4f} | {r['imbalance_attention']:.4f} | "
-                  f"{r['remainder_pct']:.2f} |")
+                  f"{r['imbalance_cost_unpadded']:.4f} | {r['imbalance_cost_padded']:.4f} | "
+                  f"{lo if lo == hi else f'{lo}–{hi}'} | {r['remainder_pct']:.2f} |")
         b = rec["packing_bound"]
-        print(f"packing bound (best-fit decreasing over all samples): efficiency "
-              f"{b['padding_efficiency']:.3f} ({b['samples_longer_than_half']} samples are "
-              f"longer than half a row and cannot share one)")
+        print(f"packing bound (best-fit decreasing over all {b['samples']} samples into rows of "
+              f"{rec['seq_len']}): efficiency {b['padding_efficiency']:.4f} "
+              f"({b['samples_longer_than_half']} samples are longer than half a row and "
+              "cannot share one)")
     if rec.get("attention"):
         a = rec["attention"]
         print("\n2. attention fwd+bwd ms (2 heads × 64, 1 thread, median over batches): "
@@ -307,8 +369,15 @@ def print_tables(rec: dict) -> None:
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m bench.balance", description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=REPO / "data/cpu128")
-    ap.add_argument("--worlds", default="2,8,64,1024")
-    ap.add_argument("--batch", type=int, default=32, help="local batch (the CPU benchmark's)")
+    ap.add_argument("--worlds", default="8,64,1024")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--batch", type=int, default=0,
+                    help="local batch (0 = 32, the CPU benchmark's, up to seq 128; else 16)")
+    ap.add_argument("--cost-unpadded", default="", metavar="FILE",
+                    help="length cost of the unpadded model (python -m runtime.length_cost "
+                         "--layout unpadded); '' = the CPU config model's default")
+    ap.add_argument("--cost-padded", default="", metavar="FILE",
+                    help="the same for the padded model ('' = default)")
     ap.add_argument("--group", type=int, default=8, help="G of local/pack (min(G, world))")
     ap.add_argument("--no-sim", action="store_true", help="skip the sampler arithmetic")
     ap.add_argument("--attention", type=int, default=20, metavar="BATCHES",
@@ -333,12 +402,24 @@ def main(argv=None) -> int:
            "command": " ".join(["python -m bench.balance", *(argv or sys.argv[1:])]),
            "machine": {"python": platform.python_version(), "torch": torch.__version__,
                        "cpus": __import__("os").cpu_count()},
-           "data": str(args.data), "batch": args.batch}
-    lengths = read_lengths(DataSetInfo.read(args.data))
+           "data": str(args.data)}
+    info = DataSetInfo.read(args.data)
+    lengths = read_lengths(info)
+    rec["seq_len"] = seq_len = data_seq_len(info, lengths)
+    rec["batch"] = args.batch = args.batch or (32 if seq_len <= 128 else 16)
     if not args.no_sim:
-        rec["simulation"] = [simulate(lengths, mode, int(w), args.batch, args.group)
-                             for w in args.worlds.split(",") for mode in MODES]
-        rec["packing_bound"] = packing_bound(np.concatenate(lengths), 128)
+        costs = default_costs()
+        for layout, path in (("unpadded", args.cost_unpadded), ("padded", args.cost_padded)):
+            if path:
+                costs[layout] = load(path)
+        rec["costs"] = {layout: c.to_json() for layout, c in costs.items()}
+        rec["simulation"] = []
+        for w in args.worlds.split(","):
+            for mode in args.modes.split(","):
+                rec["simulation"].append(simulate(lengths, mode, int(w), args.batch, args.group,
+                                                  pack_length=seq_len, costs=costs))
+                print(f"[bench.balance] {mode} at {w} ranks done", file=sys.stderr, flush=True)
+        rec["packing_bound"] = packing_bound(np.concatenate(lengths), seq_len)
     if args.attention:
         rec["attention"] = bench_attention(args.data, args.attention, args.batch)
     if not args.no_loaders and args.loader_batches:

@@ -1,11 +1,11 @@
 """Samples → one padded batch of torch tensors, one sample per row or several packed.
 
 Owns: the ``Batch`` the model consumes, the unpadded per-row form ``Rows`` (what the torch
-path and the DALI pipeline both pad), best-fit packing of samples into rows
-(``best_fit_rows``), padding a batch only to its own longest row, and rebuilding the masked-LM
-labels from the stored positions. Never: choosing which samples form a batch (see dataset.py's
-plans and balance.py), file I/O, or device placement policy (``Batch.to`` moves tensors
-where the caller says).
+path and the DALI pipeline both pad), best-fit packing of one batch's samples into rows
+(``best_fit_rows``, on packing.py's best-fit decreasing), padding a batch only to its own
+longest row, and rebuilding the masked-LM labels from the stored positions. Never: choosing
+which samples form a batch (see dataset.py's plans and balance.py), file I/O, or device
+placement policy (``Batch.to`` moves tensors where the caller says).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
+from loaders.packing import best_fit_decreasing
 from loaders.shards import DataError, Samples
 
 IGNORE_INDEX = -100
@@ -43,6 +44,9 @@ class Batch:
     next_sentence_labels: torch.Tensor  # [sequences] int64, 1 = B is a random sentence (MLPerf)
     num_real_tokens: int              # Σ sequence lengths
     num_padded_tokens: int            # rows · L, what a padded model computes on
+    sequence_lengths: tuple | None = None
+    """Per row, the lengths of its sequences (what loaders.length_cost prices); None where a
+    pipeline did not record them (then they are read from ``attention_mask``)."""
 
     @property
     def size(self) -> int:
@@ -106,27 +110,17 @@ class Rows:
 
 
 def best_fit_rows(lengths: np.ndarray, pack_length: int) -> list[list[int]]:
-    """Best-fit decreasing: sequences longest first (ties by index), each into the open row
-    with the least room that still fits it, else into a new row. Deterministic.
+    """Best-fit decreasing (packing.py): sequences longest first (ties by index), each into
+    the open row with the least room that still fits it (ties: the earliest row), else into
+    a new row. Deterministic.
 
     Returns, per row, the sample indices in the order they sit in the row."""
-    order = np.argsort(-np.asarray(lengths), kind="stable")
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i in order.tolist():
-        n = int(lengths[i])
-        if n > pack_length:
-            raise DataError(f"a sample of length {n} does not fit a packed row of "
-                            f"pack_length={pack_length}; raise data.pack_length to at least {n}")
-        fits = [r for r in range(len(rows)) if room[r] >= n]
-        if fits:
-            best = min(fits, key=lambda r: (room[r], r))
-            rows[best].append(i)
-            room[best] -= n
-        else:
-            rows.append([i])
-            room.append(pack_length - n)
-    return rows
+    lengths = np.asarray(lengths)
+    if len(lengths) and lengths.max() > pack_length:
+        n = int(lengths.max())
+        raise DataError(f"a sample of length {n} does not fit a packed row of "
+                        f"pack_length={pack_length}; raise data.pack_length to at least {n}")
+    return best_fit_decreasing(lengths, pack_length)
 
 
 def sample_rows(samples: Samples, rows: list[list[int]] | None = None) -> Rows:
@@ -167,6 +161,7 @@ def pad_rows(rows: Rows) -> Batch:
         next_sentence_labels=torch.from_numpy(np.concatenate(rows.next_sentence_labels)),
         num_real_tokens=int(lengths.sum()),
         num_padded_tokens=len(rows) * width,
+        sequence_lengths=tuple(tuple(np.bincount(m)[1:].tolist()) for m in rows.attention_mask),
     )
 
 

@@ -27,7 +27,9 @@ Policies, in one place:
 * **Balanced modes** (``balance=BalanceSpec(...)``, see balance.py for their plans and
   remainders): a rank's batch draws on other ranks' shards, so it reads those too; the
   prefetch then starts every shard a coming step needs first. Equal steps on every rank,
-  endless iteration and the data position below hold for every mode.
+  endless iteration and the data position below hold for every mode. Every mode gives each
+  rank ``local_batch_size`` sequences per step except ``offline_pack``, whose step holds
+  exactly world × local_batch_size sequences in equal rows per rank (b ± a few per rank).
 * **Iteration never ends**: the loader runs on into the next epoch; the trainer stops it
   (MLPerf counts samples, not epochs). ``epoch``/``step_in_epoch`` name the *next* batch.
 * **Data position**: ``state_dict()`` is the same on every rank (no rank in it), so one
@@ -182,8 +184,10 @@ class ShardPlan:
         return sum(self.shard_samples[s] for s in self.rank_shards(epoch, rank))
 
     def steps_per_epoch(self, epoch: int, local_batch_size: int) -> int:
-        return min(self.rank_samples(epoch, r) // local_batch_size
-                   for r in range(self.world_size))
+        n, w = self.num_shards, self.world_size
+        reads = self.file_order(epoch)[(np.arange(n // w)[:, None] * w + np.arange(w)) % n]
+        per_rank = np.asarray(self.shard_samples, dtype=np.int64)[reads].sum(0)  # [W]
+        return int(per_rank.min()) // local_batch_size
 
     def rank_order(self, epoch: int, rank: int) -> np.ndarray:
         """int32 [samples_r, 2]: every (shard, row) of rank's shards, in reading order."""
@@ -397,13 +401,13 @@ class TrainLoader:
 
     def next_rows(self) -> Rows:
         """The next batch before padding (what the DALI pipeline pads), advancing the
-        position. ``pack`` packs the batch's samples best-fit into rows here."""
+        position. ``pack`` packs the batch's samples best-fit into rows here;
+        ``offline_pack``'s rows come from its plan."""
         schedule = self._schedule(self._epoch)
-        pairs = schedule.batches[self._step]
+        pairs, rows = schedule.batch(self._step)
         self._plan_residency(schedule)
         shards = {s: self._store.get(s) for s in np.unique(pairs[:, 0]).tolist()}
         samples = take(shards, pairs)
-        rows = None
         if self.balance.mode == "pack":
             rows = best_fit_rows(samples.lengths(), self.balance.pack_length)
         self._advance(len(schedule.batches))
@@ -429,7 +433,9 @@ class TrainLoader:
         if epoch not in self._schedules:
             self._check_steps(epoch)
             batches = self.plan.rank_batches(epoch, self.rank, self.local_batch_size)
-            self._schedules[epoch] = _EpochSchedule(batches)
+            rows = (self.plan.rank_rows(epoch, self.rank, self.local_batch_size)
+                    if hasattr(self.plan, "rank_rows") else None)
+            self._schedules[epoch] = _EpochSchedule(batches, rows)
         return self._schedules[epoch]
 
     def _plan_residency(self, schedule: "_EpochSchedule") -> None:
@@ -475,18 +481,33 @@ class TrainLoader:
 
 
 class _EpochSchedule:
-    """One epoch's batches for this rank plus, per shard, the first and last step using it."""
+    """One epoch's batches for this rank (``rows``: each sample's packed row, where the plan
+    packs; (-1, -1) pairs pad a batch with fewer sequences) plus, per shard, the first and
+    last step using it."""
 
-    def __init__(self, batches: np.ndarray):
-        self.batches = batches
+    def __init__(self, batches: np.ndarray, rows: np.ndarray | None = None):
+        self.batches, self.rows = batches, rows
         flat = batches[:, :, 0].ravel()
         width = batches.shape[1]
+        steps = np.arange(len(flat)) // width
+        real = flat >= 0
+        flat, steps = flat[real], steps[real]
         shards, first = np.unique(flat, return_index=True)
         _, last_reversed = np.unique(flat[::-1], return_index=True)
-        self._last = dict(zip(shards.tolist(), ((len(flat) - 1 - last_reversed) // width).tolist()))
+        self._last = dict(zip(shards.tolist(), steps[len(flat) - 1 - last_reversed].tolist()))
         by_first = np.argsort(first, kind="stable")
-        self._first_steps = (first[by_first] // width)
+        self._first_steps = steps[first[by_first]]
         self._by_first = shards[by_first]
+
+    def batch(self, step: int) -> tuple[np.ndarray, list[list[int]] | None]:
+        """(pairs of the step's samples, their rows as lists of positions, or None)."""
+        pairs = self.batches[step]
+        real = pairs[:, 0] >= 0
+        pairs = pairs[real]
+        if self.rows is None:
+            return pairs, None
+        row_of = self.rows[step][real]
+        return pairs, [np.flatnonzero(row_of == r).tolist() for r in range(int(row_of.max()) + 1)]
 
     @property
     def first_shards(self) -> list[int]:
