@@ -354,16 +354,18 @@ def test_same_seed_same_batches_other_seed_other_batches(synthetic_dataset, mode
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_resume_mid_epoch_in_every_mode(dataset, mode):
-    with loader(dataset, 1, 2, 4, mode, seed=9) as ld:
+@pytest.mark.parametrize("world", [2, 4])
+def test_resume_mid_epoch_in_every_mode(dataset, mode, world):
+    rank = world - 1
+    with loader(dataset, rank, world, 4, mode, seed=9) as ld:
         steps = ld.steps_per_epoch
         expected = [next(ld) for _ in range(steps + 3)]
     for consumed in (3, steps - 1):  # mid-epoch, and a resume whose next batches cross epochs
-        with loader(dataset, 1, 2, 4, mode, seed=9) as first:
+        with loader(dataset, rank, world, 4, mode, seed=9) as first:
             for _ in range(consumed):
                 next(first)
             state = json.loads(json.dumps(first.state_dict()))
-        with loader(dataset, 1, 2, 4, mode, seed=9) as resumed:
+        with loader(dataset, rank, world, 4, mode, seed=9) as resumed:
             resumed.load_state_dict(state)
             assert_batches_equal([next(resumed) for _ in range(steps + 3 - consumed)],
                                  expected[consumed:])
