@@ -48,7 +48,8 @@ def build_model(config_path, overrides, layout: str, packed: bool):
     from runtime.config import load_config
     from runtime.model import BertConfig, BertForPreTraining
     m = load_config(config_path, overrides).model
-    cfg = BertConfig(**{f.name: getattr(m, f.name) for f in dataclasses.fields(BertConfig)})
+    cfg = BertConfig(**{f.name: getattr(m, f.name) for f in dataclasses.fields(BertConfig)
+                        if hasattr(m, f.name)})  # the [model] fields the shape is made of
     attention = "padded" if layout == "padded" else "unpadded"
     kw = {"kernel": KERNEL[layout]} if KERNEL[layout] else {}
     torch.manual_seed(0)
