@@ -19,8 +19,9 @@ The model of one step at P GPUs, local batch b (runtime.tune.simulate with κ = 
   launch work: a 1/P pass over each bucket (8 B/element at HBM speed), a norm pass for the
   before-clip modes (4 B/element);
   allreduce: the fabric's T(n) at P GPUs (runtime.tune.fabric), n in the reduce dtype;
-  the split tied embedding: its lookup rows all touched (at ≥ 8 × 512 tokens per step nearly
-  every row of a 30,522-word vocabulary is; the conservative choice);
+  the split tied embedding: the rows a step's tokens touch by Heaps' law (fitted to this
+  machine's measurements, ≤ V: at 1,024 GPUs every row), and the tuned plan solved with the
+  tied sync split and dense, the faster kept (tied_embedding_sync is a config key);
   + step_overhead_ms (the file's; 0 unless the user knows better).
 Time to train = steps · step + evaluations · eval time, steps = ⌈samples / global batch⌉,
 evaluations every MLPerf cadence floor(0.05·(230.23·B + 3e6)/25000)·25000 samples, each a
@@ -79,6 +80,14 @@ class GpuProfile:
     """bytes per gradient element in the allreduce (2: fp16/bf16)"""
     step_overhead_ms: float = 0.0
     """per-step time outside the model (data, launch, loss scaling); 0 unless known"""
+    tokens_per_sequence: float = 512.0
+    """real tokens per sequence (row) of a batch: the split tied embedding's touched rows grow
+    with the tokens of a step"""
+    heaps_k: float = 2.15
+    """Heaps' law K: distinct word pieces in N tokens ≈ K·N^β (fitted to this machine's two
+    measurements: 146 rows in ~256 tokens, 2,038 in ~8,200 tokens of the Wikipedia sets)"""
+    heaps_beta: float = 0.76
+    """Heaps' law β"""
     source: str = ""
     """where the numbers come from"""
 
@@ -116,7 +125,13 @@ def with_tied_embedding(cpu: StepProfile) -> StepProfile:
     return replace(cpu, tied=emb, tied_rows=bias.numel, decoder_ready_s=bias.ready_s)
 
 
-def gpu_step_profile(gp: GpuProfile, cpu: StepProfile, local_batch: int) -> StepProfile:
+def touched_rows(gp: GpuProfile, vocab: int, tokens: float) -> int:
+    """Rows of the word embedding the step's tokens (all GPUs) look up: Heaps' law, ≤ V."""
+    return int(min(vocab, gp.heaps_k * tokens ** gp.heaps_beta))
+
+
+def gpu_step_profile(gp: GpuProfile, cpu: StepProfile, local_batch: int,
+                     gpus: int = 1) -> StepProfile:
     """The CPU layer split scaled to ``local_batch`` sequences at the GPU's throughput."""
     compute = local_batch / gp.sequences_per_second
     scale = compute / (cpu.forward_s + cpu.backward_s)
@@ -129,7 +144,7 @@ def gpu_step_profile(gp: GpuProfile, cpu: StepProfile, local_batch: int) -> Step
         data_s=0.0, tail_s=gp.step_overhead_ms * 1e-3, element_bytes=4,
         prescale_s_per_element=8 / hbm, norm_s_per_element=4 / hbm,
         decoder_ready_s=None if cpu.decoder_ready_s is None else cpu.decoder_ready_s * scale,
-        touched_rows=cpu.tied_rows,
+        touched_rows=touched_rows(gp, cpu.tied_rows, gpus * local_batch * gp.tokens_per_sequence),
         # the split's finish: row mask, gather and the decoder share's add, ~12 B/element
         tied_finish_s=cpu.sizes().get(cpu.tied, 0) * 12 / hbm if cpu.tied else 0.0,
         comm_slowdown=1.0)
@@ -160,6 +175,8 @@ def eval_interval(global_batch: int) -> int:
 
 @dataclass
 class Point:
+    """One projected configuration."""
+
     gpus: int
     global_batch: int
     clip_mode: str
@@ -175,6 +192,7 @@ class Point:
     eval_s: float
     ttt_s: float
     samples_source: str = ""
+    tied_sync: str = ""
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -203,12 +221,15 @@ def step_points(gp: GpuProfile, cpu: StepProfile, fabric: Fabric, gpus: int, loc
                 clip_mode: str, samples: Optional[float] = None,
                 plans_wanted: Optional[list[str]] = None,
                 num_buckets: Optional[int] = None) -> list[Point]:
-    profile = gpu_step_profile(gp, cpu, local_batch)
+    profile = gpu_step_profile(gp, cpu, local_batch, gpus)
     comm = fabric.comm_model(gpus)
     tied = resolve_tied("auto", clip_mode, gpus)
     spec = SyncSpec(clip_mode=clip_mode, tied_sync=tied, reduce_bytes=gp.reduce_bytes,
                     align=1024, world_size=gpus)
     inst = Instance.build(profile, spec, comm)
+    other = None
+    if tied == "split":   # the tuned plan may also run with tied_embedding_sync=dense
+        other = Instance.build(profile, replace(spec, tied_sync="dense"), comm)
     B = gpus * local_batch
     src = "given"
     if samples is None:
@@ -222,10 +243,16 @@ def step_points(gp: GpuProfile, cpu: StepProfile, fabric: Fabric, gpus: int, loc
         if plans_wanted and name not in plans_wanted:
             continue
         tl = simulate(inst, plan, name)
+        mode = tied
+        if name == "tuned" and other is not None:
+            sol = solve(other, num_buckets=num_buckets, max_candidates=1500)
+            tl2 = simulate(other, other.plan_from_cuts(sol.cuts, "tuned"), name)
+            if tl2.step_s < tl.step_s:
+                tl, plan, mode = tl2, tl2.plan, "dense"
         out.append(Point(gpus, B, clip_mode, name, len(plan.buckets), tl.step_s,
                          profile.forward_s + profile.backward_s, tl.exposed_s,
                          profile.optimizer_s, samples, steps, evals, eval_s,
-                         steps * tl.step_s + evals * eval_s, src))
+                         steps * tl.step_s + evals * eval_s, src, mode))
     return out
 
 
@@ -239,8 +266,9 @@ def project(gp, cpu, fabric, gpus_list, local_batch, clip_modes) -> list[Point]:
 
 def scaling_table(points: list[Point]) -> str:
     lines = ["| clip mode | GPUs | global batch | compute ms | step ms: no bucketing | DDP 25 MiB |"
-             " best single | **tuned** | exposed comm ms (tuned) | scaling efficiency (tuned) | "
-             "samples (RCP) | time to train s (tuned) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             " best single | **tuned** | tuned: buckets, tied sync | exposed comm ms (tuned) | "
+             "scaling efficiency (tuned) | samples (RCP) | time to train s (tuned) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     key = {}
     for pt in points:
         key.setdefault((pt.clip_mode, pt.gpus), {})[pt.plan] = pt
@@ -250,6 +278,7 @@ def scaling_table(points: list[Point]) -> str:
         lines.append(f"| {clip} | {p} | {t.global_batch} | {t.compute_s * 1e3:.1f} | "
                      f"{d['no bucketing'].step_s * 1e3:.1f} | {d['DDP 25 MiB'].step_s * 1e3:.1f} | "
                      f"{d['best single size'].step_s * 1e3:.1f} | **{t.step_s * 1e3:.1f}** | "
+                     f"{t.buckets}, {t.tied_sync} | "
                      f"{t.exposed_s * 1e3:.1f} | {eff:.0%} | {t.samples / 1e6:.2f} M | "
                      f"{t.ttt_s:.1f} |")
     return "\n".join(lines)
