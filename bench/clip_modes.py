@@ -32,11 +32,12 @@ import time
 from pathlib import Path
 
 from bench.time_to_accuracy import _f, machine, run_runtime
+from runtime.grad_sync import CLIP_MODES
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "clip_modes.json"
 CONFIG = REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
-MODES = ("global_after", "local_before", "bucket_before", "none")
+MODES = CLIP_MODES
 
 
 def clip_stats(metrics: Path) -> dict:

@@ -52,11 +52,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import get_args
+
+from runtime.choices import ClipMode
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "overlap.json"
 DEFAULT_CONFIG = REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
-MODES = ("global_after", "local_before", "bucket_before", "none")
+MODES = get_args(ClipMode)
 VARIANTS = {
     "after_backward": ["train.grad_sync=buckets", "train.bucket_cap_mb=1024",
                        "train.clip_mode=global_after", "train.tied_embedding_sync=dense"],
@@ -144,10 +147,11 @@ class VariantRun:
         import contextlib
         t = self.trainer
         quiet = contextlib.nullcontext()
-        if t.buckets is not None:
-            t.buckets.skip_communication = not communicate
-        elif t.net is not t.model and not communicate:
-            quiet = t.net.no_sync()
+        sync = t.grad_sync
+        if hasattr(sync, "skip_communication"):  # the runtime's buckets
+            sync.skip_communication = not communicate
+        elif not communicate:                    # DDP reduces nothing under no_sync()
+            quiet = sync.no_sync()
         self.it.seconds = 0.0
         with quiet:
             m = t.train_step(self.it)

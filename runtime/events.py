@@ -8,7 +8,12 @@ The trainer fires events in this order; callbacks observe them and never steer t
     RUN_START                       MLPerf's timed region begins
     while not stopped:
         BLOCK_START                 a block of training between two evaluations
-        STEP  (per optimizer step)  state.last_step has loss, lr, grad norm, tokens, times
+        STEP  (per optimizer step)  state.step and state.samples advanced; no metrics (they
+                                    stay on the device until the next LOG)
+        LOG   (every train.log_every_steps steps, and before BLOCK_STOP)
+                                    state.logged_steps: the StepMetrics of every step since
+                                    the last LOG, reduced across ranks (loss, lr, grad norm,
+                                    tokens, times, balance); state.last_step is the newest
         BLOCK_STOP
         EVAL_START
         EVAL_STOP                   state.eval_accuracy set
@@ -29,6 +34,7 @@ class Event(enum.Enum):
     RUN_START = "run_start"
     BLOCK_START = "block_start"
     STEP = "step"
+    LOG = "log"
     BLOCK_STOP = "block_stop"
     EVAL_START = "eval_start"
     EVAL_STOP = "eval_stop"
@@ -58,6 +64,7 @@ class StepMetrics:
     skipped: bool = False        # fp16: step skipped because of inf/nan gradients
     loss_scale: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)  # numbers; "timeline" is a dict
+    elapsed_s: float | None = None  # seconds from RUN_START to the end of this step
 
 
 @dataclass
@@ -76,7 +83,8 @@ class RunState:
     eval_samples: int = 0        # eval samples used for eval_accuracy
     train_samples: int = 0       # samples in one training epoch (MLPerf train_samples)
     status: str | None = None    # "success" | "aborted" at RUN_STOP
-    last_step: StepMetrics | None = None
+    last_step: StepMetrics | None = None      # the newest logged step (see Event.LOG)
+    logged_steps: list = field(default_factory=list)  # StepMetrics of the latest LOG
     derived: dict[str, Any] = field(default_factory=dict)  # local batch, accum, warm-up...
 
     @property

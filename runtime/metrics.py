@@ -21,7 +21,9 @@ def _fmt_duration(seconds: float) -> str:
 
 
 class MetricsWriter:
-    """Appends step and eval records to ``<dir>/metrics.jsonl`` on rank 0."""
+    """Appends step and eval records to ``<dir>/metrics.jsonl`` on rank 0: a record for every
+    step (``every``: every n-th), written when the trainer logs (Event.LOG), each stamped
+    with its own time since RUN_START."""
 
     def __init__(self, path: str | Path, every: int = 1):
         self.path = Path(path)
@@ -35,16 +37,18 @@ class MetricsWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "w")
             self._t0 = time.perf_counter()
-        elif event is Event.STEP and self._file and state.step % self.every == 0:
-            m = state.last_step
-            rec = {"kind": "step", "time_s": time.perf_counter() - self._t0, "step": m.step,
-                   "samples": m.samples, "loss": m.loss, "mlm_loss": m.mlm_loss,
-                   "nsp_loss": m.nsp_loss, "lr": m.lr, "grad_norm": m.grad_norm,
-                   "clip_coef": m.clip_coef, "step_time_s": m.step_time_s,
-                   "real_tokens": m.real_tokens, "computed_tokens": m.computed_tokens,
-                   "padding_efficiency": m.real_tokens / max(m.computed_tokens, 1),
-                   "skipped": m.skipped, "loss_scale": m.loss_scale, **m.extra}
-            self._write(rec)
+        elif event is Event.LOG and self._file:
+            for m in state.logged_steps:  # every step since the last LOG, written now
+                if m.step % self.every:
+                    continue
+                t = m.elapsed_s if m.elapsed_s is not None else time.perf_counter() - self._t0
+                self._write({"kind": "step", "time_s": t, "step": m.step,
+                             "samples": m.samples, "loss": m.loss, "mlm_loss": m.mlm_loss,
+                             "nsp_loss": m.nsp_loss, "lr": m.lr, "grad_norm": m.grad_norm,
+                             "clip_coef": m.clip_coef, "step_time_s": m.step_time_s,
+                             "real_tokens": m.real_tokens, "computed_tokens": m.computed_tokens,
+                             "padding_efficiency": m.real_tokens / max(m.computed_tokens, 1),
+                             "skipped": m.skipped, "loss_scale": m.loss_scale, **m.extra})
         elif event is Event.EVAL_STOP and self._file:
             self._write({"kind": "eval", "time_s": time.perf_counter() - self._t0,
                          "step": state.step, "samples": state.samples,
@@ -62,13 +66,14 @@ class MetricsWriter:
 
 
 class ProgressPrinter:
-    """One progress line every ``every`` steps and after each eval (rank 0).
+    """One progress line at each logging point (Event.LOG, every ``every`` steps) and after
+    each eval (rank 0).
 
     The time-left estimate extrapolates the last two eval accuracies linearly to the target
     when accuracy is rising, else reports the time to the step budget. ``pad-eff`` is Σ real
     / Σ computed tokens over all ranks since the start; ``imbalance tok … fwd …`` the mean,
     over the steps since the previous line, of max/mean over ranks of computed tokens and of
-    forward time (runtime.balance)."""
+    forward time (runtime.balance_meter)."""
 
     def __init__(self, every: int = 10, stream=sys.stdout):
         self.every = max(1, every)
@@ -82,14 +87,15 @@ class ProgressPrinter:
             self.t0 = time.perf_counter()
             self.tokens = [0, 0]
             self.imbalance: list[tuple[float, float]] = []
-        elif event is Event.STEP:
-            m = state.last_step
-            # All ranks' tokens when the trainer measured balance (runtime.balance), else ours.
-            self.tokens[0] += m.extra.get("real_tokens_all", m.real_tokens)
-            self.tokens[1] += m.extra.get("computed_tokens_all", m.computed_tokens)
-            if "imbalance_tokens" in m.extra:
-                self.imbalance.append((m.extra["imbalance_tokens"], m.extra["imbalance_compute"]))
-            if state.step % self.every == 0:
+        elif event is Event.LOG:
+            for m in state.logged_steps:
+                # All ranks' tokens when the trainer measured balance, else ours.
+                self.tokens[0] += m.extra.get("real_tokens_all", m.real_tokens)
+                self.tokens[1] += m.extra.get("computed_tokens_all", m.computed_tokens)
+                if "imbalance_tokens" in m.extra:
+                    self.imbalance.append((m.extra["imbalance_tokens"],
+                                           m.extra["imbalance_compute"]))
+            if state.last_step is not None and state.last_step.step % self.every == 0:
                 self._print(state)
         elif event is Event.EVAL_STOP:
             self.evals.append((state.samples, state.eval_accuracy))

@@ -1,9 +1,11 @@
 """BERT for pre-training (masked LM + next-sentence prediction), Hugging Face-compatible.
 
-Owns: ``BertConfig`` (the model's size, with validation), the modules of ``BertForPreTraining``
+Owns: the modules of ``BertForPreTraining`` (sized by ``runtime.model_config.BertConfig``)
 with parameter names identical to Hugging Face's (post-LayerNorm, erf GELU, MLM decoder tied to
 the word embeddings), HF-style initialisation, and reading/writing HF-format state dicts
 (``load_hf_state_dict``, ``load_pretrained``, ``save_hf_state_dict``, ``minilm_path``).
+It exposes no hook slot for communication: distributed wrappers act from outside
+(runtime.grad_sync swaps the MLM decoder for a tapped one when it splits the tied weight).
 
 Never: distributed communication, optimizers, data loading, or device placement — the model is
 written for one device of any kind (CPU, or CUDA under bf16 autocast); callers move it.
@@ -31,81 +33,22 @@ Example::
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import Varlen, varlen_attention
+from runtime.choices import AttentionMode
+from runtime.model_config import BertConfig
 
-ATTENTION_MODES = ("padded", "unpadded")
+ATTENTION_MODES = get_args(AttentionMode)
 IGNORE_INDEX = -100
 """masked_lm_labels value of positions that are not predicted (HF / torch convention)."""
-
-
-def _doc(text: str, default: Any) -> Any:
-    return field(default=default, metadata={"doc": text})
-
-
-@dataclass
-class BertConfig:
-    """Size and initialisation of a BERT model; field names and meanings are HF's config.json."""
-
-    vocab_size: int = _doc("WordPiece vocabulary size (rows of the word embedding and MLM decoder)", 30522)
-    hidden_size: int = _doc("hidden width H", 768)
-    num_hidden_layers: int = _doc("transformer layers", 12)
-    num_attention_heads: int = _doc("attention heads; must divide hidden_size", 12)
-    intermediate_size: int = _doc("feed-forward width", 3072)
-    max_position_embeddings: int = _doc("position table size; must be >= the sequence length", 512)
-    type_vocab_size: int = _doc("segment (token type) vocabulary size", 2)
-    hidden_dropout_prob: float = _doc("dropout after embeddings, attention output and FFN", 0.1)
-    attention_probs_dropout_prob: float = _doc("dropout on attention probabilities", 0.1)
-    layer_norm_eps: float = _doc("LayerNorm epsilon", 1e-12)
-    initializer_range: float = _doc("std of the normal init of Linear/Embedding weights", 0.02)
-    pad_token_id: int = _doc("id of [PAD]; its word-embedding row is initialised to zero", 0)
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"BertConfig.{name}={value!r}: set it to a positive integer")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"BertConfig.hidden_size ({self.hidden_size}) is not divisible by "
-                f"num_attention_heads ({self.num_attention_heads}); change one so it divides")
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"BertConfig.{name}={getattr(self, name)}: must be in [0, 1)")
-        for name in ("layer_norm_eps", "initializer_range"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"BertConfig.{name}={getattr(self, name)}: must be > 0")
-        if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"BertConfig.pad_token_id={self.pad_token_id}: must be in "
-                             f"[0, vocab_size={self.vocab_size})")
-
-    @classmethod
-    def from_hf_json(cls, path: str | Path) -> "BertConfig":
-        """Read an HF ``config.json`` (or a directory holding one); unknown keys are ignored,
-        keys that change the architecture to one this module does not implement are refused."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        raw = json.loads(path.read_text())
-        unsupported = {"model_type": "bert", "hidden_act": "gelu",
-                       "position_embedding_type": "absolute"}
-        for key, want in unsupported.items():
-            if raw.get(key, want) != want:
-                raise ValueError(f"{path}: {key}={raw[key]!r} is not supported; this model "
-                                 f"implements {key}={want!r} only")
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
 
 
 # ----------------------------------------------------------------------------------- modules
@@ -367,16 +310,9 @@ class BertLMPredictionHead(nn.Module):
         # As in HF: one Parameter under two names, cls.predictions.bias and .decoder.bias.
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         self.decoder.bias = self.bias
-        # Set by the runtime's gradient buckets (train.tied_embedding_sync = "split"): the tied
-        # weight passes through it, so the decoder's share of its gradient can be taken (and
-        # reduced) as soon as backward produces it, apart from the lookup's share.
-        self.weight_tap: Optional[Any] = None
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        hidden = self.transform(rows)
-        if self.weight_tap is None:
-            return self.decoder(hidden)
-        return F.linear(hidden, self.weight_tap(self.decoder.weight), self.bias)
+        return self.decoder(self.transform(rows))
 
 
 class BertPreTrainingHeads(nn.Module):

@@ -12,7 +12,7 @@ What this module owns:
       - ``reference``: per-tensor plain torch (``kernels.optim_reference``), the meaning;
       - ``foreach``: multi-tensor ``torch._foreach_*`` (``kernels.optim_foreach``);
       - ``fused``: flat contiguous buffers, one or two compiled passes per step
-        (``kernels.optim_flat``, bound to the optimizer by ``runtime.optim_flat``; the
+        (``kernels.optim_flat``, bound to the optimizer by ``runtime.optim_binding``; the
         model's parameters and gradients become views of the buffers);
       - ``apex``: apex's FusedLAMB/FusedAdam kernels (``kernels.optim_apex``), offered only
         where NVIDIA apex imports, CUDA only, LAMB and AdamW;
@@ -38,8 +38,6 @@ it is incremented before the update, so bias correction uses β^step with step =
 from __future__ import annotations
 
 import inspect
-import math
-import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -49,7 +47,8 @@ from kernels import optim_apex as _apex
 from kernels import optim_flat as _flat
 from kernels import optim_foreach as _foreach
 from kernels import optim_reference as _ref
-from runtime.optim_flat import FlatBinding
+from runtime.choices import hparam_error
+from runtime.optim_binding import FlatBinding
 
 __all__ = [
     "NO_DECAY_NAME_PARTS",
@@ -108,30 +107,6 @@ def resolve_backend(optimizer: str, backend: str, device: torch.device) -> str:
 
 # --------------------------------------------------------------------------- validation
 
-def _fail(opt: str, key: str, rule: str, value: Any) -> None:
-    raise ValueError(f"{opt}: hyperparameter '{key}' must be {rule}, got {value!r}")
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
-
-
-# key -> (predicate, description of the valid range)
-_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "lr": (lambda x: _is_number(x) and x > 0, "a number > 0"),
-    "beta1": (lambda x: _is_number(x) and 0 <= x < 1, "in [0, 1)"),
-    "beta2": (lambda x: _is_number(x) and 0 <= x < 1, "in [0, 1)"),
-    "momentum": (lambda x: _is_number(x) and 0 <= x < 1, "in [0, 1)"),
-    "eps": (lambda x: _is_number(x) and x > 0, "a number > 0"),
-    "weight_decay": (lambda x: _is_number(x) and x >= 0, "a number >= 0"),
-    "trust_coefficient": (lambda x: _is_number(x) and x > 0, "a number > 0"),
-    "trust_clamp": (lambda x: x is None or (_is_number(x) and x > 0), "None or a number > 0"),
-    "bias_correction": (lambda x: isinstance(x, bool), "True or False"),
-    "use_nvlamb": (lambda x: isinstance(x, bool), "True or False"),
-    "adapt": (lambda x: isinstance(x, bool), "True or False"),
-}
-
-
 def _validate(opt: str, hparams: Mapping[str, Any]) -> None:
     for key, value in hparams.items():
         if key == "backend":
@@ -142,9 +117,9 @@ def _validate(opt: str, hparams: Mapping[str, Any]) -> None:
                     f"{opt}: backend {value!r} is not available{hint}; available backends: "
                     f"{', '.join(available_backends(opt))}")
             continue
-        rule = _RULES.get(key)
-        if rule is not None and not rule[0](value):
-            _fail(opt, key, rule[1], value)
+        why = hparam_error(key, value)
+        if why:
+            raise ValueError(f"{opt}: hyperparameter '{key}' {why}")
 
 
 # --------------------------------------------------------------------------- grouping
@@ -240,7 +215,7 @@ class _PrestoOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """With ``fused``: zero the flat gradient buffer, gradients stay views (never None,
-        whatever ``set_to_none`` says; see runtime.optim_flat). Otherwise torch's."""
+        whatever ``set_to_none`` says; see runtime.optim_binding). Otherwise torch's."""
         if self._flat is not None:
             self._flat.zero_grad()
         else:
@@ -276,22 +251,35 @@ class _PrestoOptimizer(torch.optim.Optimizer):
                                 memory_format=torch.preserve_format)
 
     @torch.no_grad()
-    def step(self, closure=None, grad_scale: float | torch.Tensor = 1.0):
+    def step(self, closure=None, grad_scale: float | torch.Tensor = 1.0,
+             found_inf: torch.Tensor | None = None):
         """One update of every parameter that has a gradient.
 
         ``grad_scale`` multiplies every gradient inside the step: pass the runtime's clip
         coefficient times any loss-scale unscale factor (float or 0-dim tensor).
+        ``found_inf`` (0-dim bool tensor): when True, nothing changes - parameters, state and
+        step counts stay as they were (a non-finite gradient). The ``fused`` backend decides
+        on the device; the per-tensor backends read the flag on the host (one sync).
         """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         if self._flat is not None:
-            self._flat.step(grad_scale, self._hparams)
+            self._flat.step(grad_scale, self._hparams, found_inf)
+            return loss
+        if found_inf is not None and bool(found_inf):
             return loss
         for group in self.param_groups:
             self._step_group(group, grad_scale)
         return loss
+
+    def share_gradients(self, grads: torch.Tensor, ordered) -> None:
+        """The gradient sync's flat buffer and its parameter order (``GradSync.on_layout``):
+        the ``fused`` backend steps on it instead of copying it each step; the per-tensor
+        backends already step on each ``.grad`` view where it lies."""
+        if self._flat is not None:
+            self._flat.share_gradients(grads, ordered)
 
     def _step_group(self, group, grad_scale) -> None:
         raise NotImplementedError

@@ -6,27 +6,31 @@ What this module owns (``FlatBinding``):
     ``runtime.optim`` pass it) — one ``kernels.optim_flat.FlatBuffers`` and one fused step per
     (device, dtype);
   * binding: parameters, their ``.grad`` and their optimizer state (``exp_avg``,
-    ``exp_avg_sq`` / ``momentum_buffer``) become views of the flat buffers, so
-    ``state_dict()`` and any per-tensor code see the same memory; after
-    ``load_state_dict`` the loaded state is copied back in (``adopt_state``);
+    ``exp_avg_sq`` / ``momentum_buffer``, and ``step``) become views of the flat buffers, so
+    ``state_dict()`` and any per-tensor code see the same memory; after ``load_state_dict``
+    the loaded state is copied back in (``adopt_state``);
+  * sharing the gradient buffer (``share_gradients``): when the gradient sync owns a flat
+    buffer already in this layout (runtime.grad_sync's bucket buffer: rows of 1024, whole
+    tensors on row boundaries, in its plan's order), the binding re-lays its parameters and
+    state out in that order and steps on that buffer - one owner of gradient memory, no copy
+    per step. Called again after the sync's first-step re-cut;
   * each step: per-tensor hyperparameters from the parameter groups (looked up each step, so
-    a schedule writing ``group["lr"]`` just works) and per-tensor step counts from
-    ``state[p]["step"]``; a tensor whose ``.grad`` is None is inactive (left untouched, its
-    step not counted), a ``.grad`` or ``.data`` the caller replaced is copied in and
-    re-pointed;
+    a schedule writing ``group["lr"]`` just works) and per-tensor step counts, kept on the
+    device (``state[p]["step"]`` is a 0-dim view): the optimizer's ``found_inf`` (a
+    non-finite gradient) is folded into the update mask and the counts on the device, so a
+    skipped step needs no host decision. A tensor whose ``.grad`` is None is inactive (left
+    untouched, its step not counted); a ``.grad`` or ``.data`` the caller replaced is copied
+    in and re-pointed;
   * ``zero_grad``: one memset of the gradient buffer. Gradients stay views and are never set
     to None (``set_to_none`` is ignored), so autograd and DDP keep accumulating straight
     into the buffer. Consequence: a parameter that got no gradient since ``zero_grad`` is
     stepped with a zero gradient, where torch's ``set_to_none`` would skip it (every BERT
     parameter gets a gradient every step; set ``p.grad = None`` to skip one);
-  * ``grad_norm``: the global gradient norm as one reduction over each gradient buffer;
-  * gradients owned elsewhere: when the parameters' ``.grad`` are already views of another
-    buffer at binding time (``runtime.buckets`` attaches its bucket views before the
-    optimizer is built), the binding leaves them there (``external_grads``): each step copies
-    them into the gradient buffer (one extra read and write of the gradients) and never
-    re-points them, so the bucket allreduce keeps working on its own memory. Sharing one
-    buffer instead needs the bucket buffer in this layout (rows of 1024, whole tensors on
-    row boundaries): see ``kernels.optim_flat.FlatLayout``.
+  * ``grad_norm``: the global gradient norm from per-row norms of each gradient buffer;
+  * gradients owned elsewhere in another layout: when the parameters' ``.grad`` are already
+    views of some other buffer at binding time and nobody shares it (``external_grads``),
+    each step copies them into the gradient buffer (one extra read and write) and never
+    re-points them.
 
 What it never does: the step math (``kernels.optim_flat``), choose the backend
 (``runtime.optim``), move parameters (build the optimizer after ``model.to(device)``).
@@ -51,6 +55,7 @@ class _Part:
     buffers: FlatBuffers
     engine: object
     params: list[torch.Tensor]
+    steps: torch.Tensor  # per-tensor update counts (float64, on the device)
     data_views: list[torch.Tensor] = field(default_factory=list)
     grad_views: list[torch.Tensor] = field(default_factory=list)
 
@@ -77,35 +82,46 @@ class FlatBinding:
                  compile: bool = True) -> None:
         self.optimizer = optimizer
         self.step_class = step_class
+        self.compile = compile
         params = [p for g in optimizer.param_groups for p in g["params"]]
         if len({id(p) for p in params}) != len(params):
             raise ValueError("fused backend: a parameter appears twice in the groups")
-        # .grad already a view of some other buffer (gradient buckets): leave it there.
+        # .grad already a view of some other buffer: leave it there (until shared).
         self.external_grads = any(p.grad is not None and p.grad._is_view() for p in params)
         keys: dict[tuple, list[torch.Tensor]] = {}
         for p in _layout_order(params, model_order):
             if p.is_sparse:
                 raise ValueError("fused backend: sparse parameters are not supported")
             keys.setdefault((p.device, p.dtype), []).append(p)
-        self.parts = [self._bind(ps, compile) for ps in keys.values()]
+        self.parts = [self._bind(ps, grads=None) for ps in keys.values()]
 
-    def _bind(self, params: list[torch.Tensor], compile: bool) -> _Part:
+    def _bind(self, params: list[torch.Tensor], grads: torch.Tensor | None) -> _Part:
+        """Buffers for ``params`` in this order, state and step counts copied in from the
+        optimizer's state (which may still point into the buffers being replaced)."""
         layout = FlatLayout.build([tuple(p.shape) for p in params])
         buffers = FlatBuffers(layout, dtype=params[0].dtype, device=params[0].device,
-                              state_names=self.step_class.state_names)
-        buffers.bind(params, grads=not self.external_grads)
-        part = _Part(buffers, self.step_class(buffers, compile=compile), params)
+                              state_names=self.step_class.state_names, grads=grads)
+        buffers.bind(params, grads=grads is None and not self.external_grads)
+        steps = torch.zeros(len(params), dtype=torch.float64, device=buffers.device)
+        part = _Part(buffers, self.step_class(buffers, compile=self.compile), params, steps)
         for i, p in enumerate(params):
             part.data_views.append(buffers.view(buffers.params, i))
             part.grad_views.append(buffers.view(buffers.grads, i))
-            state = self.optimizer.state[p]
-            state.setdefault("step", 0)
-            for name in self.step_class.state_names:
-                view = buffers.view(buffers.state[name], i)
-                if name in state:
-                    view.copy_(state[name])
-                state[name] = view
+            self._adopt(part, i)
         return part
+
+    def _adopt(self, part: _Part, i: int) -> None:
+        """Copy tensor i's state (and step count) into the part's buffers; re-point it there."""
+        b, p = part.buffers, part.params[i]
+        state = self.optimizer.state[p]
+        step = state.get("step", 0)
+        part.steps[i] = step.to(part.steps) if isinstance(step, torch.Tensor) else float(step)
+        state["step"] = part.steps[i]  # a 0-dim view: counted on the device
+        for name in self.step_class.state_names:
+            view = b.view(b.state[name], i)
+            if name in state and state[name] is not view:
+                view.copy_(state[name])
+            state[name] = view
 
     # ------------------------------------------------------------------ lifecycle
     def warmup(self) -> float:
@@ -119,15 +135,36 @@ class FlatBinding:
     def adopt_state(self) -> None:
         """After ``load_state_dict``: copy the loaded state into the buffers, re-point it."""
         for part in self.parts:
-            b = part.buffers
-            for i, p in enumerate(part.params):
-                state = self.optimizer.state[p]
-                state.setdefault("step", 0)
-                for name in self.step_class.state_names:
-                    view = b.view(b.state[name], i)
-                    if name in state and state[name] is not view:
-                        view.copy_(state[name])
-                    state[name] = view
+            for i in range(len(part.params)):
+                self._adopt(part, i)
+
+    @torch.no_grad()
+    def share_gradients(self, grads: torch.Tensor, ordered: Sequence[torch.Tensor]) -> None:
+        """Step on ``grads``, a flat gradient buffer owned by the caller, whose layout is the
+        fused one for ``ordered`` (each tensor's ``.grad`` already a view of it, starting on a
+        row boundary). Parameters and state move to new buffers in that order (a transient
+        second copy of them); the old buffers are freed. Raises if the layouts differ."""
+        if len(self.parts) != 1:
+            raise ValueError("fused backend: sharing one gradient buffer needs every parameter "
+                             "on one device with one dtype")
+        (old,) = self.parts
+        ordered = list(ordered)
+        if {id(p) for p in ordered} != {id(p) for p in old.params}:
+            raise ValueError("fused backend: the shared gradient buffer holds other parameters "
+                             "than the optimizer's")
+        layout = FlatLayout.build([tuple(p.shape) for p in ordered])
+        base, size = grads.data_ptr(), grads.element_size()
+        for p, seg in zip(ordered, layout.segments):
+            if p.grad is None or p.grad.data_ptr() != base + seg.offset * size:
+                raise ValueError("fused backend: the shared gradient buffer is not in the fused "
+                                 "layout (each tensor's .grad a view starting on a row boundary "
+                                 "of 1024 elements, in the given order)")
+        if grads is old.buffers.grads and all(a is b for a, b in zip(ordered, old.params)):
+            return
+        for i in range(len(old.params)):  # step counts travel with the state
+            self.optimizer.state[old.params[i]]["step"] = old.steps[i].clone()
+        self.external_grads = False
+        self.parts = [self._bind(ordered, grads=grads)]
 
     @torch.no_grad()
     def zero_grad(self) -> None:
@@ -173,12 +210,14 @@ class FlatBinding:
         return True
 
     @torch.no_grad()
-    def step(self, grad_scale, hparams_of: Callable[[dict], dict]) -> None:
+    def step(self, grad_scale, hparams_of: Callable[[dict], dict],
+             found_inf: torch.Tensor | None = None) -> None:
         """One fused step per part. ``hparams_of(group)`` gives the step's keyword arguments
-        for a parameter of that group (per-tensor names: weight_decays, adapt_flags, ...)."""
+        for a parameter of that group (per-tensor names: weight_decays, adapt_flags, ...);
+        ``found_inf`` (0-dim bool, on the device) skips the update without a host read."""
         group_of = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
         for part in self.parts:
-            active, steps, per_group = [], [], {}
+            active, per_group = [], {}
             columns: dict[str, list] = {}
             for i, p in enumerate(part.params):
                 group = group_of[id(p)]
@@ -187,14 +226,14 @@ class FlatBinding:
                     per_group[key] = hparams_of(group)
                 for name, value in per_group[key].items():
                     columns.setdefault(name, []).append(value)
-                state = self.optimizer.state[p]
-                on = self._active(part, i)
-                state["step"] += int(on)
-                active.append(on)
-                steps.append(max(state["step"], 1))
+                active.append(self._active(part, i))
             if not any(active):
                 continue
-            kwargs = dict(columns, active=active, grad_scale=grad_scale)
+            keep = part.engine._keep(active)
+            if found_inf is not None:
+                keep = keep & ~found_inf.to(keep.device)
+            part.steps.add_(keep.to(part.steps.dtype))
+            kwargs = dict(columns, active=keep, grad_scale=grad_scale)
             if self.step_class.takes_steps:
-                kwargs["steps"] = steps
+                kwargs["steps"] = part.steps.clamp(min=1.0)
             part.engine.step(**kwargs)

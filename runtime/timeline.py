@@ -53,7 +53,7 @@ class StepTimeline:
         finally:
             self.spans[name].append((start, self.clock()))
 
-    # ---- buckets (called by runtime.buckets) ---------------------------------------------
+    # ---- buckets (called by runtime.grad_sync) ---------------------------------------------
     def start_buckets(self, nbytes: list[int]) -> None:
         n = len(nbytes)
         self.bytes = list(nbytes)

@@ -1,60 +1,54 @@
 """The training loop: train BERT to a target masked-LM accuracy, evaluating on a fixed cadence.
 
 Built in a fixed order (torchtitan's lesson): device & process group (given) → seeds →
-model → optimizer & schedule → data → callbacks see INIT_STOP → timed run. ``fit()`` returns
-the final RunState; ``close()`` runs on success and on error.
+model → gradient sync → optimizer & schedule → data → callbacks see INIT_STOP → timed run.
+``fit()`` returns the final RunState; ``close()`` runs on success and on error.
 
-Owns: the step (forward, backward, gradient averaging, clipping folded into the optimizer
-step, mixed precision), evaluation, the stopping rule and the events callbacks observe.
+Owns: the step (forward, backward, one gradient sync, one optimizer update with the clip
+coefficient and loss-scale unscale folded in, mixed precision), evaluation, the stopping rule,
+the logging cadence and the events callbacks observe.
 Never: reads the environment (runtime.env), writes MLPerf logs (submission's callback does),
-knows shard files (loaders does), launches allreduces itself (runtime.buckets or DDP do).
-
-Gradient averaging (train.grad_sync): 'buckets' (default) - the runtime's gradient buckets
-(runtime.buckets) reduce bucket by bucket during backward and clip before the allreduce for
-clip_mode local_before / bucket_before; 'ddp' - torch DDP with its default buckets.
+knows shard files (loaders does), launches allreduces itself or asks which gradient sync it
+has (runtime.grad_sync: one `GradSync` object), clips or scales gradients itself
+(runtime.grad_scale), or reads a device value back on an ordinary step (runtime.step_log
+reduces the metrics every ``train.log_every_steps`` steps).
 
 Clipping (clip_mode 'global_after', the reference semantics): gradients are averaged across
-ranks during backward, then ĝ = min(1, τ/‖ḡ‖)·ḡ is applied as the optimizer's
-``grad_scale`` - no extra pass over the gradients, and the optimizer itself never clips, so
-nothing is clipped twice. The before-allreduce modes clip inside the buckets and pass 1.0.
-fp16 folds the loss-scale unscale into the same multiplier and skips the step when the norm
-is not finite.
+ranks during backward, then ĝ = min(1, τ/‖ḡ‖)·ḡ is applied as the optimizer's ``grad_scale``
+- no extra pass over the gradients, and the optimizer itself never clips, so nothing is
+clipped twice. The before-allreduce modes clip inside the sync. A non-finite gradient norm
+(fp16 overflow, or divergence in any precision) skips the update on the device
+(``found_inf``); fp16's loss scale then halves.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as torch_dist
-from torch.nn.parallel import DistributedDataParallel
 
 from loaders.balance import BalanceSpec
 from loaders.dataset import TrainLoader, load_eval_batches
-from runtime.balance import BalanceMeter
+from runtime.balance_meter import BalanceMeter
 from runtime.config import Config
-from runtime.buckets import GradientBuckets, SyncReport, build_gradient_buckets
-from runtime.dist import DistContext, all_reduce_sum, broadcast_tensors
-from runtime.events import CallbackList, Event, RunState, StepMetrics
-from runtime.model import BertConfig, BertForPreTraining, load_pretrained, minilm_path
-from runtime.optim import build_optimizer
+from runtime.dist import DistContext, all_reduce_sum
+from runtime.events import CallbackList, Event, RunState
+from runtime.grad_scale import DynamicLossScale, step_multiplier
+from runtime.grad_sync import build_grad_sync
+from runtime.model import BertForPreTraining, load_pretrained, minilm_path
+from runtime.optim import build_optimizer, set_lr
 from runtime.schedules import build_schedule, scaled_lr
+from runtime.step_log import StepLog, StepRecord
 from runtime.timeline import StepTimeline
-from kernels.optim_reference import CLIP_EPS, global_grad_norm
 
 
 def build_model(cfg: Config) -> BertForPreTraining:
+    """The model ``cfg.model`` describes (a ``BertConfig`` with the run's choices), with its
+    initial weights (``model.init``)."""
     m = cfg.model
-    bert_cfg = BertConfig(
-        vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_hidden_layers,
-        num_attention_heads=m.num_attention_heads, intermediate_size=m.intermediate_size,
-        max_position_embeddings=m.max_position_embeddings, type_vocab_size=m.type_vocab_size,
-        hidden_dropout_prob=m.hidden_dropout_prob,
-        attention_probs_dropout_prob=m.attention_probs_dropout_prob,
-        layer_norm_eps=m.layer_norm_eps, initializer_range=m.initializer_range)
-    model = BertForPreTraining(bert_cfg, attention=m.attention,
+    model = BertForPreTraining(m.bert_config(), attention=m.attention,
                                packed=cfg.data.balance == "pack")
     if m.init == "minilm":
         load_pretrained(model, minilm_path())
@@ -69,30 +63,6 @@ def balance_spec(cfg: Config, ranks_per_node: int) -> BalanceSpec:
     return BalanceSpec(mode=d.balance, bin_edges=tuple(d.bin_edges), num_bins=d.num_bins,
                        group_size=d.group_size or ranks_per_node,
                        pack_length=d.pack_length or d.max_seq_length)
-
-
-class DynamicLossScale:
-    """fp16 dynamic loss scaling: halve on inf/nan (the step is skipped), double after
-    ``growth_interval`` good steps. Unscaling is folded into the optimizer's grad_scale."""
-
-    def __init__(self, init_scale: float, growth_interval: int = 2000, enabled: bool = True):
-        self.scale = init_scale if enabled else 1.0
-        self.enabled = enabled
-        self.growth_interval = growth_interval
-        self.good_steps = 0
-        self.skipped = 0
-
-    def update(self, finite: bool) -> None:
-        if not self.enabled:
-            return
-        if not finite:
-            self.scale = max(self.scale / 2.0, 1.0)
-            self.good_steps = 0
-            self.skipped += 1
-            return
-        self.good_steps += 1
-        if self.good_steps % self.growth_interval == 0:
-            self.scale *= 2.0
 
 
 @dataclass
@@ -119,23 +89,33 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)  # same init on every rank
         model = build_model(cfg).to(dist.device)
         self.model = model
-        self.net = self._wrap(model)
+        t = cfg.train
+        self.timeline = StepTimeline() if t.timeline else None
+        self.grad_sync = build_grad_sync(
+            model, t, world_size=dist.world_size, device=dist.device, group=dist.group,
+            timeline=self.timeline,
+            tokens_per_step=self.local_batch * self.accum * cfg.data.max_seq_length)
+        self.net = self.grad_sync.module  # what forward is called on (DDP's wrapper or model)
         self.base_lr = scaled_lr(cfg.optim.lr_scaling, cfg.optim.lr,
-                                 cfg.optim.base_global_batch_size, cfg.train.global_batch_size) \
+                                 cfg.optim.base_global_batch_size, t.global_batch_size) \
             if cfg.optim.lr_scaling != "none" else cfg.optim.lr
         self.optimizer = build_optimizer(cfg.optim.name, list(model.named_parameters()),
                                          **self._optim_hparams())
+        self.grad_sync.on_layout(self.optimizer.share_gradients)  # one gradient buffer
         s = cfg.schedule
         self.schedule = build_schedule(s.name, base_lr=self.base_lr, warmup_steps=s.warmup_steps,
                                        start_warmup_step=s.start_warmup_step,
                                        total_steps=s.total_steps, power=s.power) \
             if s.name == "poly" else build_schedule(s.name, base_lr=self.base_lr)
-        self.loss_scale = DynamicLossScale(cfg.train.init_loss_scale,
-                                           enabled=cfg.train.precision == "fp16")
-        torch.manual_seed(cfg.train.seed * 1000 + dist.rank)  # dropout differs per rank
+        self.loss_scale = DynamicLossScale(t.init_loss_scale, enabled=t.precision == "fp16",
+                                           device=dist.device)
+        self.clip_after = t.clip_mode == "global_after" and t.max_grad_norm > 0
+        torch.manual_seed(t.seed * 1000 + dist.rank)  # dropout differs per rank
         self.train_loader = self._build_train_loader()
         self.balance_meter = BalanceMeter(model, dist.device, dist.world_size,
                                           unpadded=cfg.model.attention == "unpadded")
+        self.step_log = StepLog(dist.world_size, self.balance_meter)
+        self._run_t0: float | None = None
         self.eval_batches = load_eval_batches(cfg.data.data_dir, dist.rank, dist.world_size,
                                               cfg.data.eval_batch_size)
         self.state.train_samples = (self.train_loader.steps_per_epoch * self.local_batch
@@ -156,22 +136,6 @@ class Trainer:
             device_id = dist.device.index if dist.device.type == "cuda" else None
             return DaliTrainLoader(*args, device_id=device_id, **kwargs)
         return TrainLoader(*args, **kwargs)
-
-    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The module the step calls: DDP (grad_sync 'ddp', several ranks) or the model itself,
-        its gradients then averaged by the runtime's buckets (``self.buckets``)."""
-        t = self.cfg.train
-        self.timeline = StepTimeline() if t.timeline else None
-        self.buckets: GradientBuckets | None = None
-        if t.grad_sync == "ddp":
-            if self.dist.world_size == 1:
-                return model
-            ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
-            return DistributedDataParallel(model, device_ids=ids)
-        broadcast_tensors(list(model.parameters()) + list(model.buffers()))  # as DDP does
-        self.buckets = build_gradient_buckets(model, t, self.dist.world_size, self.dist.group,
-                                              self.timeline)
-        return model
 
     def _optim_hparams(self) -> dict:
         o = self.cfg.optim
@@ -205,83 +169,63 @@ class Trainer:
         for _ in range(self.accum):
             yield next(it).to(self.dist.device, non_blocking=True)
 
+    @property
+    def unpadded(self) -> bool:
+        return self.cfg.model.attention == "unpadded"
+
     def _span(self, name: str):
         """A timeline span (train.timeline), else nothing."""
         return self.timeline.span(name) if self.timeline else contextlib.nullcontext()
 
-    def _no_sync(self):
-        """Accumulate without averaging: every micro-step but the last."""
-        if self.buckets is not None:
-            return self.buckets.no_sync()
-        return self.net.no_sync() if self.net is not self.model else contextlib.nullcontext()
-
-    def train_step(self, it) -> StepMetrics:
+    def train_step(self, it) -> StepRecord:
+        """One optimizer step. No host read and no collective but the gradient allreduces:
+        norms, the clip coefficient and the skip decision stay on the device."""
         t0 = time.perf_counter()
         if self.timeline:
             self.timeline.start_step(t0)
-        self.net.train()
-        step = self.state.step
+        step, sync, scale = self.state.step, self.grad_sync, self.loss_scale
         lr = self.schedule(step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        if self.buckets is not None:
-            self.buckets.begin_step(self.loss_scale.scale)
-        loss_sum = torch.zeros(3, device=self.dist.device)
+        set_lr(self.optimizer, lr)
+        self.net.train()
+        sync.begin_step(scale.scale)
+        losses = torch.zeros(3, device=self.dist.device)
         real = computed = 0
         for i, batch in enumerate(self._micro_batches(it)):
-            last = i == self.accum - 1
-            with contextlib.nullcontext() if last else self._no_sync():
+            with sync.no_sync() if i < self.accum - 1 else contextlib.nullcontext():
                 with self._span("forward"), self._autocast():
                     out = self.net(batch.input_ids, batch.token_type_ids, batch.attention_mask,
                                    masked_lm_labels=batch.masked_lm_labels,
                                    next_sentence_labels=batch.next_sentence_labels)
                 with self._span("backward"):
-                    (out.loss * (self.loss_scale.scale / self.accum)).backward()
-            loss_sum += torch.stack([out.loss.detach(), out.mlm_loss.detach(),
-                                     out.nsp_loss.detach()]).float() / self.accum
+                    (out.loss * scale.loss_multiplier(self.accum)).backward()
+            losses += torch.stack([out.loss.detach(), out.mlm_loss.detach(),
+                                   out.nsp_loss.detach()]).float() / self.accum
             real += batch.num_real_tokens
-            computed += batch.num_padded_tokens
-        with self._span("sync"):  # the buckets' last launches and the wait for every allreduce
-            report = self.buckets.finish() if self.buckets is not None else None
-        return self._optimizer_step(step, lr, loss_sum, real, computed, t0, report)
-
-    def _grad_norm(self) -> float:
-        """Global L2 norm of the averaged (for the before modes: already clipped) gradient."""
-        if self.buckets is not None:
-            return float(self.buckets.grad_norm())  # one pass over the buffer
-        if hasattr(self.optimizer, "grad_norm"):  # fused backend: one pass over its flat buffer
-            return float(self.optimizer.grad_norm())
-        return float(global_grad_norm([p.grad for p in self.model.parameters()
-                                       if p.grad is not None]))
-
-    def _optimizer_step(self, step, lr, loss_sum, real, computed, t0,
-                        report: SyncReport | None = None) -> StepMetrics:
-        t = self.cfg.train
+            computed += batch.num_real_tokens if self.unpadded else batch.num_padded_tokens
+        with self._span("sync"):  # the last launches and the wait for every allreduce
+            report = sync.finish()
         with self._span("optimizer"):
-            norm = self._grad_norm() / self.loss_scale.scale
-            finite = math.isfinite(norm)
-            coef = 1.0
-            if t.clip_mode == "global_after" and t.max_grad_norm > 0 and finite:
-                coef = min(1.0, t.max_grad_norm / (norm + CLIP_EPS))
-            if finite:
-                self.optimizer.step(grad_scale=coef / self.loss_scale.scale)
-            self.loss_scale.update(finite)
-            if self.buckets is not None:
-                self.buckets.zero_grad()  # gradients stay views of the bucket buffer
-            else:
-                self.optimizer.zero_grad(set_to_none=True)
-        extra = report.metrics() if report is not None else {}
+            grad_scale, found_inf, coef, norm = step_multiplier(
+                sync.grad_norm(), scale.scale, max_norm=self.cfg.train.max_grad_norm,
+                clip=self.clip_after)
+            self.optimizer.step(grad_scale=grad_scale, found_inf=found_inf)
+            scale.update(~found_inf)
+            sync.zero_grad()
+        return self._record(step, lr, t0, losses, real, computed, dict(
+            grad_norm=norm, clip_coef=coef * report.clip_coef, skipped=found_inf,
+            loss_scale=scale.scale), report.metrics())
+
+    def _record(self, step, lr, t0, losses, real, computed, device, extra) -> StepRecord:
+        self.state.step = step + 1
+        self.state.samples += self.cfg.train.global_batch_size
+        self.balance_meter.end_step(real, computed)
         if self.timeline:
             extra.update(self.timeline.summary())
-        losses = (all_reduce_sum(loss_sum) / self.dist.world_size).tolist()
-        self.state.step = step + 1
-        self.state.samples += t.global_batch_size
-        return StepMetrics(step=step + 1, samples=self.state.samples, loss=losses[0],
-                           mlm_loss=losses[1], nsp_loss=losses[2], lr=lr, grad_norm=norm,
-                           clip_coef=coef * (report.clip_coef if report is not None else 1.0),
-                           step_time_s=time.perf_counter() - t0,
-                           real_tokens=real, computed_tokens=computed, skipped=not finite,
-                           loss_scale=self.loss_scale.scale, extra=extra)
+        now = time.perf_counter()
+        host = dict(step=step + 1, samples=self.state.samples, lr=lr, step_time_s=now - t0,
+                    elapsed_s=None if self._run_t0 is None else now - self._run_t0,
+                    real_tokens=real, computed_tokens=computed)
+        return self.step_log.record(StepRecord(host, losses, device, extra))
 
     # ---- evaluation ---------------------------------------------------------------------
     @torch.no_grad()
@@ -307,6 +251,7 @@ class Trainer:
         if self.dist.world_size > 1:
             torch_dist.barrier()  # run_start on every rank together
         fire(Event.RUN_START, st)
+        self._run_t0 = time.perf_counter()
         if t.eval_before_training:
             self._eval_and_log()
         try:
@@ -328,10 +273,12 @@ class Trainer:
             st.block_samples = max(next_eval - st.samples, 0)
             fire(Event.BLOCK_START, st)
             while st.samples < next_eval and not self._out_of_budget():
-                st.last_step = self.train_step(it)
-                self._measure_balance(st.last_step)
+                self.train_step(it)
                 st.epoch = self.train_loader.epoch
                 fire(Event.STEP, st)
+                if st.step % t.log_every_steps == 0:
+                    self._log()
+            self._log()
             fire(Event.BLOCK_STOP, st)
             acc = self._eval_and_log()
             next_eval += every
@@ -340,11 +287,12 @@ class Trainer:
             elif self._out_of_budget():
                 st.status = "aborted"
 
-    def _measure_balance(self, m: StepMetrics) -> None:
-        """Padding efficiency and imbalance across ranks (runtime.balance) into ``m.extra``;
-        ``computed_tokens`` becomes what the model computed (the real tokens when unpadded)."""
-        m.extra.update(self.balance_meter.reduce())
-        m.computed_tokens = int(self.balance_meter.last_local["computed"])
+    def _log(self) -> None:
+        """A logging point (every rank, same step): reduce the steps since the last one."""
+        logged = self.step_log.flush()
+        if logged:
+            self.state.logged_steps, self.state.last_step = logged, logged[-1]
+            self.callbacks.fire(Event.LOG, self.state)
 
     def _eval_and_log(self) -> float:
         self.callbacks.fire(Event.EVAL_START, self.state)
@@ -360,9 +308,7 @@ class Trainer:
         return t.max_samples_termination > 0 and self.state.samples >= t.max_samples_termination
 
     def close(self) -> None:
-        if getattr(self, "balance_meter", None) is not None:
-            self.balance_meter.close()
-        if getattr(self, "buckets", None) is not None:
-            self.buckets.close()
-        if self.train_loader is not None and hasattr(self.train_loader, "close"):
-            self.train_loader.close()
+        for part in ("balance_meter", "grad_sync", "train_loader"):
+            obj = getattr(self, part, None)
+            if obj is not None and hasattr(obj, "close"):
+                obj.close()

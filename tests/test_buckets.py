@@ -1,4 +1,4 @@
-"""Gradient buckets (runtime.buckets), the step timeline (runtime.timeline) and the clip modes.
+"""Gradient buckets (runtime.grad_sync), the step timeline (runtime.timeline) and the clip modes.
 
 Unit tests run in this process (a world of one). The distributed tests start real ranks with
 the venv's ``mpiexec`` on tests/dist_scripts/grad_sync.py, which checks on every rank that the
@@ -18,8 +18,9 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.buckets import (BucketPlan, GradientBuckets, Piece, PlanError, alone_bucket,
-                             fp32_norm, reverse_registration_order, tied_sync_mode)
+from kernels.optim_reference import global_grad_norm
+from runtime.grad_sync import (BucketPlan, GradientBuckets, GradLayout, Piece, PlanError,
+                               alone_bucket, reverse_registration_order, tied_sync_mode)
 from runtime.config import ConfigError, load_config
 from runtime.timeline import StepTimeline, plot_timeline, union_length
 
@@ -121,8 +122,16 @@ class LateFirst(nn.Module):
 def toy_buckets(model, clip_mode="none", cap=9, tau=1.0, **kw):
     named = list(model.named_parameters())
     plan = BucketPlan.from_cap([(n, p.numel()) for n, p in reversed(named)], cap)
-    return GradientBuckets(named, plan, world_size=1, clip_mode=clip_mode, max_grad_norm=tau,
+    return GradientBuckets(model, plan, world_size=1, clip_mode=clip_mode, max_grad_norm=tau,
                            cap_elements=cap, **kw)
+
+
+def in_layout(grads: dict, layout: GradLayout) -> torch.Tensor:
+    """The flat buffer ``layout`` implies for ``grads``: each at its offset, zeros between."""
+    flat = torch.zeros(layout.total)
+    for name, offset, numel in layout.segments():
+        flat[offset:offset + numel] = grads[name].reshape(-1)
+    return flat
 
 
 def autograd_grads(model, x):
@@ -143,10 +152,11 @@ def test_gradients_are_views_of_the_bucket_buffer_and_accumulate_in_place():
     for name, p in model.named_parameters():
         assert p.grad.untyped_storage().data_ptr() == buckets.flat.untyped_storage().data_ptr()
         torch.testing.assert_close(p.grad, want[name])
-    flat = torch.cat([want[n].reshape(-1) for n in buckets.plan.order()])
+    flat = in_layout(want, buckets.layout)  # the gradients in plan order, rows of 1024
     torch.testing.assert_close(buckets.flat, flat)
-    for p, offset, numel in buckets.layout():
-        assert p.grad.data_ptr() == buckets.flat[offset:offset + numel].data_ptr()
+    for name, offset, numel in buckets.layout.segments():
+        assert offset % 1024 == 0
+        assert buckets.params[name].grad.data_ptr() == buckets.flat[offset:offset + numel].data_ptr()
 
 
 def test_first_step_recuts_the_plan_in_measured_order():
@@ -182,8 +192,9 @@ def test_bucket_before_clips_each_bucket_to_tau_over_sqrt_k():
     k = buckets.num_buckets
     assert k >= 3 and len(report.clip_coefs) == k
     assert min(report.clip_coefs) < 1.0
+    padded = in_layout(want, buckets.layout)
     for b, (lo, hi) in enumerate(buckets.bounds):
-        local = torch.cat([want[p.name].reshape(-1)[p.start:p.stop] for p in buckets.plan.buckets[b]])
+        local = padded[lo:hi]  # bucket b's pieces in plan order (and the rows' zero padding)
         coef = min(1.0, (0.3 / math.sqrt(k)) / (float(local.norm()) + 1e-6))
         assert report.clip_coefs[b] == pytest.approx(coef, rel=1e-5)
         torch.testing.assert_close(buckets.flat[lo:hi], coef * local)
@@ -223,10 +234,10 @@ def test_grads_set_to_none_are_re_pointed_into_the_buffer():
                for p in model.parameters())
 
 
-def test_fp32_norm_is_accurate_on_millions_of_elements():
+def test_the_gradient_norm_is_accurate_on_millions_of_elements():
     torch.manual_seed(0)
     x = torch.randn(4_000_000) * 1e-3
-    assert float(fp32_norm(x)) == pytest.approx(float(x.double().norm()), rel=1e-6)
+    assert float(global_grad_norm([x])) == pytest.approx(float(x.double().norm()), rel=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -73,7 +73,8 @@ TRAIN_SAMPLES = 156_725_653   # samples in one pass over the MLPerf training set
 def simulate(log: Path, accuracies, overrides=(), status="success", derived=None,
              world_size=8, drop: tuple[str, ...] = (), **logger_kw) -> Path:
     """Fire a realistic event sequence at the callback: init, blocks of eval_iter_samples
-    samples with a STEP per optimizer step, an eval after each block, run_stop."""
+    samples with a STEP per optimizer step and a LOG of the steps since the last one every
+    log_every_steps steps and before each block's end, an eval after each block, run_stop."""
     cfg = load_config(DGX_1NODE, list(overrides))
     gbs = cfg.train.global_batch_size
     _, every = cfg.train.eval_cadence()
@@ -87,14 +88,21 @@ def simulate(log: Path, accuracies, overrides=(), status="success", derived=None
         steps = -(-every // gbs)
         state.block_start_samples, state.block_samples = state.samples, steps * gbs
         cb.fire(Event.BLOCK_START, state)
+        pending = []
         for _ in range(steps):
             state.step += 1
             state.samples += gbs
-            state.last_step = StepMetrics(step=state.step, samples=state.samples, loss=2.5,
-                                          mlm_loss=2.2, nsp_loss=0.3, lr=4e-4, grad_norm=0.9,
-                                          clip_coef=1.0, step_time_s=0.3, real_tokens=20_000,
-                                          computed_tokens=28_672)
+            pending.append(StepMetrics(step=state.step, samples=state.samples, loss=2.5,
+                                       mlm_loss=2.2, nsp_loss=0.3, lr=4e-4, grad_norm=0.9,
+                                       clip_coef=1.0, step_time_s=0.3, real_tokens=20_000,
+                                       computed_tokens=28_672))
             cb.fire(Event.STEP, state)
+            if state.step % cfg.train.log_every_steps == 0:
+                state.logged_steps, state.last_step, pending = pending, pending[-1], []
+                cb.fire(Event.LOG, state)
+        if pending:
+            state.logged_steps, state.last_step = pending, pending[-1]
+            cb.fire(Event.LOG, state)
         cb.fire(Event.BLOCK_STOP, state)
         cb.fire(Event.EVAL_START, state)
         state.eval_accuracy = acc

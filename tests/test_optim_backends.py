@@ -374,8 +374,8 @@ def test_cuda_apex_equals_reference(name, hparams):
 
 
 def test_fused_leaves_gradients_owned_by_buckets_in_place():
-    # runtime.buckets makes every .grad a view of its own flat buffer before the optimizer
-    # is built; the fused backend must read them (copy) and never re-point them.
+    # An owner that does not share its buffer (share_gradients) made every .grad a view of it
+    # before the optimizer is built; the fused backend must read them (copy), never re-point.
     init, grads = _problem(8)
     named, ref = _named(init), _named(init)
     owner = torch.zeros(sum(p.numel() for _, p in named))

@@ -15,7 +15,8 @@ import torch
 from loaders.shards import EVAL_FILE, read_shard
 from runtime.config import load_config
 from runtime.events import CallbackList, Event
-from runtime.trainer import DynamicLossScale, Trainer
+from runtime.grad_scale import DynamicLossScale
+from runtime.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -126,10 +127,10 @@ def test_gradient_accumulation_averages_micro_batch_gradients(small_dataset, sin
     captured = {}
     real_step = trainer.optimizer.step
 
-    def capture(grad_scale=1.0):
+    def capture(grad_scale=1.0, **kw):
         captured["grads"] = [p.grad.clone() for p in trainer.model.parameters()]
         captured["grad_scale"] = grad_scale
-        return real_step(grad_scale=grad_scale)
+        return real_step(grad_scale=grad_scale, **kw)
 
     trainer.optimizer.step = capture
     m = trainer.train_step(iter(batches))
@@ -145,8 +146,8 @@ def test_clip_coefficient_is_folded_into_the_step(small_dataset, single_ctx):
     trainer.setup()
     seen = {}
     real_step = trainer.optimizer.step
-    trainer.optimizer.step = lambda grad_scale=1.0: (seen.setdefault("s", grad_scale),
-                                                     real_step(grad_scale=grad_scale))
+    trainer.optimizer.step = lambda grad_scale=1.0, **kw: (seen.setdefault("s", grad_scale),
+                                                           real_step(grad_scale=grad_scale, **kw))
     m = trainer.train_step(iter(_fixed_batches(trainer, 1)))
     assert m.grad_norm > 0.01
     assert seen["s"] == pytest.approx(0.01 / (m.grad_norm + 1e-6))

@@ -30,12 +30,14 @@ def main() -> None:
     trainer = Trainer(cfg, ctx)
     trainer.setup()
     it = trainer.balance_meter.wrap(iter(trainer.train_loader))
-    steps = []
     for _ in range(3):
-        m = trainer.train_step(it)
-        trainer._measure_balance(m)
-        steps.append({"local": trainer.balance_meter.last_local, "extra": m.extra,
-                      "computed_tokens": m.computed_tokens, "real_tokens": m.real_tokens})
+        trainer.train_step(it)
+    mine = [counts for counts, _ in trainer.balance_meter._closed]  # this rank's own counts
+    logged = trainer.step_log.flush()  # a logging point: every rank reduces here (and fills
+    steps = []                         # each step's compute_s into its counts)
+    for m, counts in zip(logged, mine):
+        steps.append({"local": counts, "extra": m.extra, "computed_tokens": m.computed_tokens,
+                      "real_tokens": m.real_tokens})
     (out / f"rank{ctx.rank}.json").write_text(json.dumps({"world": ctx.world_size,
                                                           "steps": steps}))
     trainer.close()

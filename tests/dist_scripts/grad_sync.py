@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 import torch.distributed as torch_dist  # noqa: E402
 
-from runtime.buckets import reverse_registration_order  # noqa: E402
+from runtime.grad_sync import reverse_registration_order  # noqa: E402
 from runtime.config import load_config  # noqa: E402
 from runtime.dist import init_distributed, run_guarded, shutdown  # noqa: E402
 from runtime.env import discover  # noqa: E402
@@ -118,17 +118,18 @@ class Capture:
         self.trainer, self.real = trainer, trainer.optimizer.step
         trainer.optimizer.step = self
 
-    def __call__(self, grad_scale=1.0):
+    def __call__(self, grad_scale=1.0, **kw):
         self.grads = {n: p.grad.double() * grad_scale
                       for n, p in self.trainer.model.named_parameters()}
-        return self.real(grad_scale=grad_scale)
+        return self.real(grad_scale=grad_scale, **kw)
 
 
 class LaunchCounter:
     """Counts the buckets' all_reduce calls, and how many had happened at each forward."""
 
     def __init__(self, trainer):
-        import runtime.buckets as rb
+        import runtime.grad_sync.buckets as rb
+        import runtime.grad_sync.tied as rt
         self.calls, self.at_forward = 0, []
         counter = self
 
@@ -139,7 +140,7 @@ class LaunchCounter:
 
             def __getattr__(self, name):
                 return getattr(torch_dist, name)
-        rb.torch_dist = Counting()
+        rb.torch_dist = rt.torch_dist = Counting()
         trainer.model.register_forward_pre_hook(lambda *_: self.at_forward.append(self.calls))
 
 
@@ -166,18 +167,18 @@ def run_mode(ctx, data_dir, mode, *extra, accum=1, steps=2, counter=False):
     cap = Capture(trainer)
     launches = LaunchCounter(trainer) if counter else None
     rec = {"mode": mode, "steps": []}
-    flat = trainer.buckets.flat
+    flat = trainer.grad_sync.flat
     for _ in range(steps):
         ref.load_state_dict(trainer.model.state_dict())
         batches = [next(it) for _ in range(accum)]
         per_rank = gather(local_gradient(ref, batches, accum))
-        plan = trainer.buckets.plan
+        plan = trainer.grad_sync.plan
         want = expected(mode, per_rank, plan)
         if launches:
             launches.calls, launches.at_forward = 0, []
         m = trainer.train_step(iter(batches))
         err = check_close(cap.grads, want, f"{mode} step {m.step}")
-        views = all(p.grad.untyped_storage().data_ptr() == trainer.buckets.flat.untyped_storage()
+        views = all(p.grad.untyped_storage().data_ptr() == trainer.grad_sync.flat.untyped_storage()
                     .data_ptr() for p in trainer.model.parameters())
         tl = m.extra["timeline"]
         backward_end = max(e for _, e in tl["spans"]["backward"])
@@ -200,11 +201,11 @@ def run_mode(ctx, data_dir, mode, *extra, accum=1, steps=2, counter=False):
                                                for n in want),
                 "lanes": len(launch), "backward_end": backward_end,
                 "lane_launch": launch, "lane_bytes": tl["buckets"]["bytes"],
-                "sparse_bucket": trainer.buckets._sparse_k,
+                "sparse_bucket": trainer.grad_sync._sparse_k,
                 "tied_bytes": trainer.model.bert.embeddings.word_embeddings.weight.numel() * 4}
         rec["steps"].append(step)
-    rec["plan_recut"] = trainer.buckets.flat is not flat
-    rec["measured_order_head"] = trainer.buckets.measured_order[:3]
+    rec["plan_recut"] = trainer.grad_sync.flat is not flat
+    rec["measured_order_head"] = trainer.grad_sync.measured_order[:3]
     trainer.close()
     return rec
 

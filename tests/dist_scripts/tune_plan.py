@@ -24,9 +24,9 @@ def step_grads(cfg, ctx, batches):
     got = {}
     real = trainer.optimizer.step
 
-    def capture(grad_scale=1.0):
+    def capture(grad_scale=1.0, **kw):
         got.update({n: p.grad.double() * grad_scale for n, p in trainer.model.named_parameters()})
-        return real(grad_scale=grad_scale)
+        return real(grad_scale=grad_scale, **kw)
     trainer.optimizer.step = capture
     trainer.train_step(iter(batches))
     engine = getattr(trainer, "buckets", None) or getattr(trainer, "grad_sync", None)

@@ -1,0 +1,87 @@
+"""Gradient synchronisation: how the ranks average gradients, behind one protocol.
+
+Rooms:
+  plan.py      bucket plans and the flat-buffer layout they imply - pure data, no torch
+  buckets.py   the bucket engine (``train.grad_sync = "buckets"``): flat buffer, overlapped
+               allreduce per bucket, clip before the allreduce, first-step re-cut
+  tied.py      the tied word embedding's split sync (``train.tied_embedding_sync``)
+  ddp.py       plain DDP (``train.grad_sync = "ddp"``), kept for comparison
+  protocol.py  `GradSync`, what the train step calls, and the `SyncReport` it gets back
+
+`build_grad_sync` reads the ``train`` config and returns the one sync object the trainer
+talks to. docs/GRADIENT_SYNC.md explains the modes with measurements.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from runtime.dist import broadcast_tensors
+from runtime.grad_sync.buckets import CLIP_MODES, GradientBuckets
+from runtime.grad_sync.ddp import DDPSync
+from runtime.grad_sync.plan import (MB, BucketPlan, GradLayout, Piece, PlanError, alone_bucket,
+                                    reverse_registration_order)
+from runtime.grad_sync.protocol import GradSync, SyncReport
+from runtime.grad_sync.tied import TiedEmbeddingSplit, find_tied_head, tied_sync_mode
+
+__all__ = ["CLIP_MODES", "MB", "BucketPlan", "DDPSync", "GradLayout", "GradSync",
+           "GradientBuckets", "Piece", "PlanError", "SyncReport", "TiedEmbeddingSplit",
+           "alone_bucket", "build_grad_sync", "reverse_registration_order", "tied_sync_mode"]
+
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
+                    device: torch.device, group: Any = None, timeline: Any = None,
+                    tokens_per_step: Optional[int] = None) -> GradSync:
+    """The sync ``train_cfg`` (runtime.config.TrainConfig) asks for.
+
+    ``grad_sync = "ddp"``: `DDPSync`. ``"buckets"``: the initial weights are broadcast from
+    rank 0 (as DDP does), then a `GradientBuckets` on a plan file (``bucket_plan``) or cut by
+    ``bucket_cap_mb`` in reverse registration order, with the tied embedding split when
+    ``tied_embedding_sync`` resolves to split. ``tokens_per_step``: at most how many tokens one
+    rank feeds one optimizer step (bounds the split's touched rows on CUDA).
+    """
+    if train_cfg.grad_sync == "ddp":
+        return DDPSync(model, world_size=world_size, device=device)
+    broadcast_tensors(list(model.parameters()) + list(model.buffers()))
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    sizes = {n: p.numel() for n, p in named}
+    element = named[0][1].element_size() if named else 4
+    asked = train_cfg.tied_embedding_sync
+    head, tied_name = None, None
+    if tied_sync_mode(asked, train_cfg.clip_mode, world_size) == "split":
+        found = find_tied_head(model, named, required=asked == "split")
+        if found is not None:
+            head, tied_name = found
+    cap = None
+    if train_cfg.bucket_plan:
+        plan = BucketPlan.read(train_cfg.bucket_plan, sizes)
+        if tied_name is not None and asked == "auto" and not _is_alone(plan, tied_name,
+                                                                        sizes[tied_name]):
+            head, tied_name = None, None  # the plan splits the embedding: dense for it
+    else:
+        cap = max(1, int(train_cfg.bucket_cap_mb * MB) // element)
+        plan = BucketPlan.from_cap([(n, sizes[n]) for n in reverse_registration_order(named)],
+                                   cap, source=f"bucket_cap_mb={train_cfg.bucket_cap_mb:g}",
+                                   alone=tied_name)
+    reduce_dtype = REDUCE_DTYPES[train_cfg.allreduce_dtype]
+    tied = None
+    if tied_name is not None:
+        param = dict(named)[tied_name]
+        rows = param.shape[0] if tokens_per_step is None else tokens_per_step * world_size
+        tied = TiedEmbeddingSplit(param, head, world_size=world_size, group=group,
+                                  reduce_dtype=reduce_dtype, max_rows=rows, timeline=timeline)
+    return GradientBuckets(model, plan, world_size=world_size, group=group,
+                           clip_mode=train_cfg.clip_mode, max_grad_norm=train_cfg.max_grad_norm,
+                           reduce_dtype=reduce_dtype, cap_elements=cap, timeline=timeline,
+                           tied=tied)
+
+
+def _is_alone(plan: BucketPlan, name: str, numel: int) -> bool:
+    try:
+        alone_bucket(plan, name, numel)
+    except PlanError:
+        return False
+    return True

@@ -1,0 +1,367 @@
+"""The bucket engine: the runtime's data-parallel gradient sync (``train.grad_sync = "buckets"``).
+
+Owns:
+  * the flat gradient buffer, laid out by a `GradLayout` of the plan: every ``param.grad`` is a
+    view into it (each parameter on a row of 1024 elements, as the fused optimizer's buffers,
+    so that optimizer steps on this very buffer - one owner of gradient memory) and every
+    bucket is a contiguous slice of it; autograd accumulates straight into bucket memory;
+  * the post-accumulate-grad hooks that launch each bucket's asynchronous allreduce
+    (``async_op=True`` on the gloo/NCCL group) as soon as its last gradient is produced,
+    strictly in bucket order, while backward goes on; with gradient accumulation only the
+    last micro-step launches anything (the others run under ``no_sync()``);
+  * the clip modes that act before the allreduce: ``bucket_before`` (each rank scales each
+    bucket b to norm ≤ τ/√K by its own norm ‖g_r,b‖ just before launching it - Samsung) and
+    ``local_before`` (each rank scales its whole gradient to norm ≤ τ by ‖g_r‖; that norm
+    needs every gradient, so nothing is launched before backward ends - no overlap, by
+    construction). Coefficients come from ``kernels.optim_reference.clip_coefficient_of_norm``,
+    the one clip formula; ``global_after`` and ``none`` only average here;
+  * the first-step re-cut: a size-cap plan follows reverse registration order (DDP's guess)
+    until the hooks have seen the order gradients really arrive in; at the end of the first
+    step it is cut again in rank 0's measured order (broadcast: one plan on every rank), once,
+    and the layout listeners (the fused optimizer) re-bind to the new buffer. A plan file is
+    never reordered; the measured order is kept in ``measured_order`` for the tuner.
+Never: steps the optimizer or applies the ``global_after`` coefficient (runtime.grad_scale
+folds it into the optimizer's multiplier), reads a tensor back to the host in a step, reads
+the launcher's environment, or picks sizes (the config or the tuner's plan does).
+
+The averaged gradient each mode leaves in the buffer (g_r: rank r's gradient, P ranks):
+  global_after, none   (1/P) Σ_r g_r
+  local_before         (1/P) Σ_r min(1, τ/‖g_r‖) g_r
+  bucket_before        per bucket b of K: (1/P) Σ_r min(1, (τ/√K)/‖g_r,b‖) g_r,b
+Each rank pre-divides by P (and multiplies by its coefficient) in one pass before the sum.
+Norms are per-row fp32 sums (``kernels.optim_reference.row_norms``), unscaled by the fp16
+loss scale.
+
+Ranks must agree: the plan's digest is compared across ranks when the buckets are built and
+after the re-cut; a plan that differs between ranks stops every rank with a clear error
+instead of mismatched collectives that would hang.
+
+Unused parameters (no gradient in a step) leave their bucket pending; it and every bucket
+after it are launched by `finish` after backward, with zeros for the missing gradient -
+correct, but the overlap after that bucket is lost. BERT pre-training uses every parameter.
+
+Precision: the allreduce runs in ``reduce_dtype``; when that differs from the gradients'
+dtype the (scaled) bucket is cast once into a communication buffer and copied back after
+the wait.
+
+Why not DDP's comm hooks: a hook (``register_comm_hook``) sees DDP's own buckets, which never
+split a parameter, cannot follow an explicit plan, are rebuilt after the first iteration (so
+K - and τ/√K - changes under the hook), and cannot hold every launch until the local norm is
+known (local_before). One runtime path serves every mode and plan instead;
+``train.grad_sync = "ddp"`` (runtime.grad_sync.ddp) keeps plain DDP for comparison.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any, Callable, Optional, get_args
+
+import torch
+import torch.distributed as torch_dist
+
+from kernels.optim_reference import (ROW, clip_coefficient_of_norm, norm_of_rows, row_norms)
+from runtime.choices import ClipMode
+from runtime.dist import broadcast_object, check_same_on_all_ranks
+from runtime.grad_sync.plan import BucketPlan, GradLayout, alone_bucket
+from runtime.grad_sync.protocol import SyncReport
+
+CLIP_MODES = get_args(ClipMode)
+
+
+def slice_norm(flat: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """‖flat[lo:hi]‖ (0-dim fp32, no host sync): per-row norms of the whole rows inside the
+    slice, the partial rows at its ends on their own."""
+    a, b = -(-lo // ROW) * ROW, hi // ROW * ROW
+    if a >= b:
+        return norm_of_rows(row_norms(flat[lo:hi]))
+    parts = [row_norms(flat[a:b])]
+    for x, y in ((lo, a), (b, hi)):
+        if y > x:
+            parts.append(row_norms(flat[x:y]))
+    return norm_of_rows(torch.cat(parts) if len(parts) > 1 else parts[0])
+
+
+class GradientBuckets:
+    """The runtime's gradient path for one model; see the module docstring.
+
+    Per step: ``begin_step(loss_scale)`` → forward/backward (micro-steps but the last under
+    ``no_sync()``; hooks launch buckets) → ``finish()`` (launches what is left, waits, returns
+    a `SyncReport`) → ``grad_norm()`` → optimizer step → ``zero_grad()``.
+    ``module`` is what the step calls (the model itself).
+    """
+
+    def __init__(self, model: torch.nn.Module, plan: BucketPlan, *, world_size: int,
+                 group: Any = None, clip_mode: str = "global_after", max_grad_norm: float = 1.0,
+                 reduce_dtype: Optional[torch.dtype] = None, cap_elements: Optional[int] = None,
+                 timeline: Any = None, tied: Any = None, align: int = ROW):
+        if clip_mode not in CLIP_MODES:
+            raise ValueError(f"clip_mode must be one of {' | '.join(CLIP_MODES)}, got {clip_mode!r}")
+        self.module = model
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.params = dict(named)
+        self.sizes = {n: p.numel() for n, p in named}
+        dtypes = {p.dtype for p in self.params.values()}
+        devices = {p.device for p in self.params.values()}
+        if len(dtypes) != 1 or len(devices) != 1:
+            raise ValueError(f"gradient buckets need one dtype and device for every parameter, "
+                             f"found {sorted(map(str, dtypes))} on {sorted(map(str, devices))}; "
+                             f"use train.grad_sync='ddp'")
+        self.dtype, self.device = dtypes.pop(), devices.pop()
+        self.world_size = world_size
+        self.group = group
+        self.clip_mode = clip_mode
+        self.max_grad_norm = max_grad_norm
+        self.reduce_dtype = reduce_dtype or self.dtype
+        self.timeline = timeline
+        self.align = align
+        self.measured_order: list[str] = []  # first step's gradient arrival order
+        self._measured: set[int] = set()
+        self._cap_elements = cap_elements  # set: the plan may be re-cut in measured order
+        self._measuring = True
+        self._armed = False
+        self._sync = True
+        self._listeners: list[Callable[[torch.Tensor, list], None]] = []
+        self._names = {id(p): n for n, p in self.params.items()}
+        self.tied = tied  # a TiedEmbeddingSplit (tied_embedding_sync split) or None
+        self._tied_name = self._names[id(tied.param)] if tied is not None else None
+        if tied is not None and clip_mode not in ("global_after", "none"):
+            raise ValueError(f"tied_embedding_sync split needs clip_mode global_after | none, "
+                             f"got {clip_mode!r}")
+        self._skip = False
+        self.layout_version = 0  # +1 whenever the buffer is laid out (again)
+        self._install(plan)
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
+                         for p in self.params.values()]
+
+    # ---- layout -------------------------------------------------------------------------
+    def _install(self, plan: BucketPlan) -> None:
+        plan.validate(self.sizes)
+        check_same_on_all_ranks("bucket plan (train.bucket_plan / train.bucket_cap_mb)",
+                                plan.digest())
+        self.plan = plan
+        self.layout = GradLayout.of(plan, self.sizes, self.align)
+        self.bounds = list(self.layout.bounds)
+        members = [{p.name for p in bucket} for bucket in plan.buckets]
+        self._bucket_sizes = [len(m) for m in members]
+        self._buckets_of = {id(self.params[n]): [b for b, m in enumerate(members) if n in m]
+                            for n in self.params}
+        self.flat = torch.zeros(self.layout.total, dtype=self.dtype, device=self.device)
+        self._sparse_k = (alone_bucket(plan, self._tied_name, self.sizes[self._tied_name])
+                          if self.tied is not None else None)
+        if self.tied is not None:
+            self.tied.lane, self.tied.lookup_lane = self.num_buckets, self._sparse_k
+        self._attach()
+        self.layout_version += 1
+        for listener in self._listeners:
+            listener(self.flat, self.ordered_params())
+
+    def _view(self, name: str) -> torch.Tensor:
+        o = self.layout.offsets[name]
+        return self.flat[o:o + self.sizes[name]].view_as(self.params[name])
+
+    def _attach(self) -> None:
+        for name, p in self.params.items():
+            p.grad = self._view(name)
+
+    def _views_attached(self) -> bool:
+        base, size = self.flat.data_ptr(), self.flat.element_size()
+        return all(p.grad is not None and p.grad.data_ptr() == base + self.layout.offsets[n] * size
+                   for n, p in self.params.items())
+
+    def ordered_params(self) -> list[torch.nn.Parameter]:
+        """The parameters in buffer order."""
+        return [self.params[n] for n in self.layout.order]
+
+    def on_layout(self, listener: Callable[[torch.Tensor, list], None]) -> None:
+        """Call ``listener(flat, params_in_buffer_order)`` now and whenever the buffer is laid
+        out again (the first-step re-cut): a fused optimizer steps on the buffer itself."""
+        self._listeners.append(listener)
+        listener(self.flat, self.ordered_params())
+
+    def grad_norm(self) -> torch.Tensor:
+        """L2 norm of the whole gradient buffer (0-dim fp32, not unscaled, no host sync):
+        per-row norms (``kernels.optim_reference.global_grad_norm``'s bits)."""
+        return norm_of_rows(row_norms(self.flat))
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self.bounds)
+
+    def bucket_bytes(self) -> list[int]:
+        size = self.reduce_dtype.itemsize
+        return [(hi - lo) * size for lo, hi in self.bounds]
+
+    @property
+    def skip_communication(self) -> bool:
+        """Calibration only (bench.overlap): average nothing, launch nothing."""
+        return self._skip
+
+    @skip_communication.setter
+    def skip_communication(self, value: bool) -> None:
+        self._skip = value
+        if self.tied is not None:
+            self.tied.skip_communication = value
+
+    # ---- one step -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients without launching anything (all micro-steps but the last)."""
+        before, self._sync = self._sync, False
+        if self.tied is not None:
+            self.tied.sync = False
+        try:
+            yield
+        finally:
+            self._sync = before
+            if self.tied is not None:
+                self.tied.sync = before
+
+    def begin_step(self, loss_scale: Any = 1.0) -> None:
+        if not self._views_attached():  # someone set grads to None: re-point them, zeroed
+            self.flat.zero_()
+            self._attach()
+        k = self.num_buckets
+        self._loss_scale = loss_scale
+        self._pending = list(self._bucket_sizes)
+        self._ready: set[int] = set()
+        self._next = 0
+        self._works: list[Any] = [None] * k
+        self._comm: list[Optional[torch.Tensor]] = [None] * k
+        self._norms: list[Optional[torch.Tensor]] = [None] * k
+        self._coefs: list[Optional[torch.Tensor]] = [None] * k
+        self._local_coef: Optional[torch.Tensor] = None
+        self._local_norm: Optional[torch.Tensor] = None
+        if self.tied is not None:
+            self.tied.begin_step()
+        if self.timeline is not None:
+            extra = [self.tied.nbytes] if self.tied is not None else []
+            self.timeline.start_buckets(self.bucket_bytes() + extra)  # lane K: the decoder's
+        self._armed = True
+
+    def _on_grad(self, param: torch.nn.Parameter) -> None:
+        if not self._armed:
+            return
+        if self._measuring and id(param) not in self._measured:
+            self._measured.add(id(param))
+            self.measured_order.append(self._names[id(param)])
+        if not self._sync:
+            return
+        if id(param) in self._ready:
+            raise RuntimeError(f"gradient of {self._names[id(param)]} produced twice in one "
+                               f"synchronised step: run all micro-batches but the last under "
+                               f"no_sync()")
+        self._ready.add(id(param))
+        now = time.perf_counter() if self.timeline is not None else 0.0
+        for b in self._buckets_of[id(param)]:
+            self._pending[b] -= 1
+            if self._pending[b] == 0 and self.timeline is not None:
+                self.timeline.bucket_ready(b, now)
+        if self.clip_mode != "local_before":
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        while self._next < self.num_buckets and self._pending[self._next] == 0:
+            self._launch(self._next)
+            self._next += 1
+
+    def _tied_rows(self) -> torch.Tensor:
+        return self._view(self._tied_name).view(self.params[self._tied_name].shape[0], -1)
+
+    def _launch(self, k: int) -> None:
+        if k == self._sparse_k:
+            return self.tied.launch_lookup(self._tied_rows())
+        lo, hi = self.bounds[k]
+        buf = self.flat[lo:hi]
+        scale = 1.0 / self.world_size
+        if self.clip_mode == "bucket_before" and self.max_grad_norm > 0:
+            norm = slice_norm(self.flat, lo, hi) / self._loss_scale
+            self._norms[k] = norm
+            self._coefs[k] = clip_coefficient_of_norm(
+                norm, self.max_grad_norm / math.sqrt(self.num_buckets))
+            buf.mul_(self._coefs[k] * scale)
+        elif self._local_coef is not None:
+            buf.mul_(self._local_coef * scale)
+        elif scale != 1.0:
+            buf.mul_(scale)
+        timeline = self.timeline
+        now = time.perf_counter() if timeline is not None else 0.0
+        if self.world_size == 1 or self._skip:
+            if timeline is not None:
+                timeline.bucket_launched(k, now)
+                timeline.bucket_done(k, now)
+            return
+        comm = buf if self.reduce_dtype == buf.dtype else buf.to(self.reduce_dtype)
+        work = torch_dist.all_reduce(comm, op=torch_dist.ReduceOp.SUM, group=self.group,
+                                     async_op=True)
+        self._works[k], self._comm[k] = work, comm
+        if timeline is not None:
+            timeline.bucket_launched(k, now)
+            # the future completes on the communication thread: the true end of the allreduce
+            work.get_future().add_done_callback(timeline.done_callback(k))
+
+    def finish(self) -> SyncReport:
+        """After the last backward: launch what is left (everything, for local_before), wait
+        for every allreduce in order; the buffer then holds the averaged (clipped) gradient."""
+        if not self._armed:
+            raise RuntimeError("finish() without begin_step()")
+        backward_done_at = time.perf_counter() if self.timeline is not None else 0.0
+        launched_in_backward = self._next
+        if self.clip_mode == "local_before" and self.max_grad_norm > 0:
+            self._local_norm = self.grad_norm() / self._loss_scale
+            self._local_coef = clip_coefficient_of_norm(self._local_norm, self.max_grad_norm)
+        for k in range(self._next, self.num_buckets):
+            if self.timeline is not None and self._pending[k] != 0:
+                self.timeline.bucket_ready(k, backward_done_at)
+            self._launch(k)
+        self._next = self.num_buckets
+        if self.tied is not None:
+            self.tied.finish(self._tied_rows())
+        for k, work in enumerate(self._works):
+            if work is not None:
+                work.wait()
+                if self.timeline is not None and self.timeline.done[k] is None:
+                    self.timeline.bucket_done(k, time.perf_counter())  # callback not run yet
+                lo, hi = self.bounds[k]
+                if self._comm[k] is not None and self._comm[k].dtype != self.dtype:
+                    self.flat[lo:hi].copy_(self._comm[k])
+        self._armed = False
+        return self._report(launched_in_backward)
+
+    def _report(self, launched_in_backward: int) -> SyncReport:
+        report = SyncReport(buckets=self.num_buckets, launched_in_backward=launched_in_backward)
+        if self.clip_mode == "bucket_before" and self.max_grad_norm > 0:
+            report.clip_coefs = torch.stack(self._coefs)
+            report.local_norm = torch.stack(self._norms).double().pow(2).sum().sqrt()
+        elif self._local_coef is not None:
+            report.clip_coefs = self._local_coef.reshape(1)
+            report.local_norm = self._local_norm
+        return report
+
+    def zero_grad(self) -> None:
+        """After the optimizer step: zero the buffer (the views stay); after the first step,
+        re-cut a size-cap plan in the measured production order (a collective: every rank)."""
+        if self._measuring and not self._armed and self.measured_order:
+            self._measuring = False
+            if self._cap_elements is not None:
+                self._recut_in_measured_order()
+                return
+        self.flat.zero_()
+
+    def _recut_in_measured_order(self) -> None:
+        seen = set(self.measured_order)
+        order = self.measured_order + [n for n in self.plan.order() if n not in seen]
+        order = broadcast_object(order)  # rank 0's order for everyone: one plan on all ranks
+        if order == self.plan.order():
+            self.flat.zero_()
+            return
+        self._install(BucketPlan.from_cap([(n, self.sizes[n]) for n in order],
+                                          self._cap_elements, self.plan.source,
+                                          alone=self._tied_name))
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self.tied is not None:
+            self.tied.close()

@@ -1,0 +1,112 @@
+"""Step metrics, kept on the device until they are logged.
+
+Owns: what each optimizer step leaves for the logs - its host numbers (step, samples, lr, time,
+tokens) and its device numbers (losses, gradient norm, clip coefficient, skipped flag, loss
+scale, the sync's report) - from the step until the next logging point, and turning them into
+`runtime.events.StepMetrics` there: the losses averaged across ranks in one all-reduce of a
+[steps × 3] tensor, the balance meter's counts in its own two, every device number read back in
+one copy. Logging points are every ``train.log_every_steps`` steps, before each evaluation and
+at the end of the run; every rank reaches them at the same step, so the collectives match.
+Never: runs a collective or reads a device tensor back on an ordinary step, or changes what is
+trained. (torchtitan's lesson: reduce losses only when you log them; a ``.item()`` per step is
+a stall on a GPU and rules out CUDA-graph capture of the step.)
+
+`StepRecord` is what ``Trainer.train_step`` returns: reading one of its metric attributes
+resolves this rank's own values (a host read, no collective) - for tests and tools that drive
+single steps; the training loop never reads them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+import torch
+
+from runtime.dist import all_reduce_sum
+from runtime.events import StepMetrics
+
+_DEVICE_FIELDS = ("grad_norm", "clip_coef", "skipped", "loss_scale")
+
+
+@dataclass
+class StepRecord:
+    """One optimizer step as recorded, device values unread (see the module docstring)."""
+
+    host: dict[str, Any]                         # step, samples, lr, step_time_s, elapsed_s, ...
+    losses: torch.Tensor                         # [3] this rank's loss, mlm_loss, nsp_loss
+    device: dict[str, Any]                       # _DEVICE_FIELDS, 0-dim tensors (or numbers)
+    raw_extra: dict[str, Any] = field(default_factory=dict)  # numbers or 0-dim tensors
+    _local: Optional[StepMetrics] = None
+
+    def local(self) -> StepMetrics:
+        """This rank's values as StepMetrics (host read; losses not averaged across ranks)."""
+        if self._local is None:
+            self._local = _metrics(self, self.losses.tolist(), _read(self.device),
+                                   _read(self.raw_extra))
+        return self._local
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _METRIC_FIELDS:
+            return getattr(self.local(), name)
+        raise AttributeError(name)
+
+
+_METRIC_FIELDS = {f.name for f in fields(StepMetrics)}
+
+
+def _read(values: dict) -> dict:
+    """Device numbers as Python numbers (one host read per call)."""
+    keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+    out = dict(values)
+    if keys:
+        flat = torch.stack([values[k].detach().double().reshape(()) for k in keys]).tolist()
+        out.update(zip(keys, flat))
+    return out
+
+
+def _metrics(rec: StepRecord, losses: list, device: dict, extra: dict) -> StepMetrics:
+    h = rec.host
+    return StepMetrics(step=h["step"], samples=h["samples"], loss=losses[0],
+                       mlm_loss=losses[1], nsp_loss=losses[2], lr=h["lr"],
+                       grad_norm=device["grad_norm"], clip_coef=device["clip_coef"],
+                       step_time_s=h["step_time_s"], real_tokens=h["real_tokens"],
+                       computed_tokens=h["computed_tokens"], skipped=bool(device["skipped"]),
+                       loss_scale=device["loss_scale"], extra=extra,
+                       elapsed_s=h.get("elapsed_s"))
+
+
+class StepLog:
+    """The steps since the last logging point; `flush` reduces and returns them."""
+
+    def __init__(self, world_size: int, meter: Any = None):
+        self.world_size = world_size
+        self.meter = meter  # a runtime.balance_meter.BalanceMeter, or None
+        self.pending: list[StepRecord] = []
+
+    def record(self, rec: StepRecord) -> StepRecord:
+        self.pending.append(rec)
+        return rec
+
+    def flush(self) -> list[StepMetrics]:
+        """Every pending step as StepMetrics, losses averaged across ranks and balance
+        metrics in ``extra``. A collective: every rank calls it at the same point."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return []
+        losses = all_reduce_sum(torch.stack([r.losses for r in pending]).double())
+        losses = (losses / self.world_size).tolist()
+        balance = self.meter.reduce() if self.meter is not None else [{}] * len(pending)
+        if len(balance) != len(pending):
+            raise RuntimeError(f"balance meter closed {len(balance)} steps, the log "
+                               f"recorded {len(pending)}")
+        keys = [(i, src, k) for i, r in enumerate(pending)
+                for src, d in (("device", r.device), ("raw_extra", r.raw_extra))
+                for k, v in d.items() if isinstance(v, torch.Tensor)]
+        values = torch.stack([getattr(pending[i], src)[k].detach().double().reshape(())
+                              for i, src, k in keys]).tolist() if keys else []
+        read: list[dict[str, dict]] = [{"device": dict(r.device),
+                                        "raw_extra": dict(r.raw_extra)} for r in pending]
+        for (i, src, k), v in zip(keys, values):
+            read[i][src][k] = v
+        return [_metrics(r, loss, d["device"], {**d["raw_extra"], **bal})
+                for r, loss, d, bal in zip(pending, losses, read, balance)]
