@@ -21,6 +21,8 @@ def table(rows: Sequence, title: str = "") -> str:
         "| plan | buckets | tied sync | predicted step ms | exposed comm ms | vs no bucketing | note |",
         "|---|---|---|---|---|---|---|"]
     best = min(r.timeline.step_s for r in rows)
+    tuned = next((r.timeline.step_s for r in rows if r.name == "tuned"), best)
+    near = [r.name for r in rows if r.name != "tuned" and r.timeline.step_s <= tuned * 1.02]
     for r in rows:
         tl = r.timeline
         ratio = f"{base / tl.step_s:.2f}×" if base else "—"
@@ -28,6 +30,10 @@ def table(rows: Sequence, title: str = "") -> str:
         step = f"**{tl.step_s * 1e3:.1f}**" if tl.step_s == best else f"{tl.step_s * 1e3:.1f}"
         lines.append(f"| {name} | {tl.num_buckets} | {r.candidate.tied_sync} | {step} | "
                      f"{tl.exposed_s * 1e3:.1f} | {ratio} | {r.candidate.note} |")
+    if near:
+        lines.append(f"\nwithin 2 % of the tuned plan's prediction: {', '.join(near)} - closer "
+                     f"than this model's error (docs/BENCHMARKS.md, 'Bucket tuner'): measure "
+                     f"them side by side before preferring one")
     return "\n".join(lines)
 
 
