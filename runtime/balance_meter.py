@@ -10,6 +10,8 @@ reduction, and reducing them across ranks in one go (`reduce`: a sum and a max o
   pad_eff           Σ real / Σ computed tokens over ranks (1.0 = no compute on padding)
   imbalance_tokens  max / mean computed tokens over ranks (the padded compute a step waits for)
   imbalance_real    max / mean real tokens
+  imbalance_cost    max / mean batch cost over ranks, by the length-cost model (data.length_cost:
+                    a·Σlen + b·Σlen² + c·rows ..., loaders.length_cost) - what the deals balance
   imbalance_compute max / mean compute time over ranks
   compute_s_max, compute_s_mean, load_s_max   seconds
   real_tokens_all, computed_tokens_all        the sums (the progress line accumulates them)
@@ -26,12 +28,13 @@ Never: changes what is trained, steers the loop, or reads the environment.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
 from runtime.dist import all_reduce_max, all_reduce_sum
 
-FIELDS = ("real", "computed", "compute_s", "load_s")
+FIELDS = ("real", "computed", "cost", "compute_s", "load_s")
 
 
 class BalanceMeter:
@@ -40,28 +43,32 @@ class BalanceMeter:
     bookkeeping only), ``reduce`` all-reduces every closed step."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, world_size: int,
-                 unpadded: bool):
-        self.device, self.world_size, self.unpadded = device, world_size, unpadded
-        self._load_s = 0.0
+                 cost: Any = None):
+        self.device, self.world_size = device, world_size
+        self.cost = cost  # a loaders.length_cost.LengthCost; None = real tokens
+        self._load_s = self._cost = 0.0
         self._spans: list = []
         self._closed: list[tuple[dict, list]] = []  # (counts, forward spans) per closed step
         self._hooks = [model.register_forward_pre_hook(self._forward_start),
                        model.register_forward_hook(self._forward_stop)]
 
     def wrap(self, batches):
-        """The training iterator, timing the wait for each batch."""
+        """The training iterator, timing the wait for each batch and pricing it (host data:
+        the batch is still on the CPU here)."""
         while True:
             t0 = time.perf_counter()
             batch = next(batches)
             self._load_s += time.perf_counter() - t0
+            self._cost += (self.cost.of_batch(batch) if self.cost is not None
+                           else batch.num_real_tokens)
             yield batch
 
     def end_step(self, real: int, computed: int) -> None:
         """Close this rank's step: its real and computed tokens (host numbers, no sync)."""
-        counts = {"real": float(real), "computed": float(computed), "compute_s": 0.0,
-                  "load_s": self._load_s}
+        counts = {"real": float(real), "computed": float(computed), "cost": self._cost,
+                  "compute_s": 0.0, "load_s": self._load_s}
         self._closed.append((counts, self._spans))
-        self._load_s, self._spans = 0.0, []
+        self._load_s, self._cost, self._spans = 0.0, 0.0, []
 
     def reduce(self) -> list[dict[str, float]]:
         """All-reduce the steps closed since the last call (every rank must call it at the
@@ -111,11 +118,12 @@ class BalanceMeter:
 def step_balance(total: dict, top: dict, world_size: int) -> dict[str, float]:
     """The ``extra`` metrics from per-field sums and maxima over ``world_size`` ranks."""
     def ratio(field: str) -> float:
-        mean = total[field] / world_size
+        mean = total.get(field, 0.0) / world_size
         return top[field] / mean if mean > 0 else 1.0
 
     return {"pad_eff": total["real"] / max(total["computed"], 1.0),
             "imbalance_tokens": ratio("computed"), "imbalance_real": ratio("real"),
+            "imbalance_cost": ratio("cost"),
             "imbalance_compute": ratio("compute_s"),
             "compute_s_max": top["compute_s"], "compute_s_mean": total["compute_s"] / world_size,
             "load_s_max": top["load_s"],

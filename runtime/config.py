@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from loaders.balance import BalanceMode
+from loaders.balance import BalanceMode, BalanceSpec
 from runtime.choices import (AttentionMode, CacheClear, ClipMode, DeviceKind, Division,
                              GradSyncKind, Launcher, LoaderKind, LrScaling, OptimBackend,
                              Precision, ReduceDtype, ScheduleName, SrunMpi, TiedEmbeddingSync,
@@ -86,19 +86,28 @@ class DataConfig:
     verify_checksums: bool = _doc("verify shard checksums before training starts", True)
     eval_batch_size: int = _doc("per-rank batch size for evaluation", 128)
     prefetch: bool = _doc("read the next shard in a background thread", True)
-    balance: BalanceMode = _doc("which samples form each rank's batch (loaders/balance.py): 'random' | "
-                        "'global' (NVIDIA exchange: global batch sorted by length, dealt "
-                        "strided) | 'local' (Samsung: length bins with equal per-bin counts per "
-                        "rank, zig-zag deal in node groups) | 'pack' (local, then several "
-                        "sequences packed per row, block-diagonal attention)", "random")
-    bin_edges: list[int] = _doc("local/pack: upper edges of the length bins, e.g. [64, 96, 127, "
-                                "128]; [] = data.num_bins quantiles of the data set's lengths",
-                                default_factory=list)
-    num_bins: int = _doc("local/pack: quantile bins when data.bin_edges is empty (bins that "
-                         "share a length value merge)", 4)
-    group_size: int = _doc("local/pack: G, ranks per node group of the zig-zag deal; must "
-                           "divide the world size (0 = ranks per node)", 0)
-    pack_length: int = _doc("pack: tokens per packed row (0 = data.max_seq_length)", 0)
+    balance: BalanceMode = _doc(
+        "which samples form each rank's batch (loaders/balance.py), dealt so the largest rank "
+        "cost (data.length_cost) is smallest: 'random' | 'global' (NVIDIA exchange: the global "
+        "batch dealt by cost) | 'local' (Samsung: strata with equal counts per rank, dealt in "
+        "node groups) | 'pack' (local, then each rank's batch packed into rows, block-diagonal "
+        "attention) | 'offline_pack' (whole shards packed best-fit into rows of "
+        "data.pack_length at load time; exactly world x local batch sequences per step, equal "
+        "rows per rank; for padded models)", "random")
+    bin_edges: list[int] = _doc("local/pack: upper edges of length bins, e.g. [64, 96, 127, "
+                                "128]; [] = data.num_bins", default_factory=list)
+    num_bins: int = _doc("local/pack: 0 = strata from the data (G·b equal slices of the "
+                         "length-sorted data set); N >= 1 = N quantile length bins (bins that "
+                         "share a length value merge)", 0)
+    group_size: int = _doc("local/pack: G, ranks per node group of the deal; must divide the "
+                           "world size (0 = ranks per node)", 0)
+    pack_length: int = _doc("pack/offline_pack: tokens per packed row (0 = "
+                            "data.max_seq_length)", 0)
+    length_cost: str = _doc("length-cost coefficients file (python -m runtime.length_cost "
+                            "--layout L --out FILE): what a rank's batch costs, for the deals "
+                            "and the imbalance metrics; '' = the default for the model shape "
+                            "and layout (measured in loaders/length_costs.json, else a FLOP "
+                            "count)", "")
     loader: LoaderKind = _doc("'torch' (collation in Python) | 'dali' (NVIDIA DALI pipeline: "
                        "padding and prefetch; GPU pipeline where CUDA exists)", "torch")
 
@@ -107,17 +116,23 @@ class DataConfig:
                 self.eval_batch_size < 1:
             raise ConfigError("data.max_seq_length, data.max_predictions_per_seq and "
                               "data.eval_batch_size must be >= 1")
-        edges = list(self.bin_edges)
-        if any(e < 1 for e in edges) or edges != sorted(set(edges)):
-            raise ConfigError(f"data.bin_edges = {edges}: give strictly increasing positive "
-                              "upper edges, the last >= the longest sample (e.g. [64, 96, 128])")
-        if self.num_bins < 1 or self.group_size < 0 or self.pack_length < 0:
-            raise ConfigError("data.num_bins must be >= 1, data.group_size and "
-                              "data.pack_length >= 0 (0 = default)")
+        if self.group_size < 0 or self.pack_length < 0:
+            raise ConfigError("data.group_size and data.pack_length must be >= 0 (0 = default)")
+        try:  # the balancing keys' ranges are BalanceSpec's, checked in one place
+            self.balance_spec(ranks_per_node=1)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if self.pack_length > self.max_seq_length:
             raise ConfigError(f"data.pack_length ({self.pack_length}) > data.max_seq_length "
                               f"({self.max_seq_length}): a packed row must fit the model's "
                               "positions; lower data.pack_length")
+
+    def balance_spec(self, ranks_per_node: int, cost=None) -> BalanceSpec:
+        """The loaders' spec from these keys (group_size 0 = ranks per node, pack_length 0 =
+        max_seq_length; ``cost``: data.length_cost resolved for the model)."""
+        return BalanceSpec(mode=self.balance, bin_edges=tuple(self.bin_edges),
+                           num_bins=self.num_bins, group_size=self.group_size or ranks_per_node,
+                           pack_length=self.pack_length or self.max_seq_length, cost=cost)
 
 
 @dataclass

@@ -71,9 +71,9 @@ class ProgressPrinter:
 
     The time-left estimate extrapolates the last two eval accuracies linearly to the target
     when accuracy is rising, else reports the time to the step budget. ``pad-eff`` is Σ real
-    / Σ computed tokens over all ranks since the start; ``imbalance tok … fwd …`` the mean,
-    over the steps since the previous line, of max/mean over ranks of computed tokens and of
-    forward time (runtime.balance_meter)."""
+    / Σ computed tokens over all ranks since the start; ``imbalance tok … cost … fwd …`` the
+    mean, over the steps since the previous line, of max/mean over ranks of computed tokens,
+    of the length-cost model's batch cost and of forward time (runtime.balance_meter)."""
 
     def __init__(self, every: int = 10, stream=sys.stdout):
         self.every = max(1, every)
@@ -94,6 +94,7 @@ class ProgressPrinter:
                 self.tokens[1] += m.extra.get("computed_tokens_all", m.computed_tokens)
                 if "imbalance_tokens" in m.extra:
                     self.imbalance.append((m.extra["imbalance_tokens"],
+                                           m.extra.get("imbalance_cost", 1.0),
                                            m.extra["imbalance_compute"]))
             if state.last_step is not None and state.last_step.step % self.every == 0:
                 self._print(state)
@@ -116,8 +117,8 @@ class ProgressPrinter:
             if self.tokens[1]:
                 parts.append(f"pad-eff {self.tokens[0] / self.tokens[1]:.3f}")
             if self.imbalance:  # mean of the steps since the last line
-                tokens, compute = (sum(x) / len(x) for x in zip(*self.imbalance))
-                parts.append(f"imbalance tok {tokens:.3f} fwd {compute:.2f}")
+                tokens, cost, compute = (sum(x) / len(x) for x in zip(*self.imbalance))
+                parts.append(f"imbalance tok {tokens:.3f} cost {cost:.3f} fwd {compute:.2f}")
                 self.imbalance = []
         if self.evals:
             parts.append(f"eval acc {self.evals[-1][1]:.4f}")

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
-from loaders.balance import BalanceSpec
+from loaders import length_cost
+from loaders.balance import PACKED_MODES
 from loaders.dataset import TrainLoader, load_eval_batches
 from runtime.balance_meter import BalanceMeter
 from runtime.config import Config
@@ -49,7 +50,7 @@ def build_model(cfg: Config) -> BertForPreTraining:
     initial weights (``model.init``)."""
     m = cfg.model
     model = BertForPreTraining(m.bert_config(), attention=m.attention,
-                               packed=cfg.data.balance == "pack")
+                               packed=cfg.data.balance in PACKED_MODES)
     if m.init == "minilm":
         load_pretrained(model, minilm_path())
     elif m.init != "scratch":
@@ -57,12 +58,10 @@ def build_model(cfg: Config) -> BertForPreTraining:
     return model
 
 
-def balance_spec(cfg: Config, ranks_per_node: int) -> BalanceSpec:
-    """The loaders' balancing spec from the data.* keys (group_size 0 = ranks per node)."""
-    d = cfg.data
-    return BalanceSpec(mode=d.balance, bin_edges=tuple(d.bin_edges), num_bins=d.num_bins,
-                       group_size=d.group_size or ranks_per_node,
-                       pack_length=d.pack_length or d.max_seq_length)
+def batch_cost(cfg: Config, device_type: str) -> length_cost.LengthCost:
+    """What one rank's batch costs on this model and device (``data.length_cost``)."""
+    layout = length_cost.layout_for(cfg.model.attention, device_type)
+    return length_cost.resolve(cfg.data.length_cost, length_cost.shape_of(cfg.model), layout)
 
 
 @dataclass
@@ -111,9 +110,10 @@ class Trainer:
                                            device=dist.device)
         self.clip_after = t.clip_mode == "global_after" and t.max_grad_norm > 0
         torch.manual_seed(t.seed * 1000 + dist.rank)  # dropout differs per rank
+        self.batch_cost = batch_cost(cfg, dist.device.type)
         self.train_loader = self._build_train_loader()
         self.balance_meter = BalanceMeter(model, dist.device, dist.world_size,
-                                          unpadded=cfg.model.attention == "unpadded")
+                                          cost=self.batch_cost)
         self.step_log = StepLog(dist.world_size, self.balance_meter)
         self._run_t0: float | None = None
         self.eval_batches = load_eval_batches(cfg.data.data_dir, dist.rank, dist.world_size,
@@ -128,8 +128,9 @@ class Trainer:
         """``TrainLoader`` (data.loader 'torch') or its DALI twin, balanced by data.balance;
         a bad bin / group / pack specification fails here, before anything trains."""
         cfg, dist = self.cfg, self.dist
+        spec = cfg.data.balance_spec(dist.local_world_size, cost=self.batch_cost)
         kwargs = dict(verify=cfg.data.verify_checksums, prefetch=cfg.data.prefetch,
-                      balance=balance_spec(cfg, dist.local_world_size))
+                      balance=spec)
         args = (cfg.data.data_dir, dist.rank, dist.world_size, self.local_batch, cfg.train.seed)
         if cfg.data.loader == "dali":
             from loaders.dali_pipeline import DaliTrainLoader  # DALI is imported only when used

@@ -24,11 +24,13 @@ def test_step_balance_arithmetic():
     assert got["imbalance_tokens"] == 256 / 200 and got["imbalance_real"] == 180 / 150
     assert got["imbalance_compute"] == 2.0 / 1.5
     assert (got["compute_s_max"], got["compute_s_mean"], got["load_s_max"]) == (2.0, 1.5, 0.15)
+    got = step_balance({**total, "cost": 10.0}, {**top, "cost": 6.0}, world_size=2)
+    assert got["imbalance_cost"] == 6.0 / 5.0
 
 
 @pytest.mark.parametrize("balance,attention,loader", [
     ("random", "padded", "torch"), ("pack", "unpadded", "torch"), ("local", "padded", "dali"),
-    ("pack", "padded", "torch")])
+    ("pack", "padded", "torch"), ("offline_pack", "padded", "torch")])
 def test_fit_writes_balance_metrics_and_progress(small_dataset, single_ctx, tmp_path,
                                                  balance, attention, loader):
     if loader == "dali":
@@ -75,6 +77,8 @@ def test_two_ranks_reduce_tokens_and_time(small_dataset, tmp_path):
         assert extra == ranks[1]["steps"][step]["extra"]  # every rank holds the reduced values
         real = [x["real"] for x in local]
         computed = [x["computed"] for x in local]
+        cost = [x["cost"] for x in local]
+        assert min(cost) > 0 and extra["imbalance_cost"] == pytest.approx(max(cost) / (sum(cost) / 2))
         assert extra["real_tokens_all"] == sum(real)
         assert extra["pad_eff"] == pytest.approx(sum(real) / sum(computed))
         assert extra["imbalance_real"] == pytest.approx(max(real) / (sum(real) / 2))

@@ -129,7 +129,7 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
     from loaders.dataset import TrainLoader
     from runtime.dist import broadcast_object, broadcast_tensors
     from runtime.optim import build_optimizer
-    from runtime.trainer import balance_spec, build_model
+    from runtime.trainer import build_model
 
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg).to(ctx.device)
@@ -158,7 +158,7 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
     torch.manual_seed(cfg.train.seed * 1000 + ctx.rank)
     loader = TrainLoader(cfg.data.data_dir, ctx.rank, ctx.world_size, local_batch, cfg.train.seed,
                          verify=False, prefetch=cfg.data.prefetch,
-                         balance=balance_spec(cfg, ctx.local_world_size))
+                         balance=cfg.data.balance_spec(ctx.local_world_size))
     it = iter(loader)
     stamps: dict[str, float] = {}
     arrival: list[str] = []
