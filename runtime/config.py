@@ -241,6 +241,23 @@ class TrainConfig:
     log_every_steps: int = _doc("progress line and metrics every this many steps", 10)
     output_dir: str = _doc("where the mllog log, metrics and plot go", "results")
     init_loss_scale: float = _doc("fp16: initial dynamic loss scale", 2.0 ** 16)
+    checkpoint_every_samples: int = _doc(
+        "write a checkpoint (runtime/checkpoint.py) every this many samples, at the step that "
+        "reaches each multiple, and when a signal (TERM, INT, HUP, USR1) stops the run; 0 = no "
+        "checkpoints at all. A run restarted with the same train.output_dir resumes from the "
+        "newest complete checkpoint in train.checkpoint_dir, exactly (README \"Checkpoints and "
+        "resume\")", 0)
+    checkpoint_keep: int = _doc("how many of the newest complete checkpoints to keep (>= 1); "
+                                "older ones are deleted after a new one is complete", 2)
+    checkpoint_dir: str = _doc("where checkpoints go; '' = <train.output_dir>/checkpoints. On "
+                               "several nodes it must be a directory every node sees", "")
+    max_nonfinite_steps: int = _doc(
+        "divergence guard: stop the run (status aborted, exit 3) when more than this many "
+        "consecutive steps had a non-finite loss or gradient; fp16 overflow skips count only "
+        "once the loss scale is at its floor of 1 (before that they are the loss scaler "
+        "working, counted apart). Checked at logging points, so a stop comes up to "
+        "train.log_every_steps steps late; the last checkpoint before the non-finite steps "
+        "is kept", 10)
 
     def validate(self) -> None:
         self._validate_grad_sync()
@@ -258,6 +275,19 @@ class TrainConfig:
         if not (is_number(self.init_loss_scale) and self.init_loss_scale >= 1):
             raise ConfigError(f"train.init_loss_scale must be a finite number >= 1, got "
                               f"{self.init_loss_scale}")
+        if self.checkpoint_every_samples < 0:
+            raise ConfigError(f"train.checkpoint_every_samples must be >= 0 (0 = no "
+                              f"checkpoints), got {self.checkpoint_every_samples}")
+        if self.checkpoint_keep < 1:
+            raise ConfigError(f"train.checkpoint_keep must be >= 1 (the newest checkpoints "
+                              f"kept), got {self.checkpoint_keep}")
+        if self.max_nonfinite_steps < 0:
+            raise ConfigError(f"train.max_nonfinite_steps must be >= 0 (0 = stop at the "
+                              f"first non-finite step), got {self.max_nonfinite_steps}")
+
+    def checkpoint_path(self) -> str:
+        """Where checkpoints go: ``checkpoint_dir``, else ``<output_dir>/checkpoints``."""
+        return self.checkpoint_dir or str(Path(self.output_dir) / "checkpoints")
 
     def _validate_grad_sync(self) -> None:
         if self.grad_sync == "ddp" and self.clip_mode not in ("global_after", "none"):
