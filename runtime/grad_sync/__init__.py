@@ -18,14 +18,14 @@ from typing import Any, Optional
 import torch
 
 from runtime.dist import broadcast_tensors
-from runtime.grad_sync.buckets import CLIP_MODES, GradientBuckets
+from runtime.grad_sync.buckets import CLIP_MODES, GRAD_ALIGN, GradientBuckets
 from runtime.grad_sync.ddp import DDPSync
 from runtime.grad_sync.plan import (MB, BucketPlan, GradLayout, Piece, PlanError, alone_bucket,
-                                    reverse_registration_order)
+                                    reverse_registration_order, tied_sync_mode)
 from runtime.grad_sync.protocol import GradSync, SyncReport
-from runtime.grad_sync.tied import TiedEmbeddingSplit, find_tied_head, tied_sync_mode
+from runtime.grad_sync.tied import TiedEmbeddingSplit, find_tied_head
 
-__all__ = ["CLIP_MODES", "MB", "BucketPlan", "DDPSync", "GradLayout", "GradSync",
+__all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "BucketPlan", "DDPSync", "GradLayout", "GradSync",
            "GradientBuckets", "Piece", "PlanError", "SyncReport", "TiedEmbeddingSplit",
            "alone_bucket", "build_grad_sync", "reverse_registration_order", "tied_sync_mode"]
 

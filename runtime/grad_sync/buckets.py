@@ -68,6 +68,11 @@ from runtime.grad_sync.protocol import SyncReport
 
 CLIP_MODES = get_args(ClipMode)
 
+#: Elements each parameter's gradient is aligned to in the flat buffer: the fused optimizer's
+#: rows (kernels.optim_flat), so the optimizer can step on this buffer. The tuner's simulator
+#: uses it too (bucket bytes include the padding).
+GRAD_ALIGN = ROW
+
 
 def slice_norm(flat: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """‖flat[lo:hi]‖ (0-dim fp32, no host sync): per-row norms of the whole rows inside the
@@ -94,7 +99,7 @@ class GradientBuckets:
     def __init__(self, model: torch.nn.Module, plan: BucketPlan, *, world_size: int,
                  group: Any = None, clip_mode: str = "global_after", max_grad_norm: float = 1.0,
                  reduce_dtype: Optional[torch.dtype] = None, cap_elements: Optional[int] = None,
-                 timeline: Any = None, tied: Any = None, align: int = ROW):
+                 timeline: Any = None, tied: Any = None, align: int = GRAD_ALIGN):
         if clip_mode not in CLIP_MODES:
             raise ValueError(f"clip_mode must be one of {' | '.join(CLIP_MODES)}, got {clip_mode!r}")
         self.module = model

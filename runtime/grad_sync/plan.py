@@ -330,3 +330,12 @@ def plan_sizes(plan: BucketPlan) -> dict[str, int]:
         for p in bucket:
             sizes[p.name] = max(sizes.get(p.name, 0), p.stop)
     return sizes
+
+
+def tied_sync_mode(asked: str, clip_mode: str, world_size: int) -> str:
+    """``train.tied_embedding_sync`` resolved (before looking at a plan file): 'auto' is split
+    where it can help and applies (several ranks; clip_mode global_after | none), dense
+    otherwise. Split needs the tied embedding whole and alone in one bucket (`alone_bucket`)."""
+    if asked != "auto":
+        return asked
+    return "split" if world_size > 1 and clip_mode in ("global_after", "none") else "dense"

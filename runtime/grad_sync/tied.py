@@ -210,11 +210,3 @@ def find_tied_head(model: nn.Module, named: list,
     raise ValueError("train.tied_embedding_sync='split' needs a model whose MLM head has a "
                      "decoder (nn.Linear) tied to a trainable parameter, such as "
                      "runtime.model.BertForPreTraining; use tied_embedding_sync='dense'")
-
-
-def tied_sync_mode(asked: str, clip_mode: str, world_size: int) -> str:
-    """``train.tied_embedding_sync`` resolved: 'auto' is split where it can help and applies
-    (several ranks; clip_mode global_after | none), dense otherwise."""
-    if asked != "auto":
-        return asked
-    return "split" if world_size > 1 and clip_mode in ("global_after", "none") else "dense"

@@ -148,12 +148,10 @@ def profile_only(cfg, info, args) -> int:
 def tune(cfg, info, args) -> int:
     import torch
     from runtime.dist import init_distributed, shutdown
-    from runtime.grad_sync.plan import BucketPlan, PlanError
+    from runtime.grad_sync import REDUCE_DTYPES
+    from runtime.grad_sync.plan import PlanError
     from runtime.tune import measure
-    from runtime.tune.costmodel import check_sweep, fit, sweep_table
-    from runtime.tune.report import plot_timelines, profile_summary, table
-    from runtime.tune.simulate import SyncSpec
-    from runtime.tune.solve import MB, compare
+    from runtime.tune.solve import MB
 
     ctx = init_distributed(info, device=cfg.system.device, timeout_s=cfg.system.dist_timeout_s)
     set_threads(cfg, info.local_world_size)
@@ -165,7 +163,7 @@ def tune(cfg, info, args) -> int:
     m = measure.measure_step(cfg, ctx, steps=args.steps, warmup=args.warmup,
                              contention_steps=args.contention_steps)
     profile = m.profile
-    reduce_dtype = measure.REDUCE_DTYPES[cfg.train.allreduce_dtype]
+    reduce_dtype = REDUCE_DTYPES[cfg.train.allreduce_dtype]
     rb = torch.empty((), dtype=reduce_dtype).element_size()
     total = profile.total_elements() * rb
     sizes = measure.sweep_sizes(total, args.min_bytes, args.sizes)
@@ -186,7 +184,7 @@ def tune(cfg, info, args) -> int:
 
 
 def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
-    from runtime.grad_sync.plan import MB, BucketPlan, PlanError
+    from runtime.grad_sync.plan import MB, BucketPlan
     from runtime.tune import measure
     from runtime.tune.costmodel import check_sweep, fit, sweep_table
     from runtime.tune.report import plot_timelines, profile_summary, table
@@ -209,8 +207,8 @@ def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
         config_name = f"this config ({Path(cfg.train.bucket_plan).name})"
     else:
         from runtime.tune.simulate import Instance
-        from runtime.tune.solve import resolve_tied
-        mode = resolve_tied(cfg.train.tied_embedding_sync, cfg.train.clip_mode, ctx.world_size)
+        from runtime.grad_sync.plan import tied_sync_mode
+        mode = tied_sync_mode(cfg.train.tied_embedding_sync, cfg.train.clip_mode, ctx.world_size)
         alone = profile.tied if mode == "split" else None
         inst = Instance.build(profile, spec, comm)
         config_plan = cap_plan(inst, cfg.train.bucket_cap_mb * MB, config_name, alone)
@@ -220,7 +218,7 @@ def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
     if cfg.train.clip_mode == "bucket_before" and K is not None:
         free = next(r for r in compare(profile, comm, spec, cfg.train.tied_embedding_sync,
                                        None, "", None, grid=args.grid) if r.name == "tuned")
-        free.candidate.name = f"tuned, free K"
+        free.candidate.name = "tuned, free K"
         free.candidate.note += (f"; clip threshold τ/√{free.timeline.num_buckets} instead of "
                                 f"τ/√{K}: a different clip")
         rows.append(free)

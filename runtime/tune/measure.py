@@ -25,22 +25,13 @@ from typing import Any, Optional
 import torch
 import torch.distributed as torch_dist
 
+from runtime.grad_sync import GRAD_ALIGN, REDUCE_DTYPES
 from runtime.grad_sync.plan import BucketPlan, GradLayout
 from runtime.tune.simulate import Gradient, StepProfile
 
-REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
 def engine_align() -> int:
-    """Elements each gradient is aligned to in the engine's flat buffer: the refactored engine
-    (runtime.grad_sync.buckets) puts every gradient on a 1024-element row of the fused
-    optimizer; runtime/buckets.py packs them back to back."""
-    try:
-        import runtime.grad_sync.buckets  # noqa: F401
-    except ImportError:
-        return 1
-    from kernels.optim_reference import ROW
-    return ROW
+    """Elements each gradient is aligned to in the engine's flat buffer."""
+    return GRAD_ALIGN
 
 
 def tied_embedding(model: torch.nn.Module) -> tuple[Optional[torch.nn.Module], Optional[str]]:

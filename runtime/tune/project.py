@@ -40,7 +40,8 @@ from typing import Optional
 
 from runtime.tune.fabric import Fabric, FabricError, from_table, load_fabric
 from runtime.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
-from runtime.tune.solve import (DDP_MB, HOROVOD_MB, MEGATRON_MIN_PARAMS, MB, cap_plan, resolve_tied,
+from runtime.grad_sync.plan import tied_sync_mode
+from runtime.tune.solve import (DDP_MB, HOROVOD_MB, MEGATRON_MIN_PARAMS, MB, cap_plan,
                                 single_size_grid, solve)
 
 DATA = Path(__file__).resolve().parent / "systems"
@@ -202,7 +203,6 @@ def _plans(inst: Instance, profile: StepProfile, P: int, num_buckets: Optional[i
     elem = profile.element_bytes
     alone = profile.tied if inst.spec.tied_sync == "split" else None
     order = [(g.name, g.numel) for g in profile.grads]
-    out = {"no bucketing": ("one", None)}
     from runtime.grad_sync.plan import BucketPlan
     one = BucketPlan.from_cap(order, 1 << 62, "no bucketing", alone=alone)
     plans = {"no bucketing": one}
@@ -223,7 +223,7 @@ def step_points(gp: GpuProfile, cpu: StepProfile, fabric: Fabric, gpus: int, loc
                 num_buckets: Optional[int] = None) -> list[Point]:
     profile = gpu_step_profile(gp, cpu, local_batch, gpus)
     comm = fabric.comm_model(gpus)
-    tied = resolve_tied("auto", clip_mode, gpus)
+    tied = tied_sync_mode("auto", clip_mode, gpus)
     spec = SyncSpec(clip_mode=clip_mode, tied_sync=tied, reduce_bytes=gp.reduce_bytes,
                     align=1024, world_size=gpus)
     inst = Instance.build(profile, spec, comm)

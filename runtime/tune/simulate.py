@@ -44,12 +44,12 @@ communication, the split's finish work) + optimizer + tail (the loss allreduce, 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import numpy as np
 
-from runtime.grad_sync.plan import BucketPlan, GradLayout, Piece, PlanError
+from runtime.grad_sync.plan import BucketPlan, GradLayout, Piece
 from runtime.tune.costmodel import CommModel
 
 CLIP_MODES = ("global_after", "local_before", "bucket_before", "none")

@@ -52,7 +52,7 @@ from typing import Optional
 
 import numpy as np
 
-from runtime.grad_sync.plan import MB, BucketPlan
+from runtime.grad_sync.plan import MB, BucketPlan, tied_sync_mode
 from runtime.tune.simulate import Instance
 
 DDP_MB = 25.0          # torch DDP bucket_cap_mb default
@@ -252,13 +252,6 @@ class Row:
         return self.candidate.name
 
 
-def resolve_tied(asked: str, clip_mode: str, world_size: int) -> str:
-    """train.tied_embedding_sync as the engine resolves 'auto' (before looking at a plan)."""
-    if asked != "auto":
-        return asked
-    return "split" if world_size > 1 and clip_mode in ("global_after", "none") else "dense"
-
-
 def compare(profile, comm, spec_base, tied_asked: str = "auto",
             config_plan: Optional[BucketPlan] = None, config_name: str = "this config",
             num_buckets: Optional[int] = None, grid: Optional[int] = None,
@@ -270,7 +263,7 @@ def compare(profile, comm, spec_base, tied_asked: str = "auto",
     from dataclasses import replace
     from runtime.tune.simulate import Instance, simulate
 
-    mode = resolve_tied(tied_asked, spec_base.clip_mode, spec_base.world_size)
+    mode = tied_sync_mode(tied_asked, spec_base.clip_mode, spec_base.world_size)
     if profile.tied is None:
         mode = "dense"
     modes = {"dense", mode}

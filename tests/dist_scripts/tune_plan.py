@@ -29,8 +29,7 @@ def step_grads(cfg, ctx, batches):
         return real(grad_scale=grad_scale, **kw)
     trainer.optimizer.step = capture
     trainer.train_step(iter(batches))
-    engine = getattr(trainer, "buckets", None) or getattr(trainer, "grad_sync", None)
-    plan = getattr(engine, "plan", None)
+    plan = getattr(trainer.grad_sync, "plan", None)
     buckets = len(plan.buckets) if plan is not None else None
     trainer.close()
     return got, buckets
