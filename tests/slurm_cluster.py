@@ -18,6 +18,10 @@ By hand (README "Running on a Slurm cluster")::
 
     .venv/bin/python tests/slurm_cluster.py start /tmp/presto-slurm   # prints the SLURM_CONF export
     .venv/bin/python tests/slurm_cluster.py stop /tmp/presto-slurm
+
+tests/slurm_two_nodes.py builds a two-node cluster (each slurmd in its own network namespace)
+from the same pieces: ``write_files`` with several ``NodeSpec``, ``spawn`` with a command
+prefix, ``SlurmCluster.netns`` for where the client commands run.
 """
 from __future__ import annotations
 
@@ -99,14 +103,27 @@ def _start_time(pid: int) -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class NodeSpec:
+    """One compute node of slurm.conf: ``NodeName`` (also its hostname), ``NodeAddr`` and,
+    when several slurmd share a host, its own slurmd ``Port``."""
+
+    name: str
+    addr: str = "127.0.0.1"
+    port: int | None = None
+
+
 @dataclass
 class SlurmCluster:
-    """A running one-node cluster; ``procs`` are (name, pid, start time) of its daemons."""
+    """A running cluster; ``procs`` are (name, pid, start time) of its daemons. ``host`` is the
+    first (for `start`: the only) compute node. ``netns``: the network namespace the client
+    commands must run in to reach slurmctld (None: this one)."""
 
     root: Path
     host: str
     procs: list[tuple[str, int, int]] = field(default_factory=list)
     partition: str = PARTITION
+    netns: str | None = None
 
     @property
     def conf(self) -> Path:
@@ -123,18 +140,23 @@ class SlurmCluster:
         env.update(self.env)
         return env
 
-    def run(self, *cmd: str, timeout: float = 30) -> subprocess.CompletedProcess:
-        return subprocess.run(list(cmd), env=self.client_env(), capture_output=True, text=True,
-                              timeout=timeout)
+    def client_argv(self, argv: list[str]) -> list[str]:
+        """``argv`` as a client command of this cluster (inside ``netns`` when it has one)."""
+        return ["nsenter", f"--net=/run/netns/{self.netns}", "--", *argv] if self.netns \
+            else list(argv)
 
-    def node_state(self) -> str:
-        out = self.run("sinfo", "-h", "-n", self.host, "-o", "%T")
+    def run(self, *cmd: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return subprocess.run(self.client_argv(list(cmd)), env=self.client_env(),
+                              capture_output=True, text=True, timeout=timeout)
+
+    def node_state(self, node: str | None = None) -> str:
+        out = self.run("sinfo", "-h", "-n", node or self.host, "-o", "%T")
         return out.stdout.strip() if out.returncode == 0 else f"sinfo failed: {out.stderr.strip()}"
 
     def log_tails(self, lines: int = 15) -> str:
         parts = []
-        for name in ("munged.log", "slurmctld.log", "slurmd.log"):
-            path = self.root / "log" / name
+        logs = self.root / "log"
+        for path in [logs / "munged.log", logs / "slurmctld.log", *sorted(logs.glob("slurmd*.log"))]:
             if path.exists():
                 tail = path.read_text(errors="replace").splitlines()[-lines:]
                 parts.append(f"--- {path}\n" + "\n".join(tail))
@@ -242,9 +264,14 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def _write_files(root: Path, host: str) -> None:
+def write_files(root: Path, controller: str, controller_addr: str, nodes: list[NodeSpec],
+                extra: tuple[str, ...] = ()) -> None:
+    """The munge key and ``slurm.conf``: slurmctld on ``controller`` (reached at
+    ``controller_addr``), one partition of ``nodes``; ``extra`` lines override the defaults."""
     for sub in ("log", "run", "state", "spool", "munge"):
         (root / sub).mkdir(parents=True, exist_ok=True)
+    for node in nodes:
+        (root / "spool" / node.name).mkdir(exist_ok=True)
     os.chmod(root / "munge", 0o700)
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
@@ -252,29 +279,39 @@ def _write_files(root: Path, host: str) -> None:
     (root / "plugstack.conf").write_text("")  # no site SPANK plugins (pyxis etc.) here
     user = pwd.getpwuid(os.geteuid()).pw_name
     lines = [
-        "ClusterName=presto", f"SlurmctldHost={host}(127.0.0.1)",
+        "ClusterName=presto", f"SlurmctldHost={controller}({controller_addr})",
         "AuthType=auth/munge", "CredType=cred/munge",
         f"AuthInfo=socket={root / 'munge' / 'munge.socket'}",
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
         f"SlurmUser={user}", f"SlurmdUser={user}",
-        f"StateSaveLocation={root / 'state'}", f"SlurmdSpoolDir={root / 'spool'}",
+        # %n: the node's name, so several slurmd on one host keep apart
+        f"StateSaveLocation={root / 'state'}", f"SlurmdSpoolDir={root / 'spool' / '%n'}",
         f"SlurmctldPidFile={root / 'run' / 'slurmctld.pid'}",
-        f"SlurmdPidFile={root / 'run' / 'slurmd.pid'}",
+        f"SlurmdPidFile={root / 'run' / 'slurmd-%n.pid'}",
         f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
-        f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
+        f"SlurmdLogFile={root / 'log' / 'slurmd-%n.log'}",
         f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
         f"PlugStackConfig={root / 'plugstack.conf'}",
         "MpiDefault=none", "ReturnToService=2", "KillWait=5", "MinJobAge=600",
         "InactiveLimit=0", "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
-        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN",
-        f"PartitionName={PARTITION} Nodes={host} Default=YES MaxTime=INFINITE State=UP",
     ]
+    keys = {line.split("=", 1)[0] for line in extra}
+    lines = [line for line in lines if line.split("=", 1)[0] not in keys] + list(extra)
+    for node in nodes:
+        port = f" Port={node.port}" if node.port else ""
+        lines.append(f"NodeName={node.name} NodeAddr={node.addr}{port} "
+                     f"CPUs={os.cpu_count() or 1} State=UNKNOWN")
+    lines.append(f"PartitionName={PARTITION} Nodes={','.join(n.name for n in nodes)} "
+                 f"Default=YES MaxTime=INFINITE State=UP")
     (root / "slurm.conf").write_text("\n".join(lines) + "\n")
 
 
-def _spawn(cluster: SlurmCluster, name: str, argv: list[str]) -> None:
+def spawn(cluster: SlurmCluster, name: str, argv: list[str]) -> None:
+    """Start daemon ``name`` (``argv`` in the foreground, its own session, output in
+    log/NAME.stdout) and record its PID and start time. ``argv`` may be a prefix that execs
+    the daemon (``ip netns exec``, ``unshare``): the PID stays the daemon's."""
     log = open(cluster.root / "log" / f"{name}.stdout", "ab")
     proc = subprocess.Popen(argv, env=cluster.client_env(), stdin=subprocess.DEVNULL,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -296,22 +333,13 @@ def start(root: Path, timeout_s: float = START_TIMEOUT_S) -> SlurmCluster:
     host = socket.gethostname().split(".")[0]
     cluster = SlurmCluster(root, host)
     try:
-        _write_files(root, host)
-        which = lambda b: shutil.which(b, path=_sbin_path())  # noqa: E731
-        munge = root / "munge"
-        _spawn(cluster, "munged", [which("munged"), "--foreground", "--force",
-                                   f"--key-file={munge / 'munge.key'}",
-                                   f"--socket={munge / 'munge.socket'}",
-                                   f"--pid-file={root / 'run' / 'munged.pid'}",
-                                   f"--log-file={root / 'log' / 'munged.log'}",
-                                   f"--seed-file={munge / 'munged.seed'}"])
-        _wait(lambda: (munge / "munge.socket").exists(), 15, "munged's socket", cluster)
-        _spawn(cluster, "slurmctld", [which("slurmctld"), "-D", "-i", "-f", str(cluster.conf)])
-        _wait(lambda: cluster.run("scontrol", "ping").returncode == 0, timeout_s,
-              "slurmctld answering `scontrol ping`", cluster)
-        _spawn(cluster, "slurmd", [which("slurmd"), "-D", "-f", str(cluster.conf), "-N", host])
-        _wait(lambda: cluster.node_state().rstrip("*") in ("idle", "mixed", "allocated"),
-              timeout_s, f"node {host} idle", cluster)
+        write_files(root, host, "127.0.0.1", [NodeSpec(host)])
+        start_munged(cluster)
+        spawn(cluster, "slurmctld", [which("slurmctld"), "-D", "-i", "-f", str(cluster.conf)])
+        wait(lambda: cluster.run("scontrol", "ping").returncode == 0, timeout_s,
+             "slurmctld answering `scontrol ping`", cluster)
+        spawn(cluster, "slurmd", [which("slurmd"), "-D", "-f", str(cluster.conf), "-N", host])
+        wait(lambda: node_up(cluster, host), timeout_s, f"node {host} idle", cluster)
     except BaseException as e:
         tails = cluster.log_tails()
         cluster.stop(remove=True)
@@ -321,7 +349,32 @@ def start(root: Path, timeout_s: float = START_TIMEOUT_S) -> SlurmCluster:
     return cluster
 
 
-def _wait(ready, timeout_s: float, what: str, cluster: SlurmCluster) -> None:
+def which(binary: str) -> str:
+    found = shutil.which(binary, path=_sbin_path())
+    if found is None:
+        raise ClusterError(f"{binary} not found: apt-get install {' '.join(APT_PACKAGES)}")
+    return found
+
+
+def start_munged(cluster: SlurmCluster) -> None:
+    """munged with the private key and socket under ``cluster.root/munge`` (a file: every
+    network namespace on this host reaches it)."""
+    root, munge = cluster.root, cluster.root / "munge"
+    spawn(cluster, "munged", [which("munged"), "--foreground", "--force",
+                              f"--key-file={munge / 'munge.key'}",
+                              f"--socket={munge / 'munge.socket'}",
+                              f"--pid-file={root / 'run' / 'munged.pid'}",
+                              f"--log-file={root / 'log' / 'munged.log'}",
+                              f"--seed-file={munge / 'munged.seed'}"])
+    wait(lambda: (munge / "munge.socket").exists(), 15, "munged's socket", cluster)
+
+
+def node_up(cluster: SlurmCluster, node: str) -> bool:
+    return cluster.node_state(node).rstrip("*") in ("idle", "mixed", "allocated")
+
+
+def wait(ready, timeout_s: float, what: str, cluster: SlurmCluster) -> None:
+    """Poll ``ready()`` until true; ClusterError on timeout or when a daemon has exited."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for name, pid, started in cluster.procs:
