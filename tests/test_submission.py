@@ -160,7 +160,7 @@ def test_bad_configs_fail_before_submitting(stubs, tmp_path, data_dir, make, exp
     (["--set", "nokey"], r"'nokey' is not section.key=value"),
     (["--set", "submission.org=a\nb"], r"line break"),
     (["--set", "system.launcher=torchrun", "--set", "system.nodes=2"], r"torchrun.*one node"),
-    (["--set", "system.cache_clear=maybe"], r"system.cache_clear must be auto \| required \| off"),
+    (["--set", "system.cache_clear=maybe"], r"system.cache_clear='maybe': choose one of auto \| required \| off"),
 ])
 def test_bad_submit_input_fails_before_submitting(stubs, tmp_path, data_dir, extra, expect):
     _, env, calls = stubs
