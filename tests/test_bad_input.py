@@ -69,9 +69,11 @@ def test_out_of_range_values_are_found_before_training_naming_file_and_row(
         arr = getattr(s, column)[5].copy()
         arr[-1] = value
         getattr(s, column)[5] = arr
-        if column == "masked_lm_positions":     # a position past this row's end
-            s.input_ids[5] = s.input_ids[5][:100]
-            s.segment_ids[5] = s.segment_ids[5][:100]
+        if column == "masked_lm_positions":     # a position past this row's (shortened) end
+            keep = int(arr[:-1].max()) + 1          # every other position stays inside
+            assert keep <= value
+            s.input_ids[5] = s.input_ids[5][:keep]
+            s.segment_ids[5] = s.segment_ids[5][:keep]
     bad = rewrite_shard(root, last, edit)
     for rank in (0, 1):                         # the rank whose share holds it finds it
         share = sorted(json.loads((root / STATS_FILE).read_text())["train_shards"],
@@ -98,7 +100,7 @@ def test_out_of_range_values_are_found_before_training_naming_file_and_row(
 def test_bad_eval_file_and_a_missing_data_directory(small_dataset, tmp_path):
     root = copy_dataset(small_dataset, tmp_path / "data")
     rewrite_shard(root, "eval/eval.hdf5", lambda s: s.input_ids.__setitem__(
-        0, np.asarray([101, 40000, 102], dtype=np.int16)))
+        0, np.asarray([101, 32000, 102], dtype=np.int16)))
     with pytest.raises(DataError, match=r"eval\.hdf5: row 0: input_ids holds"):
         load_eval_batches(root, 0, 1, 8, limits=LIMITS)
     missing = tmp_path / "nowhere"
