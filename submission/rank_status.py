@@ -54,15 +54,27 @@ def _write(path: Path, record: dict) -> None:
     os.replace(tmp, path)
 
 
-def read_all(run_dir: str | Path) -> dict[int, dict]:
+def read_all(run_dir: str | Path, since: Optional[float] = None) -> dict[int, dict]:
+    """Every rank's record; with ``since`` (a launch's start, seconds since the epoch) only
+    those started by that launch - an earlier attempt in the same run directory (a resume,
+    perhaps on another world size) leaves records a summary must not count."""
     out = {}
     for path in sorted((Path(run_dir) / STATUS_DIR).glob("rank_*.json")):
         try:
             record = json.loads(path.read_text())
+            if since is not None and float(record.get("started", 0)) < since - 1.0:
+                continue
             out[int(record["rank"])] = record
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
+
+
+def clear(run_dir: str | Path) -> None:
+    """Forget the records of an earlier attempt (rank 0, before this attempt's ranks write
+    theirs)."""
+    for path in (Path(run_dir) / STATUS_DIR).glob("rank_*.json"):
+        path.unlink(missing_ok=True)
 
 
 class RankStatus:
@@ -185,8 +197,9 @@ def job_exit_code(records: dict[int, dict], world_size: Optional[int], launcher_
     return codes[0] if len(set(codes)) == 1 else max(codes)
 
 
-def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path]) -> tuple[int, list[str]]:
-    records = read_all(run_dir)
+def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
+            since: Optional[float] = None) -> tuple[int, list[str]]:
+    records = read_all(run_dir, since)
     code = job_exit_code(records, None, launcher_rc)
     lines: list[str] = []
     if code in (0, 1) or not records:
@@ -224,8 +237,10 @@ def main(argv=None) -> int:
     ap.add_argument("run_dir")
     ap.add_argument("--rc", type=int, required=True, help="the launcher's exit status")
     ap.add_argument("--launcher-log", type=Path, help="the launcher's captured output")
+    ap.add_argument("--since", type=float, help="the launch's start (seconds since the "
+                    "epoch): records of earlier attempts are ignored")
     a = ap.parse_args(argv)
-    code, lines = summary(a.run_dir, a.rc, a.launcher_log)
+    code, lines = summary(a.run_dir, a.rc, a.launcher_log, a.since)
     for line in lines:
         print(f"run_and_time.sh: {line}", file=sys.stderr)
     print(code)

@@ -50,6 +50,7 @@ from runtime.events import CallbackList  # noqa: E402
 from runtime.metrics import MetricsWriter, ProgressPrinter, plot_metrics  # noqa: E402
 from runtime.trainer import InitCheckpointError, Trainer  # noqa: E402
 from submission.mllog_callback import MLPerfLogger, _logged_keys  # noqa: E402
+from submission import rank_status  # noqa: E402
 from submission.rank_status import RankStatus, lost_ranks  # noqa: E402
 
 LOG_NAME = "mlperf_bert.log"
@@ -135,6 +136,7 @@ def run_dir_problem(cfg) -> str | None:
                f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     lock.flush()
     _lock_file = lock
+    rank_status.clear(out)  # an earlier attempt's rank records (a resume) are not this one's
     return None
 
 

@@ -73,10 +73,27 @@ def fit(cfg, ctx, stop_at=0):
 
 # ------------------------------------------------------------------------------ exact resume
 
+@pytest.fixture(scope="module")
+def uninterrupted(small_dataset, single_ctx, tmp_path_factory):
+    """accum -> (state, Recorder) of the uninterrupted run (trained once per module: the two
+    tests below compare against the same one)."""
+    runs = {}
+
+    def get(accum: int):
+        if accum not in runs:
+            out = tmp_path_factory.mktemp(f"full_accum{accum}")
+            state, rec, _ = fit(tiny(small_dataset, out,
+                                     f"train.gradient_accumulation_steps={accum}"), single_ctx)
+            runs[accum] = (state, rec)
+        return runs[accum]
+    return get
+
+
 @pytest.mark.parametrize("accum", [1, 2])
-def test_interrupted_and_resumed_equals_uninterrupted(small_dataset, single_ctx, tmp_path, accum):
+def test_interrupted_and_resumed_equals_uninterrupted(small_dataset, single_ctx, tmp_path, accum,
+                                                      uninterrupted):
     extra = [f"train.gradient_accumulation_steps={accum}"]
-    full_state, full, _ = fit(tiny(small_dataset, tmp_path / "a", *extra), single_ctx)
+    full_state, full = uninterrupted(accum)
     ck = ["train.checkpoint_every_samples=48", "train.checkpoint_keep=1"]
     cfg = tiny(small_dataset, tmp_path / "b", *extra, *ck)
     first_state, first, t1 = fit(cfg, single_ctx, stop_at=6)   # stops at the step-8 logging point
@@ -95,11 +112,11 @@ def test_interrupted_and_resumed_equals_uninterrupted(small_dataset, single_ctx,
 
 
 def test_a_resume_without_the_rng_state_would_differ(small_dataset, single_ctx, tmp_path,
-                                                     monkeypatch):
+                                                     monkeypatch, uninterrupted):
     """The test above can fail: skip restoring the RNG (what torchtitan does) and dropout draws
     differently after the resume."""
     import runtime.checkpoint as ckpt
-    full_state, full, _ = fit(tiny(small_dataset, tmp_path / "a"), single_ctx)
+    full_state, full = uninterrupted(1)
     cfg = tiny(small_dataset, tmp_path / "b", "train.checkpoint_every_samples=48")
     _, first, _ = fit(cfg, single_ctx, stop_at=6)
     monkeypatch.setattr(ckpt, "set_rng_state", lambda state: None)
