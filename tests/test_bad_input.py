@@ -306,3 +306,31 @@ def test_generated_shard_contents_train_a_step_or_are_refused_with_exit_2(small_
         assert not valid, f"a valid shard was refused: {e}"
         return
     assert valid, f"a shard with values out of range trained: {rows}"
+
+
+# ------------------------------------------------------------------------------ end to end
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "mpiexec").exists(),
+                    reason="pip mpich's mpiexec missing")
+def test_a_bad_shard_stops_run_and_time_with_exit_2_before_anything_is_written(small_dataset,
+                                                                               tmp_path):
+    """Through run_and_time.sh on 2 ranks: a shard with an id past the vocabulary (checksums
+    re-signed) is found before the first step; exit 2 with the file named, and no MLPerf log
+    or metrics file is left half-written in the run directory."""
+    import os
+    from test_resume_e2e import overrides
+    root = copy_dataset(small_dataset, tmp_path / "data")
+    bad = rewrite_shard(root, train_shards(root)[-1],
+                        lambda s: s.input_ids.__setitem__(3, np.where(
+                            np.arange(len(s.input_ids[3])) == 2, 30600, s.input_ids[3])
+                            .astype(np.int16)))
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, CONFIG=str(CPU_CONFIG), SEED="7", RUN_DIR=str(run_dir))
+    proc = subprocess.run(["bash", str(ROOT / "run_and_time.sh"), "--",
+                           *overrides(root, **{"train.max_steps": 2})], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text[-3000:]
+    assert f"{bad}: row 3: input_ids holds 30600" in text, text[-3000:]
+    assert "exit status 2 (bad input)" in proc.stderr, proc.stderr[-3000:]
+    assert not (run_dir / "mlperf_bert.log").exists() and not (run_dir / "metrics.jsonl").exists()
