@@ -105,13 +105,16 @@ def step_records(run_dir: Path) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "step"]
 
 
-def trajectory(run_dir: Path) -> tuple[dict, list]:
-    steps, evals = {}, []
+def trajectory(run_dir: Path) -> tuple[dict, dict]:
+    """step -> (loss, grad_norm) and samples -> eval accuracy. A step or evaluation done
+    twice (a killed attempt's work after its last checkpoint, done again by the resumed one:
+    a checkpoint taken right before an evaluation is evaluated again) keeps its last record."""
+    steps, evals = {}, {}
     for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()):
         if r["kind"] == "step":
             steps[r["step"]] = (r["loss"], r["grad_norm"])
         elif r["kind"] == "eval":
-            evals.append((r["samples"], r["eval_accuracy"]))
+            evals[r["samples"]] = r["eval_accuracy"]
     return steps, evals
 
 
