@@ -243,7 +243,11 @@ if ((SELF_RANK)); then
 else
     mkdir -p "$RUN_DIR"
     LAUNCH_LOG="$RUN_DIR/launcher.log"   # the launcher's word on a dead rank, for the summary
-    "${CMD[@]}" > >(tee -a "$LAUNCH_LOG") 2> >(tee -a "$LAUNCH_LOG" >&2) &
+    # The tees ignore the stop signals: Ctrl-C (INT to the whole process group) or systemd's
+    # TERM to every process must not end them while the ranks still write - the launcher would
+    # then die of SIGPIPE in the middle of the checkpoint. They end when the launcher does.
+    "${CMD[@]}" > >(trap '' INT TERM HUP USR1; exec tee -a "$LAUNCH_LOG") \
+        2> >(trap '' INT TERM HUP USR1; exec tee -a "$LAUNCH_LOG" >&2) &
 fi
 LAUNCH_PID=$!
 while :; do
