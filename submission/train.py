@@ -36,7 +36,11 @@ from pathlib import Path
 
 from runtime import signals
 
-signals.install()  # before the heavy imports: a TERM while torch loads is a stop request too
+if __name__ == "__main__":
+    # Before the heavy imports: a TERM while torch loads is a stop request too. Only as the
+    # entry point - a module that imports this one (a test, pytest itself) keeps its own
+    # handlers; main() installs them for callers that run it (bench.fault_rank).
+    signals.install()
 
 import torch  # noqa: E402
 
@@ -80,6 +84,16 @@ def exit_code_of(e: BaseException) -> int:
     if isinstance(e, KeyboardInterrupt):
         return EXIT_STOPPED
     return getattr(e, "exit_code", EXIT_FAILURE)
+
+
+def exit_code_of_run(state) -> int:
+    """The exit status of a run that ended without an exception (the module docstring's
+    table), from its RUN_STOP state."""
+    code = {"success": EXIT_SUCCESS, "interrupted": EXIT_STOPPED}.get(state.status)
+    if code is None:  # aborted: budget spent, diverged, or stopped with nothing to resume
+        code = EXIT_FAILURE if state.stop_reason == "diverged" else \
+            EXIT_STOPPED if (state.stop_reason or "").startswith("signal") else EXIT_NOT_REACHED
+    return code
 
 
 def parse_args(argv):
@@ -179,10 +193,7 @@ def train(cfg, info, cache_clear: bool | None = None) -> int:
         state = trainer.fit()
     finally:
         trainer.close()
-    code = {"success": EXIT_SUCCESS, "interrupted": EXIT_STOPPED}.get(state.status)
-    if code is None:  # aborted: budget spent, diverged, or stopped with nothing to resume
-        code = EXIT_FAILURE if state.stop_reason == "diverged" else \
-            EXIT_STOPPED if (state.stop_reason or "").startswith("signal") else EXIT_NOT_REACHED
+    code = exit_code_of_run(state)
     if ctx.rank == 0:
         finish(cfg, state, out)
     status.finish(code, "finished" if code in (0, 1) else "stopped",
@@ -206,6 +217,7 @@ def finish(cfg, state, out: Path) -> None:
 
 
 def main(argv=None) -> int:
+    signals.install()
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.set)

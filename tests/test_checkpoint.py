@@ -100,6 +100,8 @@ def test_interrupted_and_resumed_equals_uninterrupted(small_dataset, single_ctx,
     assert first_state.status == "interrupted" and first_state.stop_reason == "signal SIGTERM"
     assert first_state.step == 8 and t1.checkpoints.last_saved.name == "step_00000008"
     assert [p.name for p in list_checkpoints(tmp_path / "b" / "checkpoints")] == ["step_00000008"]
+    from submission.train import exit_code_of_run
+    assert exit_code_of_run(first_state) == 4
     second_state, second, t2 = fit(cfg, single_ctx)
     assert t2.resume_from is not None and t2.resume_from.step == 8
     assert second_state.status == full_state.status == "aborted"   # the 16-step budget
@@ -219,6 +221,8 @@ def test_nan_storm_stops_the_run_and_keeps_the_last_good_checkpoint(small_datase
                "train.checkpoint_every_samples=16", "train.eval_iter_start_samples=10000")
     state, rec, trainer = fit(cfg, single_ctx)
     assert state.status == "aborted" and state.stop_reason == "diverged"
+    from submission.train import exit_code_of_run
+    assert exit_code_of_run(state) == 3            # a runtime failure, not "target not reached"
     bad = [s for s, loss, norm, skipped in rec.steps if not math.isfinite(loss) or skipped]
     first = bad[0]
     assert state.step <= first + 3 + 2           # detected within one logging interval
