@@ -8,7 +8,8 @@ Written the way the PyTorch tutorials teach it, on purpose without any of the ru
 machinery; only what makes the comparison *fair* is shared with the runtime:
 
   same     config file (runtime.config), model class/size/init (runtime.trainer.build_model
-           under ``torch.manual_seed(train.seed)``), training shards, global batch, LR schedule
+           under ``torch.manual_seed(train.seed)``; always with ``model.attention=padded``:
+           the plain recipe computes every padded position, whatever the config says), training shards, global batch, LR schedule
            function (runtime.schedules), gradient clip norm, eval set/batches and accuracy
            (loaders.dataset.load_eval_batches, Σcorrect/Σmasked all-reduced), eval cadence
            (train.eval_cadence()), stopping rule (target or max_steps/max_samples_termination),
@@ -162,6 +163,11 @@ def lr_lambda(cfg, lr: float):
     return lambda step: sched(step) / lr
 
 
+# The plain recipe's model computes attention (and everything else) on the padded batch; the
+# runtime's "unpadded" mode would skip the padding inside the model and hide its cost.
+PLAIN_ATTENTION = "model.attention=padded"
+
+
 # ----------------------------------------------------------------------------------- eval
 
 @torch.no_grad()
@@ -193,7 +199,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, [*args.set, PLAIN_ATTENTION])
     t = cfg.train
     dist.init_process_group("gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -289,6 +295,7 @@ def main(argv=None) -> int:
         "world_size": world, "threads_per_rank": threads, "local_batch_size": per_rank,
         "global_batch_size": t.global_batch_size, "optimizer": "torch.optim.AdamW",
         "lr": lr, "lr_source": lr_source, "max_seq_length": cfg.data.max_seq_length,
+        "attention": cfg.model.attention,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
     if rank == 0:

@@ -25,6 +25,17 @@ time over the seeds where *both* reached the target (``ratio_seeds`` says which)
         --seeds 1,2,3 [--set section.key=value ...] [--baseline-lr 2e-3] \\
         [--out bench/results/time_to_accuracy.json] [--workdir DIR]
 
+Two more modes share the runs and the parsing:
+
+  --sweep-baseline-lr 5e-4,1e-3,2e-3   the baseline (plain AdamW) at each lr on the first seed,
+            usually with a shorter budget (--set train.max_samples_termination=N); picks the lr
+            with the fewest samples to target, else the highest last accuracy — the recorded
+            sweep that gives the plain recipe (and the ablation's AdamW) its lr;
+  --ablation [VARIANTS]  the runtime's best configuration with one mechanism switched off at a
+            time (ABLATION below: random_padded, reference_optim, ddp_sync, and adamw or lamb
+            — the optimizer the config does not use; ``best`` is the config as it is), every variant on every seed, the order rotated per seed; a
+            table of medians and each variant's time relative to ``best``.
+
 Run directories and each run's console output (``*.out``) stay in ``--workdir`` (default
 ``results/time_to_accuracy_<date>/``). A benchmark, not a test: it measures whatever machine
 runs it; keep the machine otherwise idle.
@@ -169,9 +180,9 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def run_runtime(config: Path, seed: int, overrides: list[str], workdir: Path,
-                timeout: float | None = None) -> dict:
-    run_dir = workdir / f"runtime_seed{seed}"
-    log = workdir / f"runtime_seed{seed}.out"
+                timeout: float | None = None, name: str = "runtime") -> dict:
+    run_dir = workdir / f"{name}_seed{seed}"
+    log = workdir / f"{name}_seed{seed}.out"
     env = dict(os.environ, SEED=str(seed), CONFIG=str(config), RUN_DIR=str(run_dir),
                LOGDIR=str(workdir), PYTHON=sys.executable)
     cmd = [str(REPO / "run_and_time.sh"), "--", *overrides]
@@ -187,16 +198,17 @@ def run_runtime(config: Path, seed: int, overrides: list[str], workdir: Path,
         rec["steps"] = json.loads(summary.read_text()).get("steps")
     if rec["status"] == "failed":
         rec["error"] = (rec.get("error", "") + "\n" + _tail(log)).strip()
-    rec.update(system="runtime", seed=seed, rc=rc, wall_s=wall, run_dir=str(run_dir),
+    rec.update(system=name, seed=seed, rc=rc, wall_s=wall, run_dir=str(run_dir),
                console=str(log), command=shlex.join(
                    [f"SEED={seed}", f"CONFIG={config}", f"RUN_DIR={run_dir}", *cmd]))
     return rec
 
 
 def run_baseline(config: Path, seed: int, overrides: list[str], workdir: Path, nproc: int,
-                 baseline_lr: float | None = None, timeout: float | None = None) -> dict:
-    out = workdir / f"baseline_seed{seed}.json"
-    log = workdir / f"baseline_seed{seed}.out"
+                 baseline_lr: float | None = None, timeout: float | None = None,
+                 name: str = "baseline") -> dict:
+    out = workdir / f"{name}_seed{seed}.json"
+    log = workdir / f"{name}_seed{seed}.out"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", str(BASELINE), "--config", str(config),
@@ -213,9 +225,108 @@ def run_baseline(config: Path, seed: int, overrides: list[str], workdir: Path, n
         rec = {"status": "failed", "time_to_target_s": None, "run_time_s": None,
                "samples_to_target": None, "samples": None, "eval_accuracy": None,
                "eval_history": [], "error": _tail(log)}
-    rec.update(system="baseline", seed=seed, rc=rc, wall_s=wall, summary=str(out),
+    rec.update(system=name, seed=seed, rc=rc, wall_s=wall, summary=str(out),
                console=str(log), command=shlex.join(cmd))
     return rec
+
+
+# ------------------------------------------------------------------------ ablation, lr sweep
+
+# Each variant switches one mechanism of the best configuration off (issue 14's ablation);
+# "{adamw_lr}" is the baseline's AdamW lr from the recorded sweep (--baseline-lr), "{lamb_lr}"
+# LAMB's from its probe (--lamb-lr). The optimizer variant is the one the config does not use.
+ABLATION: dict[str, tuple[str, list[str]]] = {
+    "best": ("the config as it is", []),
+    "random_padded": ("length balancing and unpadding off: random batches, padded attention",
+                      ["data.balance=random", "model.attention=padded"]),
+    "reference_optim": ("fused optimizer off: the per-tensor plain-torch reference step",
+                        ["optim.backend=reference"]),
+    "ddp_sync": ("overlapped buckets and split tied-embedding sync off: torch DDP, default "
+                 "25 MiB buckets, dense embedding allreduce", ["train.grad_sync=ddp"]),
+    "adamw": ("LAMB off: AdamW at the baseline's swept lr",
+              ["optim.name=adamw", "optim.lr={adamw_lr}"]),
+    "lamb": ("AdamW off: LAMB at its probed lr", ["optim.name=lamb", "optim.lr={lamb_lr}"]),
+}
+LR_FLAG = {"adamw": "--baseline-lr", "lamb": "--lamb-lr"}
+
+
+def default_variants(optimizer: str) -> list[str]:
+    """Every variant, with the optimizer swap the config's optimizer calls for."""
+    other = "adamw" if optimizer != "adamw" else "lamb"
+    return [v for v in ABLATION if v not in LR_FLAG or v == other]
+
+
+def ablation_overrides(variant: str, adamw_lr: float | None = None,
+                       lamb_lr: float | None = None) -> list[str]:
+    return [o.format(adamw_lr=repr(adamw_lr), lamb_lr=repr(lamb_lr))
+            for o in ABLATION[variant][1]]
+
+
+def run_ablation(config: Path, seeds: list[int], variants: list[str], overrides: list[str],
+                 workdir: Path, lrs: dict, timeout: float | None) -> dict:
+    """Every variant on every seed; the variant order rotates per seed so drift of the machine
+    falls on all. Returns {variant: summarize(runs)} plus the order used."""
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    order = []
+    for i, seed in enumerate(seeds):
+        k = i % len(variants)
+        seq = variants[k:] + variants[:k]
+        order.append(seq)
+        for v in seq:
+            rec = run_runtime(config, seed, [*overrides, *ablation_overrides(v, **lrs)],
+                              workdir, timeout, name=v)
+            runs[v].append(rec)
+            print(f"  seed {seed} {v:<16} {rec['status']:<8} time_to_target "
+                  f"{_f(rec['time_to_target_s'], '.1f')} s, samples "
+                  f"{_f(rec.get('samples_to_target'), 'd')}, "
+                  f"{_f(rec.get('throughput_samples_per_s'), '.1f')} samples/s "
+                  f"(wall {rec['wall_s']:.0f} s)", flush=True)
+            if rec["status"] == "failed":
+                print(f"    failed (rc {rec['rc']}); see {rec['console']}", flush=True)
+    return {"variants": {v: dict(summarize(runs[v]), what=ABLATION[v][0],
+                                 overrides=ablation_overrides(v, **lrs)) for v in variants},
+            "order": order}
+
+
+def ablation_table(record: dict) -> str:
+    """One row per variant: medians, and the best configuration's time as a ratio (time of the
+    variant / time of best: how much slower switching that mechanism off makes the run)."""
+    V = record["variants"]
+    best = V.get("best", {}).get("median_time_to_target_s")
+    head = (f"{'variant':<16} {'reached':>7} {'time_s':>8} {'samples':>8} {'smp/s':>7} "
+            f"{'pad':>5} {'x best':>6}")
+    lines = [head, "-" * len(head)]
+    for v, s in V.items():
+        t = s["median_time_to_target_s"]
+        lines.append(f"{v:<16} {s['reached']:>3}/{s['of']:<3} {_f(t, '.1f'):>8} "
+                     f"{_f(s['median_samples_to_target'], '.0f'):>8} "
+                     f"{_f(s['median_throughput_samples_per_s'], '.1f'):>7} "
+                     f"{_f(s['median_padding_efficiency'], '.2f'):>5} "
+                     f"{_f(t / best if t and best else None, '.2f'):>6}")
+    return "\n".join(lines)
+
+
+def run_lr_sweep(config: Path, seed: int, lrs: list[float], overrides: list[str],
+                 workdir: Path, nproc: int, timeout: float | None) -> dict:
+    """The baseline (plain AdamW) at each lr, one seed, with the caller's overrides (typically
+    a shorter budget). The chosen lr reaches the target in the fewest samples; if none reaches
+    it, the highest last eval accuracy wins."""
+    rows = []
+    for lr in lrs:
+        rec = run_baseline(config, seed, overrides, workdir, nproc, lr, timeout,
+                           name=f"sweep_lr{lr:g}")
+        rows.append({"lr": lr, "status": rec["status"],
+                     "samples_to_target": rec.get("samples_to_target"),
+                     "eval_accuracy": rec.get("eval_accuracy"),
+                     "eval_history": [h[:2] for h in rec.get("eval_history", [])],
+                     "console": rec.get("console")})
+        print(f"  sweep lr {lr:g}: {rec['status']}, eval history "
+              f"{[(int(h[0]), round(h[1], 4)) for h in rec.get('eval_history', [])]}", flush=True)
+    ok = [r for r in rows if r["samples_to_target"]]
+    pick = (min(ok, key=lambda r: r["samples_to_target"]) if ok
+            else max(rows, key=lambda r: r["eval_accuracy"] or -1.0))
+    return {"seed": seed, "rows": rows, "chosen_lr": pick["lr"],
+            "rule": "fewest samples to target; else highest last eval accuracy"}
 
 
 # ---------------------------------------------------------------------------------- report
@@ -315,6 +426,17 @@ def parse_args(argv):
     ap.add_argument("--workdir", type=Path, default=None,
                     help="run directories and console logs (default results/time_to_accuracy_<date>)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per run (default none)")
+    ap.add_argument("--ablation", nargs="?", const="auto", default=None, metavar="VARIANTS",
+                    help="instead of runtime vs baseline: the runtime with one mechanism "
+                         "switched off at a time (comma-separated from "
+                         + ", ".join(ABLATION) + "; default: all, with the optimizer swap "
+                         "the config's optimizer calls for); adamw uses --baseline-lr, "
+                         "lamb --lamb-lr")
+    ap.add_argument("--lamb-lr", type=float, default=None,
+                    help="LAMB's lr for the ablation's lamb variant")
+    ap.add_argument("--sweep-baseline-lr", default=None, metavar="LRS",
+                    help="instead: the baseline at each of these AdamW lrs (comma-separated) "
+                         "on the first seed; pass a shorter budget with --set")
     return ap.parse_args(argv)
 
 
@@ -337,6 +459,9 @@ def main(argv=None) -> int:
     print(f"time_to_accuracy: {config.name}, seeds {seeds}, {nproc} ranks, target "
           f"{cfg.train.target_mlm_accuracy}, max_steps {cfg.train.max_steps}; logs in {workdir}",
           flush=True)
+
+    if a.sweep_baseline_lr or a.ablation:
+        return _main_other(a, argv, cfg, config, seeds, nproc, workdir)
 
     runtime_runs, baseline_runs, order = [], [], []
     for i, seed in enumerate(seeds):
@@ -373,6 +498,44 @@ def main(argv=None) -> int:
     a.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"record: {a.out}")
     print(json.dumps(compact(record), separators=(",", ":")), flush=True)
+    return 0
+
+
+def _main_other(a, argv, cfg, config, seeds, nproc, workdir) -> int:
+    """--sweep-baseline-lr and --ablation: their own table and record."""
+    record = {"command": "python -m bench.time_to_accuracy " + shlex.join(argv),
+              "config": str(a.config), "overrides": a.set, "seeds": seeds,
+              "target_mlm_accuracy": cfg.train.target_mlm_accuracy}
+    if a.sweep_baseline_lr:
+        lrs = [float(x) for x in a.sweep_baseline_lr.split(",") if x.strip()]
+        record.update(bench="baseline_lr_sweep",
+                      **run_lr_sweep(config, seeds[0], lrs, a.set, workdir, nproc, a.timeout))
+        for r in record["rows"]:
+            print(f"lr {r['lr']:<8g} {r['status']:<8} samples_to_target "
+                  f"{_f(r['samples_to_target'], 'd'):>6}  last acc {_f(r['eval_accuracy'], '.4f')}")
+        print(f"chosen lr: {record['chosen_lr']:g} ({record['rule']})")
+    else:
+        variants = (default_variants(cfg.optim.name) if a.ablation == "auto" else
+                    [v.strip() for v in a.ablation.split(",") if v.strip()])
+        unknown = [v for v in variants if v not in ABLATION]
+        if unknown:
+            print(f"time_to_accuracy: unknown ablation variant(s) {unknown}: choose from "
+                  f"{', '.join(ABLATION)}", file=sys.stderr)
+            return 2
+        lrs = {"adamw_lr": a.baseline_lr, "lamb_lr": a.lamb_lr}
+        for v, flag in LR_FLAG.items():
+            if v in variants and lrs[f"{v}_lr"] is None:
+                print(f"time_to_accuracy: the {v} variant needs {flag} (its tuned lr)",
+                      file=sys.stderr)
+                return 2
+        record.update(bench="ablation", **lrs,
+                      **run_ablation(config, seeds, variants, a.set, workdir, lrs, a.timeout))
+        print(ablation_table(record))
+    record.update(machine=machine(), workdir=str(workdir),
+                  date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"record: {a.out}")
     return 0
 
 

@@ -184,6 +184,7 @@ def test_baseline_tiny_run(tmp_path, small_dataset):
     assert s["throughput_samples_per_s"] > 0 and 0 < s["padding_efficiency"] <= 1
     assert (s["world_size"], s["local_batch_size"], s["max_seq_length"]) == (2, 8, 128)
     assert s["lr"] == DEFAULT_BASELINE_LR and "lamb" in s["lr_source"]
+    assert s["attention"] == "padded"  # the plain recipe computes the padding, always
     assert "[baseline] [eval] step 4" in proc.stdout
 
 
@@ -204,3 +205,68 @@ def test_harness_one_seed(tmp_path, small_dataset, capsys):
         assert r["samples"] == 32 and r["time_to_target_s"] is None and r["run_time_s"] > 0
         assert r["throughput_samples_per_s"] > 0
     assert rec["ratio_time"] is None and rec["ratio_seeds"] == []
+
+
+def test_ablation_variants_switch_one_mechanism_each():
+    base = load_config(REPO / "submission" / "configs" / "config_CPU-MiniLM_1x2x32x1.toml")
+    assert (base.data.balance, base.model.attention, base.train.grad_sync,
+            base.optim.name) == ("local", "unpadded", "buckets", "adamw")
+    assert tta.default_variants("adamw") == ["best", "random_padded", "reference_optim",
+                                             "ddp_sync", "lamb"]
+    assert tta.default_variants("lamb")[-1] == "adamw"
+    changed = {}
+    for v in tta.ABLATION:
+        cfg = load_config(REPO / "submission" / "configs" / "config_CPU-MiniLM_1x2x32x1.toml",
+                          tta.ablation_overrides(v, adamw_lr=3e-4, lamb_lr=5e-3))
+        changed[v] = {k for k in ("data.balance", "model.attention", "optim.backend",
+                                  "train.grad_sync", "optim.name", "optim.lr")
+                      if getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1])
+                      != getattr(getattr(base, k.split(".")[0]), k.split(".")[1])}
+    assert changed == {"best": set(), "random_padded": {"data.balance", "model.attention"},
+                       "reference_optim": {"optim.backend"}, "ddp_sync": {"train.grad_sync"},
+                       "adamw": {"optim.lr"}, "lamb": {"optim.name", "optim.lr"}}
+    assert tta.ablation_overrides("adamw", adamw_lr=3e-4)[-1] == "optim.lr=0.0003"
+
+
+def test_ablation_and_sweep_refuse_bad_arguments(tmp_path, capsys):
+    cfg = REPO / "submission" / "configs" / "config_CPU-MiniLM_1x2x32x1.toml"
+    common = ["--config", str(cfg), "--out", str(tmp_path / "x.json"),
+              "--workdir", str(tmp_path / "w")]
+    assert tta.main([*common, "--ablation", "best,nope"]) == 2
+    assert "unknown ablation variant(s) ['nope']" in capsys.readouterr().err
+    assert tta.main([*common, "--ablation", "adamw"]) == 2
+    assert "needs --baseline-lr" in capsys.readouterr().err
+    assert tta.main([*common, "--ablation"]) == 2  # default set swaps AdamW for LAMB
+    assert "the lamb variant needs --lamb-lr" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.slow
+def test_ablation_and_sweep_tiny(tmp_path, small_dataset, capsys):
+    cfg = tiny_config(tmp_path, small_dataset, max_steps=2)
+    out = tmp_path / "abl.json"
+    rc = tta.main(["--config", str(cfg), "--seeds", "5", "--out", str(out), "--workdir",
+                   str(tmp_path / "work"), "--timeout", "120", "--ablation",
+                   "random_padded,adamw", "--baseline-lr", "1e-3"])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert rec["bench"] == "ablation" and rec["order"] == [["random_padded", "adamw"]]
+    for v in ("random_padded", "adamw"):
+        (r,) = rec["variants"][v]["runs"]
+        assert r["status"] == "aborted" and r["samples"] == 32, r
+        assert r["throughput_samples_per_s"] > 0
+    assert rec["variants"]["adamw"]["overrides"] == ["optim.name=adamw", "optim.lr=0.001"]
+    log = (tmp_path / "work" / "adamw_seed5.out").read_text()
+    assert "optim.name=adamw" in log and "optim.lr=0.001" in log
+    assert "random_padded" in capsys.readouterr().out
+
+    out = tmp_path / "sweep.json"
+    rc = tta.main(["--config", str(cfg), "--seeds", "5", "--out", str(out), "--workdir",
+                   str(tmp_path / "work2"), "--timeout", "120", "--sweep-baseline-lr",
+                   "1e-3,3e-3"])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert [r["lr"] for r in rec["rows"]] == [1e-3, 3e-3]
+    assert all(r["status"] == "aborted" and len(r["eval_history"]) == 2 for r in rec["rows"])
+    best = max(rec["rows"], key=lambda r: r["eval_accuracy"])
+    assert rec["chosen_lr"] == best["lr"]
