@@ -8,8 +8,13 @@
 #   CONFIG     config TOML              default submission/configs/config_CPU_1x2x32x1.toml
 #   SEED       overrides train.seed     default: train.seed of CONFIG
 #   LOGDIR     where run directories go default results/ (in the repository)
-#   RUN_DIR    this run's train.output_dir (the MLPerf log is RUN_DIR/mlperf_bert.log)
-#              default LOGDIR/<config name>_seed<SEED>_<date> (_job<id>.<step> under srun)
+#   RUN_DIR    this run's train.output_dir (the MLPerf log is RUN_DIR/mlperf_bert.log); the
+#              same as `-- train.output_dir=DIR` (giving both, different, is an error).
+#              Default: the newest LOGDIR/<config name>_seed<SEED>_* holding an interrupted
+#              run with a checkpoint (it resumes; RESUME=0 skips this), else a new
+#              LOGDIR/<config name>_seed<SEED>_<date>[_N] (_N: two runs in one second get
+#              two directories); LOGDIR/<config name>_seed<SEED>_job<id>.<step> under srun
+#   RESUME     1 (default) | 0: whether the default RUN_DIR may be an interrupted run
 #   PYTHON     interpreter              default .venv/bin/python beside this script, else python3
 #   MPIEXEC    launcher "mpiexec"       default the mpiexec beside PYTHON, else mpiexec on PATH
 #   MPIRUN     launcher "mpirun"        default mpirun (Open MPI) on PATH
@@ -41,8 +46,19 @@
 # Output, as in the MLPerf reference scripts: STARTING/ENDING TIMING RUN lines, then on success
 #   RESULT,bert,SEED,SECONDS,USER,START      (START like "2025-01-31 02:03:04 PM")
 # printed once (by SLURM_PROCID 0 when every task runs this script). On failure no RESULT line:
-# a FAILED line on stderr and the launcher's exit status (submission.train exits 1 when the
-# target was not reached, 2 for an invalid config).
+# a FAILED line on stderr, a summary naming the rank that failed or vanished and the last
+# completed step (python -m submission.rank_status, from each rank's RUN_DIR/ranks/ file and
+# the launcher's output, kept in RUN_DIR/launcher.log), and the run's exit status:
+#   0 success   1 target not reached   2 bad input (config, data, launch, run directory)
+#   3 runtime failure (a rank raised or died; divergence)   4 stopped by a signal
+# (the ranks' own status: launchers that fold it - torchrun reports 1 for any failure - are
+# corrected from the ranks' records).
+#
+# Signals: TERM, INT, HUP and USR1 to this script are passed to the ranks as a stop request
+# (USR1 through mpiexec, mpirun and srun, which forward it; TERM through torchrun, whose agent
+# gives workers 30 s before SIGKILL), and the script waits for the launcher: every rank
+# checkpoints (train.checkpoint_every_samples > 0) at its next logging point and exits 4;
+# nothing is left running. Rerun the same command to resume.
 set -euo pipefail
 
 die() { printf 'run_and_time.sh: %s\n' "$*" >&2; exit 2; }
@@ -54,9 +70,15 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # -- arguments: optional `--`, then section.key=value overrides --------------------------------
 case "${1-}" in -h|--help) usage; exit 0 ;; --) shift ;; esac
 OVERRIDES=()
+OUT_OVERRIDE=""
 for arg in "$@"; do
     [[ "$arg" == *.*=* && "$arg" != -* ]] \
         || die "argument '$arg' is not a section.key=value override (usage: $0 [-- section.key=value ...])"
+    if [[ "$arg" == train.output_dir=* ]]; then   # one place for the run: RUN_DIR
+        OUT_OVERRIDE="${arg#train.output_dir=}"
+        OUT_OVERRIDE="${OUT_OVERRIDE#[\"\']}"; OUT_OVERRIDE="${OUT_OVERRIDE%[\"\']}"
+        continue
+    fi
     OVERRIDES+=(--set "$arg")
 done
 
@@ -71,17 +93,25 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 command -v "$PYTHON" >/dev/null || die "PYTHON '$PYTHON' is not an executable (run 'make venv' or set PYTHON)"
 USER="${USER:-$(id -un 2>/dev/null || echo unknown)}"
+if [[ -n "$OUT_OVERRIDE" ]]; then
+    OUT_OVERRIDE="$(abspath "$OUT_OVERRIDE")"
+    if [[ -n "${RUN_DIR:-}" && "$(abspath "$RUN_DIR")" != "$OUT_OVERRIDE" ]]; then
+        die "RUN_DIR='$RUN_DIR' and -- train.output_dir='$OUT_OVERRIDE' name two places for one run: give one"
+    fi
+    RUN_DIR="$OUT_OVERRIDE"
+fi
 cd "$HERE"   # python -m submission.train needs the repository on the path: run from its root
 
 # -- launch values from the config (one line per --get, in order) ------------------------------
 SEED_SET=()
 [[ -n "${SEED:-}" ]] && SEED_SET=(--set "train.seed=$SEED")
 if ! VALUES="$("$PYTHON" -m runtime.config "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" \
-        --get system.nodes --get system.ranks_per_node --get system.launcher --get train.seed)"; then
+        --get system.nodes --get system.ranks_per_node --get system.launcher --get train.seed \
+        --get train.checkpoint_dir)"; then
     die "cannot read '$CONFIG' (the config error is above)"
 fi
 mapfile -t V <<<"$VALUES"
-NODES="${V[0]-}" RANKS="${V[1]-}" LAUNCHER="${V[2]-}" SEED="${V[3]-}"
+NODES="${V[0]-}" RANKS="${V[1]-}" LAUNCHER="${V[2]-}" SEED="${V[3]-}" CKPT_DIR="${V[4]-}"
 : "${NODES:?system.nodes missing from the config output}"
 : "${RANKS:?system.ranks_per_node missing from the config output}"
 : "${LAUNCHER:?system.launcher missing from the config output}"
@@ -90,13 +120,38 @@ NP=$((NODES * RANKS))
 
 MODE="${MODE:-train}"
 [[ "$MODE" == train || "$MODE" == tune ]] || die "MODE='$MODE' is not train | tune"
+resumable() {   # the newest LOGDIR/$1_* holding an interrupted run with a checkpoint, if any
+    local d
+    while IFS= read -r d; do
+        [[ -n "$d" && -f "$d/mlperf_bert.log" ]] || continue
+        grep -qs '"key": "run_stop"' "$d/mlperf_bert.log" && continue
+        compgen -G "$d/checkpoints/step_*/checkpoint.json" >/dev/null || continue
+        if command -v flock >/dev/null && [[ -f "$d/.lock" ]]; then
+            flock -n "$d/.lock" true || continue   # a live run holds it
+        fi
+        printf '%s\n' "$d"; return 0
+    done < <(ls -1dt "$LOGDIR/$1"_* 2>/dev/null)
+}
+fresh_dir() {   # mkdir is atomic: two runs started in the same second get _2, _3 ...
+    local base="$1" d="$1" n=1
+    mkdir -p "$(dirname "$base")"
+    until mkdir "$d" 2>/dev/null; do
+        n=$((n + 1)); d="${base}_$n"
+        ((n < 1000)) || die "cannot create a run directory next to '$base'"
+    done
+    printf '%s\n' "$d"
+}
 if [[ -z "${RUN_DIR:-}" ]]; then
     NAME="$(basename "$CONFIG" .toml)_seed${SEED}"
     [[ "$MODE" == tune ]] && NAME="tune_$(basename "$CONFIG" .toml)"
     if [[ -n "${SLURM_JOB_ID:-}" ]]; then   # the same on every task of the step
         RUN_DIR="$LOGDIR/${NAME}_job${SLURM_JOB_ID}.${SLURM_STEP_ID:-0}"
     else
-        RUN_DIR="$LOGDIR/${NAME}_$(date +%Y%m%d_%H%M%S)"
+        if [[ "$MODE" == train && "${RESUME:-1}" != 0 && -z "$CKPT_DIR" ]]; then
+            RUN_DIR="$(resumable "$NAME")"
+            [[ -n "$RUN_DIR" ]] && printf 'run_and_time.sh: resuming the interrupted run in %s (RESUME=0 starts a new one)\n' "$RUN_DIR" >&2
+        fi
+        [[ -n "${RUN_DIR:-}" ]] || RUN_DIR="$(fresh_dir "$LOGDIR/${NAME}_$(date +%Y%m%d_%H%M%S)")"
     fi
 fi
 RUN_DIR="$(abspath "$RUN_DIR")"
@@ -161,9 +216,47 @@ echo "STARTING TIMING RUN AT $START_FMT"
 printf 'run_and_time.sh: %s ranks via %s, seed %s, output %s\n' "$NP" "$LAUNCHER" "$SEED" "$RUN_DIR" >&2
 printf 'run_and_time.sh: launching:' >&2; printf ' %q' "${CMD[@]}" >&2; printf '\n' >&2
 
+# The launcher runs in the background so that this shell can pass signals on (a foreground
+# child would hold a trap until it ended) and wait for it: nothing outlives this script.
+SELF_RANK=0
+[[ "$LAUNCHER" == srun && -n "${SLURM_PROCID:-}" ]] && SELF_RANK=1   # CMD is this task's rank
+FORWARD=USR1
+[[ "$LAUNCHER" == torchrun ]] && FORWARD=TERM
+LAUNCH_PID="" GOT_SIGNAL="" PENDING=0
+forward() {
+    GOT_SIGNAL="$1" PENDING=1
+    printf 'run_and_time.sh: got SIG%s: asking the ranks to checkpoint and stop (SIG%s to %s pid %s)\n' \
+        "$1" "$FORWARD" "$LAUNCHER" "${LAUNCH_PID:-none}" >&2
+    [[ -n "$LAUNCH_PID" ]] && kill -s "$FORWARD" "$LAUNCH_PID" 2>/dev/null
+    return 0
+}
+for sig in TERM INT HUP USR1; do trap "forward $sig" "$sig"; done
+if [[ -n "$GOT_SIGNAL" ]]; then
+    printf 'run_and_time.sh: stopped by SIG%s before the launch\n' "$GOT_SIGNAL" >&2
+    exit 4
+fi
+
 set +e
-"${CMD[@]}"
-RC=$?
+LAUNCH_LOG=""
+if ((SELF_RANK)); then
+    "${CMD[@]}" &
+else
+    mkdir -p "$RUN_DIR"
+    LAUNCH_LOG="$RUN_DIR/launcher.log"   # the launcher's word on a dead rank, for the summary
+    # The tees ignore the stop signals: Ctrl-C (INT to the whole process group) or systemd's
+    # TERM to every process must not end them while the ranks still write - the launcher would
+    # then die of SIGPIPE in the middle of the checkpoint. They end when the launcher does.
+    "${CMD[@]}" > >(trap '' INT TERM HUP USR1; exec tee -a "$LAUNCH_LOG") \
+        2> >(trap '' INT TERM HUP USR1; exec tee -a "$LAUNCH_LOG" >&2) &
+fi
+LAUNCH_PID=$!
+while :; do
+    PENDING=0
+    wait "$LAUNCH_PID"; RC=$?
+    if ((PENDING)) && kill -0 "$LAUNCH_PID" 2>/dev/null; then continue; fi   # a trap, not the end
+    if ((PENDING)); then wait "$LAUNCH_PID" 2>/dev/null; R2=$?; ((R2 == 127)) || RC=$R2; fi
+    break
+done
 set -e
 
 END=$(date +%s)
@@ -171,6 +264,18 @@ echo "ENDING TIMING RUN AT $(LC_ALL=C date +'%Y-%m-%d %r')"
 if ((RC != 0)); then
     printf 'run_and_time.sh: FAILED: %s exited with status %s after %s s; no RESULT line (logs in %s)\n' \
         "$LAUNCHER" "$RC" "$((END - START))" "$RUN_DIR" >&2
+    if ((SELF_RANK)); then
+        if ((RC > 128)); then   # this task's rank died from a signal: say which rank, where
+            STEP="$(sed -n 's/.*"step": \([0-9]*\).*/\1/p' "$RUN_DIR/ranks/rank_$(printf %05d "$SLURM_PROCID").json" 2>/dev/null)"
+            printf 'run_and_time.sh: rank %s (pid %s on %s) was killed by signal %s after step %s\n' \
+                "$SLURM_PROCID" "$LAUNCH_PID" "$(hostname)" "$((RC - 128))" "${STEP:-?}" >&2
+            RC=3
+        fi
+    elif [[ "$MODE" == train ]]; then
+        sleep 0.2   # let tee write the launcher's last lines
+        CODE="$("$PYTHON" -m submission.rank_status "$RUN_DIR" --rc "$RC" --launcher-log "$LAUNCH_LOG" --since "$START")" \
+            && [[ "$CODE" =~ ^[0-9]+$ ]] && RC="$CODE"
+    fi
     exit "$RC"
 fi
 if [[ "$MODE" == tune ]]; then

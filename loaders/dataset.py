@@ -34,11 +34,18 @@ Policies, in one place:
   (MLPerf counts samples, not epochs). ``epoch``/``step_in_epoch`` name the *next* batch.
 * **Data position**: ``state_dict()`` is the same on every rank (no rank in it), so one
   copy in a checkpoint serves all ranks; restoring it replays the exact batch sequence.
-* **Checksums**: with ``verify=True`` every rank checks ``stats.json`` and the eval file, and
-  rank ``r`` checks every ``W``-th file of ``checksums.sha256`` from ``r`` (plus the row count
-  of each train shard among them): together the ranks hash the data set once. A failing rank
-  raises ``DataError`` naming the file; the launcher (mpiexec, torchrun, srun) ends the others.
-  Every shard's row count is checked again against ``stats.json`` when it is loaded.
+* **Checksums and values**: with ``verify=True`` every rank checks ``stats.json`` and the eval
+  file, and rank ``r`` checks every ``W``-th file of ``checksums.sha256`` from ``r`` (plus the
+  row count and, given ``limits``, the values of each train shard among them: token ids in
+  [0, vocab), masked positions inside their sequence, ... - ``shards.check_samples``):
+  together the ranks read the data set once before the first step, so a bad shard late in
+  the epoch stops the run at start-up, not hours in. A failing rank raises ``DataError``
+  naming the file and row; the launcher (mpiexec, torchrun, srun) ends the others. Every
+  shard's row count and values are checked again when it is loaded (also with
+  ``verify=False``).
+* **The data set against the model** (``check_data_set``): ``stats.json``'s sequence length,
+  ``max_pred`` and vocabulary size against the config's ``data.max_seq_length``,
+  ``data.max_predictions_per_seq`` (the MLPerf log reports it) and ``model.vocab_size``.
 * **Eval split**: rank ``r`` takes eval samples ``r, r+W, r+2W, …`` in file order, no
   shuffling; every sample is evaluated exactly once across ranks and ranks differ by at most
   one sample. Ranks may run a different number of eval forward passes: the trainer
@@ -58,8 +65,8 @@ import numpy as np
 
 from loaders.balance import BalanceSpec, make_plan, missing_pairs
 from loaders.collate import Batch, Rows, best_fit_rows, collate, pad_rows, sample_rows
-from loaders.shards import (EVAL_FILE, VLEN_INT16, DataError, Samples, read_checksums,
-                            read_shard, verify_checksums)
+from loaders.shards import (EVAL_FILE, VLEN_INT16, DataError, Limits, Samples, check_samples,
+                            read_checksums, read_shard, verify_checksums)
 
 STATS_FILE = "stats.json"
 PLAN_NAME = "shards-v1"  # bump when the sample order for a given seed changes
@@ -78,16 +85,20 @@ class DataSetInfo:
     train_files: tuple[str, ...]    # paths relative to root, in stats.json order
     train_samples: tuple[int, ...]  # rows per shard
     parameters: dict
+    vocab_size: int | None = None   # lines of the data set's vocab.txt, when stats.json says
 
     @classmethod
     def read(cls, root) -> "DataSetInfo":
         root = Path(root)
+        check_data_dir(root)
         path = root / STATS_FILE
         try:
             stats = json.loads(path.read_text())
             shards = stats["train_shards"]
             files = tuple(str(s["file"]) for s in shards)
             sizes = tuple(int(s["samples"]) for s in shards)
+            vocab = stats.get("vocab", {}).get("size") if isinstance(stats.get("vocab"), dict) \
+                else None
         except FileNotFoundError:
             raise DataError(f"{path}: missing; {root} is not a prepared data set - run "
                             f"`python -m loaders.prepare --out {root}`") from None
@@ -96,7 +107,8 @@ class DataSetInfo:
                             '"train_shards": [{"file": ..., "samples": N}, ...]') from e
         if not files:
             raise DataError(f"{path}: lists no train shards")
-        return cls(root, files, sizes, dict(stats.get("parameters", {})))
+        return cls(root, files, sizes, dict(stats.get("parameters", {})),
+                   int(vocab) if isinstance(vocab, int) else None)
 
     @property
     def num_shards(self) -> int:
@@ -108,6 +120,40 @@ class DataSetInfo:
         for the same data set."""
         text = json.dumps([self.train_files, self.train_samples])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_data_dir(root: Path) -> None:
+    """A missing data directory is said so, with how to make one."""
+    if not root.exists():
+        raise DataError(f"data.data_dir {root} does not exist: build the data set with "
+                        f"`python -m loaders.prepare --out {root}` (make data builds "
+                        f"data/cpu128), or set data.data_dir to where it is")
+    if not root.is_dir():
+        raise DataError(f"data.data_dir {root} is a file, not a prepared data set directory")
+
+
+def check_data_set(info: DataSetInfo, *, max_seq_length: int, max_predictions_per_seq: int,
+                   vocab_size: int) -> None:
+    """The config agrees with what ``stats.json`` says the data set was built with; a
+    DataError naming the key and both values otherwise (parameters a data set does not
+    record are not checked)."""
+    stats = info.root / STATS_FILE
+    p = info.parameters
+    if "max_pred" in p and int(p["max_pred"]) != max_predictions_per_seq:
+        raise DataError(f"{stats}: the data set was built with max_pred = {p['max_pred']}, "
+                        f"data.max_predictions_per_seq = {max_predictions_per_seq}: set "
+                        f"data.max_predictions_per_seq = {p['max_pred']} (the MLPerf log "
+                        f"reports it), or use a data set built with --max-pred "
+                        f"{max_predictions_per_seq}")
+    if "seq_len" in p and int(p["seq_len"]) > max_seq_length:
+        raise DataError(f"{stats}: the data set was built with seq_len = {p['seq_len']}, "
+                        f"longer than data.max_seq_length = {max_seq_length}: set "
+                        f"data.max_seq_length = {p['seq_len']} or use a data set built "
+                        f"with --seq-len {max_seq_length}")
+    if info.vocab_size is not None and info.vocab_size > vocab_size:
+        raise DataError(f"{stats}: the data set's vocabulary has {info.vocab_size} tokens, "
+                        f"model.vocab_size = {vocab_size}: token ids would overflow the "
+                        f"embedding - set model.vocab_size >= {info.vocab_size}")
 
 
 def read_lengths(info: DataSetInfo) -> tuple[np.ndarray, ...]:
@@ -218,8 +264,9 @@ class ShardStore:
     thread. What is loaded never changes what is read: the order comes from the plan, and a
     prefetch only decides *when* a shard's bytes arrive."""
 
-    def __init__(self, info: DataSetInfo, prefetch: bool = True):
+    def __init__(self, info: DataSetInfo, prefetch: bool = True, limits: Limits | None = None):
         self._info = info
+        self._limits = limits
         self._pool = (ThreadPoolExecutor(1, thread_name_prefix="presto-shard-prefetch")
                       if prefetch else None)
         self._shards: dict[int, Samples | Future] = {}
@@ -256,6 +303,7 @@ class ShardStore:
         path = self._info.root / self._info.train_files[index]
         samples = _read_shard(path)
         _check_rows(path, len(samples), self._info.train_samples[index])
+        check_samples(path, samples, self._limits)
         return samples
 
 
@@ -309,11 +357,14 @@ class TrainLoader:
     that does not divide into node groups) raises here, before any batch is read.
 
     ``drop_last`` must stay True: every rank takes the same number of full batches per epoch
-    and the surplus is dropped; partial batches would differ in size across ranks."""
+    and the surplus is dropped; partial batches would differ in size across ranks.
+    ``limits``: what the model takes (vocabulary, sequence length); every shard's values are
+    checked against them when it is loaded, and with ``verify`` this rank's share of the
+    shards before the first batch."""
 
     def __init__(self, data_dir, rank: int, world_size: int, local_batch_size: int, seed: int,
                  *, verify: bool = True, prefetch: bool = True, drop_last: bool = True,
-                 balance: BalanceSpec | None = None):
+                 balance: BalanceSpec | None = None, limits: Limits | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         if local_batch_size < 1:
@@ -322,6 +373,8 @@ class TrainLoader:
             raise ValueError("drop_last=False is not supported: every rank must run the same "
                              "number of equal-size steps; the surplus of an epoch is dropped")
         root = Path(data_dir)
+        check_data_dir(root)
+        self.limits = limits
         if verify:
             verify_checksums(root, [STATS_FILE])
         self.info = DataSetInfo.read(root)
@@ -339,7 +392,7 @@ class TrainLoader:
             self._verify()
         self._warn_if_shards_skipped()
         self._check_steps(0)
-        self._store = ShardStore(self.info, prefetch)
+        self._store = ShardStore(self.info, prefetch, limits)
         self._epoch, self._step = 0, 0
         self._schedules: dict[int, _EpochSchedule] = {}
 
@@ -467,7 +520,13 @@ class TrainLoader:
         verify_checksums(root, sorted(share | {EVAL_FILE}))
         for index, rel in enumerate(self.info.train_files):
             if rel in share:
-                _check_rows(root / rel, _count_rows(root / rel), self.info.train_samples[index])
+                if self.limits is None:
+                    _check_rows(root / rel, _count_rows(root / rel),
+                                self.info.train_samples[index])
+                    continue
+                samples = _read_shard(root / rel)  # rows and values: ~0.06 s a shard
+                _check_rows(root / rel, len(samples), self.info.train_samples[index])
+                check_samples(root / rel, samples, self.limits)
 
     def _warn_if_shards_skipped(self) -> None:
         n, w = self.info.num_shards, self.world_size
@@ -534,7 +593,8 @@ def eval_rows(num_samples: int, rank: int, world_size: int) -> np.ndarray:
     return np.arange(rank, num_samples, world_size)
 
 
-def load_eval_batches(data_dir, rank: int, world_size: int, batch_size: int) -> list[Batch]:
+def load_eval_batches(data_dir, rank: int, world_size: int, batch_size: int,
+                      limits: Limits | None = None) -> list[Batch]:
     """This rank's share of the fixed eval set as a list of ``Batch``es, the last one possibly
     smaller. Deterministic and unshuffled; covers each eval sample exactly once across ranks.
     A rank may get one sample (and so one batch) more than another: all-reduce only the final
@@ -542,6 +602,7 @@ def load_eval_batches(data_dir, rank: int, world_size: int, batch_size: int) -> 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     samples = _read_shard(Path(data_dir) / EVAL_FILE)
+    check_samples(Path(data_dir) / EVAL_FILE, samples, limits)
     rows = eval_rows(len(samples), rank, world_size)
     pairs = np.stack([np.zeros_like(rows), rows], 1)
     return [collate(take({0: samples}, pairs[i:i + batch_size]))

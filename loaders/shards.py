@@ -1,7 +1,8 @@
 """The on-disk data set: MLPerf BERT HDF5 schema (variable-length variant) and checksums.
 
-Owns: the schema, writing and reading one shard, the data-set layout on disk, and the
-checksum file. Never: tokenisation, example creation, batching (see prepare.py, dataset.py).
+Owns: the schema, writing and reading one shard, checking a shard's values against what the
+model can take (``check_samples``: token ids, segment ids, masked positions, lengths), the
+data-set layout on disk, and the checksum file. Never: tokenisation, example creation, batching (see prepare.py, dataset.py).
 
 Layout of a prepared data set directory::
 
@@ -107,6 +108,93 @@ def read_shard(path: str | os.PathLike) -> Samples:
             raise DataError(f"{path}: next_sentence_labels has dtype {nsp.dtype}, expected int8")
         cols["next_sentence_labels"] = nsp[()]
     return Samples(**cols)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a model can take from a shard: token ids in [0, vocab_size), segment ids in
+    [0, type_vocab_size), 1 to max_seq_length tokens per sample. None: that bound is not
+    checked (a checksum-only reader)."""
+
+    vocab_size: int | None = None
+    max_seq_length: int | None = None
+    type_vocab_size: int = 2
+
+
+_REBUILD = ("the file was written this way (a checksum cannot tell): rebuild the data set "
+            "with `python -m loaders.prepare` (with the vocabulary and --seq-len/--max-pred "
+            "the model uses), or point data.data_dir at the right one")
+
+
+def check_samples(path: str | os.PathLike, s: Samples, limits: Limits | None = None) -> None:
+    """Every value the model will index with is in range: a DataError naming the file, the
+    row, the column and the value otherwise - before a bad id reaches an embedding, where it
+    is a bare ``IndexError: index out of range in self`` naming nothing. Vectorised over the
+    whole shard (a few milliseconds for 6,500 samples)."""
+    limits = limits or Limits()
+    n = len(s)
+    if n == 0:
+        return
+    lengths = s.lengths()
+
+    def fail(column: str, flat_index: int, row_ends: np.ndarray, value, rule: str, count: int):
+        row = int(np.searchsorted(row_ends, flat_index, side="right"))
+        raise DataError(f"{path}: row {row}: {column} holds {value} ({rule}); {count} value(s) "
+                        f"of this shard are out of range - {_REBUILD}")
+
+    def per_row(column: str) -> tuple[np.ndarray, np.ndarray]:
+        col = getattr(s, column)
+        sizes = np.fromiter((len(x) for x in col), dtype=np.int64, count=n)
+        flat = np.concatenate(col).astype(np.int64) if sizes.sum() else np.zeros(0, np.int64)
+        return flat, sizes
+
+    ids, _ = per_row("input_ids")
+    ends = np.cumsum(lengths)
+    short = np.flatnonzero(lengths < 1)
+    if short.size:
+        raise DataError(f"{path}: row {int(short[0])}: input_ids is empty ({short.size} empty "
+                        f"row(s)) - {_REBUILD}")
+    if limits.max_seq_length is not None:
+        long = np.flatnonzero(lengths > limits.max_seq_length)
+        if long.size:
+            raise DataError(f"{path}: row {int(long[0])}: {int(lengths[long[0]])} tokens, more "
+                            f"than data.max_seq_length = {limits.max_seq_length} "
+                            f"({long.size} such row(s)) - {_REBUILD}")
+    top = limits.vocab_size
+    rule = f"token ids must be in [0, {top}): model.vocab_size" if top else "token ids are >= 0"
+    bad = np.flatnonzero((ids < 0) | (ids >= top)) if top else np.flatnonzero(ids < 0)
+    if bad.size:
+        fail("input_ids", int(bad[0]), ends, int(ids[bad[0]]), rule, int(bad.size))
+    seg, seg_sizes = per_row("segment_ids")
+    if not np.array_equal(seg_sizes, lengths):
+        row = int(np.flatnonzero(seg_sizes != lengths)[0])
+        raise DataError(f"{path}: row {row}: {int(seg_sizes[row])} segment_ids for "
+                        f"{int(lengths[row])} input_ids - {_REBUILD}")
+    bad = np.flatnonzero((seg < 0) | (seg >= limits.type_vocab_size))
+    if bad.size:
+        fail("segment_ids", int(bad[0]), ends, int(seg[bad[0]]),
+             f"segment ids must be in [0, {limits.type_vocab_size})", int(bad.size))
+    pos, pos_sizes = per_row("masked_lm_positions")
+    lab, lab_sizes = per_row("masked_lm_ids")
+    if not np.array_equal(pos_sizes, lab_sizes):
+        row = int(np.flatnonzero(pos_sizes != lab_sizes)[0])
+        raise DataError(f"{path}: row {row}: {int(pos_sizes[row])} masked_lm_positions but "
+                        f"{int(lab_sizes[row])} masked_lm_ids - {_REBUILD}")
+    pos_ends = np.cumsum(pos_sizes)
+    row_len = np.repeat(lengths, pos_sizes)  # each position's sequence length
+    bad = np.flatnonzero((pos < 0) | (pos >= row_len))
+    if bad.size:
+        i = int(bad[0])
+        fail("masked_lm_positions", i, pos_ends, int(pos[i]),
+             f"positions must be inside the sequence, [0, {int(row_len[i])})", int(bad.size))
+    bad = np.flatnonzero((lab < 0) | (lab >= top)) if top else np.flatnonzero(lab < 0)
+    if bad.size:
+        fail("masked_lm_ids", int(bad[0]), pos_ends, int(lab[bad[0]]), rule, int(bad.size))
+    nsp = np.asarray(s.next_sentence_labels)
+    bad = np.flatnonzero((nsp != 0) & (nsp != 1))
+    if bad.size:
+        raise DataError(f"{path}: row {int(bad[0])}: next_sentence_labels holds "
+                        f"{int(nsp[bad[0]])} (must be 0 or 1; {bad.size} such row(s)) - {_REBUILD}")
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

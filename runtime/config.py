@@ -244,9 +244,9 @@ class TrainConfig:
     checkpoint_every_samples: int = _doc(
         "write a checkpoint (runtime/checkpoint.py) every this many samples, at the step that "
         "reaches each multiple, and when a signal (TERM, INT, HUP, USR1) stops the run; 0 = no "
-        "checkpoints at all. A run restarted with the same train.output_dir resumes from the "
-        "newest complete checkpoint in train.checkpoint_dir, exactly (README \"Checkpoints and "
-        "resume\")", 0)
+        "checkpoints at all (and none is resumed from). A run restarted with the same "
+        "train.output_dir resumes from the newest complete checkpoint in "
+        "train.checkpoint_dir, exactly (README \"Checkpoints and resume\")", 0)
     checkpoint_keep: int = _doc("how many of the newest complete checkpoints to keep (>= 1); "
                                 "older ones are deleted after a new one is complete", 2)
     checkpoint_dir: str = _doc("where checkpoints go; '' = <train.output_dir>/checkpoints. On "
@@ -510,10 +510,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
+        raw = path.read_bytes()
         try:
-            data = tomllib.loads(path.read_text())
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = raw[:e.start].count(b"\n") + 1
+            raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} on line "
+                              f"{line}): TOML files are UTF-8 - save it as UTF-8 (iconv -t "
+                              f"UTF-8), or check that this is the config you meant") from None
+        try:
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML ({e})") from e
+        if not data:
+            raise ConfigError(f"{path}: the file sets nothing (empty, or only comments). An "
+                              f"empty config would train with every default - BERT-base, a "
+                              f"global batch of 448 - which is never what a file was meant "
+                              f"for: start from submission/configs/config_CPU_1x2x32x1.toml")
         for section, table in data.items():
             if not isinstance(table, dict):
                 raise ConfigError(f"{path}: top-level key {section!r} must be a [section]")

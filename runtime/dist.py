@@ -19,10 +19,12 @@ Rendezvous, by ``LaunchInfo.rendezvous``:
 The helpers also work before `init_distributed`, as a world of one (handy in unit tests).
 
 Faults: see `run_guarded`. In short, an exception on any rank prints its traceback prefixed
-with the rank and ends the job: ``MPI.COMM_WORLD.Abort`` under MPI (the launcher kills every
-rank), else ``os._exit``; peers blocked in a gloo collective see the closed connection at once
-(or time out after ``timeout_s``), raise, and exit the same way. torchrun, mpiexec and mpirun
-also kill the remaining ranks once one exits non-zero or dies from a signal.
+with the rank, plus what the caller's failure notes add (`on_failure`: submission/train.py
+adds the last completed step and which peers are gone), and ends the job with the exit status
+the caller maps the exception to: ``MPI.COMM_WORLD.Abort`` under MPI (the launcher kills
+every rank), else ``os._exit``; peers blocked in a gloo collective see the closed connection
+at once (or time out after ``timeout_s``), raise, and exit the same way. torchrun, mpiexec
+and mpirun also kill the remaining ranks once one exits non-zero or dies from a signal.
 """
 from __future__ import annotations
 
@@ -339,7 +341,30 @@ def _ranges(ranks: list[int]) -> str:
 # fault handling
 
 
-def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None) -> T:
+_FAILURE_NOTES: list[Callable[[BaseException], Optional[str]]] = []
+
+
+def on_failure(note: Callable[[BaseException], Optional[str]]) -> None:
+    """``note(exc)`` runs on this rank's failure path before the job is ended; the text it
+    returns is printed after the traceback (it must not talk to other ranks: they may be
+    gone)."""
+    _FAILURE_NOTES.append(note)
+
+
+def _notes(e: BaseException) -> str:
+    out = []
+    for note in _FAILURE_NOTES:
+        try:
+            text = note(e)
+        except Exception as err:  # noqa: BLE001 - a note must never hide the failure
+            text = f"(failure note failed: {err})"
+        if text:
+            out.append(text)
+    return "".join(f"\n{t}" for t in out)
+
+
+def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None,
+                exit_code: Optional[Callable[[BaseException], int]] = None) -> T:
     """Run ``main_fn()``; if it raises on this rank, end the whole job, never hang.
 
     The traceback goes to stderr with every line prefixed ``[rank N]``. Then:
@@ -352,7 +377,8 @@ def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None) -> 
     path for the same reason (destroying it with collectives in flight can block).
     Errors raised identically on every rank (`RanksDisagree`) exit 1 without an abort (every
     rank is leaving anyway); rank 0 prints the traceback, the others one line each. ``SystemExit(0)`` passes through; ``SystemExit(n)`` counts as a
-    failure with status n.
+    failure with status n. ``exit_code(exc)`` gives the status for an exception (default:
+    its ``exit_code`` attribute, else 1).
     """
     try:
         return main_fn()
@@ -363,11 +389,12 @@ def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None) -> 
         _die(code, info, f"exited with status {e.code!r}\n", everywhere=False)
     except BaseException as e:  # noqa: BLE001 — anything uncaught must end the job
         everywhere = getattr(e, "raised_on_all_ranks", False)
+        code = exit_code(e) if exit_code is not None else getattr(e, "exit_code", 1)
         if everywhere and _rank_for_messages(info) not in (0, "?"):
             text = f"{type(e).__name__}: {e}"  # rank 0 prints the traceback
         else:
             text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        _die(1, info, text, everywhere=everywhere)
+        _die(code, info, text + _notes(e), everywhere=everywhere)
     raise AssertionError("unreachable")
 
 

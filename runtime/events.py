@@ -17,7 +17,14 @@ The trainer fires events in this order; callbacks observe them and never steer t
         BLOCK_STOP
         EVAL_START
         EVAL_STOP                   state.eval_accuracy set
-    RUN_STOP                        state.status = "success" | "aborted"
+    RUN_STOP                        state.status = "success" | "aborted" | "interrupted"
+
+A resumed run (runtime.checkpoint) fires the same events from INIT_START on, with
+``state.resume`` set (where it continues from) before INIT_START; its first BLOCK_START opens
+the rest of the block it was stopped in. ``status = "interrupted"`` at RUN_STOP: a stop
+signal or a failure ended this attempt and a checkpoint exists to continue from - the run is
+not over (MLPerf's run_stop waits for the attempt that ends it); ``state.stop_reason`` says
+why any run stopped ("target", "budget", "diverged", "signal SIGTERM", "error").
 
 Owns: the event names and the read-only ``RunState`` given to callbacks. Never: I/O.
 """
@@ -82,7 +89,9 @@ class RunState:
     eval_accuracy: float | None = None
     eval_samples: int = 0        # eval samples used for eval_accuracy
     train_samples: int = 0       # samples in one training epoch (MLPerf train_samples)
-    status: str | None = None    # "success" | "aborted" at RUN_STOP
+    status: str | None = None    # "success" | "aborted" | "interrupted" at RUN_STOP
+    stop_reason: str | None = None  # "target" | "budget" | "diverged" | "signal SIGx" | "error"
+    resume: dict | None = None   # a resumed run: checkpoint, step, samples, world sizes, notes
     last_step: StepMetrics | None = None      # the newest logged step (see Event.LOG)
     logged_steps: list = field(default_factory=list)  # StepMetrics of the latest LOG
     derived: dict[str, Any] = field(default_factory=dict)  # local batch, accum, warm-up...

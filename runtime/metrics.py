@@ -35,8 +35,13 @@ class MetricsWriter:
             return
         if event is Event.RUN_START:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "w")
+            # A resumed run continues its file (time_s restarts at 0 after the resume record).
+            self._file = open(self.path, "a" if state.resume is not None else "w")
             self._t0 = time.perf_counter()
+            if state.resume is not None:
+                self._write({"kind": "resume", "time_s": 0.0, **{
+                    k: v for k, v in state.resume.items() if k != "notes"},
+                    "notes": state.resume.get("notes", [])})
         elif event is Event.LOG and self._file:
             for m in state.logged_steps:  # every step since the last LOG, written now
                 if m.step % self.every:

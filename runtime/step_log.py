@@ -18,7 +18,7 @@ single steps; the training loop never reads them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -82,19 +82,32 @@ class StepLog:
         self.world_size = world_size
         self.meter = meter  # a runtime.balance_meter.BalanceMeter, or None
         self.pending: list[StepRecord] = []
+        self.flags: list[float] = []  # the last flush's flags, summed over ranks
 
     def record(self, rec: StepRecord) -> StepRecord:
         self.pending.append(rec)
         return rec
 
-    def flush(self) -> list[StepMetrics]:
+    def flush(self, flags: Sequence[float] = ()) -> list[StepMetrics]:
         """Every pending step as StepMetrics, losses averaged across ranks and balance
-        metrics in ``extra``. A collective: every rank calls it at the same point."""
+        metrics in ``extra``. A collective: every rank calls it at the same point.
+
+        ``flags``: host numbers summed across ranks in the same all-reduce (extra rows of the
+        [steps × 3] loss tensor: no extra collective, no extra read); the sums are in
+        ``self.flags`` afterwards (the trainer's stop requests). Nothing pending: nothing is
+        reduced and ``self.flags`` is empty."""
         pending, self.pending = self.pending, []
+        self.flags = []
         if not pending:
             return []
-        losses = all_reduce_sum(torch.stack([r.losses for r in pending]).double())
-        losses = (losses / self.world_size).tolist()
+        rows = torch.stack([r.losses for r in pending]).double()
+        if flags:
+            padded = list(flags) + [0.0] * (-len(flags) % 3)
+            rows = torch.cat([rows, torch.tensor(padded, dtype=torch.float64,
+                                                 device=rows.device).view(-1, 3)])
+        reduced = all_reduce_sum(rows).tolist()
+        self.flags = [x for row in reduced[len(pending):] for x in row][:len(flags)]
+        losses = [[x / self.world_size for x in row] for row in reduced[:len(pending)]]
         balance = self.meter.reduce() if self.meter is not None else [{}] * len(pending)
         if len(balance) != len(pending):
             raise RuntimeError(f"balance meter closed {len(balance)} steps, the log "

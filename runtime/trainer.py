@@ -6,7 +6,13 @@ model → gradient sync → optimizer & schedule → data → callbacks see INIT
 
 Owns: the step (forward, backward, one gradient sync, one optimizer update with the clip
 coefficient and loss-scale unscale folded in, mixed precision), evaluation, the stopping rule,
-the logging cadence and the events callbacks observe.
+the logging cadence and the events callbacks observe; and, at logging points only, the three
+run-level decisions every rank must take at the same step: write a checkpoint
+(``train.checkpoint_every_samples``, through runtime.checkpoint), stop on a signal
+(runtime.signals: a stop request rides as a flag in the logging point's existing all-reduce)
+and stop on divergence (``train.max_nonfinite_steps``). A resumed run (a complete checkpoint
+in ``train.checkpoint_dir``) restores every part at the end of ``setup`` and re-installs the
+bucket plan the run was using before the sync is built.
 Never: reads the environment (runtime.env), writes MLPerf logs (submission's callback does),
 knows shard files (loaders does), launches allreduces itself or asks which gradient sync it
 has (runtime.grad_sync: one `GradSync` object), clips or scales gradients itself
@@ -19,26 +25,41 @@ ranks during backward, then ĝ = min(1, τ/‖ḡ‖)·ḡ is applied as the opt
 clipped twice. The before-allreduce modes clip inside the sync. A non-finite gradient norm
 (fp16 overflow, or divergence in any precision) skips the update on the device
 (``found_inf``); fp16's loss scale then halves.
+
+Detection latency of the stop decisions: a signal or a run of non-finite steps is acted on at
+the next logging point - at most ``train.log_every_steps`` steps later (or at the end of the
+block, before an evaluation). A checkpoint is written at the step that reaches each multiple
+of ``train.checkpoint_every_samples`` (that step is made a logging point), never from a
+window with a non-finite step in it (the next logging point tries again), so the checkpoints
+kept are from before a divergence.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
+import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as torch_dist
 
 from loaders import length_cost
 from loaders.balance import PACKED_MODES
-from loaders.dataset import TrainLoader, load_eval_batches
+from loaders.dataset import DataSetInfo, TrainLoader, check_data_set, load_eval_batches
+from loaders.shards import Limits
 from runtime.balance_meter import BalanceMeter
+from runtime import signals
+from runtime.checkpoint import CheckpointManager
 from runtime.config import Config
-from runtime.dist import DistContext, all_reduce_sum
+from runtime.dist import DistContext, all_reduce_sum, barrier, broadcast_object
 from runtime.events import CallbackList, Event, RunState
 from runtime.grad_scale import DynamicLossScale, step_multiplier
 from runtime.grad_sync import build_grad_sync
-from runtime.model import BertForPreTraining, load_pretrained, minilm_path
+from runtime.model import (BertForPreTraining, load_hf_state_dict, minilm_path,
+                           read_state_dict)
 from runtime.optim import build_optimizer, set_lr
 from runtime.schedules import build_schedule, scaled_lr
 from runtime.step_log import StepLog, StepRecord
@@ -51,11 +72,31 @@ def build_model(cfg: Config) -> BertForPreTraining:
     m = cfg.model
     model = BertForPreTraining(m.bert_config(), attention=m.attention,
                                packed=cfg.data.balance in PACKED_MODES)
-    if m.init == "minilm":
-        load_pretrained(model, minilm_path())
-    elif m.init != "scratch":
-        load_pretrained(model, m.init)
+    if m.init != "scratch":
+        path = minilm_path() if m.init == "minilm" else m.init
+        state = read_state_dict(path)
+        check_finite(state, f"model.init = {m.init!r} ({path})")
+        load_hf_state_dict(model, state)
     return model
+
+
+class InitCheckpointError(ValueError):
+    """An initial checkpoint that would poison training (model.init)."""
+
+    exit_code = 2
+
+
+def check_finite(state: dict, where: str) -> None:
+    """Refuse a state dict holding NaN or ±inf, naming the tensors (a model trained from one
+    produces NaN from its first step, which the divergence guard would only stop later)."""
+    bad = [f"{k} ({int((~torch.isfinite(v)).sum())} of {v.numel()} values)"
+           for k, v in state.items()
+           if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise InitCheckpointError(
+            f"{where}: {len(bad)} tensor(s) hold NaN or inf: {', '.join(bad[:10])}"
+            + (" ..." if len(bad) > 10 else "") + "; it comes from a diverged run or a damaged "
+            "file - use an earlier checkpoint")
 
 
 def batch_cost(cfg: Config, device_type: str) -> length_cost.LengthCost:
@@ -71,17 +112,81 @@ class EvalResult:
     count: int
 
 
+class Progress:
+    """The trainer's own counters as one checkpoint part: step, samples, epoch, the eval and
+    checkpoint positions, the divergence guard's counts, the bucket plan in use and the
+    resolved config (for the record: a resume says which values changed)."""
+
+    def __init__(self, trainer: "Trainer"):
+        self.t = trainer
+
+    def state_dict(self) -> dict:
+        t, st = self.t, self.t.state
+        plan = getattr(t.grad_sync, "plan", None)
+        return {"step": st.step, "samples": st.samples, "epoch": st.epoch,
+                "eval_accuracy": st.eval_accuracy, "next_eval": t.next_eval,
+                "next_checkpoint": t.next_checkpoint, "guard": dict(t.guard),
+                "world_size": t.dist.world_size,
+                "bucket_plan": None if plan is None else json.dumps(
+                    plan.to_json(t.grad_sync.sizes)),
+                "config": json.dumps(t.cfg.to_dict(), sort_keys=True)}
+
+    def load_state_dict(self, state: dict) -> None:
+        t, st = self.t, self.t.state
+        st.step, st.samples, st.epoch = int(state["step"]), int(state["samples"]), int(state["epoch"])
+        st.eval_accuracy = state["eval_accuracy"]
+        t.next_eval, t.next_checkpoint = int(state["next_eval"]), int(state["next_checkpoint"])
+        t.guard.update(state["guard"])
+        saved = json.loads(state["config"])
+        t.config_changes = sorted(
+            f"{section}.{key}: {value!r} -> {getattr(getattr(t.cfg, section), key)!r}"
+            for section, table in saved.items() if hasattr(t.cfg, section)
+            for key, value in table.items()
+            if hasattr(getattr(t.cfg, section), key)
+            and json.loads(json.dumps(getattr(getattr(t.cfg, section), key))) != value)
+
+
 class Trainer:
-    def __init__(self, cfg: Config, dist: DistContext, callbacks: CallbackList | None = None):
+    def __init__(self, cfg: Config, dist: DistContext, callbacks: CallbackList | None = None,
+                 log=None):
         self.cfg = cfg
         self.dist = dist
         self.callbacks = callbacks or CallbackList()
         self.state = RunState(config=cfg, rank=dist.rank, world_size=dist.world_size)
         self.train_loader: TrainLoader | None = None
+        self._say = log or (lambda msg: print(msg, flush=True) if dist.rank == 0 else None)
+        self.grad_sync = None
+        self.next_eval: int = 0
+        self.next_checkpoint: int = 0
+        self.guard = {"run": 0, "nonfinite_steps": 0, "overflow_skips": 0, "first_bad_step": 0,
+                      "scale_before": float(cfg.train.init_loss_scale)}
+        self.stop: str | None = None       # why the loop stops early: "signal SIGx", "diverged"
+        self.config_changes: list[str] = []
+        t = cfg.train
+        self.checkpoints = CheckpointManager(
+            t.checkpoint_path(), keep=t.checkpoint_keep, rank=dist.rank,
+            world_size=dist.world_size, barrier=barrier, broadcast=broadcast_object,
+            log=self._say)
+        self.resume_from = None
 
     # ---- set-up -------------------------------------------------------------------------
     def setup(self) -> None:
         cfg, dist = self.cfg, self.dist
+        # The data set against the config first: a wrong directory or max_pred fails in
+        # milliseconds, before a model is built.
+        check_data_set(DataSetInfo.read(cfg.data.data_dir), max_seq_length=cfg.data.max_seq_length,
+                       max_predictions_per_seq=cfg.data.max_predictions_per_seq,
+                       vocab_size=cfg.model.vocab_size)
+        self.limits = Limits(cfg.model.vocab_size, cfg.data.max_seq_length,
+                             cfg.model.type_vocab_size)
+        # Resume only where checkpoints are on: a run that writes none never picks one up.
+        if cfg.train.checkpoint_every_samples > 0:
+            self.resume_from = self.checkpoints.latest()
+        if self.resume_from is not None:
+            ck = self.resume_from
+            self.state.resume = {"checkpoint": str(ck.path), "step": ck.step,
+                                 "samples": ck.samples, "world_size": ck.world_size,
+                                 "time": ck.manifest.get("time")}
         self.callbacks.fire(Event.INIT_START, self.state)
         self.local_batch = cfg.local_batch_size(dist.world_size)
         self.accum = cfg.train.gradient_accumulation_steps
@@ -91,7 +196,8 @@ class Trainer:
         t = cfg.train
         self.timeline = StepTimeline() if t.timeline else None
         self.grad_sync = build_grad_sync(
-            model, t, world_size=dist.world_size, device=dist.device, group=dist.group,
+            model, self._sync_config(t), world_size=dist.world_size, device=dist.device,
+            group=dist.group,
             timeline=self.timeline,
             tokens_per_step=self.local_batch * self.accum * cfg.data.max_seq_length)
         self.net = self.grad_sync.module  # what forward is called on (DDP's wrapper or model)
@@ -117,12 +223,50 @@ class Trainer:
         self.step_log = StepLog(dist.world_size, self.balance_meter)
         self._run_t0: float | None = None
         self.eval_batches = load_eval_batches(cfg.data.data_dir, dist.rank, dist.world_size,
-                                              cfg.data.eval_batch_size)
+                                              cfg.data.eval_batch_size, limits=self.limits)
         self.state.train_samples = (self.train_loader.steps_per_epoch * self.local_batch
                                     * dist.world_size)  # samples one epoch trains
         self.state.eval_samples = int(all_reduce_sum(torch.tensor(
             sum(len(b.next_sentence_labels) for b in self.eval_batches))).item())
         self.state.derived.update(self._derived())
+        self.next_eval = t.eval_cadence()[0]
+        self.next_checkpoint = t.checkpoint_every_samples
+        self.checkpoints.track(model=self.model, optimizer=self.optimizer,
+                               loader=self.train_loader,
+                               states={"progress": Progress(self), "loss_scale": self.loss_scale},
+                               files={"bucket_plan.json": self._plan_file})
+        if self.resume_from is not None:  # last: the RNG states are restored here
+            self._resume()
+
+    def _sync_config(self, t):
+        """The train config the gradient sync is built from: a resumed run gets the bucket
+        plan it was using (the first-step re-cut already happened, in the measured order),
+        so its buffer layout - and the fused optimizer's - is the uninterrupted run's."""
+        ck = self.resume_from
+        if ck is None or t.grad_sync != "buckets" or t.bucket_plan:
+            return t
+        plan = ck.path / "bucket_plan.json"
+        return dataclasses.replace(t, bucket_plan=str(plan)) if plan.is_file() else t
+
+    def _plan_file(self) -> bytes | None:
+        plan = getattr(self.grad_sync, "plan", None)
+        if plan is None:
+            return None
+        return (json.dumps(plan.to_json(self.grad_sync.sizes), indent=1) + "\n").encode()
+
+    def _resume(self) -> None:
+        ck = self.resume_from
+        notes = self.checkpoints.restore(ck)
+        st = self.state
+        st.resume.update(notes=notes, config_changes=self.config_changes,
+                         world_size_now=self.dist.world_size)
+        self._say(f"resuming from {ck.path} (step {st.step}, {st.samples} samples, written by "
+                  f"{ck.world_size} rank(s) at {ck.manifest.get('time')})")
+        for note in notes:
+            self._say(f"resume: {note}")
+        if self.config_changes:
+            self._say("resume: the config differs from the checkpoint's: "
+                      + "; ".join(self.config_changes))
 
     def _build_train_loader(self):
         """``TrainLoader`` (data.loader 'torch') or its DALI twin, balanced by data.balance;
@@ -130,7 +274,7 @@ class Trainer:
         cfg, dist = self.cfg, self.dist
         spec = cfg.data.balance_spec(dist.local_world_size, cost=self.batch_cost)
         kwargs = dict(verify=cfg.data.verify_checksums, prefetch=cfg.data.prefetch,
-                      balance=spec)
+                      balance=spec, limits=self.limits)
         args = (cfg.data.data_dir, dist.rank, dist.world_size, self.local_batch, cfg.train.seed)
         if cfg.data.loader == "dali":
             from loaders.dali_pipeline import DaliTrainLoader  # DALI is imported only when used
@@ -253,47 +397,173 @@ class Trainer:
             torch_dist.barrier()  # run_start on every rank together
         fire(Event.RUN_START, st)
         self._run_t0 = time.perf_counter()
-        if t.eval_before_training:
-            self._eval_and_log()
         try:
+            if t.eval_before_training and self.resume_from is None:
+                self._eval_and_log()
             self._train_to_target()
         except BaseException:
-            st.status = "aborted"  # the log still closes with run_stop, then we re-raise
+            # The log still closes, then we re-raise: with run_stop aborted when nothing can
+            # continue this run, else as interrupted (the resumed attempt closes it).
+            st.stop_reason = "error"
+            st.status = "interrupted" if self._resumable() else "aborted"
             fire(Event.RUN_STOP, st)
             raise
         fire(Event.RUN_STOP, st)
         return st
 
+    def _resumable(self) -> bool:
+        """A checkpoint of this run exists: it can continue from there."""
+        return self.checkpoints.last_saved is not None or self.resume_from is not None
+
     def _train_to_target(self) -> None:
         t, st, fire = self.cfg.train, self.state, self.callbacks.fire
-        first, every = t.eval_cadence()
-        next_eval = first
+        _, every = t.eval_cadence()
         it = self.balance_meter.wrap(iter(self.train_loader))
-        while st.status is None:
-            st.block_start_samples = st.samples
-            st.block_samples = max(next_eval - st.samples, 0)
-            fire(Event.BLOCK_START, st)
-            while st.samples < next_eval and not self._out_of_budget():
-                self.train_step(it)
-                st.epoch = self.train_loader.epoch
-                fire(Event.STEP, st)
-                if st.step % t.log_every_steps == 0:
-                    self._log()
-            self._log()
-            fire(Event.BLOCK_STOP, st)
+        self._agree_on_stop()  # a signal during set-up: stop before the first step
+        # A run resumed from a checkpoint taken right before an evaluation has no block left.
+        skip_block = self.resume_from is not None and (
+            st.samples >= self.next_eval or self._out_of_budget())
+        while st.status is None and self.stop is None:
+            if not skip_block:
+                st.block_start_samples = st.samples
+                st.block_samples = max(self.next_eval - st.samples, 0)
+                fire(Event.BLOCK_START, st)
+                while st.samples < self.next_eval and not self._out_of_budget() \
+                        and self.stop is None:
+                    self.train_step(it)
+                    st.epoch = self.train_loader.epoch
+                    fire(Event.STEP, st)
+                    if st.step % t.log_every_steps == 0 or self._checkpoint_step():
+                        self._log()
+                self._log()
+                fire(Event.BLOCK_STOP, st)
+                if self.stop is not None:
+                    break
+            skip_block = False
             acc = self._eval_and_log()
-            next_eval += every
+            self.next_eval += every
             if acc >= t.target_mlm_accuracy:
-                st.status = "success"
+                st.status, st.stop_reason = "success", "target"
             elif self._out_of_budget():
+                st.status, st.stop_reason = "aborted", "budget"
+        if self.stop is not None:
+            st.stop_reason = self.stop
+            if self.stop == "diverged":
                 st.status = "aborted"
+            else:  # a signal: the run continues when restarted, if there is a checkpoint
+                st.status = "interrupted" if self._resumable() else "aborted"
+
+    def _checkpoint_step(self) -> bool:
+        """This step reached a multiple of train.checkpoint_every_samples."""
+        every, samples = self.cfg.train.checkpoint_every_samples, self.state.samples
+        return every > 0 and samples >= self.next_checkpoint > samples - \
+            self.cfg.train.global_batch_size
 
     def _log(self) -> None:
-        """A logging point (every rank, same step): reduce the steps since the last one."""
-        logged = self.step_log.flush()
-        if logged:
-            self.state.logged_steps, self.state.last_step = logged, logged[-1]
-            self.callbacks.fire(Event.LOG, self.state)
+        """A logging point (every rank, same step): reduce the steps since the last one -
+        with this rank's stop request in the same all-reduce - then the run-level decisions:
+        divergence, a signal, a checkpoint."""
+        logged = self.step_log.flush(flags=[1.0 if signals.requested() else 0.0])
+        if not logged:
+            return
+        self.state.logged_steps, self.state.last_step = logged, logged[-1]
+        self.callbacks.fire(Event.LOG, self.state)
+        finite = self._guard(logged)
+        if self.stop == "diverged":
+            return
+        if self.step_log.flags[0] > 0:
+            self._stop_on_signal(finite)
+        elif self.cfg.train.checkpoint_every_samples > 0 and finite \
+                and self.state.samples >= self.next_checkpoint:
+            self._save()
+
+    def _guard(self, logged) -> bool:
+        """Count non-finite steps (identical on every rank: the losses are all-reduced, the
+        skip flag comes from the averaged gradient); returns whether the window was finite."""
+        g, fp16 = self.guard, self.loss_scale.enabled
+        window_finite = True
+        for m in logged:
+            loss_bad = not math.isfinite(m.loss)
+            if fp16:
+                overflow = m.skipped and not loss_bad
+                g["overflow_skips"] += int(overflow)
+                bad = loss_bad or (overflow and g["scale_before"] <= 1.0)
+                g["scale_before"] = float(m.loss_scale)
+            else:
+                bad = loss_bad or m.skipped
+            window_finite = window_finite and not (loss_bad or m.skipped)
+            if bad:
+                g["first_bad_step"] = g["first_bad_step"] if g["run"] else m.step
+                g["run"] += 1
+                g["nonfinite_steps"] += 1
+            else:
+                g["run"] = 0
+        limit = self.cfg.train.max_nonfinite_steps
+        if g["run"] > limit:
+            self.stop = "diverged"
+            last = self._last_checkpoint()
+            kept = (f"the last checkpoint, {last} (never written from a non-finite step), "
+                    f"is kept: start a new run from its weights with model.init={last}"
+                    if last else "there is no checkpoint of this run")
+            self._say(f"divergence: {g['run']} consecutive steps from step "
+                      f"{g['first_bad_step']} to {logged[-1].step} had a non-finite loss or "
+                      f"gradient (train.max_nonfinite_steps = {limit}; loss now "
+                      f"{logged[-1].loss}, lr {logged[-1].lr:.3g}); stopping the run with "
+                      f"status aborted. Lower optim.lr (base {self.base_lr:.3g}) or check "
+                      f"the data; {kept}")
+        return window_finite
+
+    def _stop_on_signal(self, finite: bool) -> None:
+        """Every rank, at the same logging point: checkpoint (when enabled) and stop."""
+        mine = signals.requested()
+        self.stop = f"signal {signals.name(mine)}" if mine else "signal (on another rank)"
+        st, every = self.state, self.cfg.train.checkpoint_every_samples
+        last = self._last_checkpoint()
+        if every <= 0:
+            where = "no checkpoint (train.checkpoint_every_samples = 0): a rerun starts over"
+        elif self.resume_from is not None and st.step == self.resume_from.step \
+                and self.checkpoints.last_saved is None:
+            where = f"nothing trained since {last}, which a rerun resumes from"
+        elif not finite:
+            where = f"no new checkpoint (the last steps were not finite); the last one is {last}"
+        else:
+            saved = self._save()
+            where = (f"checkpoint {saved} - rerun the same command to resume" if saved else
+                     f"no new checkpoint (the model is not finite); the last one is {last}")
+        self._say(f"stopping on {self.stop} at step {st.step} ({st.samples} samples): {where}")
+
+    def _last_checkpoint(self):
+        return self.checkpoints.last_saved or (
+            self.resume_from.path if self.resume_from is not None else None)
+
+    def _agree_on_stop(self) -> None:
+        """One all-reduce before the first step: did any rank get a stop signal during
+        set-up? (Steps after this agree at logging points.)"""
+        flag = torch.tensor([1.0 if signals.requested() else 0.0], device=self.dist.device)
+        if all_reduce_sum(flag).item() > 0:
+            self._stop_on_signal(finite=True)
+
+    def _params_finite(self) -> bool:
+        """Whether every parameter is finite: an update from finite gradients can still
+        overflow (lr 1e4). The same answer on every rank (the replicas are identical), so no
+        collective; one pass and one host read, at checkpoint time only."""
+        with torch.no_grad():
+            bad = [p for p in self.model.parameters() if not torch.isfinite(p).all()]
+        return not bad
+
+    def _save(self) -> Path | None:
+        st, every = self.state, self.cfg.train.checkpoint_every_samples
+        if every > 0:
+            self.next_checkpoint = (st.samples // every + 1) * every
+        if not self._params_finite():
+            self._say(f"checkpoint: not written at step {st.step}: the model holds non-finite "
+                      f"values (the last update diverged); the last good one is "
+                      f"{self._last_checkpoint()}")
+            return None
+        path = self.checkpoints.save(st.step, st.samples)
+        self._say(f"checkpoint: {path} (step {st.step}, {st.samples} samples, "
+                  f"{self.checkpoints.save_seconds[-1]:.2f} s)")
+        return path
 
     def _eval_and_log(self) -> float:
         self.callbacks.fire(Event.EVAL_START, self.state)

@@ -23,6 +23,15 @@ What is logged where (docs/MLPERF_LOGGING.md has the full table):
     EVAL_STOP    eval_stop, eval_accuracy {epoch_num: samples trained}
     RUN_STOP     (train_samples/eval_samples if still unlogged), run_stop {status}
 
+A resumed run (``state.resume``, runtime.checkpoint) continues the same log instead of starting
+one: nothing of INIT_START, INIT_STOP or RUN_START is logged again (every key the rules want
+once stays once), a ``presto_resumed`` event says from which checkpoint, step and samples it
+continues and how long it was down, and its blocks, evals and run_stop follow. An attempt that
+ends as ``interrupted`` (a stop signal, or a failure with a checkpoint to continue from) logs
+``presto_interrupted`` {reason, step, samples} instead of run_stop. So the checker sees one run:
+one run_start, one run_stop, and a time-to-train (run_start -> run_stop) that includes the
+time the run was down; docs/MLPERF_LOGGING.md ("Resumed runs") has the details.
+
 BERT counts "epochs" in samples: every ``epoch_num``/``first_epoch_num`` is the number of samples
 trained so far (all ranks), the unit of the RCP checker's "epochs to converge".
 
@@ -35,6 +44,9 @@ Design choices:
   other's files. Lines are identical either way; nothing reaches the root logger.
 * ``default_stack_offset=2`` and ``root_dir`` = repository root: the ``file``/``lineno`` metadata
   of each line points at the line in this module that chose the key, not at mllog internals.
+* Nothing is written before RUN_START: the init lines wait in memory (with their own
+  timestamps) and go to the file at RUN_START, so a run that fails during set-up leaves no
+  half-written log behind.
 * ``cache_clear``'s value is the ``cache_clear=`` argument, else ``state.derived["cache_clear"]``,
   else True: whoever launches the run (run.sub) knows whether page caches were dropped and says
   so; the MLPerf rules want the key present, the value is the claim.
@@ -73,8 +85,11 @@ class MLPerfLogger:
     """Writes the MLPerf log of a run on the main rank; a no-op on every other rank.
 
     Args:
-        log_path: file to write (parents are created; an existing file is replaced, one run per
-            file, because the checker wants exactly one run_start/run_stop per log).
+        log_path: file to write (parents are created at RUN_START; an existing file is
+            replaced, one run per file, because the checker wants exactly one
+            run_start/run_stop per log - except when the run resumes from a checkpoint and the
+            file holds its first attempts: then it is continued. submission/train.py refuses
+            to start a new run in a directory that holds a log).
         is_main: True on global rank 0 only.
         echo: also print each ``:::MLLOG`` line to stdout (off by default: the trainer prints
             its own progress line).
@@ -96,14 +111,16 @@ class MLPerfLogger:
         self._logged: set[str] = set()          # keys that must appear exactly once
         self._handlers: list[logging.Handler] = []
         self.mllogger = None
+        self.continuing = False   # a resumed run appending to its own log
         if not self.is_main:
             return
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # A bare Logger (not logging.getLogger): no parent, so nothing can reach the root
         # logger, and it is garbage-collected with this object instead of living in the manager.
         logger = logging.Logger(f"presto.mllog.{id(self):x}", level=logging.INFO)
         logger.propagate = False
-        self._handlers.append(logging.FileHandler(self.log_path, mode="w", encoding="utf-8"))
+        self._logger = logger
+        self._pending = _Pending()          # the file opens at RUN_START
+        self._handlers.append(self._pending)
         if echo:
             self._handlers.append(logging.StreamHandler(sys.stdout))
         for handler in self._handlers:
@@ -131,7 +148,29 @@ class MLPerfLogger:
 
     # -- event handlers --------------------------------------------------------------------
 
+    def _open_file(self) -> None:
+        """At RUN_START: the file (appended to when continuing a resumed run), then every
+        line held back since INIT_START."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(self.log_path, mode="a" if self.continuing else "w",
+                                      encoding="utf-8")
+        handler.setLevel(logging.INFO)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        for line in self._pending.lines:
+            handler.stream.write(line + "\n")
+        handler.flush()
+        self._logger.removeHandler(self._pending)
+        self._handlers.remove(self._pending)
+        self._logger.addHandler(handler)
+        self._handlers.append(handler)
+
     def _on_init_start(self, state: RunState) -> None:
+        if state.resume is not None:
+            logged = _logged_keys(self.log_path)
+            if "run_start" in logged and "run_stop" not in logged:
+                self.continuing = True   # log nothing of the init phase again
+                self._logged |= logged
+                return
         sub = state.config.submission
         cache_clear = self.cache_clear
         if cache_clear is None:
@@ -149,13 +188,24 @@ class MLPerfLogger:
             self._once(C.SUBMISSION_POC_EMAIL, self.poc_email)
 
     def _on_init_stop(self, state: RunState) -> None:
+        if self.continuing:
+            return
         for key, value in hyperparameters(state).items():
             self._once(key, value)
         self._dataset_sizes(state, force=False)
         self._end(C.INIT_STOP)
 
     def _on_run_start(self, state: RunState) -> None:
-        self._start(C.RUN_START)
+        self._open_file()
+        if not self.continuing:
+            self._start(C.RUN_START)
+        if state.resume is not None:
+            r = state.resume
+            self._event("presto_resumed", None, metadata={
+                "checkpoint": r["checkpoint"], "step": int(r["step"]),
+                C.SAMPLES_COUNT: int(r["samples"]), "world_size": int(r["world_size"]),
+                "world_size_now": int(state.world_size), "checkpoint_time": r.get("time"),
+                "log_continued": self.continuing})
 
     def _on_block_start(self, state: RunState) -> None:
         meta: dict[str, Any] = {C.FIRST_EPOCH_NUM: int(state.block_start_samples)}
@@ -195,6 +245,15 @@ class MLPerfLogger:
         self._dataset_sizes(state, force=False)
 
     def _on_run_stop(self, state: RunState) -> None:
+        if self._pending in self._handlers:  # stopped before RUN_START: write nothing
+            self.close()
+            return
+        if state.status == "interrupted":   # the run goes on in the next attempt
+            self._event("presto_interrupted", None, metadata={
+                "reason": state.stop_reason, "step": int(state.step),
+                C.SAMPLES_COUNT: int(state.samples)})
+            self.close()
+            return
         self._dataset_sizes(state, force=True)
         status = state.status if state.status in (C.SUCCESS, C.ABORTED) else C.ABORTED
         self._end(C.RUN_STOP, metadata={C.STATUS: status})
@@ -226,6 +285,34 @@ class MLPerfLogger:
 
     def _end(self, key: str, metadata: dict | None = None) -> None:
         self.mllogger.end(key=key, value=None, metadata=metadata)
+
+
+class _Pending(logging.Handler):
+    """Holds the formatted lines logged before the file is opened."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+def _logged_keys(path: Path) -> set[str]:
+    """The keys an existing log holds (none when there is no file)."""
+    import json
+    keys = set()
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return keys
+    for line in text.splitlines():
+        if ":::MLLOG " in line:
+            try:
+                keys.add(json.loads(line.split(":::MLLOG ", 1)[1])["key"])
+            except (ValueError, KeyError):
+                continue
+    return keys
 
 
 def hyperparameters(state: RunState) -> dict[str, Any]:

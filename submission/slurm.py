@@ -30,6 +30,9 @@ DEFAULT_LOGS = ROOT / "results" / "slurm"
 DEFAULT_REGISTRY = DEFAULT_LOGS / "jobs.jsonl"
 JOB_FILE = "job.json"
 MARGIN_MINUTES = 5          # per job: allocation start, sysinfo, a slow last cache clear
+# Slurm's warning before the time limit (sbatch --signal=B:USR1@N): run.sub asks the running
+# experiment to checkpoint and stop, then requeues the job, which resumes from the checkpoint.
+SIGNAL_LEAD_S = 120
 SAFE_TOKEN = re.compile(r"[A-Za-z0-9_.+-]+")
 SLURM_TIMEOUT_S = 30
 
@@ -67,7 +70,9 @@ def check_token(what: str, value: str) -> str:
 
 
 # Set by run.sub for each experiment: an override would give every experiment the same one.
-PER_EXPERIMENT = {"train.seed": "--seed-base", "train.output_dir": "--logdir"}
+PER_EXPERIMENT = {"train.seed": "--seed-base", "train.output_dir": "--logdir",
+                  "train.checkpoint_dir": "--logdir (each experiment checkpoints into its "
+                                          "own run_<i>/checkpoints)"}
 
 
 def check_overrides(overrides) -> list[str]:
@@ -103,6 +108,9 @@ def repo_path(value: str) -> Path:
 
 
 def check_data(cfg: Config) -> None:
+    from loaders.dataset import DataSetInfo, check_data_set
+    from loaders.shards import DataError
+
     data = repo_path(cfg.data.data_dir)
     if not data.is_dir():
         raise SubmitError(f"data.data_dir = {cfg.data.data_dir!r} ({data}) does not exist on "
@@ -111,6 +119,19 @@ def check_data(cfg: Config) -> None:
     if not (data / "stats.json").is_file():
         raise SubmitError(f"data.data_dir {data} holds no stats.json: not a prepared data set "
                           f"(python -m loaders.prepare --out {data})")
+    try:  # what the ranks check first (the parameters it records), before anything is queued
+        stats = json.loads((data / "stats.json").read_text())
+        vocab = stats.get("vocab") if isinstance(stats.get("vocab"), dict) else {}
+        info = DataSetInfo(data, (), (), dict(stats.get("parameters") or {}),
+                           vocab.get("size") if isinstance(vocab.get("size"), int) else None)
+        check_data_set(info, max_seq_length=cfg.data.max_seq_length,
+                       max_predictions_per_seq=cfg.data.max_predictions_per_seq,
+                       vocab_size=cfg.model.vocab_size)
+    except (ValueError, AttributeError) as e:
+        raise SubmitError(f"data.data_dir {data}: stats.json is not readable JSON ({e}): "
+                          f"rebuild the data set (python -m loaders.prepare --out {data})") from None
+    except DataError as e:
+        raise SubmitError(str(e)) from None
     if cfg.model.init not in ("scratch", "minilm") and not repo_path(cfg.model.init).exists():
         raise SubmitError(f"model.init = {cfg.model.init!r} does not exist on this host")
 
@@ -270,7 +291,8 @@ def sbatch_argv(cfg: Config, logdir: Path, minutes: int, partition: str | None,
     s = cfg.system
     argv = ["sbatch", "--parsable", f"--job-name=presto_bert_{s.name}", f"--nodes={s.nodes}",
             f"--ntasks-per-node={s.ranks_per_node}", f"--time={minutes}", "--exclusive",
-            "--requeue", "--open-mode=append", f"--output={logdir}/slurm-%j.out",
+            "--requeue", "--open-mode=append", f"--signal=B:USR1@{SIGNAL_LEAD_S}",
+            f"--output={logdir}/slurm-%j.out",
             f"--chdir={ROOT}", "--export=ALL"]
     if s.device == "cuda":
         argv.append(f"--gpus-per-node={s.ranks_per_node}")

@@ -1,34 +1,99 @@
 """Per-rank entry point: ``python -m submission.train --config FILE [--set section.key=value ...]``.
 
-Started once per rank by run_and_time.sh (mpiexec/mpirun/srun/torchrun). Loads and validates
-the config (an invalid one stops every rank before anything trains), joins the process group,
-checks that all ranks hold the same config, attaches the MLPerf logger, metrics and progress
-callbacks, trains, and on rank 0 draws the plot and says where everything went.
+Started once per rank by run_and_time.sh (mpiexec/mpirun/srun/torchrun). Records stop signals
+from its first line on (runtime.signals), loads and validates the config (an invalid one stops
+every rank before anything trains), joins the process group, checks that all ranks hold the
+same config, checks the run directory (below), attaches the MLPerf logger, metrics, progress
+and status callbacks, trains - resuming from the newest complete checkpoint in
+``train.checkpoint_dir`` when there is one - and on rank 0 draws the plot and says where
+everything went.
 
-Exit status: 0 when the target accuracy was reached, 1 when the run was aborted (budget spent)
-or failed, 2 for an invalid config.
+The run directory (``train.output_dir``) holds one run, never overwritten: a directory whose
+MLPerf log has run_stop (a finished run), or a log but no checkpoint to continue it from, is
+refused; so is one another live run holds (rank 0 keeps an flock on ``<dir>/.lock``). A log
+without run_stop and a complete checkpoint: the run resumes and continues that log.
+
+Exit status (run_and_time.sh and run.sub pass it on; README "Exit status"):
+  0  success: the target accuracy was reached
+  1  target not reached: the budget (train.max_steps, train.max_samples_termination) was spent
+  2  bad input: config, data set (a missing directory, a shard with token ids out of range,
+     ...), launch, run directory, an initial checkpoint with NaN - nothing trained, or a bad
+     shard found when it was loaded
+  3  runtime failure: a rank raised or died, or the divergence guard stopped the run
+  4  stopped by a signal (TERM, INT, HUP, USR1) at a logging point, after writing a checkpoint
+     when train.checkpoint_every_samples > 0: rerun the same command to resume
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
+import socket
 import sys
+import time
 from pathlib import Path
 
-import torch
+from runtime import signals
 
-from runtime.config import ConfigError, load_config
-from runtime.dist import check_same_on_all_ranks, init_distributed, run_guarded, shutdown
-from runtime.env import LaunchError, cache_cleared, discover
-from runtime.events import CallbackList
-from runtime.metrics import MetricsWriter, ProgressPrinter, plot_metrics
-from runtime.trainer import Trainer
-from submission.mllog_callback import MLPerfLogger
+if __name__ == "__main__":
+    # Before the heavy imports: a TERM while torch loads is a stop request too. Only as the
+    # entry point - a module that imports this one (a test, pytest itself) keeps its own
+    # handlers; main() installs them for callers that run it (bench.fault_rank).
+    signals.install()
+
+import torch  # noqa: E402
+
+from loaders.shards import DataError  # noqa: E402
+from runtime.checkpoint import CheckpointError, find_latest  # noqa: E402
+from runtime.config import ConfigError, load_config  # noqa: E402
+from runtime.dist import (RanksDisagree, broadcast_object, check_same_on_all_ranks,  # noqa: E402
+                          init_distributed, on_failure, run_guarded, shutdown)
+from runtime.env import LaunchError, cache_cleared, discover  # noqa: E402
+from runtime.events import CallbackList  # noqa: E402
+from runtime.metrics import MetricsWriter, ProgressPrinter, plot_metrics  # noqa: E402
+from runtime.trainer import InitCheckpointError, Trainer  # noqa: E402
+from submission.mllog_callback import MLPerfLogger, _logged_keys  # noqa: E402
+from submission import rank_status  # noqa: E402
+from submission.rank_status import RankStatus, lost_ranks  # noqa: E402
 
 LOG_NAME = "mlperf_bert.log"
 METRICS_NAME = "metrics.jsonl"
 PLOT_NAME = "loss_accuracy.png"
+LOCK_NAME = ".lock"
+
+EXIT_SUCCESS, EXIT_NOT_REACHED, EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_STOPPED = 0, 1, 2, 3, 4
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot take this run; the message says what to do. Raised alike on
+    every rank (rank 0 decides)."""
+
+    raised_on_all_ranks = True
+    exit_code = EXIT_BAD_INPUT
+
+
+BAD_INPUT = (ConfigError, DataError, LaunchError, RanksDisagree, RunDirError, CheckpointError,
+             InitCheckpointError)
+
+
+def exit_code_of(e: BaseException) -> int:
+    """The exit status an exception ends a rank with (the table in the module docstring)."""
+    if isinstance(e, BAD_INPUT):
+        return EXIT_BAD_INPUT
+    if isinstance(e, KeyboardInterrupt):
+        return EXIT_STOPPED
+    return getattr(e, "exit_code", EXIT_FAILURE)
+
+
+def exit_code_of_run(state) -> int:
+    """The exit status of a run that ended without an exception (the module docstring's
+    table), from its RUN_STOP state."""
+    code = {"success": EXIT_SUCCESS, "interrupted": EXIT_STOPPED}.get(state.status)
+    if code is None:  # aborted: budget spent, diverged, or stopped with nothing to resume
+        code = EXIT_FAILURE if state.stop_reason == "diverged" else \
+            EXIT_STOPPED if (state.stop_reason or "").startswith("signal") else EXIT_NOT_REACHED
+    return code
 
 
 def parse_args(argv):
@@ -45,41 +110,114 @@ def set_threads(cfg, local_world_size: int) -> None:
     torch.set_num_threads(n)
 
 
+# ------------------------------------------------------------------------ the run directory
+
+_lock_file = None  # rank 0 holds it open (and locked) for the life of the process
+
+
+def run_dir_problem(cfg) -> str | None:
+    """Why ``train.output_dir`` cannot take this run (None: it can). Rank 0 only."""
+    global _lock_file
+    out = Path(cfg.train.output_dir)
+    log = out / LOG_NAME
+    if log.is_file() and log.stat().st_size > 0:
+        keys = _logged_keys(log)
+        if "run_stop" in keys:
+            return (f"{out} holds a finished run ({log} has run_stop): results are never "
+                    f"overwritten - choose another train.output_dir (run_and_time.sh makes a "
+                    f"fresh directory unless RUN_DIR or train.output_dir is given)")
+        if cfg.train.checkpoint_every_samples <= 0:
+            return (f"{out} holds the log of an interrupted run ({log}, no run_stop) and this "
+                    f"run writes no checkpoints (train.checkpoint_every_samples = 0), so it "
+                    f"cannot continue it: choose another train.output_dir")
+        if find_latest(cfg.train.checkpoint_path(), warn=lambda m: None) is None:
+            return (f"{out} holds the log of an interrupted run ({log}, no run_stop) and no "
+                    f"complete checkpoint in {cfg.train.checkpoint_path()} to continue it "
+                    f"from: choose another train.output_dir")
+    out.mkdir(parents=True, exist_ok=True)
+    lock = open(out / LOCK_NAME, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        return (f"{out} is in use by another run ({holder}): wait for it to end, or choose "
+                f"another train.output_dir")
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+               f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    lock.flush()
+    _lock_file = lock
+    rank_status.clear(out)  # an earlier attempt's rank records (a resume) are not this one's
+    return None
+
+
+def check_run_dir(cfg, rank: int) -> None:
+    problem = run_dir_problem(cfg) if rank == 0 else None
+    problem = broadcast_object(problem)
+    if problem:
+        raise RunDirError(problem)
+
+
+# ------------------------------------------------------------------------------ the run
+
 def train(cfg, info, cache_clear: bool | None = None) -> int:
     ctx = init_distributed(info, device=cfg.system.device, timeout_s=cfg.system.dist_timeout_s)
     check_same_on_all_ranks("config", cfg.fingerprint())
     set_threads(cfg, info.local_world_size)
+    check_run_dir(cfg, ctx.rank)
     out = Path(cfg.train.output_dir)
+    status = RankStatus(out, ctx.rank, ctx.world_size)
+    trainer = None
+
+    def note(e: BaseException) -> str:
+        """Added to this rank's failure message: the last completed step, lost peers."""
+        status.finish(exit_code_of(e), "failed", f"{type(e).__name__}: {e}")
+        st = trainer.state if trainer is not None else None
+        step = f"last completed step {st.step} ({st.samples} samples)" if st else \
+            "before training started"
+        gone = lost_ranks(out, ctx.rank)
+        return "; ".join([step] + gone)
+
+    on_failure(note)
     callbacks = CallbackList([
         MLPerfLogger(out / LOG_NAME, is_main=ctx.rank == 0, cache_clear=cache_clear),
         MetricsWriter(out / METRICS_NAME, every=1),
         ProgressPrinter(every=cfg.train.log_every_steps),
+        status,
     ])
     trainer = Trainer(cfg, ctx, callbacks)
     try:
         state = trainer.fit()
     finally:
         trainer.close()
+    code = exit_code_of_run(state)
     if ctx.rank == 0:
         finish(cfg, state, out)
+    status.finish(code, "finished" if code in (0, 1) else "stopped",
+                  state.stop_reason or state.status or "")
     shutdown()
-    return 0 if state.status == "success" else 1
+    return code
 
 
 def finish(cfg, state, out: Path) -> None:
     png = plot_metrics(out / METRICS_NAME, out / PLOT_NAME,
                        title=f"{Path(cfg.source).name} seed {cfg.train.seed}",
                        target=cfg.train.target_mlm_accuracy)
-    summary = {"status": state.status, "steps": state.step, "samples": state.samples,
-               "eval_accuracy": state.eval_accuracy, "seed": cfg.train.seed,
-               "config": cfg.source, "mllog": str(out / LOG_NAME),
-               "metrics": str(out / METRICS_NAME), "plot": str(png)}
+    summary = {"status": state.status, "stop_reason": state.stop_reason, "steps": state.step,
+               "samples": state.samples, "eval_accuracy": state.eval_accuracy,
+               "seed": cfg.train.seed, "config": cfg.source, "mllog": str(out / LOG_NAME),
+               "metrics": str(out / METRICS_NAME), "plot": str(png),
+               "resumed_from": state.resume}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"mllog log:    {out / LOG_NAME}\nmetrics:      {out / METRICS_NAME}\n"
           f"plot:         {png}", flush=True)
 
 
 def main(argv=None) -> int:
+    signals.install()
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.set)
@@ -88,11 +226,11 @@ def main(argv=None) -> int:
         cfg.local_batch_size(info.world_size)  # fail before any rank trains
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_BAD_INPUT
     except LaunchError as e:
         print(f"launch error: {e}", file=sys.stderr, flush=True)
-        return 2
-    return run_guarded(lambda: train(cfg, info, cache_clear), info)
+        return EXIT_BAD_INPUT
+    return run_guarded(lambda: train(cfg, info, cache_clear), info, exit_code=exit_code_of)
 
 
 if __name__ == "__main__":

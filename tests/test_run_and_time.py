@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -240,3 +242,97 @@ def test_unknown_launcher_is_refused(sandbox):
     cfg = write_config(root, "ssh")
     proc, calls = run(sandbox, cfg)
     assert proc.returncode != 0 and not calls and "system.launcher='ssh'" in proc.stderr
+
+
+# ------------------------------------------------------------------ run directories, signals
+
+def test_runs_started_in_the_same_second_get_distinct_directories(sandbox):
+    root, _ = sandbox
+    cfg = write_config(root, "mpiexec")
+    procs, dirs = [], set()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_"))
+           and k not in ("RUN_DIR", "SEED")}
+    _, stubs = sandbox
+    env.update(PYTHON=stubs["python"], MPIEXEC=stubs["mpiexec"], CONFIG=str(cfg),
+               LOGDIR=str(root / "log dir"), STUB_LOG=str(root / "calls.jsonl"))
+    for _ in range(3):
+        procs.append(subprocess.Popen([str(SCRIPT)], env=env, cwd=root, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        dirs.add(re.search(r", output (.+)$", err, re.M).group(1))
+    assert len(dirs) == 3 and all(Path(d).is_dir() for d in dirs)
+
+
+def test_train_output_dir_override_is_the_run_directory(sandbox):
+    root, _ = sandbox
+    cfg = write_config(root, "mpiexec")
+    proc, calls = run(sandbox, cfg, "--", f'train.output_dir="{root}/mine"')
+    assert proc.returncode == 0, proc.stderr
+    argv = calls[0]["argv"]
+    outs = [a for a in argv if a.startswith("train.output_dir=")]
+    assert outs == [f"train.output_dir={root}/mine"], argv   # one place, not two
+    assert f"output {root}/mine" in proc.stderr
+    proc, calls = run(sandbox, cfg, "--", "train.output_dir=/a", RUN_DIR="/b")
+    assert proc.returncode == 2 and not calls and "two places for one run" in proc.stderr
+
+
+SIGNAL_STUB = f"""#!{sys.executable}
+import os, signal, sys, time
+got = []
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+    signal.signal(s, lambda n, f: got.append(signal.Signals(n).name))
+open(os.environ["STUB_READY"], "w").close()
+deadline = time.time() + 30
+while not got and time.time() < deadline:
+    time.sleep(0.05)
+time.sleep(0.5)   # "checkpointing": run_and_time.sh must wait for us
+for i in range(2000):   # the ranks still talk after the signal (through the launcher's pipes)
+    print(f"stub still writing {i}", flush=True)
+with open(os.environ["STUB_SIGNALS"], "a") as f:
+    f.write(" ".join(got) + "\\n")
+sys.exit(4)
+"""
+
+
+@pytest.mark.parametrize("sig,launcher,forwarded,group", [
+    ("TERM", "mpiexec", "SIGUSR1", False), ("INT", "mpiexec", "SIGUSR1", False),
+    ("HUP", "mpirun", "SIGUSR1", False), ("USR1", "mpiexec", "SIGUSR1", False),
+    ("INT", "mpiexec", "SIGINT SIGUSR1", True), ("TERM", "mpiexec", "SIGTERM SIGUSR1", True)])
+def test_signals_reach_the_launcher_and_the_script_waits_for_it(sandbox, sig, launcher,
+                                                                forwarded, group):
+    """TERM/INT/HUP/USR1 to run_and_time.sh: the launcher gets the stop request (USR1, which
+    mpiexec, mpirun and srun forward to every rank), the script waits for it to finish and
+    exits with its status (4: stopped after a checkpoint); no RESULT line. ``group``: the
+    signal goes to every process of the script's group (Ctrl-C in a terminal, systemd's
+    TERM): the launcher's output, still flowing after it, reaches the terminal and
+    launcher.log - nothing in the pipeline died of the signal."""
+    root, stubs = sandbox
+    stub = root / "bin dir" / "launcher"
+    stub.write_text(SIGNAL_STUB)
+    stub.chmod(0o755)
+    cfg = write_config(root, launcher)
+    ready = root / "ready"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_"))
+           and k not in ("RUN_DIR", "SEED")}
+    env.update(PYTHON=stubs["python"], MPIEXEC=str(stub), MPIRUN=str(stub), CONFIG=str(cfg),
+               LOGDIR=str(root / "log dir"), STUB_LOG=str(root / "calls.jsonl"),
+               STUB_SIGNALS=str(root / "got"), STUB_READY=str(ready))
+    proc = subprocess.Popen([str(SCRIPT)], env=env, cwd=root, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.time() + 30
+    while not ready.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    if group:
+        os.killpg(proc.pid, getattr(signal, f"SIG{sig}"))
+    else:
+        proc.send_signal(getattr(signal, f"SIG{sig}"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, err[-3000:]
+    assert sorted((root / "got").read_text().split()) == sorted(forwarded.split())
+    assert f"got SIG{sig}" in err and "RESULT," not in out
+    assert "stub still writing 1999" in out
+    (log,) = (root / "log dir").glob("*/launcher.log")
+    assert "stub still writing 1999" in log.read_text()

@@ -545,3 +545,75 @@ def test_parse_slurm_minutes():
     f = slurm.parse_slurm_minutes
     assert [f("30"), f("1:30:00"), f("2-00:00:00"), f("45:30"), f("1-12")] == [30, 90, 2880, 46, 2160]
     assert f("UNLIMITED") is None and f("infinite") is None
+
+
+# ------------------------------------------------------------------------------ run.sub signals
+
+SIGNAL_LAUNCHER = f"""#!{sys.executable}
+# A launcher (srun, or run_and_time.sh under timeout) that "checkpoints" on a stop request:
+# it records the signals it got, takes half a second, and exits 4 as the ranks would.
+import json, os, signal, sys, time
+if any("drop_caches" in a for a in sys.argv):
+    sys.exit(0)
+got = []
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+    signal.signal(s, lambda n, f: got.append(signal.Signals(n).name))
+with open(os.environ["STUB_LAUNCHES"], "a") as f:
+    f.write(json.dumps({{"pid": os.getpid(), "run_dir": os.environ.get("RUN_DIR")}}) + "\\n")
+deadline = time.time() + 30
+while not got and time.time() < deadline:
+    time.sleep(0.05)
+time.sleep(0.5)
+with open(os.environ["STUB_SIGNALS"], "a") as f:
+    f.write(" ".join(got) + "\\n")
+sys.exit(4 if got else 0)
+"""
+
+
+@pytest.mark.parametrize("sig,launcher", [("TERM", "srun"), ("USR1", "srun"),
+                                          ("INT", "mpiexec")])
+def test_run_sub_passes_a_signal_to_the_experiment_and_starts_no_other(stubs, tmp_path, sig,
+                                                                       launcher):
+    """TERM/INT/HUP/USR1 to the batch script: the running experiment's launcher gets USR1
+    (srun passes it to every task; under mpiexec it goes to run_and_time.sh, which passes it
+    on), run.sub waits for it, starts no further experiment, leaves nothing running and exits
+    4. USR1 - Slurm's warning before the time limit - also requeues the job."""
+    import signal
+    import time
+    bindir, env, calls = stubs
+    stub = bindir / "launcher"
+    stub.write_text(SIGNAL_LAUNCHER)
+    stub.chmod(0o755)
+    root = tmp_path / "root"          # PRESTO_ROOT whose run_and_time.sh is the stub (mpiexec)
+    root.mkdir()
+    (root / "run_and_time.sh").symlink_to(stub)
+    (bindir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol\n")
+    (bindir / "scontrol").chmod(0o755)
+    config = write_config(tmp_path, f'[system]\nlauncher = "{launcher}"\nranks_per_node = 2\n'
+                                    'walltime_minutes = 7\n[train]\nseed = 100\n'
+                                    'global_batch_size = 16\n')
+    launches, got = tmp_path / "launches", tmp_path / "got"
+    e = dict(env, CONFIG=str(config), NEXP="2", LOGDIR=str(tmp_path / "logs"),
+             PRESTO_ROOT=str(root if launcher == "mpiexec" else ROOT), SLURM_JOB_ID="77",
+             SRUN=str(stub), SCONTROL=str(bindir / "scontrol"), PYTHONPATH=str(ROOT),
+             STUB_LAUNCHES=str(launches), STUB_SIGNALS=str(got))
+    proc = subprocess.Popen(["bash", str(RUN_SUB)], env=e, cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while not launches.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert launches.exists(), "the experiment never started"
+    proc.send_signal(getattr(signal, f"SIG{sig}"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, out + err
+    (launch,) = [json.loads(x) for x in launches.read_text().splitlines()]   # one, not two
+    assert launch["run_dir"] == str(tmp_path / "logs" / "run_1")
+    assert got.read_text().split() == ["SIGUSR1"]
+    assert not Path(f"/proc/{launch['pid']}").exists()                        # nothing left
+    assert (tmp_path / "logs" / "run_1.exit").read_text().strip() == "4"
+    assert f"got SIG{sig}" in out
+    requeued = tmp_path / "scontrol"
+    if sig == "USR1":
+        assert requeued.read_text().split() == ["requeue", "77"] and "requeued" in out
+    else:
+        assert not requeued.exists() and "submit --resume" in out

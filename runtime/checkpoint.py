@@ -1,0 +1,417 @@
+"""Checkpoints: everything a run needs to continue exactly where it stopped, on disk.
+
+Owns (``CheckpointManager``, torchtitan's CheckpointManager over ``state_dict()``s, plus the
+RNG states it omits):
+  * the on-disk format below, and writing one checkpoint from the run's parts - the model, the
+    optimizer (any backend: per-tensor state, the fused backend's flat buffers with their 0-dim
+    step counts, apex's), the train loader's data position (every balancing mode's), named
+    ``states`` (the trainer's counters, schedule step, loss scaler, eval position, bucket
+    plan, resolved config: anything with ``state_dict``/``load_state_dict``) and each rank's
+    RNG states (torch CPU, CUDA, numpy, Python ``random``);
+  * atomicity: files go into ``.step_<N>.tmp/`` in the checkpoint directory, each fsynced;
+    rank 0 writes the manifest last, fsyncs it and renames the directory to ``step_<N>``
+    (a rename is atomic), then fsyncs the parent. A directory without a manifest, or with a
+    file whose size or SHA-256 differs from it, is not a checkpoint: ``latest`` skips it with
+    a warning and takes the one before;
+  * keeping the newest ``keep`` checkpoints (older ones go once a new one is complete);
+  * reading back with ``torch.load(weights_only=True)`` (never unpickles code) and
+    ``safetensors``, into the same parts (``restore``), including onto another world size:
+    the data position is then mapped to the same fraction of the epoch (the sample order
+    differs from the uninterrupted run, and ``restore`` says so).
+Never: decides when to write (the trainer does, at logging points), reads the environment,
+or runs a collective but two barriers per save and one broadcast per look-up.
+
+The format ``presto-checkpoint/1`` - one directory per checkpoint::
+
+    <checkpoint_dir>/step_00000150/
+        model.safetensors   the model as a Hugging Face BertForPreTraining state dict ('bert.*',
+                            'cls.*', the tied decoder weight included): with config.json, a
+                            directory HF's from_pretrained (or runtime.model.load_pretrained,
+                            or ``model.init=<this directory>``) loads
+        config.json         the model's HF BertConfig
+        optimizer.pt        optimizer.state_dict(): per-parameter state by parameter index
+                            (exp_avg, exp_avg_sq / momentum_buffer, step) and param_groups
+        train_state.pt      {name: state_dict()} of the run's other parts (the trainer's
+                            'progress': step, samples, next eval, loss scaler, bucket plan,
+                            resolved config ...)
+        bucket_plan.json    the gradient sync's bucket plan in use (grad_sync buckets: after
+                            the first-step re-cut in the measured order; runtime/grad_sync/
+                            plan.py's format) - a resumed run re-installs it
+        rank_00000.pt ...   one per rank: {'rank', 'world_size', 'rng': {torch, cuda, numpy,
+                            python}, 'data': the loader's state_dict()}
+        checkpoint.json     the manifest, written last: format, step, samples, world size,
+                            time, and every file's size and SHA-256
+
+Every rank must see the same checkpoint directory (on several nodes: a shared file system);
+rank 0 checks that every rank's file arrived before it commits.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import shutil
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+FORMAT = "presto-checkpoint/1"
+MANIFEST = "checkpoint.json"
+MODEL_FILE = "model.safetensors"
+HF_CONFIG_FILE = "config.json"
+OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "train_state.pt"
+_DIR = re.compile(r"^step_(\d{8,})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or restored; the message names the file."""
+
+
+def rank_file(rank: int) -> str:
+    return f"rank_{rank:05d}.pt"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+# ------------------------------------------------------------------------------ RNG states
+
+def rng_state() -> dict:
+    """This process's RNG states in types ``torch.load(weights_only=True)`` accepts."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss),
+                       float(cached)),
+             "python": (version, tuple(internal), gauss_next)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------- file helpers
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _to_cpu(obj: Any) -> Any:
+    """Independent CPU copies of every tensor in ``obj`` (the fused backend's state tensors are
+    views of flat buffers; a copy saves each one alone, in the parameter's own shape)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True).clone()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def hf_config_dict(bert_config: Any) -> dict:
+    """An HF config.json for ``runtime.model_config.BertConfig``."""
+    return {"architectures": ["BertForPreTraining"], "model_type": "bert", "hidden_act": "gelu",
+            "position_embedding_type": "absolute", **asdict(bert_config)}
+
+
+# ---------------------------------------------------------------------------------- reading
+
+class Checkpoint:
+    """One complete checkpoint directory (its manifest read and checked)."""
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path = Path(path)
+        self.manifest = manifest
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])
+
+    @property
+    def samples(self) -> int:
+        return int(self.manifest["samples"])
+
+    @property
+    def world_size(self) -> int:
+        return int(self.manifest["world_size"])
+
+    def _load(self, name: str) -> Any:
+        path = self.path / name
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unpickling failure names the file
+            raise CheckpointError(f"{path}: cannot be read with torch.load(weights_only=True) "
+                                  f"({type(e).__name__}: {e}); the checkpoint is damaged - "
+                                  f"delete {self.path} to resume from the one before") from e
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        from safetensors.torch import load_file
+        return load_file(str(self.path / MODEL_FILE))
+
+    def optimizer_state(self) -> dict:
+        return self._load(OPTIMIZER_FILE)
+
+    def train_state(self) -> dict:
+        return self._load(STATE_FILE)
+
+    def rank_state(self, rank: int) -> Optional[dict]:
+        """Rank ``rank``'s file, or None when the checkpoint was written by fewer ranks."""
+        if rank >= self.world_size:
+            return None
+        return self._load(rank_file(rank))
+
+    @classmethod
+    def open(cls, path: Path, verify: bool = True) -> "Checkpoint":
+        """Read and check ``path``'s manifest (and, with ``verify``, every file's size and
+        SHA-256); raises CheckpointError naming what is wrong."""
+        path = Path(path)
+        manifest_path = path / MANIFEST
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: no {MANIFEST} (an incomplete checkpoint)") from None
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{manifest_path}: unreadable ({e})") from e
+        if manifest.get("format") != FORMAT:
+            raise CheckpointError(f"{manifest_path}: format {manifest.get('format')!r}, this "
+                                  f"runtime reads {FORMAT!r}")
+        if verify:
+            for name, meta in manifest["files"].items():
+                file = path / name
+                if not file.is_file():
+                    raise CheckpointError(f"{file}: missing from the checkpoint")
+                if file.stat().st_size != meta["bytes"]:
+                    raise CheckpointError(f"{file}: {file.stat().st_size} bytes, the manifest "
+                                          f"says {meta['bytes']} (truncated or replaced)")
+                if _sha256(file) != meta["sha256"]:
+                    raise CheckpointError(f"{file}: SHA-256 differs from the manifest "
+                                          "(corrupt)")
+        return cls(path, manifest)
+
+
+def list_checkpoints(directory: str | Path) -> list[Path]:
+    """Directories named ``step_<N>`` under ``directory``, newest (largest N) first; complete
+    or not (``Checkpoint.open`` tells)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir()
+             if p.is_dir() and (m := _DIR.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def find_latest(directory: str | Path, verify: bool = True,
+                warn: Callable[[str], None] = lambda msg: warnings.warn(msg, stacklevel=2)
+                ) -> Optional[Checkpoint]:
+    """The newest complete checkpoint in ``directory`` (None when there is none); a damaged
+    newer one is skipped with a warning naming it."""
+    for path in list_checkpoints(directory):
+        try:
+            return Checkpoint.open(path, verify=verify)
+        except CheckpointError as e:
+            warn(f"skipping checkpoint {path}: {e}")
+    return None
+
+
+# ---------------------------------------------------------------------------------- writing
+
+class CheckpointManager:
+    """Writes and restores the checkpoints of one run (see the module docstring).
+
+    Built before the parts exist (``latest`` is asked first: a resumed run re-installs its
+    bucket plan before the gradient sync is built); ``track`` names them: ``model`` the
+    unwrapped ``BertForPreTraining``, ``optimizer`` a ``runtime.optim`` optimizer, ``loader``
+    the train loader (``state_dict``/``load_state_dict``, ``plan``, ``steps_per_epoch``),
+    ``states`` more named parts with ``state_dict``/``load_state_dict``, ``files`` extra
+    files rank 0 writes as they are (name -> callable returning bytes, or None to skip).
+    ``barrier``/``broadcast``: the process group's (runtime.dist), identity for one rank.
+    """
+
+    def __init__(self, directory: str | Path, *, keep: int, rank: int, world_size: int,
+                 barrier: Callable[[], None] = lambda: None,
+                 broadcast: Callable[[Any], Any] = lambda x: x,
+                 log: Callable[[str], None] = print):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.directory = Path(directory)
+        self.keep, self.rank, self.world_size = keep, rank, world_size
+        self._barrier, self._broadcast, self._log = barrier, broadcast, log
+        self.model = self.optimizer = self.loader = None
+        self.states: dict[str, Any] = {}
+        self.files: dict[str, Callable[[], Optional[bytes]]] = {}
+        self.last_saved: Optional[Path] = None
+        self.save_seconds: list[float] = []
+
+    def track(self, *, model: Any, optimizer: Any, loader: Any, states: dict[str, Any],
+              files: Optional[dict[str, Callable[[], Optional[bytes]]]] = None) -> None:
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.states, self.files = dict(states), dict(files or {})
+
+    # -- finding ---------------------------------------------------------------------------
+    def latest(self) -> Optional[Checkpoint]:
+        """The newest complete checkpoint, the same on every rank (rank 0 checks the files and
+        says which), or None."""
+        found = None
+        if self.rank == 0:
+            ckpt = find_latest(self.directory, warn=lambda m: self._log(f"warning: {m}"))
+            found = str(ckpt.path) if ckpt else None
+        found = self._broadcast(found)
+        return Checkpoint.open(Path(found), verify=False) if found else None
+
+    # -- saving ----------------------------------------------------------------------------
+    def save(self, step: int, samples: int) -> Path:
+        """Write checkpoint ``step`` (a collective: every rank calls it at the same step)."""
+        t0 = time.perf_counter()
+        final = self.directory / step_dir_name(step)
+        tmp = self.directory / f".{final.name}.tmp"
+        if self.rank == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for stale in self.directory.glob(".step_*.tmp"):
+                shutil.rmtree(stale, ignore_errors=True)  # a save that died half-way
+            tmp.mkdir()
+        self._barrier()  # the temporary directory exists, and empty
+        _write_bytes(tmp / rank_file(self.rank), _torch_bytes(
+            {"rank": self.rank, "world_size": self.world_size, "rng": rng_state(),
+             "data": self.loader.state_dict(), "steps_per_epoch": self.loader.steps_per_epoch}))
+        if self.rank == 0:
+            self._write_shared(tmp)
+        self._barrier()  # every rank's file is on disk
+        if self.rank == 0:
+            self._commit(tmp, final, step, samples)
+            self._prune()
+        self.last_saved = final
+        self.save_seconds.append(time.perf_counter() - t0)
+        return final
+
+    def _write_shared(self, tmp: Path) -> None:
+        from safetensors.torch import save as safetensors_bytes
+
+        from runtime.model import save_hf_state_dict
+        _write_bytes(tmp / MODEL_FILE, safetensors_bytes(save_hf_state_dict(self.model)))
+        config = hf_config_dict(self.model.config)
+        _write_bytes(tmp / HF_CONFIG_FILE, (json.dumps(config, indent=2) + "\n").encode())
+        _write_bytes(tmp / OPTIMIZER_FILE, _torch_bytes(_to_cpu(self.optimizer.state_dict())))
+        _write_bytes(tmp / STATE_FILE, _torch_bytes(
+            {name: _to_cpu(part.state_dict()) for name, part in self.states.items()}))
+        for name, make in self.files.items():
+            data = make()
+            if data is not None:
+                _write_bytes(tmp / name, data)
+
+    def _commit(self, tmp: Path, final: Path, step: int, samples: int) -> None:
+        missing = [rank_file(r) for r in range(self.world_size) if not (tmp / rank_file(r)).is_file()]
+        if missing:
+            raise CheckpointError(
+                f"{tmp}: rank file(s) {', '.join(missing[:8])} did not arrive: the checkpoint "
+                f"directory must be one that every node sees (train.checkpoint_dir on a "
+                f"shared file system)")
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+                 for p in sorted(tmp.iterdir())}
+        manifest = {"format": FORMAT, "step": step, "samples": samples,
+                    "world_size": self.world_size,
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
+        _write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+        _fsync_dir(tmp)
+        if final.exists():  # the same step written again after a resume from an older one
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.directory)
+
+    def _prune(self) -> None:
+        complete = [p for p in list_checkpoints(self.directory) if (p / MANIFEST).is_file()]
+        for old in complete[self.keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    # -- restoring -------------------------------------------------------------------------
+    def restore(self, ckpt: Checkpoint) -> list[str]:
+        """Load ``ckpt`` into the parts; returns notes on what differs from an exact resume
+        (another world size). Raises CheckpointError naming the file on a mismatch."""
+        from runtime.model import load_hf_state_dict
+        notes: list[str] = []
+        try:
+            load_hf_state_dict(self.model, ckpt.model_state())
+        except (ValueError, OSError) as e:
+            raise CheckpointError(f"{ckpt.path / MODEL_FILE}: does not fit this model ({e})") from e
+        try:
+            self.optimizer.load_state_dict(ckpt.optimizer_state())
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"{ckpt.path / OPTIMIZER_FILE}: does not fit this optimizer "
+                                  f"({e}); resume with the checkpoint's optim.name") from e
+        saved = ckpt.train_state()
+        for name, part in self.states.items():
+            if name not in saved:
+                raise CheckpointError(f"{ckpt.path / STATE_FILE}: has no '{name}' state")
+            part.load_state_dict(saved[name])
+        mine = ckpt.rank_state(self.rank)
+        if mine is not None:
+            set_rng_state(mine["rng"])
+        else:
+            notes.append(f"rank {self.rank} has no RNG state in the checkpoint (written by "
+                         f"{ckpt.world_size} ranks): its dropout draws start from the seed")
+        data = (mine or ckpt.rank_state(0))["data"]
+        if ckpt.world_size == self.world_size:
+            self.loader.load_state_dict(data)
+        else:
+            notes.append(self._remap_data(data, ckpt.rank_state(0)["steps_per_epoch"],
+                                          ckpt.world_size))
+        return notes
+
+    def _remap_data(self, saved: dict, saved_steps: int, saved_world: int) -> str:
+        """Continue a data position saved on ``saved_world`` ranks on this world size: the
+        same epoch, the same fraction of it (whole shards are dealt per rank, so the order
+        cannot be carried over)."""
+        epoch, step = int(saved["epoch"]), int(saved["step_in_epoch"])
+        mine = self.loader.state_dict()
+        steps = self.loader.plan.steps_per_epoch(epoch, mine["local_batch_size"])
+        new_step = min(steps - 1, (step * steps) // max(saved_steps, 1))
+        self.loader.load_state_dict({**mine, "epoch": epoch, "step_in_epoch": new_step})
+        return (f"world size {self.world_size} instead of the checkpoint's {saved_world}: the "
+                f"data order differs from the uninterrupted run from here on (each rank reads "
+                f"whole shards, dealt by world size) - continuing in epoch {epoch} at step "
+                f"{new_step} of {steps}, the same fraction as step {step} of {saved_steps}; "
+                f"samples near the cut may be read twice or skipped this epoch. Resume on "
+                f"{saved_world} ranks for an exact continuation")

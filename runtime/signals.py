@@ -1,0 +1,56 @@
+"""Stop requests: the signals that ask a run to checkpoint and stop, as one flag.
+
+Owns: this process's handlers for SIGTERM, SIGINT, SIGHUP and SIGUSR1 (``install``) - what
+``kill``, ``Popen.terminate()``, systemd, a closed terminal, Ctrl-C, a launcher passing a
+signal on, Slurm's time limit and its ``--signal=USR1@N`` warning send - and the first one
+received (``requested``). A handler only records the signal: the trainer asks at its logging
+points, where every rank agrees on a step to checkpoint and stop at (runtime.trainer), so a
+signal never interrupts a collective, a step or a file write half-way. A repeated signal
+changes nothing (one Ctrl-C reaches a rank from the terminal and again from the launcher).
+Never: exits, raises, does I/O in a handler, or reads the environment.
+
+The four signals mean the same here; which one arrived is kept for the messages.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Optional
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+
+_requested: Optional[int] = None
+
+
+def _handler(signum, frame) -> None:
+    global _requested
+    if _requested is None:
+        _requested = signum
+
+
+def install() -> None:
+    """Record TERM/INT/HUP/USR1 instead of dying (main thread only; a no-op elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _handler)
+
+
+def requested() -> Optional[int]:
+    """The first stop signal received (its number), or None."""
+    return _requested
+
+
+def request(signum: int = signal.SIGTERM) -> None:
+    """Record a stop request as if ``signum`` had arrived (tests, tools)."""
+    _handler(signum, None)
+
+
+def clear() -> None:
+    """Forget a recorded request (tests)."""
+    global _requested
+    _requested = None
+
+
+def name(signum: Optional[int]) -> str:
+    return signal.Signals(signum).name if signum else "none"

@@ -1,0 +1,251 @@
+"""Each rank's last word, in the run directory: who failed, who vanished, at which step.
+
+Owns:
+  * ``RankStatus``: a callback that keeps ``<run dir>/ranks/rank_<r>.json`` current - host and
+    PID at start, step and samples at every logging point (a small file replaced atomically,
+    never on an ordinary step), and how the rank ended (``finish``: its exit status, state and
+    reason; written from the failure path too);
+  * ``lost_ranks``: on a failed collective, which peers are gone (a dead PID on this host, or
+    a rank that recorded its own end) - the text the failing rank prints;
+  * ``python -m submission.rank_status RUN_DIR --rc N [--launcher-log FILE]``: after a launch,
+    the one exit status of the job (below) on stdout and, when something failed, a summary
+    naming the rank and the last completed step on stderr. The launcher's own report, when
+    captured (run_and_time.sh keeps it in ``<run dir>/launcher.log``), names the PID or task
+    that died first; it is mapped to its rank here.
+Never: steers training, talks to other ranks, or reads the environment.
+
+Why a summary after the launch: launchers end the other ranks the moment one dies (MPICH's
+mpiexec and srun --kill-on-bad-exit with SIGKILL), so the survivors cannot always speak; and
+torchrun reports 1 for any failed worker, whatever status it exited with.
+
+The job's exit status (submission/train.py's table): a rank that recorded a failure -> its
+status (2 bad input, 3 runtime failure; 3 wins); else a rank that recorded nothing (killed:
+SIGKILL, the OOM killer, a lost node) -> 3; else the status every rank recorded (the highest
+when they differ); no record at all (the launch failed before any rank wrote one) -> the
+launcher's status when it is one of ours (0-4), else 3.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from runtime.events import Event, RunState
+
+STATUS_DIR = "ranks"
+EXIT_CODES = (0, 1, 2, 3, 4)
+RUNTIME_FAILURE = 3
+
+
+def status_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / STATUS_DIR / f"rank_{rank:05d}.json"
+
+
+def _write(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(record) + "\n")
+    os.replace(tmp, path)
+
+
+def read_all(run_dir: str | Path, since: Optional[float] = None) -> dict[int, dict]:
+    """Every rank's record; with ``since`` (a launch's start, seconds since the epoch) only
+    those started by that launch - an earlier attempt in the same run directory (a resume,
+    perhaps on another world size) leaves records a summary must not count."""
+    out = {}
+    for path in sorted((Path(run_dir) / STATUS_DIR).glob("rank_*.json")):
+        try:
+            record = json.loads(path.read_text())
+            if since is not None and float(record.get("started", 0)) < since - 1.0:
+                continue
+            out[int(record["rank"])] = record
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def clear(run_dir: str | Path) -> None:
+    """Forget the records of an earlier attempt (rank 0, before this attempt's ranks write
+    theirs)."""
+    for path in (Path(run_dir) / STATUS_DIR).glob("rank_*.json"):
+        path.unlink(missing_ok=True)
+
+
+class RankStatus:
+    """Keeps this rank's status file current (see the module docstring)."""
+
+    def __init__(self, run_dir: str | Path, rank: int, world_size: int):
+        self.path = status_path(run_dir, rank)
+        self.record: dict[str, Any] = {
+            "rank": rank, "world_size": world_size, "host": socket.gethostname(),
+            "pid": os.getpid(), "started": time.time(), "state": "starting", "step": 0,
+            "samples": 0}
+        self._write()
+
+    def _write(self) -> None:
+        self.record["time"] = time.time()
+        try:
+            _write(self.path, self.record)
+        except OSError:
+            pass  # a status file is a courtesy: never fail a run over it
+
+    def on_event(self, event: Event, state: RunState) -> None:
+        if event in (Event.LOG, Event.RUN_START, Event.EVAL_STOP):
+            self.record.update(state="training", step=state.step, samples=state.samples)
+            self._write()
+
+    def finish(self, exit_code: int, state: str, reason: str = "") -> None:
+        """How this rank ended: exit status, "finished" | "stopped" | "failed", and why."""
+        self.record.update(exit=exit_code, state=state, reason=reason[-2000:])
+        self._write()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def lost_ranks(run_dir: str | Path, me: int) -> list[str]:
+    """Peers of rank ``me`` that are gone or said they stopped, one phrase each."""
+    host = socket.gethostname()
+    out = []
+    for rank, rec in sorted(read_all(run_dir).items()):
+        if rank == me:
+            continue
+        where = f"pid {rec.get('pid')} on {rec.get('host')}"
+        if "exit" in rec:
+            out.append(f"rank {rank} ({where}) ended with status {rec['exit']} "
+                       f"({rec.get('state')}: {rec.get('reason', '')[:200]}) after step "
+                       f"{rec.get('step')}")
+        elif rec.get("host") == host and not _alive(int(rec.get("pid", 0))):
+            out.append(f"rank {rank} ({where}) is gone without a word after step "
+                       f"{rec.get('step')}: killed by a signal (SIGKILL, the OOM killer) or "
+                       f"crashed in native code")
+    return out
+
+
+# ------------------------------------------------------------------ after the launch
+
+_LAUNCHER_PATTERNS = (  # (regex, which group is the PID / the rank)
+    # MPICH hydra:   =   PID 2205 RUNNING AT vm \n =   EXIT CODE: 9
+    (re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*EXIT CODE: (\d+)"), "pid"),
+    # Open MPI:      process rank 1 with PID 2205 on node vm exited on signal 9 (Killed)
+    (re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on signal (\d+)"),
+     "rank"),
+    # srun:          srun: error: vm: task 1: Killed
+    (re.compile(r"srun: error: (\S+): tasks? (\d+): (\w[\w ]*)"), "rank"),
+    # torchrun:      rank      : 1 (local_rank: 1) \n exitcode  : -9 (pid: 2205)
+    (re.compile(r"rank\s*: (\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*: (-?\d+) \(pid: (\d+)\)"),
+     "rank"),
+)
+
+
+def launcher_culprit(text: str, records: dict[int, dict]) -> Optional[str]:
+    """The rank the launcher says ended first, as a phrase; None when it says nothing we read."""
+    by_pid = {int(r.get("pid", -1)): k for k, r in records.items()}
+    for pattern, kind in _LAUNCHER_PATTERNS:
+        m = pattern.search(text)
+        if not m:
+            continue
+        if kind == "pid":
+            pid, host, code = int(m.group(1)), m.group(2), int(m.group(3))
+            rank = by_pid.get(pid)
+            who = f"rank {rank}" if rank is not None else "a rank"
+            how = _signal_phrase(code) if code > 0 else f"exit status {code}"
+            return f"{who} (pid {pid} on {host}) ended first: {how}"
+        if pattern.pattern.startswith("process rank"):
+            return (f"rank {m.group(1)} (pid {m.group(2)} on {m.group(3)}) ended first: "
+                    f"{_signal_phrase(int(m.group(4)))}")
+        if pattern.pattern.startswith("srun"):
+            return f"rank {m.group(2)} (task on {m.group(1)}) ended first: {m.group(3).strip()}"
+        code = int(m.group(2))
+        how = _signal_phrase(-code) if code < 0 else f"exit status {code}"
+        return f"rank {m.group(1)} (pid {m.group(3)}) ended first: {how}"
+    return None
+
+
+def _signal_phrase(code: int) -> str:
+    import signal
+    try:
+        name = signal.Signals(code).name
+    except ValueError:
+        return f"status {code}"
+    hint = " (kill -9, the OOM killer or a lost node)" if name == "SIGKILL" else ""
+    return f"killed by {name}{hint}"
+
+
+def job_exit_code(records: dict[int, dict], world_size: Optional[int], launcher_rc: int) -> int:
+    if not records:
+        return launcher_rc if launcher_rc in EXIT_CODES else RUNTIME_FAILURE
+    world = world_size or max(int(r.get("world_size", 1)) for r in records.values())
+    failed = [int(r["exit"]) for r in records.values() if r.get("state") == "failed"
+              and "exit" in r]
+    if failed:  # the root cause; ranks without a record were ended by the launcher after it
+        return RUNTIME_FAILURE if RUNTIME_FAILURE in failed else max(failed)
+    codes = [records[r].get("exit") if r in records else None for r in range(world)]
+    if None in codes:
+        return RUNTIME_FAILURE  # a rank died without a word
+    return codes[0] if len(set(codes)) == 1 else max(codes)
+
+
+def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
+            since: Optional[float] = None) -> tuple[int, list[str]]:
+    records = read_all(run_dir, since)
+    code = job_exit_code(records, None, launcher_rc)
+    lines: list[str] = []
+    if code in (0, 1) or not records:
+        return code, lines
+    text = ""
+    if launcher_log is not None and launcher_log.is_file():
+        text = launcher_log.read_text(errors="replace")
+    culprit = launcher_culprit(text, records)
+    if culprit:
+        lines.append(culprit)
+    last = max((int(r.get("step", 0)) for r in records.values()), default=0)
+    for rank, rec in sorted(records.items()):
+        where = f"pid {rec.get('pid')} on {rec.get('host')}"
+        if "exit" in rec:
+            lines.append(f"rank {rank} ({where}): exit {rec['exit']}, {rec.get('state')} after "
+                         f"step {rec.get('step')}" + (f": {rec['reason'].splitlines()[-1]}"
+                                                      if rec.get("reason") else ""))
+        else:
+            lines.append(f"rank {rank} ({where}): no exit record - killed (SIGKILL, OOM, lost "
+                         f"node) or stopped by the launcher after another rank ended; last "
+                         f"logged step {rec.get('step')}")
+    lines.append(f"last completed step logged: {last}; exit status {code} "
+                 f"({_meaning(code)})")
+    return code, lines
+
+
+def _meaning(code: int) -> str:
+    return {0: "success", 1: "target not reached", 2: "bad input",
+            3: "runtime failure", 4: "stopped by a signal"}.get(code, "?")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m submission.rank_status",
+                                 description="the job's exit status from its ranks' status files")
+    ap.add_argument("run_dir")
+    ap.add_argument("--rc", type=int, required=True, help="the launcher's exit status")
+    ap.add_argument("--launcher-log", type=Path, help="the launcher's captured output")
+    ap.add_argument("--since", type=float, help="the launch's start (seconds since the "
+                    "epoch): records of earlier attempts are ignored")
+    a = ap.parse_args(argv)
+    code, lines = summary(a.run_dir, a.rc, a.launcher_log, a.since)
+    for line in lines:
+        print(f"run_and_time.sh: {line}", file=sys.stderr)
+    print(code)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Interrupted runs end to end, through run_and_time.sh with 2 MPI ranks on real shards:
+
+* SIGTERM to run_and_time.sh (what kill, Popen.terminate() and systemd send): every rank
+  checkpoints and exits 4, nothing is left running; rerunning the same command resumes, and
+  the loss, gradient-norm and eval trajectory equals the uninterrupted run's bit for bit -
+  with ``local`` balancing and gradient accumulation; the MLPerf log is one run with its
+  interruption and resume recorded, and passes the compliance checker;
+* a rank SIGKILLed mid-run: the job ends within 60 s with exit 3 and a message naming the
+  rank and the last completed step; the rerun resumes from the last checkpoint (the steps
+  since are trained again) and ends equal to the uninterrupted run;
+* the checkpoint of 2 ranks (the reference run's) resumed on 1: it works and says that the
+  data order changes;
+* results are never overwritten: a directory holding a finished run is refused (exit 2, the
+  log untouched), two runs started in the same second get two directories, and
+  ``-- train.output_dir`` is the run directory run_and_time.sh reports.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_train_e2e import CPU_CONFIG, ROOT, compliance, mllog_events
+
+pytestmark = pytest.mark.skipif(not (Path(sys.executable).parent / "mpiexec").exists(),
+                                reason="pip mpich's mpiexec missing")
+
+EVERY = 80   # samples between checkpoints: every 5 steps of 16
+STEPS = 25   # evaluations at steps 10, 20 and 25 (the budget)
+
+
+def overrides(data_dir: Path, **extra) -> list[str]:
+    values = {
+        "data.data_dir": f'"{data_dir}"', "model.num_hidden_layers": 1,
+        "model.hidden_size": 64, "model.num_attention_heads": 2, "model.intermediate_size": 128,
+        "train.global_batch_size": 16, "train.gradient_accumulation_steps": 2,
+        "data.balance": '"local"', "train.eval_iter_start_samples": 160,
+        "train.eval_iter_samples": 160, "train.max_steps": STEPS, "train.log_every_steps": 5,
+        "data.eval_batch_size": 32, "schedule.warmup_steps": 5, "schedule.total_steps": 200,
+        "train.target_mlm_accuracy": 0.99, "train.checkpoint_every_samples": EVERY,
+        "system.dist_timeout_s": 30,
+    }
+    values.update(extra)
+    return [f"{k}={v}" for k, v in values.items()]
+
+
+def start(run_dir: Path, extra: list[str], **env_extra) -> subprocess.Popen:
+    env = dict(os.environ, CONFIG=str(CPU_CONFIG), SEED="7", RUN_DIR=str(run_dir), **env_extra)
+    return subprocess.Popen(["bash", str(ROOT / "run_and_time.sh"), "--", *extra], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"run_and_time.sh hung:\n{out[-3000:]}\n{err[-3000:]}")
+    return proc.returncode, out, err
+
+
+def run(run_dir: Path, extra: list[str], **env_extra) -> tuple[int, str, str]:
+    return finish(start(run_dir, extra, **env_extra))
+
+
+def steps(run_dir: Path) -> dict[int, tuple]:
+    """step -> (loss, grad_norm) from metrics.jsonl; a step trained twice keeps its last
+    record (the resumed attempt's)."""
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] == "step":
+            out[r["step"]] = (r["loss"], r["grad_norm"])
+    return out
+
+
+def evals(run_dir: Path) -> list[tuple]:
+    return [(r["samples"], r["eval_accuracy"]) for r in map(json.loads,
+            (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 180) -> int:
+    deadline = time.time() + timeout
+    path = run_dir / "metrics.jsonl"
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended early: {proc.communicate()}")
+        if path.exists():
+            done = [json.loads(x)["step"] for x in path.read_text().splitlines()
+                    if '"kind": "step"' in x]
+            if done and max(done) >= step:
+                return max(done)
+        time.sleep(0.2)
+    pytest.fail(f"step {step} not reached in {timeout} s")
+
+
+def ranks_left(run_dir: Path) -> list[str]:
+    return subprocess.run(["pgrep", "-f", f"submission.train.*{run_dir}"], capture_output=True,
+                          text=True).stdout.split()
+
+
+@pytest.fixture(scope="module")
+def reference(small_dataset, tmp_path_factory):
+    """The uninterrupted run."""
+    run_dir = tmp_path_factory.mktemp("ref") / "run"
+    rc, out, err = run(run_dir, overrides(small_dataset))
+    assert rc == 1, out[-3000:] + err[-3000:]     # 25 steps, target 0.99: the budget ends it
+    return run_dir
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_every_rank_and_the_rerun_continues_exactly(small_dataset,
+                                                                       reference, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, overrides(small_dataset))
+    wait_for_step(run_dir, 12, proc)
+    proc.send_signal(signal.SIGTERM)               # to run_and_time.sh only
+    sent = time.time()
+    rc, out, err = finish(proc)
+    assert rc == 4, out[-3000:] + err[-3000:]
+    assert time.time() - sent < 60
+    assert "got SIGTERM" in err and "stopping on signal" in out, out[-2000:] + err[-2000:]
+    assert not ranks_left(run_dir)
+    status = [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank_*"))]
+    assert [s["exit"] for s in status] == [4, 4] and len({s["step"] for s in status}) == 1
+    stopped_at = status[0]["step"]
+    events = mllog_events(run_dir / "mlperf_bert.log")
+    assert [e["key"] for e in events].count("run_stop") == 0
+    assert events[-1]["key"] == "presto_interrupted"
+
+    rc, out, err = run(run_dir, overrides(small_dataset))   # the same command again
+    assert rc == 1, out[-3000:] + err[-3000:]
+    assert f"resuming from {run_dir / 'checkpoints'}" in out
+    want, got = steps(reference), steps(run_dir)
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    assert got == want                                    # every step, bit for bit
+    assert evals(run_dir) == evals(reference)
+    keys = [e["key"] for e in mllog_events(run_dir / "mlperf_bert.log")]
+    assert keys.count("run_start") == keys.count("run_stop") == keys.count("init_start") == 1
+    assert keys.index("presto_interrupted") < keys.index("presto_resumed")
+    resumed = next(e for e in mllog_events(run_dir / "mlperf_bert.log")
+                   if e["key"] == "presto_resumed")
+    assert resumed["metadata"]["step"] == stopped_at and resumed["metadata"]["log_continued"]
+    check = compliance(run_dir / "mlperf_bert.log")
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_named_and_the_rerun_resumes_from_the_last_checkpoint(
+        small_dataset, reference, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, overrides(small_dataset))
+    wait_for_step(run_dir, 13, proc)
+    pid = json.loads((run_dir / "ranks" / "rank_00001.json").read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    rc, out, err = finish(proc)
+    assert time.time() - killed < 60
+    assert rc == 3, out[-3000:] + err[-3000:]
+    assert f"rank 1 (pid {pid}" in err and "killed by SIGKILL" in err, err[-3000:]
+    assert "last completed step logged" in err
+    assert not ranks_left(run_dir)
+    lost_from = max(steps(run_dir))
+    rc, out, err = run(run_dir, overrides(small_dataset))
+    assert rc == 1, out[-3000:] + err[-3000:]
+    resumed = next(e for e in mllog_events(run_dir / "mlperf_bert.log")
+                   if e["key"] == "presto_resumed")["metadata"]
+    assert resumed["step"] % 5 == 0 and resumed["step"] <= lost_from  # the last checkpoint
+    assert steps(run_dir) == steps(reference) and evals(run_dir)[-1] == evals(reference)[-1]
+
+
+@pytest.mark.slow
+def test_resuming_on_another_world_size_works_and_says_the_order_changes(small_dataset,
+                                                                       reference, tmp_path):
+    """The 2-rank reference run's checkpoint of step 20, continued on 1 rank."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copytree(reference / "checkpoints" / "step_00000020",
+                    run_dir / "checkpoints" / "step_00000020")
+    rc, out, err = run(run_dir, overrides(small_dataset, **{"system.ranks_per_node": 1,
+                                                            "data.balance": '"random"'}))
+    assert rc == 1, out[-3000:] + err[-3000:]
+    assert "world size 1 instead of the checkpoint's 2" in out
+    assert "data order differs" in out
+    assert "resuming from" in out and "step 20" in out
+    assert min(steps(run_dir)) == 21 and max(steps(run_dir)) == STEPS
+
+
+def test_results_are_never_overwritten(small_dataset, tmp_path):
+    """A finished run's directory is refused before anything is written; run_and_time.sh
+    makes distinct directories for runs started in the same second; `-- train.output_dir` is
+    the run directory (not silently replaced)."""
+    done = tmp_path / "done"
+    done.mkdir()
+    log = done / "mlperf_bert.log"
+    log.write_text(':::MLLOG {"key": "run_start"}\n:::MLLOG {"key": "run_stop", '
+                   '"metadata": {"status": "success"}}\n')
+    before = log.read_bytes()
+    rc, out, err = run(done, overrides(small_dataset, **{"train.max_steps": 2}))
+    assert rc == 2, out[-2000:] + err[-2000:]
+    assert "holds a finished run" in err and log.read_bytes() == before
+    assert not (done / "metrics.jsonl").exists()
+    # -- train.output_dir=X: run_and_time.sh says X and the ranks write there.
+    target = tmp_path / "chosen"
+    env = dict(os.environ, CONFIG=str(CPU_CONFIG), SEED="7")
+    proc = subprocess.run(["bash", str(ROOT / "run_and_time.sh"), "--",
+                           *overrides(small_dataset, **{"train.max_steps": 2}),
+                           f"train.output_dir={target}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert f"output {target}" in proc.stderr and (target / "mlperf_bert.log").is_file()
+    both = subprocess.run(["bash", str(ROOT / "run_and_time.sh"), "--",
+                           f"train.output_dir={target}"], cwd=ROOT,
+                          env=dict(env, RUN_DIR=str(tmp_path / "other")),
+                          capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "two places for one run" in both.stderr
