@@ -289,7 +289,7 @@ while not got and time.time() < deadline:
     time.sleep(0.05)
 time.sleep(0.5)   # "checkpointing": run_and_time.sh must wait for us
 for i in range(2000):   # the ranks still talk after the signal (through the launcher's pipes)
-    print(f"stub still writing {i}", flush=True)
+    print(f"stub still writing {{i}}", flush=True)
 with open(os.environ["STUB_SIGNALS"], "a") as f:
     f.write(" ".join(got) + "\\n")
 sys.exit(4)
