@@ -267,6 +267,7 @@ def test_ablation_and_sweep_tiny(tmp_path, small_dataset, capsys):
     assert rc == 0
     rec = json.loads(out.read_text())
     assert [r["lr"] for r in rec["rows"]] == [1e-3, 3e-3]
-    assert all(r["status"] == "aborted" and len(r["eval_history"]) == 2 for r in rec["rows"])
+    assert all(r["status"] == "aborted" and [h[0] for h in r["eval_history"]] == [32]
+               for r in rec["rows"])
     best = max(rec["rows"], key=lambda r: r["eval_accuracy"])
     assert rec["chosen_lr"] == best["lr"]
