@@ -390,6 +390,28 @@ def wait(ready, timeout_s: float, what: str, cluster: SlurmCluster) -> None:
 
 # ------------------------------------------------------------------------------- pytest fixture
 
+def cluster_for_tests(start_fn, why_not, prefix: str, label: str):
+    """The body of a cluster fixture (this module's and tests/slurm_two_nodes.py's): skips
+    with the reason where the cluster cannot be had here, fails where it can and does not
+    start, and always tears down what it started."""
+    import pytest
+    if os.environ.get("PRESTO_SLURM_TESTS", "1") == "0":
+        pytest.skip("PRESTO_SLURM_TESTS=0")
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        cluster = start_fn(root)
+    except ClusterError as e:
+        pytest.fail(f"Slurm is available here but the {label} did not start: {e}")
+    try:
+        yield cluster
+    finally:
+        for note in cluster.stop(remove=True):
+            print(f"{label} teardown: {note}", file=sys.stderr)
+
+
 try:
     import pytest
 except ImportError:  # the command line below needs no pytest
@@ -400,28 +422,17 @@ if pytest is not None:
     def slurm_cluster():
         """A real one-node Slurm cluster for the whole test session (skips with the reason when
         Slurm cannot be installed here; fails when installed daemons do not come up)."""
-        if os.environ.get("PRESTO_SLURM_TESTS", "1") == "0":
-            pytest.skip("PRESTO_SLURM_TESTS=0")
-        reason = ensure_installed()
-        if reason:
-            pytest.skip(reason)
-        root = Path(tempfile.mkdtemp(prefix="presto-slurm-"))
-        try:
-            cluster = start(root)
-        except ClusterError as e:
-            pytest.fail(f"Slurm is installed but the cluster did not start: {e}")
-        try:
-            yield cluster
-        finally:
-            notes = cluster.stop(remove=True)
-            for note in notes:
-                print(f"slurm_cluster teardown: {note}", file=sys.stderr)
+        yield from cluster_for_tests(start, ensure_installed, "presto-slurm-",
+                                     "one-node Slurm cluster")
 
 
 # ------------------------------------------------------------------------------- command line
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="start/stop a private one-node Slurm cluster")
+def command_line(argv, what: str, start_fn, load_fn, why_not, state_file: str,
+                 started=lambda cluster: None) -> int:
+    """``start DIR`` / ``stop DIR`` for a private cluster (this module's and
+    tests/slurm_two_nodes.py's); ``started`` prints how to use a started one."""
+    ap = argparse.ArgumentParser(description=f"start/stop a private {what}")
     ap.add_argument("action", choices=["start", "stop"])
     ap.add_argument("dir", type=Path, help="its files (created by start, removed by stop)")
     args = ap.parse_args(argv)
@@ -430,23 +441,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.dir} is not empty: stop that cluster or pick a new directory",
                   file=sys.stderr)
             return 2
-        reason = ensure_installed()
+        reason = why_not()
         if reason:
             print(reason, file=sys.stderr)
             return 1
         try:
-            cluster = start(args.dir)
+            cluster = start_fn(args.dir)
         except ClusterError as e:
             print(e, file=sys.stderr)
             return 1
-        print(f"export SLURM_CONF={cluster.conf}")
+        started(cluster)
         return 0
-    if not (args.dir / STATE_FILE).is_file():
-        print(f"no {STATE_FILE} in {args.dir}: nothing started there", file=sys.stderr)
+    if not (args.dir / state_file).is_file():
+        print(f"no {state_file} in {args.dir}: nothing started there", file=sys.stderr)
         return 1
-    for note in SlurmCluster.load(args.dir.resolve()).stop(remove=True):
+    for note in load_fn(args.dir.resolve()).stop(remove=True):
         print(note, file=sys.stderr)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command_line(argv, "one-node Slurm cluster", start, SlurmCluster.load,
+                        ensure_installed, STATE_FILE,
+                        lambda cluster: print(f"export SLURM_CONF={cluster.conf}"))
 
 
 if __name__ == "__main__":

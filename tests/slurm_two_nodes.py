@@ -44,7 +44,6 @@ Needs root (CAP_NET_ADMIN, mounts), iproute2, util-linux ``unshare``, slurm-wlm 
 """
 from __future__ import annotations
 
-import argparse
 import atexit
 import json
 import os
@@ -52,7 +51,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -330,56 +328,26 @@ if pytest is not None:
         """A real two-node cluster for one test module (skips with the reason where Slurm or
         network namespaces cannot be had; fails when they can and the cluster does not start).
         """
-        if os.environ.get("PRESTO_SLURM_TESTS", "1") == "0":
-            pytest.skip("PRESTO_SLURM_TESTS=0")
-        why = unavailable() or sc.ensure_installed()
-        if why:
-            pytest.skip(why)
-        root = Path(tempfile.mkdtemp(prefix="presto-slurm2-"))
-        try:
-            cluster = start(root)
-        except sc.ClusterError as e:
-            pytest.fail(f"Slurm and namespaces are here but the two-node cluster did not "
-                        f"start: {e}")
-        try:
-            yield cluster
-        finally:
-            for note in cluster.stop(remove=True):
-                print(f"slurm_two_nodes teardown: {note}", file=sys.stderr)
+        yield from sc.cluster_for_tests(start, _why_not, "presto-slurm2-",
+                                        "two-node Slurm cluster")
 
 
 # -- command line ------------------------------------------------------------------------------
 
+def _why_not() -> str | None:
+    return unavailable() or sc.ensure_installed()
+
+
+def _started(cluster: TwoNodeCluster) -> None:
+    _unguard(cluster)   # it outlives this command: `stop` removes it
+    print(f"export SLURM_CONF={cluster.conf}\n"
+          f"# client commands run in the head namespace, e.g.:\n"
+          f"ip netns exec {cluster.netns} sinfo")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="start/stop a private two-node Slurm cluster")
-    ap.add_argument("action", choices=["start", "stop"])
-    ap.add_argument("dir", type=Path, help="its files (created by start, removed by stop)")
-    args = ap.parse_args(argv)
-    if args.action == "start":
-        if args.dir.exists() and any(args.dir.iterdir()):
-            print(f"{args.dir} is not empty: stop that cluster or pick a new directory",
-                  file=sys.stderr)
-            return 2
-        why = unavailable() or sc.ensure_installed()
-        if why:
-            print(why, file=sys.stderr)
-            return 1
-        try:
-            cluster = start(args.dir)
-        except sc.ClusterError as e:
-            print(e, file=sys.stderr)
-            return 1
-        _unguard(cluster)   # it outlives this command: `stop` removes it
-        print(f"export SLURM_CONF={cluster.conf}\n"
-              f"# client commands run in the head namespace, e.g.:\n"
-              f"ip netns exec {cluster.netns} sinfo")
-        return 0
-    if not (args.dir / STATE_FILE).is_file():
-        print(f"no {STATE_FILE} in {args.dir}: nothing started there", file=sys.stderr)
-        return 1
-    for note in TwoNodeCluster.load(args.dir.resolve()).stop(remove=True):
-        print(note, file=sys.stderr)
-    return 0
+    return sc.command_line(argv, "two-node Slurm cluster", start, TwoNodeCluster.load,
+                           _why_not, STATE_FILE, _started)
 
 
 if __name__ == "__main__":

@@ -155,6 +155,33 @@ def test_sigterm_checkpoints_every_rank_and_the_rerun_continues_exactly(small_da
 
 
 @pytest.mark.slow
+def test_sigterm_through_torchrun_checkpoints_and_the_rerun_continues_exactly(small_dataset,
+                                                                             reference, tmp_path):
+    """The torchrun path: run_and_time.sh passes SIGTERM to torchrun's agent, which sends it
+    to its workers and waits for them; both ranks checkpoint and exit 4, and although torchrun
+    itself reports 1 for a stopped run, run_and_time.sh exits 4 (from the ranks' records). The
+    rerun, under mpiexec, continues bit for bit: the launcher is not part of the state."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, overrides(small_dataset, **{"system.launcher": '"torchrun"'}))
+    wait_for_step(run_dir, 12, proc)
+    proc.send_signal(signal.SIGTERM)
+    sent = time.time()
+    rc, out, err = finish(proc)
+    assert rc == 4, out[-3000:] + err[-3000:]
+    assert time.time() - sent < 60
+    assert "got SIGTERM" in err and "SIGTERM to torchrun" in err, err[-2000:]
+    assert "stopping on signal" in out + err, out[-2000:] + err[-2000:]
+    assert not ranks_left(run_dir)
+    status = [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank_*"))]
+    assert [s["exit"] for s in status] == [4, 4] and len({s["step"] for s in status}) == 1
+
+    rc, out, err = run(run_dir, overrides(small_dataset))
+    assert rc == 1, out[-3000:] + err[-3000:]
+    assert f"resuming from {run_dir / 'checkpoints'}" in out
+    assert steps(run_dir) == steps(reference) and evals(run_dir) == evals(reference)
+
+
+@pytest.mark.slow
 def test_a_killed_rank_is_named_and_the_rerun_resumes_from_the_last_checkpoint(
         small_dataset, reference, tmp_path):
     run_dir = tmp_path / "run"
