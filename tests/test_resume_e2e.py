@@ -5,6 +5,8 @@
   the loss, gradient-norm and eval trajectory equals the uninterrupted run's bit for bit -
   with ``local`` balancing and gradient accumulation; the MLPerf log is one run with its
   interruption and resume recorded, and passes the compliance checker;
+* the same through torchrun (SIGTERM to its agent, which forwards it to the workers): exit 4
+  from the ranks' records although torchrun reports 1, and the rerun continues exactly;
 * a rank SIGKILLed mid-run: the job ends within 60 s with exit 3 and a message naming the
   rank and the last completed step; the rerun resumes from the last checkpoint (the steps
   since are trained again) and ends equal to the uninterrupted run;
