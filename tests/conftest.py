@@ -6,6 +6,7 @@ seq 128. Built in a second or two; test files that need real shards use it read-
 """
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,18 @@ import pytest
 # A real one-node Slurm cluster (munged, slurmctld, slurmd by PID) shared by the whole session:
 # test_dist's srun tests and test_slurm use it.
 from slurm_cluster import slurm_cluster  # noqa: F401,E402
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+
+
+def default_stop_signals() -> None:
+    """``preexec_fn`` for a script whose signal handling a test checks: the stop signals at
+    their default disposition, whatever this suite inherited. A signal ignored when bash
+    starts cannot be trapped (bash(1)), and the suite may run ignoring some: `nohup` ignores
+    HUP, a background job of a non-interactive shell (`make test &`) ignores INT."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
 
 # Options of the shared small set; tests that rebuild it for comparisons use the same ones.
 SMALL_DATASET_OPTIONS = dict(max_docs=400, shards=4, eval_samples=64, dupe_factor=2,

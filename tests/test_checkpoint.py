@@ -165,6 +165,24 @@ def test_format_atomic_keep_and_damaged_checkpoints(small_dataset, single_ctx, t
     assert find_latest(root, warn=lambda m: None).step == 4
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@CUDA
+def test_cuda_rng_state_round_trips_through_weights_only(tmp_path):
+    """On a GPU the checkpoint holds every device's generator (dropout masks on CUDA come from
+    it): restored, the next CUDA draws are the same."""
+    torch.cuda.init()
+    torch.cuda.manual_seed_all(4)
+    torch.save(rng_state(), tmp_path / "rng.pt")
+    want = torch.rand(5, device="cuda")
+    torch.cuda.manual_seed_all(9)
+    state = torch.load(tmp_path / "rng.pt", weights_only=True)
+    assert "cuda" in state and len(state["cuda"]) == torch.cuda.device_count()
+    set_rng_state(state)
+    assert torch.equal(torch.rand(5, device="cuda"), want)
+
+
 def test_rng_states_round_trip_through_weights_only(tmp_path):
     torch.manual_seed(1), np.random.seed(2), random.seed(3)
     torch.save(rng_state(), tmp_path / "rng.pt")
@@ -175,18 +193,31 @@ def test_rng_states_round_trip_through_weights_only(tmp_path):
     assert torch.equal(want[0], got[0]) and np.array_equal(want[1], got[1]) and want[2] == got[2]
 
 
-@pytest.mark.parametrize("backend", ["reference", "foreach", "fused"])
+def _apex_available() -> bool:
+    from kernels import optim_apex
+    return optim_apex.available()
+
+
+@pytest.mark.parametrize("backend,device", [
+    ("reference", "cpu"), ("foreach", "cpu"), ("fused", "cpu"),
+    pytest.param("reference", "cuda", marks=CUDA), pytest.param("foreach", "cuda", marks=CUDA),
+    pytest.param("fused", "cuda", marks=CUDA),
+    pytest.param("apex", "cuda", marks=[CUDA, pytest.mark.skipif(
+        not _apex_available(), reason="NVIDIA apex does not import here")])])
 @pytest.mark.parametrize("name", ["lamb", "adamw", "lars"])
-def test_optimizer_state_round_trips_for_every_backend(tmp_path, backend, name):
+def test_optimizer_state_round_trips_for_every_backend(tmp_path, backend, device, name):
     """Save after 3 steps, load into a new optimizer (on a fresh model copy), take 2 more
     steps with both: bit-identical parameters. The fused backend's state lives in flat
-    buffers with 0-dim step counts; the saved dict has per-tensor copies."""
+    buffers with 0-dim step counts; the saved dict has per-tensor copies (on CPU: the
+    checkpoint is device-independent); apex's state is its own."""
     from runtime.checkpoint import _to_cpu
     from runtime.model_config import BertConfig
+    if backend == "apex" and name == "lars":
+        pytest.skip("apex offers LAMB and AdamW only")
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                      intermediate_size=32, max_position_embeddings=16)
-    model = BertForPreTraining(cfg)
+    model = BertForPreTraining(cfg).to(device)
     opt = build_optimizer(name, list(model.named_parameters()), lr=0.01, backend=backend)
     grads = [[torch.randn_like(p) for p in model.parameters()] for _ in range(5)]
 
@@ -198,7 +229,7 @@ def test_optimizer_state_round_trips_for_every_backend(tmp_path, backend, name):
     for g in grads[:3]:
         step(model, opt, g)
     torch.save(_to_cpu(opt.state_dict()), tmp_path / "opt.pt")
-    twin = BertForPreTraining(cfg)
+    twin = BertForPreTraining(cfg).to(device)
     twin.load_state_dict(model.state_dict())
     opt2 = build_optimizer(name, list(twin.named_parameters()), lr=0.01, backend=backend)
     opt2.load_state_dict(torch.load(tmp_path / "opt.pt", weights_only=True))

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import default_stop_signals
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "run_and_time.sh"
 RESULT_RE = re.compile(r"^RESULT,bert,(\d+),(\d+),(\S+),(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (AM|PM))$")
@@ -321,7 +323,7 @@ def test_signals_reach_the_launcher_and_the_script_waits_for_it(sandbox, sig, la
                STUB_SIGNALS=str(root / "got"), STUB_READY=str(ready))
     proc = subprocess.Popen([str(SCRIPT)], env=env, cwd=root, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_stop_signals)
     deadline = time.time() + 30
     while not ready.exists() and time.time() < deadline:
         time.sleep(0.05)

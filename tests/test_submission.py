@@ -23,6 +23,7 @@ from runtime.env import LaunchError, cache_cleared
 from submission import report as rep
 from submission import slurm
 from submission.sysinfo import collect, system_description
+from conftest import default_stop_signals
 from test_mllog import CLOSED_ACCS, PROXY, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -598,7 +599,8 @@ def test_run_sub_passes_a_signal_to_the_experiment_and_starts_no_other(stubs, tm
              SRUN=str(stub), SCONTROL=str(bindir / "scontrol"), PYTHONPATH=str(ROOT),
              STUB_LAUNCHES=str(launches), STUB_SIGNALS=str(got))
     proc = subprocess.Popen(["bash", str(RUN_SUB)], env=e, cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_stop_signals)
     deadline = time.time() + 60
     while not launches.exists() and time.time() < deadline:
         time.sleep(0.05)
