@@ -8,14 +8,14 @@ Written the way the PyTorch tutorials teach it, on purpose without any of the ru
 machinery; only what makes the comparison *fair* is shared with the runtime:
 
   same     config file (runtime.config), model class/size/init (runtime.trainer.build_model
-           under ``torch.manual_seed(train.seed)``; always with ``model.attention=padded``:
-           the plain recipe computes every padded position, whatever the config says), training shards, global batch, LR schedule
-           function (runtime.schedules), gradient clip norm, eval set/batches and accuracy
-           (loaders.dataset.load_eval_batches, Σcorrect/Σmasked all-reduced), eval cadence
-           (train.eval_cadence()), stopping rule (target or max_steps/max_samples_termination),
-           threads per rank (cores // local ranks), and timing: the clock starts after model,
-           data and optimizer are built and a barrier (MLPerf's run_start) and stops at the eval
-           that reaches the target (run_stop).
+           under ``torch.manual_seed(train.seed)``; always with ``model.attention=padded``: the
+           plain recipe computes every padded position, whatever the config says), training
+           shards, global batch, LR schedule function (runtime.schedules), gradient clip norm,
+           eval set/batches and accuracy (loaders.dataset.load_eval_batches, Σcorrect/Σmasked
+           all-reduced), eval cadence (train.eval_cadence()), stopping rule (target or
+           max_steps/max_samples_termination), threads per rank (cores // local ranks), and
+           timing: the clock starts after model, data and optimizer are built and a barrier
+           (MLPerf's run_start) and stops at the eval that reaches the target (run_stop).
   plain    torch.distributed gloo via env:// (torchrun's RANK/WORLD_SIZE/MASTER_*); DDP with
            default buckets; a map-style Dataset holding every shard in memory (read once, in
            init: not timed); DistributedSampler(shuffle=True, seed) + DataLoader, every batch

@@ -33,8 +33,9 @@ Two more modes share the runs and the parsing:
             sweep that gives the plain recipe (and the ablation's AdamW) its lr;
   --ablation [VARIANTS]  the runtime's best configuration with one mechanism switched off at a
             time (ABLATION below: random_padded, reference_optim, ddp_sync, and adamw or lamb
-            — the optimizer the config does not use; ``best`` is the config as it is), every variant on every seed, the order rotated per seed; a
-            table of medians and each variant's time relative to ``best``.
+            — the optimizer the config does not use; ``best`` is the config as it is), every
+            variant on every seed, the order rotated per seed; a table of medians and each
+            variant's time relative to ``best``.
 
 Run directories and each run's console output (``*.out``) stay in ``--workdir`` (default
 ``results/time_to_accuracy_<date>/``). A benchmark, not a test: it measures whatever machine
@@ -276,13 +277,7 @@ def run_ablation(config: Path, seeds: list[int], variants: list[str], overrides:
             rec = run_runtime(config, seed, [*overrides, *ablation_overrides(v, **lrs)],
                               workdir, timeout, name=v)
             runs[v].append(rec)
-            print(f"  seed {seed} {v:<16} {rec['status']:<8} time_to_target "
-                  f"{_f(rec['time_to_target_s'], '.1f')} s, samples "
-                  f"{_f(rec.get('samples_to_target'), 'd')}, "
-                  f"{_f(rec.get('throughput_samples_per_s'), '.1f')} samples/s "
-                  f"(wall {rec['wall_s']:.0f} s)", flush=True)
-            if rec["status"] == "failed":
-                print(f"    failed (rc {rec['rc']}); see {rec['console']}", flush=True)
+            print_run(seed, v, rec)
     return {"variants": {v: dict(summarize(runs[v]), what=ABLATION[v][0],
                                  overrides=ablation_overrides(v, **lrs)) for v in variants},
             "order": order}
@@ -333,6 +328,18 @@ def run_lr_sweep(config: Path, seed: int, lrs: list[float], overrides: list[str]
 
 def _f(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
+
+
+def print_run(seed: int, label: str, rec: dict) -> None:
+    """One line per finished run (and the error's tail when it failed), as the runs go."""
+    print(f"  seed {seed} {label:<16} {rec['status']:<8} time_to_target "
+          f"{_f(rec['time_to_target_s'], '.1f')} s, samples "
+          f"{_f(rec.get('samples_to_target'), 'd')}, "
+          f"{_f(rec.get('throughput_samples_per_s'), '.1f')} samples/s, last acc "
+          f"{_f(rec.get('eval_accuracy'), '.4f')} (wall {rec['wall_s']:.0f} s)", flush=True)
+    if rec["status"] == "failed":
+        print(f"    failed (rc {rec['rc']}); see {rec['console']}:\n"
+              + "\n".join("    " + ln for ln in rec.get("error", "").splitlines()), flush=True)
 
 
 def table(record: dict) -> str:
@@ -474,14 +481,7 @@ def main(argv=None) -> int:
             else:
                 rec = run_baseline(config, seed, a.set, workdir, nproc, a.baseline_lr, a.timeout)
                 baseline_runs.append(rec)
-            print(f"  seed {seed} {system:<8} {rec['status']:<8} time_to_target "
-                  f"{_f(rec['time_to_target_s'], '.1f')} s, samples "
-                  f"{_f(rec.get('samples_to_target'), 'd')}, last acc "
-                  f"{_f(rec.get('eval_accuracy'), '.4f')} (wall {rec['wall_s']:.0f} s)", flush=True)
-            if rec["status"] == "failed":
-                print(f"    failed (rc {rec['rc']}); see {rec['console']}:\n"
-                      + "\n".join("    " + ln for ln in rec.get("error", "").splitlines()),
-                      flush=True)
+            print_run(seed, system, rec)
 
     record = {"bench": "time_to_accuracy",
               "command": "python -m bench.time_to_accuracy " + shlex.join(argv),
