@@ -12,9 +12,11 @@ returning [T, heads, d], with attention confined to each sequence:
 ``block_diagonal`` one SDPA call over all T tokens with a [T, T] same-sequence mask:
                    computes T² scores to use Σ len² of them (kept as the measured
                    counter-example; see docs/BENCHMARKS.md).
-``cuda_varlen``    CUDA only: nested (jagged) tensors into SDPA, which dispatches to the
-                   flash / memory-efficient varlen kernels and supports dropout. Guarded by
-                   availability; UNTESTED on the CPU-only development machine.
+``jagged``         nested (jagged) tensors into SDPA with the layout's min/max lengths, on
+                   any device (CPU: torch's math path, one sequence at a time).
+``cuda_varlen``    ``jagged`` on CUDA, where SDPA dispatches to the flash / memory-efficient
+                   varlen kernels, with dropout and backward. Its conversions are tested on
+                   CPU through ``jagged``; the CUDA kernels by the cuda-marked tests.
 
 ``varlen_attention(..., kernel="auto")`` picks ``cuda_varlen`` on CUDA and ``repad`` on CPU
 (the fastest CPU path measured by ``python -m bench.balance --attention``).
@@ -24,44 +26,79 @@ dropout_p = 0 (what the tests check).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-KERNELS = ("auto", "per_sequence", "repad", "block_diagonal", "cuda_varlen")
+KERNELS = ("auto", "per_sequence", "repad", "block_diagonal", "jagged", "cuda_varlen")
 
 
 @dataclass
 class Varlen:
-    """The concatenated layout of n sequences of T tokens in total."""
+    """The concatenated layout of n sequences of T tokens in total.
 
-    cu_seqlens: torch.Tensor   # int32 [n+1] on the tokens' device: offsets, 0 … T
-    lengths: list[int]         # host copy of the n lengths
+    Built on the host by collation (``from_host``: no device-to-host read at all, the tensors
+    arrive with the batch) or from a device tensor of lengths (``from_lengths``: reads the
+    lengths back, a CPU-GPU sync - for tools and tests)."""
+
+    cu_seqlens: torch.Tensor    # int32 [n+1] on the tokens' device: offsets, 0 … T
     max_len: int
+    min_len: int
+    num_tokens: int             # T
     token_in_seq: torch.Tensor  # int64 [T]: each token's position within its sequence
     seq_of_token: torch.Tensor  # int64 [T]: each token's sequence
+    lengths: Optional[list[int]] = None  # host copy of the n lengths, where known
+    _offsets: Optional[torch.Tensor] = field(default=None, repr=False)
 
     @classmethod
     def from_lengths(cls, lengths: torch.Tensor) -> "Varlen":
         """``lengths`` int [n] (any device): the layout of sequences laid end to end."""
         lengths = lengths.to(torch.int64)
         cu = F.pad(torch.cumsum(lengths, 0), (1, 0))
-        host = lengths.tolist()  # a CPU-GPU sync: the kernels need host-side sizes
-        seq = torch.repeat_interleave(torch.arange(len(host), device=lengths.device), lengths)
-        token_in_seq = torch.arange(cu[-1].item() if len(host) else 0,
-                                    device=lengths.device) - cu[seq]
-        return cls(cu.to(torch.int32), host, max(host, default=0), token_in_seq, seq)
+        host = lengths.tolist()  # a CPU-GPU sync: the sizes below come from it
+        total = sum(host)
+        seq = torch.repeat_interleave(torch.arange(len(host), device=lengths.device), lengths,
+                                      output_size=total)
+        token_in_seq = torch.arange(total, device=lengths.device) - cu[seq]
+        return cls(cu.to(torch.int32), max(host, default=0), min(host, default=0), total,
+                   token_in_seq, seq, host)
+
+    @classmethod
+    def from_host(cls, cu_seqlens: torch.Tensor, token_in_seq: torch.Tensor,
+                  seq_of_token: torch.Tensor, max_len: int, min_len: int,
+                  lengths: Optional[list[int]] = None) -> "Varlen":
+        """A layout computed on the host (the tensors already where the tokens are)."""
+        return cls(cu_seqlens, int(max_len), int(min_len), int(token_in_seq.shape[0]),
+                   token_in_seq, seq_of_token, None if lengths is None else list(lengths))
 
     @property
-    def num_tokens(self) -> int:
-        return int(sum(self.lengths))
+    def num_seqs(self) -> int:
+        return self.cu_seqlens.shape[0] - 1
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """cu_seqlens as int64 (what nested jagged tensors take), made once per layout."""
+        if self._offsets is None:
+            self._offsets = self.cu_seqlens.to(torch.int64)
+        return self._offsets
+
+    def host_lengths(self) -> list[int]:
+        """The n lengths on the host (a CPU-GPU sync when only the device has them)."""
+        if self.lengths is None:
+            self.lengths = torch.diff(self.offsets).tolist()
+        return self.lengths
+
+    def device_lengths(self) -> torch.Tensor:
+        """int64 [n] lengths on the tokens' device (no sync)."""
+        return torch.diff(self.offsets)
 
 
 def per_sequence(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
     """Reference: SDPA on each sequence alone."""
     out, start = [], 0
-    for n in varlen.lengths:
+    for n in varlen.host_lengths():
         piece = [t[start:start + n].transpose(0, 1) for t in (q, k, v)]  # [heads, n, d]
         out.append(F.scaled_dot_product_attention(*piece, dropout_p=dropout_p).transpose(0, 1))
         start += n
@@ -70,7 +107,7 @@ def per_sequence(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tenso
 
 def repad(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
     """One SDPA call over [n, heads, max_len, d], keys masked beyond each length."""
-    n, width = len(varlen.lengths), varlen.max_len
+    n, width = varlen.num_seqs, varlen.max_len
     where = (varlen.seq_of_token, varlen.token_in_seq)
 
     def pad(t):
@@ -78,7 +115,7 @@ def repad(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
         return out.index_put(where, t).transpose(1, 2)  # [n, heads, max_len, d]
 
     key_mask = (torch.arange(width, device=q.device)[None, :]
-                < torch.tensor(varlen.lengths, device=q.device)[:, None])[:, None, None, :]
+                < varlen.device_lengths()[:, None])[:, None, None, :]
     out = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=key_mask,
                                          dropout_p=dropout_p)
     return out.transpose(1, 2)[where]
@@ -93,22 +130,32 @@ def block_diagonal(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Ten
     return out.transpose(0, 1)
 
 
-def cuda_varlen(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
-    """CUDA: jagged nested tensors into SDPA (flash / memory-efficient varlen kernels).
-    UNTESTED here (no GPU on the development machine); ``per_sequence`` is its reference."""
-    if not q.is_cuda:
-        raise RuntimeError("cuda_varlen needs CUDA tensors; use kernel='repad' on CPU")
-    offsets = varlen.cu_seqlens.to(torch.int64)
+def jagged(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
+    """Jagged nested tensors into SDPA, on any device: the body of ``cuda_varlen`` (on CPU
+    torch runs its math path per sequence - correct, slow - which is how the tests hold the
+    layout conversions to the reference without a GPU).
 
+    The nested tensors get the layout's min/max sequence length: without them jagged SDPA
+    reads both back from the offsets (``.item()``) for each of q, k and v in every layer."""
     def jag(t):  # [T, heads, d] → nested [n, j, heads, d] → [n, heads, j, d]
-        return torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2)
+        return torch.nested.nested_tensor_from_jagged(
+            t, varlen.offsets, min_seqlen=varlen.min_len,
+            max_seqlen=varlen.max_len).transpose(1, 2)
 
     out = F.scaled_dot_product_attention(jag(q), jag(k), jag(v), dropout_p=dropout_p)
     return out.transpose(1, 2).values()
 
 
+def cuda_varlen(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
+    """CUDA: ``jagged`` with SDPA's flash / memory-efficient varlen kernels (which kernel
+    ran is a named check of ``python -m bench.gpu``); ``per_sequence`` is its reference."""
+    if not q.is_cuda:
+        raise RuntimeError("cuda_varlen needs CUDA tensors; use kernel='repad' on CPU")
+    return jagged(q, k, v, varlen, dropout_p)
+
+
 _BY_NAME = {"per_sequence": per_sequence, "repad": repad, "block_diagonal": block_diagonal,
-            "cuda_varlen": cuda_varlen}
+            "jagged": jagged, "cuda_varlen": cuda_varlen}
 
 
 def varlen_attention(q, k, v, varlen: Varlen, dropout_p: float = 0.0,

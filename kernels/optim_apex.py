@@ -73,14 +73,17 @@ def _require(params: Sequence[torch.Tensor], states: Sequence[torch.Tensor]):
 
 
 def _scale_grads(grads: list[torch.Tensor], grad_scale: Scalar) -> torch.Tensor:
-    """Return 1/grad_scale as apex's 1-element 'global_grad_norm'; a scale above 1 (which
-    apex's max(1, ·) would clamp) is applied to the gradients first."""
+    """Return 1/grad_scale as apex's 1-element 'global_grad_norm'. apex clamps it with
+    max(1, ·), i.e. it can only scale gradients down: a Python scale above 1 is applied to the
+    gradients first. A tensor scale is taken to be <= 1 without looking (the runtime's always
+    is: a clip coefficient <= 1 over a loss scale >= 1) - checking it would be a host sync."""
     device = grads[0].device
-    gs = torch.as_tensor(grad_scale, dtype=torch.float32).to(device).reshape(1)
-    if bool((gs > 1).item()):  # one host sync; the runtime's scale is always <= 1
-        torch._foreach_mul_(grads, gs)
-        return torch.ones(1, dtype=torch.float32, device=device)
-    return gs.reciprocal()
+    if not isinstance(grad_scale, torch.Tensor):
+        if grad_scale > 1:
+            torch._foreach_mul_(grads, float(grad_scale))
+            return torch.ones(1, dtype=torch.float32, device=device)
+        return torch.full((1,), 1.0 / grad_scale, dtype=torch.float32, device=device)
+    return grad_scale.to(device, torch.float32).reshape(1).reciprocal()
 
 
 @torch.no_grad()

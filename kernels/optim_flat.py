@@ -127,7 +127,7 @@ class FlatLayout:
         """For each row, the index of the tensor it belongs to (int64, ``rows`` long)."""
         counts = torch.tensor([s.rows for s in self.segments], dtype=torch.int64)
         ids = torch.repeat_interleave(torch.arange(len(self.segments)), counts)
-        return ids.to(device)
+        return _to_device(ids, torch.device(device), torch.int64)
 
 
 class FlatBuffers:
@@ -187,8 +187,8 @@ def _to_device(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> tor
     the pinned block until the copy is done)."""
     t = t.to(dtype)
     if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)  # (on CPU non_blocking changes nothing)
 
 
 def _per_tensor(value, n: int, name: str) -> list:

@@ -54,6 +54,15 @@ def _subsets(values: Sequence, n: int) -> dict:
     return out
 
 
+def _small(values: list, like: torch.Tensor) -> torch.Tensor:
+    """Host numbers as a vector on ``like``'s device, without the host waiting: a copy from
+    pageable memory synchronises a CUDA stream, so it goes through pinned memory there."""
+    t = torch.tensor(values, dtype=like.dtype)
+    if like.is_cuda:
+        t = t.pin_memory()
+    return t.to(like.device, non_blocking=True)
+
+
 def _pick(tensors: Sequence[torch.Tensor], idx: Sequence[int]) -> list[torch.Tensor]:
     return [tensors[i] for i in idx]
 
@@ -156,7 +165,7 @@ def lars_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
     if on:
         w = torch.stack(torch._foreach_norm(_pick(ws, on)))
         g = torch.stack(torch._foreach_norm(_pick(gs, on)))
-        wd = torch.tensor([wds[i] for i in on], dtype=w.dtype, device=w.device)
+        wd = _small([wds[i] for i in on], w)
         local = _trust_ratio(w, g, trust_coefficient * w, g + wd * w + eps)
         for i, s in zip(on, torch._foreach_mul(_pick(ds, on), list((lr * local).unbind()))):
             steps[i] = s

@@ -3,7 +3,9 @@
 Owns: the ``Batch`` the model consumes, the unpadded per-row form ``Rows`` (what the torch
 path and the DALI pipeline both pad), best-fit packing of one batch's samples into rows
 (``best_fit_rows``, on packing.py's best-fit decreasing), padding a batch only to its own
-longest row, and rebuilding the masked-LM labels from the stored positions. Never: choosing
+longest row, rebuilding the masked-LM labels from the stored positions, and the batch's
+``Layout`` (real tokens, sequences, masked positions - found here on the host, so a GPU step
+never reads them back). Never: choosing
 which samples form a batch (see dataset.py's plans and balance.py), file I/O, or device
 placement policy (``Batch.to`` moves tensors where the caller says).
 """
@@ -47,6 +49,10 @@ class Batch:
     sequence_lengths: tuple | None = None
     """Per row, the lengths of its sequences (what loaders.length_cost prices); None where a
     pipeline did not record them (then they are read from ``attention_mask``)."""
+    layout: "Layout | None" = None
+    """Where the real tokens and the masked-LM labels are, computed on the host (``Layout``):
+    the model needs no device-to-host read to find them. None: the model derives them from
+    ``attention_mask`` and ``masked_lm_labels`` on the device (host syncs)."""
 
     @property
     def size(self) -> int:
@@ -75,9 +81,72 @@ class Batch:
         return self._map(lambda t: t.pin_memory())
 
     def _map(self, fn) -> "Batch":
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return Batch(**{k: fn(v) if isinstance(v, torch.Tensor) else v
-                        for k, v in values.items()})
+        return _map_fields(self, fn)
+
+
+@dataclass
+class Layout:
+    """Where the real tokens of a padded batch are, and its masked-LM labels, computed on the
+    host by collation (NVIDIA's unpad indices and cu_seqlens, plus the masked positions): with
+    these the model has no data-dependent shape and no device-to-host read (finding them on
+    the device takes ``nonzero`` and reading lengths back, each a CPU-GPU sync).
+
+    A row's real tokens are a prefix of the row; sequences are runs of one ``attention_mask``
+    value; everything is in row-major order. T real tokens, n sequences, M masked labels."""
+
+    token_index: torch.Tensor      # int64 [T] flat (row·L + column) positions of the real tokens
+    cu_seqlens: torch.Tensor       # int32 [n+1] sequence offsets among the T tokens
+    token_in_seq: torch.Tensor     # int64 [T] each token's position within its sequence
+    seq_of_token: torch.Tensor     # int64 [T] each token's sequence
+    masked_positions: torch.Tensor  # int64 [M] flat positions of the masked-LM labels
+    masked_tokens: torch.Tensor    # int64 [M] the same labels' positions among the T tokens
+    lengths: tuple                 # host: the n sequence lengths
+    max_len: int
+    min_len: int
+
+    def to(self, device, non_blocking: bool = False) -> "Layout":
+        return _map_fields(self, lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "Layout":
+        return _map_fields(self, lambda t: t.pin_memory())
+
+
+def _map_fields(obj, fn):
+    """A copy of dataclass ``obj`` with ``fn`` applied to its tensors (and its Layout's)."""
+    values = {}
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, torch.Tensor):
+            v = fn(v)
+        elif isinstance(v, Layout):
+            v = _map_fields(v, fn)
+        values[f.name] = v
+    return type(obj)(**values)
+
+
+def host_layout(row_lengths: np.ndarray, width: int, attention_mask: list,
+                masked_lm_labels: list) -> Layout:
+    """The ``Layout`` of rows of ``row_lengths`` real tokens padded to ``width``, from the
+    rows' unpadded ``attention_mask`` (1-based sequence index per token) and labels."""
+    row_lengths = np.asarray(row_lengths, dtype=np.int64)
+    starts = np.arange(len(row_lengths), dtype=np.int64) * width
+    token_index = np.repeat(starts - np.concatenate([[0], np.cumsum(row_lengths)[:-1]]),
+                            row_lengths) + np.arange(int(row_lengths.sum()), dtype=np.int64)
+    seq_lengths = np.concatenate([np.bincount(m)[1:] for m in attention_mask]).astype(np.int64)
+    cu = np.concatenate([[0], np.cumsum(seq_lengths)])
+    seq_of_token = np.repeat(np.arange(len(seq_lengths), dtype=np.int64), seq_lengths)
+    token_in_seq = np.arange(int(cu[-1]), dtype=np.int64) - cu[seq_of_token]
+    masked_tokens = np.flatnonzero(np.concatenate(masked_lm_labels) != IGNORE_INDEX)
+    return Layout(
+        token_index=torch.from_numpy(token_index),
+        cu_seqlens=torch.from_numpy(cu.astype(np.int32)),
+        token_in_seq=torch.from_numpy(token_in_seq),
+        seq_of_token=torch.from_numpy(seq_of_token),
+        masked_positions=torch.from_numpy(token_index[masked_tokens]),
+        masked_tokens=torch.from_numpy(masked_tokens.astype(np.int64)),
+        lengths=tuple(seq_lengths.tolist()),
+        max_len=int(seq_lengths.max()) if len(seq_lengths) else 0,
+        min_len=int(seq_lengths.min()) if len(seq_lengths) else 0)
 
 
 def collate(samples: Samples) -> Batch:
@@ -161,8 +230,14 @@ def pad_rows(rows: Rows) -> Batch:
         next_sentence_labels=torch.from_numpy(np.concatenate(rows.next_sentence_labels)),
         num_real_tokens=int(lengths.sum()),
         num_padded_tokens=len(rows) * width,
-        sequence_lengths=tuple(tuple(np.bincount(m)[1:].tolist()) for m in rows.attention_mask),
+        sequence_lengths=row_sequence_lengths(rows),
+        layout=host_layout(lengths, width, rows.attention_mask, rows.masked_lm_labels),
     )
+
+
+def row_sequence_lengths(rows: Rows) -> tuple:
+    """Per row, the lengths of its sequences (``Batch.sequence_lengths``)."""
+    return tuple(tuple(np.bincount(m)[1:].tolist()) for m in rows.attention_mask)
 
 
 def _cat(column: list, members: list[int]) -> np.ndarray:

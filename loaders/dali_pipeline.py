@@ -7,14 +7,20 @@ the pipeline is fed by the very same sampler through ``fn.external_source``: a
 supplies each batch, so the two paths can differ only in padding, which the tests rule out.
 
 The pipeline: ``external_source`` (one batch of rows per call, a variable number of rows
-when packed) → ``fn.pad`` of each column to the batch's longest row (0; labels -100; the
-per-row NSP labels -1, dropped again on the way out) → ``prefetch_queue_depth`` batches
-queued ahead by DALI's executor.
+when packed) → ``fn.pad`` of each column to the batch's longest row (0; labels -100) →
+``prefetch_queue_depth`` batches queued ahead by DALI's executor. What the model needs to
+know about a batch without reading the GPU - token counts, sequence lengths, the NSP labels,
+the ``Layout`` - is computed on the host from the same rows when the source hands them to
+DALI, queued, and joined to the padded columns on delivery (in order: DALI delivers batches
+in the order it asked for them).
 
 * CPU (``device_id=None``, what the development machine and CI run): a CPU-only pipeline.
 * CUDA (``device_id`` = local rank): the columns are copied to the GPU inside the pipeline
   (``.gpu()``), padded there, and handed to torch on the same device without a host round
-  trip. UNTESTED on the CPU-only development machine.
+  trip: copied out of DALI's buffer on a side stream whose event the compute stream waits
+  for, and the next ``run()`` waits for that copy (DALI reuses its output buffers), so the
+  host never waits for the compute stream. UNTESTED on a GPU so far: ``python -m bench.gpu``
+  checks it.
 
 Data position: DALI asks the source for batches ahead of use, so the position is counted
 on *delivery*; ``load_state_dict`` rebuilds the pipeline at the saved position and drops
@@ -22,15 +28,16 @@ what was prefetched.
 """
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 import torch
 
-from loaders.collate import IGNORE_INDEX, Batch, Rows
+from loaders.collate import IGNORE_INDEX, Batch, Rows, host_layout, row_sequence_lengths
 from loaders.dataset import TrainLoader
 
-COLUMNS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_labels",
-           "next_sentence_labels")
-FILL = (0, 0, 0, IGNORE_INDEX, -1)
+COLUMNS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_labels")
+FILL = (0, 0, 0, IGNORE_INDEX)
 
 
 class DaliTrainLoader:
@@ -45,6 +52,9 @@ class DaliTrainLoader:
         self._depth, self._threads = prefetch_queue_depth, num_threads
         self._epoch, self._step = self._source.epoch, self._source.step_in_epoch
         self._pipe = None
+        self._host: deque = deque()   # per batch handed to DALI: what is known on the host
+        self._copied = None           # CUDA: the last copy out of DALI's buffers (an event)
+        self._stream = None
 
     # -- the TrainLoader interface ---------------------------------------------------------
     @property
@@ -82,9 +92,15 @@ class DaliTrainLoader:
     def __next__(self) -> Batch:
         if self._pipe is None:
             self._pipe = self._build()
+        if self._copied is not None:
+            self._copied.synchronize()  # DALI may reuse the buffers we last copied from
         columns = [self._to_torch(out) for out in self._pipe.run()]
+        if self.device_id is not None:
+            self._copied = torch.cuda.Event()
+            self._copied.record(self._stream)
+            torch.cuda.current_stream(self.device_id).wait_event(self._copied)
         self._advance()
-        return _batch(*columns)
+        return _batch(*columns, self._host.popleft())
 
     def close(self) -> None:
         self._close_pipe()
@@ -103,8 +119,10 @@ class DaliTrainLoader:
             self._epoch, self._step = self._epoch + 1, 0
 
     def _next_columns(self):
-        """external_source callback: the next batch's rows, one list per column."""
+        """external_source callback: the next batch's rows, one list per column; what the
+        host knows of the batch is queued for its delivery."""
         rows: Rows = self._source.next_rows()
+        self._host.append(_host_side(rows, pin=self.device_id is not None))
         return tuple(getattr(rows, name) for name in COLUMNS)
 
     def _build(self):
@@ -128,22 +146,42 @@ class DaliTrainLoader:
         if self.device_id is None:
             return torch.from_numpy(np.array(tensor_list.as_tensor()))
         from nvidia.dali.plugin.pytorch import feed_ndarray  # CUDA only; untested here
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device_id)
         dense = tensor_list.as_tensor()
         out = torch.empty(dense.shape(), dtype=torch.int64, device=f"cuda:{self.device_id}")
-        feed_ndarray(dense, out, cuda_stream=torch.cuda.current_stream(self.device_id))
+        out.record_stream(self._stream)  # allocated on the compute stream, written on ours
+        feed_ndarray(dense, out, cuda_stream=self._stream)
         return out
 
     def _close_pipe(self) -> None:
         if self._pipe is not None:
             del self._pipe
             self._pipe = None
+            self._host.clear()
+            self._copied = None
             # The source ran ahead to fill DALI's queue: put it back at the delivered position.
             self._source.load_state_dict(self.state_dict())
 
 
-def _batch(input_ids, token_type_ids, attention_mask, masked_lm_labels, nsp) -> Batch:
-    real = int((attention_mask > 0).sum())
+def _host_side(rows: Rows, pin: bool) -> dict:
+    """What collation knows of a batch without its padded columns (``Batch``'s other
+    fields), from the rows on the host: nothing the step needs is read back from the GPU."""
+    lengths = np.fromiter((len(r) for r in rows.input_ids), dtype=np.int64, count=len(rows))
+    width = int(lengths.max())
+    nsp = torch.from_numpy(np.concatenate(rows.next_sentence_labels))
+    layout = host_layout(lengths, width, rows.attention_mask, rows.masked_lm_labels)
+    if pin:
+        nsp, layout = nsp.pin_memory(), layout.pin_memory()
+    return dict(next_sentence_labels=nsp, num_real_tokens=int(lengths.sum()),
+                num_padded_tokens=len(rows) * width, sequence_lengths=row_sequence_lengths(rows),
+                layout=layout)
+
+
+def _batch(input_ids, token_type_ids, attention_mask, masked_lm_labels, host: dict) -> Batch:
+    if input_ids.shape[0] * input_ids.shape[1] != host["num_padded_tokens"]:
+        raise RuntimeError(f"DALI delivered a batch of shape {tuple(input_ids.shape)} where "
+                           f"the host expected {host['num_padded_tokens']} padded tokens: "
+                           f"batches out of order")
     return Batch(input_ids=input_ids, token_type_ids=token_type_ids,
-                 attention_mask=attention_mask, masked_lm_labels=masked_lm_labels,
-                 next_sentence_labels=nsp[nsp >= 0],
-                 num_real_tokens=real, num_padded_tokens=input_ids.numel())
+                 attention_mask=attention_mask, masked_lm_labels=masked_lm_labels, **host)

@@ -95,7 +95,9 @@ def rng_state() -> dict:
                        float(cached)),
              "python": (version, tuple(internal), gauss_next)}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # This rank's own device only (dropout draws come from its generator): a resume where
+        # each process sees fewer GPUs (one per task) must not need the others' indices.
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -106,7 +108,11 @@ def set_rng_state(state: dict) -> None:
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda = state["cuda"]
+        if isinstance(cuda, (list, tuple)):  # written before the per-device format: every
+            cuda = cuda[torch.cuda.current_device()] if torch.cuda.current_device() < len(
+                cuda) else cuda[0]               # visible GPU's; ours, or the first
+        torch.cuda.set_rng_state(cuda)
 
 
 # ----------------------------------------------------------------------------- file helpers

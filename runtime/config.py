@@ -225,8 +225,9 @@ class TrainConfig:
         "allreduce of all of it when its gradient is final, at the end of backward) | 'split' "
         "(the MLM decoder's share reduced as soon as backward produces it, overlapped; the "
         "lookup's share at the end, only the rows of tokens some rank saw; clip_mode "
-        "global_after | none) | 'auto' (split where it applies: several ranks, clip_mode "
-        "global_after | none, a plan that keeps the embedding whole; else dense). "
+        "global_after | none) | 'auto' (split where it applies and pays: several ranks, "
+        "clip_mode global_after | none, a plan that keeps the embedding whole, and on CUDA "
+        "fewer tokens per step across ranks than vocabulary rows; else dense). "
         "docs/GRADIENT_SYNC.md", "auto")
     timeline: bool = _doc("record each step's compute/communication timeline into "
                           "metrics.jsonl (python -m runtime.timeline draws it)", False)

@@ -160,15 +160,29 @@ def _bind_device(info: LaunchInfo, device: str) -> torch.device:
     if dev.type != "cuda":
         raise DistError(f"device {device!r}: only cpu and cuda are supported")
     if not torch.cuda.is_available():
+        build = (f"torch {torch.__version__} built without CUDA" if torch.version.cuda is None
+                 else f"torch {torch.__version__} with CUDA {torch.version.cuda}")
         raise DistError(f"rank {info.rank}: device {device!r} asked for, but torch sees no CUDA "
-                        f"device here; use device=cpu or auto")
+                        f"device here ({build}, {sys.executable}); use device=cpu or auto, or "
+                        f"run with a CUDA build of torch")
     count = torch.cuda.device_count()
-    index = dev.index if dev.index is not None else info.local_rank
+    if dev.index is not None:
+        index = dev.index
+    elif count == 1:
+        index = 0  # the launcher gave this task its own GPU (srun --gpus-per-task=1, a bind script)
+    elif count >= info.local_world_size:
+        index = info.local_rank
+    else:
+        raise DistError(
+            f"rank {info.rank} (local rank {info.local_rank} of {info.local_world_size} on this "
+            f"node) sees {count} CUDA devices: fewer than the node's ranks and more than one, so "
+            f"which is its own is ambiguous. Start at most {count} ranks per node, or give each "
+            f"task one GPU (srun --gpus-per-task=1, or CUDA_VISIBLE_DEVICES per rank)")
     if index >= count:
         raise DistError(
             f"rank {info.rank} (local rank {info.local_rank} of {info.local_world_size} on this "
-            f"node) needs cuda:{index}, but this node shows {count} CUDA device(s): start at most "
-            f"{count} ranks per node, or check CUDA_VISIBLE_DEVICES")
+            f"node) needs cuda:{index}, but this node shows {count} CUDA device(s): check "
+            f"system.device and CUDA_VISIBLE_DEVICES")
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 
@@ -236,17 +250,33 @@ def _active() -> bool:
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum ``tensor`` over ranks, in place; returns it."""
+    """Sum ``tensor`` over ranks, in place; returns it. ``tensor`` must be on this rank's
+    device (`check_device`)."""
     if _active():
+        check_device(tensor, "all_reduce_sum")
         torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
     return tensor
 
 
 def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
-    """Element-wise maximum of ``tensor`` over ranks, in place; returns it."""
+    """Element-wise maximum of ``tensor`` over ranks, in place; returns it (on this rank's
+    device, as ``all_reduce_sum``)."""
     if _active():
+        check_device(tensor, "all_reduce_max")
         torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
     return tensor
+
+
+def check_device(tensor: torch.Tensor, what: str) -> None:
+    """Refuse a tensor that is not on this rank's device: NCCL groups take CUDA tensors only
+    ("No backend type associated with device type cpu"), and gloo takes CPU ones, so a
+    collective that works on one fails on the other. Checked on every backend, so CPU runs
+    catch it too."""
+    ctx = _CTX
+    if ctx is not None and tensor.device.type != ctx.device.type:
+        raise DistError(f"rank {ctx.rank}: {what} got a tensor on {tensor.device}, but this "
+                        f"rank's collectives run on {ctx.device} ({ctx.backend}); create it "
+                        f"with device=<the rank's device>")
 
 
 def barrier() -> None:

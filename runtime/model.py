@@ -10,7 +10,7 @@ It exposes no hook slot for communication: distributed wrappers act from outside
 Never: distributed communication, optimizers, data loading, or device placement — the model is
 written for one device of any kind (CPU, or CUDA under bf16 autocast); callers move it.
 
-Two choices that set the cost of a step:
+The choices that set the cost of a step:
 - The MLM head (transform + 30k-wide decoder) runs only on the masked positions, gathered from
   the flattened [b·L, H] hidden states; running it on every position costs ~2.5× at MiniLM size.
 - ``attention="padded"`` (default) runs on [b, L] batches padded to their longest row, through
@@ -22,6 +22,10 @@ Two choices that set the cost of a step:
   ``loaders.collate.Batch``): position ids restart per sequence and NSP reads each sequence's
   own [CLS], both derived from the mask (``TokenLayout``); the padded path masks attention
   block-diagonally (built with ``packed=True``), the unpadded path needs nothing more.
+- Host syncs: none in a training step. The batch's ``Layout`` (``loaders.collate``) says
+  where the real tokens, sequences and masked labels are, computed on the host, so every shape
+  is known without reading the GPU; a caller passing only HF's arguments gets them found on
+  the device instead (``nonzero``, lengths read back: CPU-GPU sync points, marked below).
 
 Example::
 
@@ -56,8 +60,9 @@ IGNORE_INDEX = -100
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
               dropout_p: float) -> torch.Tensor:
-    """Softmax attention over padded batches: q, k, v [b, heads, L, d]; key_mask bool
-    [b, 1, 1, L], True where the key is a real token (or [b, 1, L, L] per query: packed rows).
+    """Softmax attention over padded batches: q, k, v [b, heads, L, d]; key_mask [b, 1, 1, L]
+    (or [b, 1, L, L] per query: packed rows), boolean (True where the key is visible) or
+    additive (``additive_mask``).
 
     A padded *query* row still attends to real keys and stays finite (its output is never
     used). A NaN needs a query with no visible key at all, which [CLS] at position 0 of
@@ -73,6 +78,17 @@ def packed_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return ((k > 0) & ((q == k) | (q == 0)))[:, None]
 
 
+def additive_mask(key_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A boolean attention mask as the additive one SDPA applies (0 where visible, the
+    dtype's lowest value where not), made once per forward in the dtype the attention will
+    run in (autocast's, else ``like``'s) - a boolean mask is converted in every layer, which
+    for packed rows' [b, 1, L, L] masks is a mask-sized pass per layer."""
+    kind = like.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else like.dtype
+    return torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill_(
+        ~key_mask, torch.finfo(dtype).min)
+
+
 @dataclass
 class TokenLayout:
     """Where the real tokens of a padded [b, L] batch are and which sequence each belongs
@@ -83,12 +99,22 @@ class TokenLayout:
 
     @classmethod
     def of(cls, attention_mask: torch.Tensor) -> "TokenLayout":
+        """Found on the device: nonzero, unique_consecutive and reading the lengths back are
+        CPU-GPU sync points. Training passes the host-built layout instead (``from_host``)."""
         b, width = attention_mask.shape
         flat = attention_mask.reshape(-1)
         index = (flat > 0).nonzero().squeeze(1)  # a CPU-GPU sync point
         row_and_seq = (index // width) * (width + 1) + flat[index]
         _, lengths = torch.unique_consecutive(row_and_seq, return_counts=True)
         return cls(index, Varlen.from_lengths(lengths))
+
+    @classmethod
+    def from_host(cls, layout) -> "TokenLayout":
+        """From a layout collation computed on the host (``loaders.collate.Layout``, its
+        tensors already on the model's device): no device-to-host read."""
+        return cls(layout.token_index, Varlen.from_host(
+            layout.cu_seqlens, layout.token_in_seq, layout.seq_of_token, layout.max_len,
+            layout.min_len, layout.lengths))
 
     @property
     def cls_index(self) -> torch.Tensor:
@@ -255,10 +281,10 @@ class BertModel(nn.Module):
         self.pooler = BertPooler(cfg)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                attention_mask: torch.Tensor, layout=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (hidden states [b, L, H] — zero on padding in the unpadded path —,
         pooled [CLS] outputs [sequences, H])."""
-        enc = self.encode(input_ids, token_type_ids, attention_mask)
+        enc = self.encode(input_ids, token_type_ids, attention_mask, layout)
         if enc.token_index is None:
             return enc.rows.view(*input_ids.shape, -1), enc.pooled
         hidden = enc.rows.new_zeros(input_ids.numel(), enc.rows.shape[-1])
@@ -266,29 +292,33 @@ class BertModel(nn.Module):
             enc.pooled
 
     def encode(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-               attention_mask: torch.Tensor) -> Encoded:
-        if self.attention_mode == "unpadded":
-            return self._encode_unpadded(input_ids, token_type_ids, attention_mask)
-        if self.packed:
-            return self._encode_packed(input_ids, token_type_ids, attention_mask)
-        key_mask = attention_mask.bool()[:, None, None, :]
-        hidden = self.encoder(self.embeddings(input_ids, token_type_ids), key_mask)
+               attention_mask: torch.Tensor, layout=None) -> Encoded:
+        """``layout``: the batch's host-built ``loaders.collate.Layout`` (on this device), or
+        None to find the real tokens from ``attention_mask`` on the device (host syncs)."""
+        if self.attention_mode == "unpadded" or self.packed:
+            tokens = TokenLayout.of(attention_mask) if layout is None \
+                else TokenLayout.from_host(layout)
+            if self.attention_mode == "unpadded":
+                return self._encode_unpadded(input_ids, token_type_ids, tokens)
+            return self._encode_packed(input_ids, token_type_ids, attention_mask, tokens)
+        x = self.embeddings(input_ids, token_type_ids)
+        hidden = self.encoder(x, additive_mask(attention_mask.bool()[:, None, None, :], x))
         return Encoded(hidden.reshape(-1, hidden.shape[-1]), self.pooler(hidden[:, 0]), None)
 
-    def _encode_packed(self, input_ids, token_type_ids, attention_mask) -> Encoded:
-        layout = TokenLayout.of(attention_mask)
+    def _encode_packed(self, input_ids, token_type_ids, attention_mask,
+                       layout: TokenLayout) -> Encoded:
         x = self.embeddings(input_ids, token_type_ids, layout.position_ids(input_ids.shape))
-        hidden = self.encoder(x, packed_attention_mask(attention_mask))
+        hidden = self.encoder(x, additive_mask(packed_attention_mask(attention_mask), x))
         rows = hidden.reshape(-1, hidden.shape[-1])
         return Encoded(rows, self.pooler(rows.index_select(0, layout.cls_index)), None)
 
-    def _encode_unpadded(self, input_ids, token_type_ids, attention_mask) -> Encoded:
-        layout = TokenLayout.of(attention_mask)
+    def _encode_unpadded(self, input_ids, token_type_ids, layout: TokenLayout) -> Encoded:
         index = layout.index
-        x = self.embeddings(input_ids.reshape(-1)[index], token_type_ids.reshape(-1)[index],
+        x = self.embeddings(input_ids.reshape(-1).index_select(0, index),
+                            token_type_ids.reshape(-1).index_select(0, index),
                             layout.varlen.token_in_seq)
         rows = self.encoder(x, Unpadded(layout.varlen, self.kernel))
-        cls_rows = rows.index_select(0, layout.varlen.cu_seqlens[:-1].long())
+        cls_rows = rows.index_select(0, layout.varlen.offsets[:-1])
         return Encoded(rows, self.pooler(cls_rows), index)
 
 
@@ -374,22 +404,34 @@ class BertForPreTraining(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: Optional[torch.Tensor] = None,
                 attention_mask: Optional[torch.Tensor] = None,
                 masked_lm_labels: Optional[torch.Tensor] = None,
-                next_sentence_labels: Optional[torch.Tensor] = None) -> PreTrainingOutput:
+                next_sentence_labels: Optional[torch.Tensor] = None,
+                layout=None) -> PreTrainingOutput:
         """input_ids, token_type_ids, attention_mask (1 real, 0 pad; packed rows: the
         1-based sequence index): [b, L] long; missing token types are 0 and a missing mask
         means no padding. masked_lm_labels [b, L] with IGNORE_INDEX where not predicted;
-        next_sentence_labels [sequences] (1 = random next)."""
+        next_sentence_labels [sequences] (1 = random next). ``layout``: the batch's
+        host-built ``loaders.collate.Layout`` on this device (what training passes: then no
+        step of the forward reads a device value back), or None (found on the device)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        enc = self.bert.encode(input_ids, token_type_ids, attention_mask)
+        enc = self.bert.encode(input_ids, token_type_ids, attention_mask, layout)
         out = PreTrainingOutput(nsp_logits=self.cls.seq_relationship(enc.pooled))
         if masked_lm_labels is not None:
             labels = masked_lm_labels.reshape(-1)
-            if enc.token_index is not None:
-                labels = labels.index_select(0, enc.token_index)
-            self._masked_lm(out, enc.rows, labels)
+            if layout is not None:  # static shapes: the masked positions came with the batch
+                rows = layout.masked_tokens if enc.token_index is not None \
+                    else layout.masked_positions
+                self._masked_lm(out, enc.rows.index_select(0, rows),
+                                labels.index_select(0, layout.masked_positions))
+            else:
+                if enc.token_index is not None:
+                    labels = labels.index_select(0, enc.token_index)
+                # nonzero() is a CPU-GPU sync point: the number of masked rows sets the shapes
+                picked = (labels != IGNORE_INDEX).nonzero().squeeze(1)
+                self._masked_lm(out, enc.rows.index_select(0, picked),
+                                labels.index_select(0, picked))
         if next_sentence_labels is not None:
             out.nsp_loss = F.cross_entropy(out.nsp_logits.float(), next_sentence_labels.view(-1))
         losses = [x for x in (out.mlm_loss, out.nsp_loss) if x is not None]
@@ -397,15 +439,14 @@ class BertForPreTraining(nn.Module):
         return out
 
     def _masked_lm(self, out: PreTrainingOutput, hidden: torch.Tensor,
-                   labels: torch.Tensor) -> None:
-        """hidden [N, H] and labels [N]: row-aligned (padded positions or real tokens)."""
-        # nonzero() is a CPU-GPU sync point: the number of masked rows sets the shapes below.
-        rows = (labels != IGNORE_INDEX).nonzero().squeeze(1)
-        targets = labels.index_select(0, rows)
-        logits = self.cls.predictions(hidden.index_select(0, rows))
-        total = F.cross_entropy(logits.float(), targets, reduction="sum")
+                   targets: torch.Tensor) -> None:
+        """hidden [M, H]: the masked positions' hidden states; targets [M]: their labels
+        (IGNORE_INDEX entries, if any, count for nothing). No host read."""
+        logits = self.cls.predictions(hidden)
+        total = F.cross_entropy(logits.float(), targets, reduction="sum",
+                                ignore_index=IGNORE_INDEX)
         out.mlm_logits = logits
-        out.mlm_count = torch.tensor(rows.numel(), device=labels.device)
+        out.mlm_count = (targets != IGNORE_INDEX).sum()  # on the device: no host→device copy
         out.mlm_loss = total / out.mlm_count.clamp(min=1)  # mean; 0 (not NaN) with no masks
         out.mlm_correct = (logits.argmax(-1) == targets).sum()
 

@@ -54,8 +54,21 @@ class StepRecord:
 _METRIC_FIELDS = {f.name for f in fields(StepMetrics)}
 
 
+def _resolve(values: dict) -> dict:
+    """``values`` with every deferred entry (an object with ``resolve()``, e.g. a CUDA step's
+    timeline, runtime.timeline.Deferred) replaced by the dict it resolves to."""
+    out = {}
+    for k, v in values.items():
+        if callable(getattr(v, "resolve", None)):
+            out.update(v.resolve())
+        else:
+            out[k] = v
+    return out
+
+
 def _read(values: dict) -> dict:
     """Device numbers as Python numbers (one host read per call)."""
+    values = _resolve(values)
     keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
     out = dict(values)
     if keys:
@@ -118,7 +131,7 @@ class StepLog:
         values = torch.stack([getattr(pending[i], src)[k].detach().double().reshape(())
                               for i, src, k in keys]).tolist() if keys else []
         read: list[dict[str, dict]] = [{"device": dict(r.device),
-                                        "raw_extra": dict(r.raw_extra)} for r in pending]
+                                        "raw_extra": _resolve(r.raw_extra)} for r in pending]
         for (i, src, k), v in zip(keys, values):
             read[i][src][k] = v
         return [_metrics(r, loss, d["device"], {**d["raw_extra"], **bal})

@@ -5,8 +5,11 @@ Owns: recording one optimizer step - the compute spans the trainer marks (forwar
 sync = launching what is left and waiting for the allreduces, with local_before's norm and
 clip; optimizer) and each bucket's ready, launch and completion time as the gradient buckets
 report them - the figures derived from them, and the drawing. Never: changes what a step
-does. Cost: a few clock reads per span and per bucket; completion is stamped by a callback
-on the allreduce's future, which runs on the communication thread when the data has arrived.
+does, or waits for the device inside a step. Cost: a few marks per span and per bucket
+(``runtime.clock``): on CPU host times, completion stamped by a callback on the allreduce's
+future (gloo runs it when the data has arrived); on CUDA events on the compute stream, and
+for completion one on a side stream that waits for the collective (NCCL completes its future
+at enqueue, so a callback there would stamp the launch) - read at the logging point.
 
 Times in the metrics file are seconds since the step started. Derived figures, per step:
   comm_s          time during which at least one of the step's allreduces was in flight: the
@@ -26,23 +29,33 @@ import argparse
 import contextlib
 import json
 import sys
-import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
+
+from runtime.clock import DeviceClock, Later
 
 SPANS = ("forward", "backward", "sync", "optimizer")
 
 
 class StepTimeline:
-    """Marks of the current step; ``summary()`` turns them into metrics.jsonl fields."""
+    """Marks of the current step; ``summary()`` turns them into metrics.jsonl fields.
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter):
-        self.clock = clock
+    ``device``: where the step's work runs. On CPU marks are host times; on CUDA they are
+    CUDA events (``runtime.clock``): when the *work* reached each point, read at the next
+    logging point, not in the step - so ``summary()`` there returns a `Deferred` that
+    runtime.step_log resolves. ``clock``: a host clock to use instead (tests)."""
+
+    def __init__(self, device: Any = "cpu", clock: Optional[Callable[[], float]] = None):
+        self._device_clock = DeviceClock(device)
+        self.clock: Callable[[], Any] = clock or self._device_clock.now
         self.start_step()
 
-    def start_step(self, t0: Optional[float] = None) -> None:
+    def now(self) -> Any:
+        return self.clock()
+
+    def start_step(self, t0: Any = None) -> None:
         self.t0 = self.clock() if t0 is None else t0
-        self.spans: dict[str, list[tuple[float, float]]] = {name: [] for name in SPANS}
+        self.spans: dict[str, list[tuple[Any, Any]]] = {name: [] for name in SPANS}
         self.start_buckets([])
 
     @contextlib.contextmanager
@@ -57,34 +70,74 @@ class StepTimeline:
     def start_buckets(self, nbytes: list[int]) -> None:
         n = len(nbytes)
         self.bytes = list(nbytes)
-        self.ready: list[Optional[float]] = [None] * n
-        self.launch: list[Optional[float]] = [None] * n
-        self.done: list[Optional[float]] = [None] * n
+        self.ready: list[Any] = [None] * n
+        self.launch: list[Any] = [None] * n
+        self.done: list[Any] = [None] * n
 
-    def bucket_ready(self, k: int, t: float) -> None:
-        self.ready[k] = t
+    def bucket_ready(self, k: int, t: Any = None) -> None:
+        self.ready[k] = self.clock() if t is None else t
 
-    def bucket_launched(self, k: int, t: float) -> None:
-        self.launch[k] = t
+    def bucket_launched(self, k: int, t: Any = None, work: Any = None) -> None:
+        """Bucket k's allreduce was launched (at ``t``); with ``work`` (its async work), its
+        completion is stamped when it happens (``runtime.clock.DeviceClock.after``)."""
+        self.launch[k] = self.clock() if t is None else t
+        if work is not None:
+            self.done[k] = self._device_clock.after(work)
 
-    def bucket_done(self, k: int, t: float) -> None:
-        self.done[k] = t
+    def bucket_done(self, k: int, t: Any = None) -> None:
+        self.done[k] = self.clock() if t is None else t
 
-    def done_callback(self, k: int) -> Callable:
-        """A future callback stamping bucket k of *this* step (safe if it runs late)."""
-        done, clock = self.done, self.clock
-
-        def stamp(_future) -> None:
-            if done[k] is None:
-                done[k] = clock()
-        return stamp
+    def waited(self, k: int) -> None:
+        """The caller's ``work.wait()`` for bucket k returned: on CPU, stamp the completion
+        now if the communication thread's callback has not run yet."""
+        if self._device_clock.cuda and self.clock == self._device_clock.now:
+            return  # the side-stream event is the completion
+        mark = self.done[k]
+        if mark is None or (isinstance(mark, Later) and mark.t is None):
+            self.done[k] = self.clock()
 
     # ---- derived ------------------------------------------------------------------------
-    def summary(self, end: Optional[float] = None) -> dict:
+    def summary(self, end: Any = None) -> dict:
+        """The step's figures (module docstring): now on CPU; on CUDA ``{"timeline":
+        Deferred}``, resolved when the step is logged."""
         end = self.clock() if end is None else end
-        rel = (lambda t: None if t is None else round(t - self.t0, 6))
-        backward_end = max((e for _, e in self.spans["backward"]), default=None)
-        flights = [(a, b) for a, b in zip(self.launch, self.done) if a is not None and b is not None]
+        frozen = _Frozen(self.t0, self.spans, self.bytes, self.ready, self.launch, self.done,
+                         end, self._device_clock)
+        if self._device_clock.cuda and self.clock == self._device_clock.now:
+            return {DEFERRED: Deferred(frozen.figures)}
+        return frozen.figures()
+
+
+DEFERRED = "timeline_deferred"
+"""The metrics key under which a CUDA step leaves its `Deferred` timeline."""
+
+
+class Deferred:
+    """Figures read later (``resolve()``: a dict to merge into the step's metrics)."""
+
+    def __init__(self, fn: Callable[[], dict]):
+        self.resolve = fn
+
+
+class _Frozen:
+    """One step's marks, turned into seconds since the step started when asked."""
+
+    def __init__(self, t0, spans, nbytes, ready, launch, done, end, clock: DeviceClock):
+        self.t0, self.spans, self.bytes, self.end, self.clock = t0, spans, nbytes, end, clock
+        self.ready, self.launch, self.done = ready, launch, done
+
+    def _at(self, mark) -> Optional[float]:
+        return None if mark is None else self.clock.seconds(self.t0, mark)
+
+    def figures(self) -> dict:
+        rel = (lambda t: None if t is None else round(t, 6))
+        spans = {name: [(self._at(a), self._at(b)) for a, b in v]
+                 for name, v in self.spans.items()}
+        ready = [self._at(t) for t in self.ready]
+        launch = [self._at(t) for t in self.launch]
+        done = [self._at(t) for t in self.done]
+        backward_end = max((e for _, e in spans["backward"] if e is not None), default=None)
+        flights = [(a, b) for a, b in zip(launch, done) if a is not None and b is not None]
         comm = union_length(flights)
         exposed = 0.0
         if flights and backward_end is not None:
@@ -93,11 +146,11 @@ class StepTimeline:
         return {
             "comm_s": comm, "exposed_comm_s": exposed, "overlap_frac": overlap,
             "timeline": {
-                "step_s": round(end - self.t0, 6),
-                "spans": {name: [[rel(a), rel(b)] for a, b in v] for name, v in self.spans.items()},
-                "buckets": {"bytes": self.bytes, "ready": [rel(t) for t in self.ready],
-                            "launch": [rel(t) for t in self.launch],
-                            "done": [rel(t) for t in self.done]},
+                "step_s": rel(self._at(self.end)),
+                "spans": {name: [[rel(a), rel(b)] for a, b in v] for name, v in spans.items()},
+                "buckets": {"bytes": self.bytes, "ready": [rel(t) for t in ready],
+                            "launch": [rel(t) for t in launch],
+                            "done": [rel(t) for t in done]},
             },
         }
 

@@ -194,7 +194,7 @@ class Trainer:
         model = build_model(cfg).to(dist.device)
         self.model = model
         t = cfg.train
-        self.timeline = StepTimeline() if t.timeline else None
+        self.timeline = StepTimeline(dist.device) if t.timeline else None
         self.grad_sync = build_grad_sync(
             model, self._sync_config(t), world_size=dist.world_size, device=dist.device,
             group=dist.group,
@@ -222,13 +222,20 @@ class Trainer:
                                           cost=self.batch_cost)
         self.step_log = StepLog(dist.world_size, self.balance_meter)
         self._run_t0: float | None = None
-        self.eval_batches = load_eval_batches(cfg.data.data_dir, dist.rank, dist.world_size,
-                                              cfg.data.eval_batch_size, limits=self.limits)
+        # The eval batches stay on the device: evaluation counts in time-to-train, and the
+        # same few MB would otherwise cross PCIe at every evaluation.
+        self.eval_batches = [b.to(dist.device) for b in load_eval_batches(
+            cfg.data.data_dir, dist.rank, dist.world_size, cfg.data.eval_batch_size,
+            limits=self.limits)]
         self.state.train_samples = (self.train_loader.steps_per_epoch * self.local_batch
                                     * dist.world_size)  # samples one epoch trains
         self.state.eval_samples = int(all_reduce_sum(torch.tensor(
-            sum(len(b.next_sentence_labels) for b in self.eval_batches))).item())
+            [sum(b.num_sequences for b in self.eval_batches)], device=dist.device)).item())
         self.state.derived.update(self._derived())
+        if self.state.derived["optimizer_compiled"] is False:
+            self._say(f"warning: the fused {cfg.optim.name} step runs eagerly (torch.compile "
+                      f"failed: the rank log has why): same numbers, several times slower, "
+                      f"with model-sized temporaries")
         self.next_eval = t.eval_cadence()[0]
         self.next_checkpoint = t.checkpoint_every_samples
         self.checkpoints.track(model=self.model, optimizer=self.optimizer,
@@ -295,12 +302,17 @@ class Trainer:
     def _derived(self) -> dict:
         s = self.cfg.schedule
         start, every = self.cfg.train.eval_cadence()
+        opt = self.optimizer
+        binding = getattr(opt, "flat_binding", None)
         return dict(local_batch_size=self.local_batch, gradient_accumulation_steps=self.accum,
                     world_size=self.dist.world_size, lr=self.base_lr,
                     warmup_steps=s.warmup_steps, start_warmup_step=s.start_warmup_step,
                     total_steps=s.total_steps, eval_iter_start_samples=start,
                     eval_iter_samples=every,
-                    parameters=sum(p.numel() for p in self.model.parameters()))
+                    parameters=sum(p.numel() for p in self.model.parameters()),
+                    optimizer_backend=opt.backend,
+                    optimizer_compiled=None if binding is None else binding.compiled,
+                    optimizer_compile_s=round(opt.compile_seconds, 3))
 
     # ---- one step -----------------------------------------------------------------------
     def _autocast(self):
@@ -312,7 +324,17 @@ class Trainer:
 
     def _micro_batches(self, it):
         for _ in range(self.accum):
-            yield next(it).to(self.dist.device, non_blocking=True)
+            yield self._to_device(next(it))
+
+    def _to_device(self, batch):
+        """The batch on the device, copied without making the host wait. From pageable
+        memory a CUDA copy synchronises the stream first (non_blocking or not), so on CUDA
+        the batch goes through pinned memory (the caching host allocator keeps each block
+        until its copy is done). With no other host sync in the step, the host collates the
+        next batch while the GPU still runs this one."""
+        if self.dist.device.type == "cuda":
+            batch = batch.pin_memory()
+        return batch.to(self.dist.device, non_blocking=True)
 
     @property
     def unpadded(self) -> bool:
@@ -327,7 +349,7 @@ class Trainer:
         norms, the clip coefficient and the skip decision stay on the device."""
         t0 = time.perf_counter()
         if self.timeline:
-            self.timeline.start_step(t0)
+            self.timeline.start_step()
         step, sync, scale = self.state.step, self.grad_sync, self.loss_scale
         lr = self.schedule(step)
         set_lr(self.optimizer, lr)
@@ -340,7 +362,8 @@ class Trainer:
                 with self._span("forward"), self._autocast():
                     out = self.net(batch.input_ids, batch.token_type_ids, batch.attention_mask,
                                    masked_lm_labels=batch.masked_lm_labels,
-                                   next_sentence_labels=batch.next_sentence_labels)
+                                   next_sentence_labels=batch.next_sentence_labels,
+                                   layout=batch.layout)
                 with self._span("backward"):
                     (out.loss * scale.loss_multiplier(self.accum)).backward()
             losses += torch.stack([out.loss.detach(), out.mlm_loss.detach(),
@@ -377,13 +400,11 @@ class Trainer:
     def evaluate(self) -> EvalResult:
         self.model.eval()
         counts = torch.zeros(2, dtype=torch.float64, device=self.dist.device)
-        for batch in self.eval_batches:
-            batch = batch.to(self.dist.device, non_blocking=True)
+        for batch in self.eval_batches:  # resident on the device since set-up
             with self._autocast():
                 out = self.model(batch.input_ids, batch.token_type_ids, batch.attention_mask,
-                                 masked_lm_labels=batch.masked_lm_labels)
-            counts += torch.stack([out.mlm_correct.double(), torch.as_tensor(
-                out.mlm_count, dtype=torch.float64, device=counts.device)])
+                                 masked_lm_labels=batch.masked_lm_labels, layout=batch.layout)
+            counts += torch.stack([out.mlm_correct.double(), out.mlm_count.double()])
         correct, count = all_reduce_sum(counts).tolist()
         return EvalResult(accuracy=correct / max(count, 1.0), correct=int(correct), count=int(count))
 

@@ -210,7 +210,9 @@ def finish(cfg, state, out: Path) -> None:
                "samples": state.samples, "eval_accuracy": state.eval_accuracy,
                "seed": cfg.train.seed, "config": cfg.source, "mllog": str(out / LOG_NAME),
                "metrics": str(out / METRICS_NAME), "plot": str(png),
-               "resumed_from": state.resume}
+               "resumed_from": state.resume,
+               "optimizer": {k.removeprefix("optimizer_"): v for k, v in state.derived.items()
+                             if k.startswith("optimizer_")}}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"mllog log:    {out / LOG_NAME}\nmetrics:      {out / METRICS_NAME}\n"
           f"plot:         {png}", flush=True)

@@ -18,6 +18,18 @@ from slurm_cluster import slurm_cluster  # noqa: F401,E402
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` skip cleanly where torch sees no GPU (CI, the dev machine);
+    ``python -m bench.gpu`` runs them on one with ``-m cuda``."""
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 def default_stop_signals() -> None:
     """``preexec_fn`` for a script whose signal handling a test checks: the stop signals at
     their default disposition, whatever this suite inherited. A signal ignored when bash

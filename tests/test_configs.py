@@ -41,6 +41,10 @@ def test_dgx_configs_are_closed_bert_large(path):
     assert cfg.optim.name == "lamb" and cfg.optim.eps == 1e-6 and cfg.optim.weight_decay == 0.01
     assert cfg.submission.division == "closed" and cfg.train.target_mlm_accuracy == 0.720
     assert cfg.system.device == "cuda" and cfg.train.precision in ("bf16", "fp16")
+    # What a fast GPU run needs (docs/GPU.md): no padding compute, the compiled fused step,
+    # no split tied sync where the step's tokens cover the vocabulary.
+    assert cfg.model.attention == "unpadded" and cfg.optim.backend in ("auto", "fused")
+    assert cfg.train.tied_embedding_sync == "dense" and cfg.data.balance == "local"
     # The eval cadence is NVIDIA's, which is also MLPerf's formula for this batch.
     gbs = cfg.train.global_batch_size
     formula = int(0.05 * (230.23 * gbs + 3_000_000) // 25_000) * 25_000

@@ -144,6 +144,12 @@ def assert_batches_equal(a: list[Batch], b: list[Batch]) -> None:
                      "next_sentence_labels"):
             assert torch.equal(getattr(x, name), getattr(y, name)), name
         assert (x.num_real_tokens, x.num_padded_tokens) == (y.num_real_tokens, y.num_padded_tokens)
+        assert x.sequence_lengths == y.sequence_lengths
+        for name in ("token_index", "cu_seqlens", "token_in_seq", "seq_of_token",
+                     "masked_positions", "masked_tokens"):
+            assert torch.equal(getattr(x.layout, name), getattr(y.layout, name)), name
+        assert (x.layout.lengths, x.layout.max_len, x.layout.min_len) == \
+            (y.layout.lengths, y.layout.max_len, y.layout.min_len)
 
 
 # -------------------------------------------------------------------------------- batches
@@ -163,6 +169,15 @@ def test_batch_shapes_and_dtypes(synthetic_dataset):
     moved = batch.to("cpu", non_blocking=True)
     assert torch.equal(moved.input_ids, batch.input_ids)
     assert moved.num_real_tokens == batch.num_real_tokens
+    # The host-built layout travels with the batch (the model then reads nothing back).
+    lay = moved.layout
+    assert lay is not batch.layout and torch.equal(lay.token_index, batch.layout.token_index)
+    real = batch.attention_mask.reshape(-1) > 0
+    assert torch.equal(lay.token_index, real.nonzero().squeeze(1))
+    assert lay.cu_seqlens.dtype == torch.int32 and int(lay.cu_seqlens[-1]) == batch.num_real_tokens
+    assert list(lay.lengths) == [n for row in batch.sequence_lengths for n in row]
+    labels = batch.masked_lm_labels.reshape(-1)
+    assert torch.equal(lay.masked_positions, (labels != IGNORE_INDEX).nonzero().squeeze(1))
     loader.close()
 
 

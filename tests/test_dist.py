@@ -474,8 +474,20 @@ def test_device_binding_errors(monkeypatch):
     with pytest.raises(dist.DistError, match="rank 3: device 'cuda'"):
         dist._bind_device(info, "cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    bound = []
+    monkeypatch.setattr(torch.cuda, "set_device", bound.append)
+    # Each task sees only its own GPU (srun --gpus-per-task=1): local rank 1 takes cuda:0.
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    with pytest.raises(dist.DistError, match=r"rank 3 \(local rank 1 of 2.*cuda:1.*1 CUDA device"):
-        dist._bind_device(info, "auto")
+    assert dist._bind_device(info, "auto") == torch.device("cuda", 0) and bound == [0]
+    # Every task sees the node's GPUs: local rank i takes cuda:i.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert dist._bind_device(info, "cuda") == torch.device("cuda", 1) and bound[-1] == 1
+    # 4 ranks on a node that shows each of them 2 GPUs: which one is ambiguous.
+    crowded = LaunchInfo(3, 3, 8, 4, "mpi", rendezvous="mpi")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(dist.DistError, match=r"rank 3 \(local rank 3 of 4.*sees 2 CUDA devices"):
+        dist._bind_device(crowded, "auto")
+    with pytest.raises(dist.DistError, match=r"needs cuda:5, but this node shows 2"):
+        dist._bind_device(info, "cuda:5")
     with pytest.raises(dist.DistError, match="only cpu and cuda"):
         dist._bind_device(info, "meta")

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import (KERNELS, Varlen, block_diagonal, cuda_varlen_available,
+from kernels.attention import (KERNELS, Varlen, block_diagonal, cuda_varlen, jagged,
                                per_sequence, repad, varlen_attention)
 
 LENGTHS = [7, 1, 12, 5, 12]
@@ -23,9 +23,15 @@ def varlen_inputs(lengths=LENGTHS, heads=3, d=8, device="cpu", seed=0):
 def test_varlen_layout():
     v = Varlen.from_lengths(torch.tensor([3, 1, 2]))
     assert v.cu_seqlens.tolist() == [0, 3, 4, 6] and v.cu_seqlens.dtype == torch.int32
-    assert v.lengths == [3, 1, 2] and v.max_len == 3 and v.num_tokens == 6
+    assert v.lengths == [3, 1, 2] and v.max_len == 3 and v.min_len == 1 and v.num_tokens == 6
     assert v.token_in_seq.tolist() == [0, 1, 2, 0, 0, 1]
     assert v.seq_of_token.tolist() == [0, 0, 0, 1, 2, 2]
+    assert v.offsets.dtype == torch.int64 and v.offsets is v.offsets  # converted once
+    assert v.device_lengths().tolist() == [3, 1, 2] and v.num_seqs == 3
+    # The same layout handed over from the host: nothing is read back, lengths come lazily.
+    h = Varlen.from_host(v.cu_seqlens, v.token_in_seq, v.seq_of_token, 3, 1)
+    assert (h.num_tokens, h.max_len, h.min_len, h.lengths) == (6, 3, 1, None)
+    assert h.host_lengths() == [3, 1, 2]
 
 
 def test_reference_equals_padded_sdpa():
@@ -42,8 +48,11 @@ def test_reference_equals_padded_sdpa():
         start += n
 
 
-@pytest.mark.parametrize("kernel", [repad, block_diagonal])
+@pytest.mark.parametrize("kernel", [repad, block_diagonal, jagged])
 def test_kernel_equals_reference_forward_and_backward(kernel):
+    # jagged is cuda_varlen's body: on CPU torch runs it through its math path, so the
+    # conversions to and from nested tensors (offsets, min/max lengths, transposes) are
+    # checked here without a GPU.
     (q, k, v), layout = varlen_inputs()
     (q2, k2, v2), _ = varlen_inputs()
     want, got = per_sequence(q, k, v, layout), kernel(q2, k2, v2, layout)
@@ -58,7 +67,7 @@ def test_kernel_equals_reference_forward_and_backward(kernel):
 def test_dispatch_by_name_and_auto():
     (q, k, v), layout = varlen_inputs()
     ref = per_sequence(q, k, v, layout)
-    for name in ("auto", "per_sequence", "repad", "block_diagonal"):
+    for name in ("auto", "per_sequence", "repad", "block_diagonal", "jagged"):
         torch.testing.assert_close(varlen_attention(q, k, v, layout, kernel=name), ref)
     with pytest.raises(ValueError, match="unknown varlen attention kernel 'flash'"):
         varlen_attention(q, k, v, layout, kernel="flash")
@@ -71,10 +80,56 @@ def test_cuda_varlen_refuses_cpu_tensors():
         varlen_attention(q, k, v, layout, kernel="cuda_varlen")
 
 
-@pytest.mark.skipif(not cuda_varlen_available(), reason="CUDA varlen attention needs a GPU")
+# ---- CUDA: what training runs (bf16, dropout, backward); skipped without a GPU --------------
+
+@pytest.mark.cuda
 def test_cuda_varlen_equals_reference():
     (q, k, v), layout = varlen_inputs(device="cuda")
     qkv = [t.detach().float().requires_grad_() for t in (q, k, v)]
     ref = per_sequence(*[t.detach().float() for t in (q, k, v)], layout)
     torch.testing.assert_close(varlen_attention(*qkv, layout, kernel="cuda_varlen"), ref,
                                atol=2e-3, rtol=2e-3)
+
+
+def _bf16_inputs(lengths=(7, 1, 12, 5, 12, 64), heads=4, d=64):
+    """BERT-like head size (64) in bf16, as autocast hands SDPA its inputs in training."""
+    (q, k, v), _ = varlen_inputs(list(lengths), heads=heads, d=d)
+    layout = Varlen.from_lengths(torch.tensor(lengths, device="cuda"))
+    return [t.detach().to("cuda", torch.bfloat16).requires_grad_() for t in (q, k, v)], layout
+
+
+@pytest.mark.cuda
+def test_cuda_varlen_bf16_forward_and_backward_equal_the_reference():
+    qkv, layout = _bf16_inputs()
+    ref_in = [t.detach().float().requires_grad_() for t in qkv]
+    got = cuda_varlen(*qkv, layout)
+    want = per_sequence(*ref_in, layout)
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    g = torch.randn_like(want)
+    (got.float() * g).sum().backward()
+    (want * g).sum().backward()
+    for a, b in zip(ref_in, qkv):
+        torch.testing.assert_close(b.grad.float(), a.grad, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.cuda
+def test_cuda_varlen_runs_on_flash_with_dropout_and_no_host_sync():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    qkv, layout = _bf16_inputs()
+    host = Varlen.from_host(layout.cu_seqlens, layout.token_in_seq, layout.seq_of_token,
+                            layout.max_len, layout.min_len)  # as training hands it over
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        # Flash only: if torch cannot use it (shape, dtype, dropout) this raises instead of
+        # falling back to the slow math path that splits the nested tensor per sequence.
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                out = cuda_varlen(*qkv, host, dropout_p=0.1)
+                out.float().square().sum().backward()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        outs.append(out.detach())
+        assert all(torch.isfinite(t.grad).all() for t in qkv)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)  # same seed, same masks

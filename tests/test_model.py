@@ -217,7 +217,7 @@ def per_sequence_hidden(hidden, mask):
             for k in range(1, int(mask[r].max()) + 1)}
 
 
-@pytest.mark.parametrize("kernel", ["per_sequence", "repad", "block_diagonal"])
+@pytest.mark.parametrize("kernel", ["per_sequence", "repad", "block_diagonal", "jagged"])
 def test_unpadded_outputs_and_gradients_equal_padded(kernel):
     cfg, model = tiny_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     ids, types, mask, labels, nsp = tiny_batch(cfg, pad_to=30)
@@ -280,6 +280,57 @@ def test_packed_attention_leaks_nothing_between_sequences(attention):
     for key in ((0, 1), (0, 3)):
         torch.testing.assert_close(after[key], before[key], atol=0, rtol=0)
     torch.testing.assert_close(nsp_after[[0, 2]], nsp_before[[0, 2]], atol=0, rtol=0)
+
+
+def host_layout_of(mask, labels):
+    """The host-built ``loaders.collate.Layout`` of a padded test batch, as collation ships
+    it with every training batch."""
+    from loaders.collate import host_layout
+    lengths = (mask > 0).sum(1).tolist()
+    return host_layout(np.array(lengths), mask.shape[1],
+                       [m[:n].numpy() for m, n in zip(mask, lengths)],
+                       [x[:n].numpy() for x, n in zip(labels, lengths)])
+
+
+def test_host_layout_equals_the_one_found_on_the_device():
+    cfg, _ = tiny_model()
+    ids, types, mask, labels, _ = tiny_batch(cfg, pad_to=30)
+    packed = pack_rows(ids, types, mask, labels, [[1, 2], [0]])
+    for m, lab in ((mask, labels), (packed[2], packed[3])):
+        host, dev = host_layout_of(m, lab), M.TokenLayout.of(m)
+        assert torch.equal(host.token_index, dev.index)
+        for name in ("cu_seqlens", "token_in_seq", "seq_of_token"):
+            assert torch.equal(getattr(host, name), getattr(dev.varlen, name)), name
+        assert list(host.lengths) == dev.varlen.lengths
+        assert (host.max_len, host.min_len) == (dev.varlen.max_len, dev.varlen.min_len)
+        want = (lab.reshape(-1) != -100).nonzero().squeeze(1)
+        assert torch.equal(host.masked_positions, want)
+        assert torch.equal(host.token_index[host.masked_tokens], want)
+
+
+@pytest.mark.parametrize("path", [dict(), dict(attention="unpadded", kernel="repad"),
+                                  dict(attention="unpadded", kernel="per_sequence"),
+                                  dict(attention="unpadded", kernel="jagged"),
+                                  dict(packed=True), dict(attention="unpadded", packed=True)])
+def test_the_host_layout_gives_the_same_step_as_the_device_one(path):
+    """What training runs (the layout from collation: no host sync) equals the HF-style call
+    that finds the tokens and masked positions on the device, outputs and gradients."""
+    cfg, model = tiny_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ids, types, mask, labels, nsp = tiny_batch(cfg, pad_to=30)
+    if path.get("packed"):
+        ids, types, mask, labels = pack_rows(ids, types, mask, labels, [[1, 2], [0]])
+        nsp = nsp[[1, 2, 0]]
+    layout = host_layout_of(mask, labels)
+    models = [same_weights(model, **path) for _ in range(2)]
+    outs = [models[0](ids, types, mask, labels, nsp),
+            models[1](ids, types, mask, labels, nsp, layout=layout)]
+    for name in ("mlm_logits", "nsp_logits", "loss", "mlm_count", "mlm_correct"):
+        torch.testing.assert_close(getattr(outs[1], name), getattr(outs[0], name),
+                                   atol=1e-6, rtol=1e-6, msg=name)
+    for o in outs:
+        o.loss.backward()
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_unknown_attention_mode_is_an_error():

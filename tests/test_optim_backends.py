@@ -21,7 +21,7 @@ from kernels.optim_flat import FlatLayout
 from runtime import optim
 from runtime.optim import build_optimizer
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CUDA = pytest.mark.cuda  # skipped without a GPU (conftest)
 
 # name -> shape; init "zero" gives a zero-norm weight (trust ratio 1). "head.still.weight"
 # never gets a gradient (with λ = 0 its update is 0: ratio 1 from a zero update norm).

@@ -21,13 +21,14 @@ from runtime.dist import broadcast_tensors
 from runtime.grad_sync.buckets import CLIP_MODES, GRAD_ALIGN, GradientBuckets
 from runtime.grad_sync.ddp import DDPSync
 from runtime.grad_sync.plan import (MB, BucketPlan, GradLayout, Piece, PlanError, alone_bucket,
-                                    reverse_registration_order, tied_sync_mode)
+                                    reverse_registration_order, split_pays, tied_sync_mode)
 from runtime.grad_sync.protocol import GradSync, SyncReport
 from runtime.grad_sync.tied import TiedEmbeddingSplit, find_tied_head
 
 __all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "BucketPlan", "DDPSync", "GradLayout", "GradSync",
            "GradientBuckets", "Piece", "PlanError", "SyncReport", "TiedEmbeddingSplit",
-           "alone_bucket", "build_grad_sync", "reverse_registration_order", "tied_sync_mode"]
+           "alone_bucket", "build_grad_sync", "reverse_registration_order", "split_pays",
+           "tied_sync_mode"]
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -55,6 +56,10 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
         found = find_tied_head(model, named, required=asked == "split")
         if found is not None:
             head, tied_name = found
+            rows = dict(named)[tied_name].shape[0]
+            if tied_sync_mode(asked, train_cfg.clip_mode, world_size, split_pays(
+                    rows, tokens_per_step, world_size, torch.device(device).type)) == "dense":
+                head, tied_name = None, None
     cap = None
     if train_cfg.bucket_plan:
         plan = BucketPlan.read(train_cfg.bucket_plan, sizes)

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from typing import Any, Callable, Optional, get_args
 
 import torch
@@ -257,7 +256,7 @@ class GradientBuckets:
                                f"synchronised step: run all micro-batches but the last under "
                                f"no_sync()")
         self._ready.add(id(param))
-        now = time.perf_counter() if self.timeline is not None else 0.0
+        now = self.timeline.now() if self.timeline is not None else None
         for b in self._buckets_of[id(param)]:
             self._pending[b] -= 1
             if self._pending[b] == 0 and self.timeline is not None:
@@ -290,7 +289,7 @@ class GradientBuckets:
         elif scale != 1.0:
             buf.mul_(scale)
         timeline = self.timeline
-        now = time.perf_counter() if timeline is not None else 0.0
+        now = timeline.now() if timeline is not None else None
         if self.world_size == 1 or self._skip:
             if timeline is not None:
                 timeline.bucket_launched(k, now)
@@ -300,17 +299,15 @@ class GradientBuckets:
         work = torch_dist.all_reduce(comm, op=torch_dist.ReduceOp.SUM, group=self.group,
                                      async_op=True)
         self._works[k], self._comm[k] = work, comm
-        if timeline is not None:
-            timeline.bucket_launched(k, now)
-            # the future completes on the communication thread: the true end of the allreduce
-            work.get_future().add_done_callback(timeline.done_callback(k))
+        if timeline is not None:  # completion stamped when the data has arrived
+            timeline.bucket_launched(k, now, work=work)
 
     def finish(self) -> SyncReport:
         """After the last backward: launch what is left (everything, for local_before), wait
         for every allreduce in order; the buffer then holds the averaged (clipped) gradient."""
         if not self._armed:
             raise RuntimeError("finish() without begin_step()")
-        backward_done_at = time.perf_counter() if self.timeline is not None else 0.0
+        backward_done_at = self.timeline.now() if self.timeline is not None else None
         launched_in_backward = self._next
         if self.clip_mode == "local_before" and self.max_grad_norm > 0:
             self._local_norm = self.grad_norm() / self._loss_scale
@@ -325,8 +322,8 @@ class GradientBuckets:
         for k, work in enumerate(self._works):
             if work is not None:
                 work.wait()
-                if self.timeline is not None and self.timeline.done[k] is None:
-                    self.timeline.bucket_done(k, time.perf_counter())  # callback not run yet
+                if self.timeline is not None:
+                    self.timeline.waited(k)
                 lo, hi = self.bounds[k]
                 if self._comm[k] is not None and self._comm[k].dtype != self.dtype:
                     self.flat[lo:hi].copy_(self._comm[k])

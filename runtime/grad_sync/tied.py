@@ -29,7 +29,6 @@ CPU there is no stream to stall, and ``nonzero`` sends exactly the touched rows.
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Optional
 
 import torch
@@ -123,7 +122,7 @@ class TiedEmbeddingSplit:
             self._dec.add_(grad)  # gradient accumulation: micro-steps add up
         if not self.sync:
             return
-        now = time.perf_counter() if self.timeline is not None else 0.0
+        now = self.timeline.now() if self.timeline is not None else None
         if self.timeline is not None:
             self.timeline.bucket_ready(self.lane, now)
         if self.world_size > 1:
@@ -140,7 +139,7 @@ class TiedEmbeddingSplit:
     def launch_lookup(self, rows: torch.Tensor) -> None:
         """The lookup bucket is ready (``rows``: the tied gradient as [vocab, hidden], a view
         of the bucket buffer): launch the allreduce-max of the touched-row mask."""
-        now = time.perf_counter() if self.timeline is not None else 0.0
+        now = self.timeline.now() if self.timeline is not None else None
         if self.world_size == 1 or self.skip_communication:
             self._stamp(self.lookup_lane, now, done=True)
             return
@@ -162,9 +161,11 @@ class TiedEmbeddingSplit:
             rows.index_copy_(0, idx, part.to(rows.dtype))
             if self.timeline is not None:
                 self.timeline.bytes[self.lookup_lane] = part.numel() * part.element_size()
-                self.timeline.bucket_done(self.lookup_lane, time.perf_counter())
+                self.timeline.bucket_done(self.lookup_lane)
         if self._work is not None:
             self._work.wait()
+            if self.timeline is not None:
+                self.timeline.waited(self.lane)
             if self._comm is not self._dec:
                 self._dec.copy_(self._comm)
         if not self._fresh:  # the decoder ran in this step
@@ -181,11 +182,9 @@ class TiedEmbeddingSplit:
         tl = self.timeline
         if tl is None:
             return
-        tl.bucket_launched(lane, now)
+        tl.bucket_launched(lane, now, work=None if done else work)
         if done:
             tl.bucket_done(lane, now)
-        elif work is not None:
-            work.get_future().add_done_callback(tl.done_callback(lane))
 
     def close(self) -> None:
         """Put the model's own decoder back."""

@@ -201,6 +201,10 @@ def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
     spec = SyncSpec(clip_mode=cfg.train.clip_mode, tied_sync="dense", reduce_bytes=rb,
                     align=measure.engine_align(), world_size=ctx.world_size)
     sizes_by_name = profile.sizes()
+    from runtime.grad_sync.plan import split_pays
+    pays = split_pays(profile.tied_rows, cfg.local_batch_size(ctx.world_size)
+                      * cfg.train.gradient_accumulation_steps * cfg.data.max_seq_length,
+                      ctx.world_size, ctx.device.type)
     config_plan, config_name = None, f"this config (bucket_cap_mb={cfg.train.bucket_cap_mb:g})"
     if cfg.train.bucket_plan:
         config_plan = BucketPlan.read(cfg.train.bucket_plan, sizes_by_name)
@@ -208,13 +212,15 @@ def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
     else:
         from runtime.tune.simulate import Instance
         from runtime.grad_sync.plan import tied_sync_mode
-        mode = tied_sync_mode(cfg.train.tied_embedding_sync, cfg.train.clip_mode, ctx.world_size)
+        mode = tied_sync_mode(cfg.train.tied_embedding_sync, cfg.train.clip_mode, ctx.world_size,
+                              pays)
         alone = profile.tied if mode == "split" else None
         inst = Instance.build(profile, spec, comm)
         config_plan = cap_plan(inst, cfg.train.bucket_cap_mb * MB, config_name, alone)
     K = _num_buckets(args.num_buckets, cfg, config_plan)
     rows = compare(profile, comm, spec, cfg.train.tied_embedding_sync, config_plan, config_name,
-                   num_buckets=K, grid=args.grid, try_other_tied=args.both_tied)
+                   num_buckets=K, grid=args.grid, try_other_tied=args.both_tied,
+                   split_pays=pays)
     if cfg.train.clip_mode == "bucket_before" and K is not None:
         free = next(r for r in compare(profile, comm, spec, cfg.train.tied_embedding_sync,
                                        None, "", None, grid=args.grid) if r.name == "tuned")

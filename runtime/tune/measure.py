@@ -7,7 +7,9 @@ Owns: `measure_step` (→ ``StepProfile``: model and batches exactly as training
 flat buffer in production order as the bucket engine keeps them, the config's optimizer;
 ``register_post_accumulate_grad_hook`` stamps when each gradient is final; a tap on the MLM
 decoder's tied weight stamps when the decoder's share is produced; medians over the steps
-after warm-up, the slowest rank's for each span, since an allreduce waits for the last rank),
+after warm-up, the slowest rank's for each span, since an allreduce waits for the last rank;
+on a GPU every mark is a CUDA event - ``runtime.clock`` - since host times there are launch
+times),
 `measure_allreduce` (median blocking allreduce time per size in the reduce dtype, each repeat
 started together after a barrier, the slowest rank's median), `engine_align` and
 `tied_embedding` (what the engine would do with this model).
@@ -25,6 +27,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as torch_dist
 
+from runtime.clock import DeviceClock
 from runtime.grad_sync import GRAD_ALIGN, REDUCE_DTYPES
 from runtime.grad_sync.plan import BucketPlan, GradLayout
 from runtime.tune.simulate import Gradient, StepProfile
@@ -72,18 +75,21 @@ class _Tap(torch.autograd.Function):
 
 def _median_max(values: list[float]) -> float:
     """The slowest rank's median (every rank passes its own list)."""
-    med = torch.tensor([statistics.median(values)], dtype=torch.float64)
-    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
-        torch_dist.all_reduce(med, op=torch_dist.ReduceOp.MAX)
-    return float(med)
+    from runtime.dist import all_reduce_max, current
+    ctx = current()
+    med = torch.tensor([statistics.median(values)], dtype=torch.float64,
+                       device=ctx.device if ctx is not None else "cpu")
+    return float(all_reduce_max(med))
 
 
-def _per_element(fn, numel: int, repeat: int = 5) -> float:
+def _per_element(fn, numel: int, clock: DeviceClock, repeat: int = 5) -> float:
     times = []
     fn()
     for _ in range(repeat):
+        clock.synchronize()
         t = time.perf_counter()
         fn()
+        clock.synchronize()  # on a GPU the work, not its launch
         times.append(time.perf_counter() - t)
     return statistics.median(times) / max(numel, 1)
 
@@ -151,21 +157,22 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
                          verify=False, prefetch=cfg.data.prefetch,
                          balance=cfg.data.balance_spec(ctx.local_world_size))
     it = iter(loader)
-    stamps: dict[str, float] = {}
+    clock = DeviceClock(ctx.device)  # on a GPU, marks of when the work got there (events)
+    stamps: dict[str, Any] = {}
     arrival: list[str] = []
-    dec_stamp: list[float] = []
+    dec_stamp: list[Any] = []
 
     def hook(name):
         def fn(_p):
             if name not in stamps:
-                stamps[name] = time.perf_counter()
+                stamps[name] = clock.now()
                 arrival.append(name)
         return fn
 
     handles = [p.register_post_accumulate_grad_hook(hook(n)) for n, p in named]
     tapped = head is not None and hasattr(head, "weight_tap")
     if tapped:  # the model routes the decoder's weight through a tap: stamp it there
-        head.weight_tap = lambda w: _Tap.apply(w, lambda: dec_stamp.append(time.perf_counter()))
+        head.weight_tap = lambda w: _Tap.apply(w, lambda: dec_stamp.append(clock.now()))
     bias_name = decoder_bias(head, named)
     autocast = contextlib.nullcontext()
     if cfg.train.precision != "fp32":
@@ -184,35 +191,35 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
         for step in range(warmup + steps):
             if ctx.world_size > 1:
                 torch_dist.barrier()  # every rank starts the step together, as after a sync
-            t0 = time.perf_counter()
+            clock.synchronize()
+            t0 = clock.now()
             stamps.clear(), arrival.clear(), dec_stamp.clear()
-            data = fwd = 0.0
-            mask = torch.zeros(rows, dtype=torch.uint8)
+            data = 0.0
+            mask = torch.zeros(rows, dtype=torch.uint8, device=ctx.device)
             for i in range(accum):
                 t = time.perf_counter()
                 batch = next(it).to(ctx.device)
+                clock.synchronize()  # the batch is there (a host span: loading and copying)
                 data += time.perf_counter() - t
-                mask[batch.input_ids.reshape(-1).cpu().long()] = 1
-                t = time.perf_counter()
+                mask[batch.input_ids.reshape(-1)] = 1
                 with autocast:
                     out = model(batch.input_ids, batch.token_type_ids, batch.attention_mask,
                                 masked_lm_labels=batch.masked_lm_labels,
-                                next_sentence_labels=batch.next_sentence_labels)
+                                next_sentence_labels=batch.next_sentence_labels,
+                                layout=batch.layout)
                 if i < accum - 1:
                     (out.loss / accum).backward()
                     stamps.clear(), arrival.clear(), dec_stamp.clear()
-                fwd += time.perf_counter() - t
-            tb = time.perf_counter()
+            tb = clock.now()
             (out.loss / accum).backward()
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize()
-            te = time.perf_counter()
+            te = clock.now()
             norm = float(flat.float().pow(2).sum().sqrt())
             coef = min(1.0, cfg.train.max_grad_norm / (norm + 1e-6)) \
                 if cfg.train.max_grad_norm > 0 else 1.0
             optimizer.step(grad_scale=coef)
             flat.zero_()
-            to = time.perf_counter()
+            to = clock.now()
+            clock.synchronize()
             if ctx.world_size > 1:
                 torch_dist.barrier()  # the tail without waiting for a slower rank
             ts = time.perf_counter()
@@ -224,11 +231,15 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
             tt = time.perf_counter()
             if pad is not None:
                 mask[pad] = 0
+
+            def at(mark):
+                return clock.seconds(t0, mark)
             # offsets from the step start, the slowest rank's each: a bucket's allreduce
             # starts when its last rank issues it
-            marks = torch.tensor([data, tb - t0, te - t0, to - te,
-                                  (dec_stamp[0] - t0) if dec_stamp else -1.0]
-                                 + [stamps.get(n, te) - t0 for n in names], dtype=torch.float64)
+            marks = torch.tensor([data, at(tb), at(te), at(to) - at(te),
+                                  at(dec_stamp[0]) if dec_stamp else -1.0]
+                                 + [at(stamps.get(n, te)) for n in names], dtype=torch.float64,
+                                 device=ctx.device)
             if ctx.world_size > 1:
                 torch_dist.all_reduce(marks, op=torch_dist.ReduceOp.MAX)
                 torch_dist.all_reduce(mask, op=torch_dist.ReduceOp.MAX)
@@ -256,7 +267,7 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
         slowdown, contention = 1.0, {}
         if ctx.world_size > 1 and contention_steps > 0:
             slowdown, contention = _contention(cfg, ctx, model, it, flat, autocast,
-                                               contention_steps)
+                                               contention_steps, clock)
     finally:
         for h in handles:
             h.remove()
@@ -269,8 +280,8 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
     ready_med = {n: _median_max(v) for n, v in ready.items()}
     # launch work on the compute thread: the engine's 1/P pass and a local norm, per element
     probe = flat
-    prescale = _per_element(lambda: probe.mul_(1.0), probe.numel())
-    norm_cost = _per_element(lambda: probe.float().pow(2).sum().sqrt(), probe.numel())
+    prescale = _per_element(lambda: probe.mul_(1.0), probe.numel(), clock)
+    norm_cost = _per_element(lambda: probe.float().pow(2).sum().sqrt(), probe.numel(), clock)
     tied_finish = 0.0
     if tied is not None:
         w = params[tied]
@@ -283,7 +294,7 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
             idx = m.nonzero().squeeze(1)[:touched]
             g.index_copy_(0, idx, g.index_select(0, idx))
             g.add_(dec)
-        tied_finish = _per_element(finish, 1)
+        tied_finish = _per_element(finish, 1, clock)
     profile = StepProfile(
         grads=tuple(Gradient(n, sizes[n], ready_med[n]) for n in order),
         forward_s=med["forward_s"], backward_s=med["backward_s"], optimizer_s=med["optimizer_s"],
@@ -297,20 +308,24 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
                            "measured (rank 0's, as the engine re-cuts)")
 
 
-def _contention(cfg, ctx, model, it, flat, autocast, steps: int) -> tuple[float, dict]:
+def _contention(cfg, ctx, model, it, flat, autocast, steps: int,
+                clock: DeviceClock) -> tuple[float, dict]:
     """κ: how much slower an allreduce runs while backward computes than alone. One
     allreduce of half the gradient's bytes (reduce dtype) is launched as backward starts; its
-    completion is stamped by a callback on its future (the communication thread). With W its
-    time alone and B the backward time: done at d ≤ B gives κ = d/W; done after B (the rest
-    at full speed) gives κ = B / (W − (d − B))."""
+    completion is stamped when its data has arrived (``runtime.clock``: the future's callback
+    on gloo, an event on a stream that waits for it on NCCL). With W its time alone and B the
+    backward time: done at d ≤ B gives κ = d/W; done after B (the rest at full speed) gives
+    κ = B / (W − (d − B))."""
     dtype = REDUCE_DTYPES[cfg.train.allreduce_dtype]
     buf = torch.ones(max(1, flat.numel() // 2), dtype=dtype, device=ctx.device)
     torch_dist.all_reduce(buf)
     alone = []
     for _ in range(3):
         torch_dist.barrier()
+        clock.synchronize()
         t = time.perf_counter()
         torch_dist.all_reduce(buf)
+        clock.synchronize()  # NCCL's all_reduce returns at enqueue
         alone.append(time.perf_counter() - t)
     W = _median_max(alone)
     ks, backward = [], []
@@ -320,18 +335,20 @@ def _contention(cfg, ctx, model, it, flat, autocast, steps: int) -> tuple[float,
         with autocast:
             out = model(batch.input_ids, batch.token_type_ids, batch.attention_mask,
                         masked_lm_labels=batch.masked_lm_labels,
-                        next_sentence_labels=batch.next_sentence_labels)
-        done: list[float] = []
-        tb = time.perf_counter()
+                        next_sentence_labels=batch.next_sentence_labels, layout=batch.layout)
+        tb = clock.now()
         work = torch_dist.all_reduce(buf, async_op=True)
-        work.get_future().add_done_callback(lambda _f: done.append(time.perf_counter()))
+        done = clock.after(work)
         out.loss.backward()
-        te = time.perf_counter()
+        te = clock.now()
         work.wait()
-        while not done:
+        clock.synchronize()
+        for _ in range(10000):  # gloo: the callback may run just after wait() returns
+            if clock.seconds(tb, done) is not None:
+                break
             time.sleep(1e-4)
         flat.zero_()
-        d, B = done[0] - tb, te - tb
+        d, B = clock.seconds(tb, done), clock.seconds(tb, te)
         rest = W - (d - B)
         k = d / W if d <= B else (B / rest if rest > 0.05 * W else d / W)
         ks.append(max(1.0, k))

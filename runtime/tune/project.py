@@ -40,7 +40,7 @@ from typing import Optional
 
 from runtime.tune.fabric import Fabric, FabricError, from_table, load_fabric
 from runtime.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
-from runtime.grad_sync.plan import tied_sync_mode
+from runtime.grad_sync.plan import split_pays, tied_sync_mode
 from runtime.tune.solve import (DDP_MB, HOROVOD_MB, MEGATRON_MIN_PARAMS, MB, cap_plan,
                                 single_size_grid, solve)
 
@@ -127,6 +127,14 @@ def with_tied_embedding(cpu: StepProfile) -> StepProfile:
 
 
 def touched_rows(gp: GpuProfile, vocab: int, tokens: float) -> int:
+    """Rows the split tied sync reduces after backward on a GPU: the engine's fixed-size
+    buffer of min(V, the step's tokens on all GPUs) rows (runtime.grad_sync.tied compacts the
+    touched rows without reading their count back), not the distinct rows the tokens touch
+    (Heaps' law, ``distinct_rows``: what the CPU engine sends)."""
+    return int(min(vocab, tokens))
+
+
+def distinct_rows(gp: GpuProfile, vocab: int, tokens: float) -> int:
     """Rows of the word embedding the step's tokens (all GPUs) look up: Heaps' law, ≤ V."""
     return int(min(vocab, gp.heaps_k * tokens ** gp.heaps_beta))
 
@@ -223,7 +231,8 @@ def step_points(gp: GpuProfile, cpu: StepProfile, fabric: Fabric, gpus: int, loc
                 num_buckets: Optional[int] = None) -> list[Point]:
     profile = gpu_step_profile(gp, cpu, local_batch, gpus)
     comm = fabric.comm_model(gpus)
-    tied = tied_sync_mode("auto", clip_mode, gpus)
+    tied = tied_sync_mode("auto", clip_mode, gpus, split_pays(
+        cpu.tied_rows, local_batch * gp.tokens_per_sequence, gpus, "cuda"))
     spec = SyncSpec(clip_mode=clip_mode, tied_sync=tied, reduce_bytes=gp.reduce_bytes,
                     align=1024, world_size=gpus)
     inst = Instance.build(profile, spec, comm)

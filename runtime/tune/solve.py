@@ -255,15 +255,17 @@ class Row:
 def compare(profile, comm, spec_base, tied_asked: str = "auto",
             config_plan: Optional[BucketPlan] = None, config_name: str = "this config",
             num_buckets: Optional[int] = None, grid: Optional[int] = None,
-            max_candidates: int = MAX_CANDIDATES, try_other_tied: bool = False) -> list[Row]:
+            max_candidates: int = MAX_CANDIDATES, try_other_tied: bool = False,
+            split_pays: bool = True) -> list[Row]:
     """The table: no bucketing, this config's plan, DDP 25 MiB, Horovod 64 MiB, Megatron
     max(40M, 1M·P) parameters, the best single size, and the tuned plan (with ``num_buckets``
-    fixed when given) for the tied sync the engine resolves from ``tied_asked``; with
+    fixed when given) for the tied sync the engine resolves from ``tied_asked`` (and
+    ``split_pays``: runtime.grad_sync.split_pays on the measured device); with
     ``try_other_tied`` (and 'auto') a row for the other tied mode too."""
     from dataclasses import replace
     from runtime.tune.simulate import Instance, simulate
 
-    mode = tied_sync_mode(tied_asked, spec_base.clip_mode, spec_base.world_size)
+    mode = tied_sync_mode(tied_asked, spec_base.clip_mode, spec_base.world_size, split_pays)
     if profile.tied is None:
         mode = "dense"
     modes = {"dense", mode}
