@@ -388,7 +388,8 @@ class _FusedStep:
     def _grad_scale(self, grad_scale: Scalar) -> torch.Tensor:
         if isinstance(grad_scale, torch.Tensor):
             return grad_scale.to(self.buffers.device, self.buffers.math_dtype)
-        return torch.as_tensor(grad_scale, dtype=self.buffers.math_dtype).to(self.buffers.device)
+        return _to_device(torch.tensor(float(grad_scale), dtype=torch.float64),
+                          self.buffers.device, self.buffers.math_dtype)
 
     def _bias_corrections(self, steps, beta1, beta2, bias_correction):
         """(1 − β1^step, 1 − β2^step) per tensor as device vectors (1 where bias correction is

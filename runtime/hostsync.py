@@ -145,7 +145,8 @@ def caller(skip_torch: bool = True) -> str:
     fallback = None
     while frame is not None:
         path = frame.f_code.co_filename
-        if path != _HERE and path.startswith(str(ROOT)) and "/.venv/" not in path:
+        if path != _HERE and path.startswith(str(ROOT)) and "/.venv/" not in path \
+                and frame.f_code.co_name != "__torch_function__":  # another mode's handler
             return f"{Path(path).relative_to(ROOT)}:{frame.f_lineno} ({frame.f_code.co_name})"
         if fallback is None and path != _HERE:
             fallback = f"{path}:{frame.f_lineno} ({frame.f_code.co_name})"

@@ -37,6 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 
 
+_HOST = torch.device("cpu")
+
+
 class _DecoderGradTap(torch.autograd.Function):
     """Identity on the tied weight in forward; in backward the decoder's share of its gradient
     goes to ``sink`` instead of into the parameter's ``.grad``."""
@@ -174,7 +177,8 @@ class TiedEmbeddingSplit:
         self._armed = False
 
     def _touched(self, mask: torch.Tensor) -> torch.Tensor:
-        if mask.is_cuda:  # fixed size: no device-to-host read of the count
+        if mask.device != _HOST:  # fixed size: no device-to-host read of the count (CUDA, and
+            # runtime.hostsync's simulated device, which stands in for it on CPU)
             return torch.nonzero_static(mask, size=self.max_rows, fill_value=0).squeeze(1)
         return mask.nonzero().squeeze(1)
 

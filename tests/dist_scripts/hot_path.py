@@ -14,10 +14,14 @@ CASE:
           or out of the gradient buffer (a TorchFunctionMode, which torch.compile traces
           through), and allocations of half a gradient or more after backward (the profiler's
           memory events inside the sync's finish, the norm, the optimizer step, zero_grad);
-          then collectives and reads at a logging point (StepLog.flush).
+          then collectives and reads at a logging point (StepLog.flush). All of it on the
+          simulated device of runtime.hostsync, which records what would stall or crash on a
+          GPU - host syncs (nonzero, reads, blocking copies) and host tensors in collectives -
+          from set-up to evaluation, for the padded, unpadded and packed paths.
 
 Rank 0 writes WORK_DIR/result.json.
 """
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -31,7 +35,9 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from kernels.optim_reference import clip_coefficient  # noqa: E402
 from runtime.config import load_config  # noqa: E402
+from runtime import dist as dist_module  # noqa: E402
 from runtime.dist import init_distributed, run_guarded, shutdown  # noqa: E402
+from runtime.hostsync import SIM_DEVICE, HostSyncs  # noqa: E402
 from runtime.env import discover  # noqa: E402
 from runtime.optim import build_optimizer  # noqa: E402
 from runtime.trainer import Trainer, build_model  # noqa: E402
@@ -185,11 +191,37 @@ class Collectives:
     def reset(self):
         self.calls = {}
 
+    def restore(self):
+        for name, real in self._real.items():
+            setattr(torch_dist, name, real)
+
+
+def events(syncs, start: int) -> list[str]:
+    return [str(e) for e in syncs.events[start:]]
+
 
 def case_count(ctx, data_dir):
+    ctx = simulated(ctx)
+    with HostSyncs(SIM_DEVICE) as syncs:
+        out = count_default_step(ctx, data_dir, syncs)
+        out["paths"] = {name: count_path(ctx, data_dir, syncs, *extra) for name, extra in (
+            ("unpadded", ["model.attention=unpadded"]), ("packed", ["data.balance=pack"]))}
+    return out
+
+
+def simulated(ctx):
+    """This rank's context with the simulated GPU of runtime.hostsync as its device."""
+    ctx = dataclasses.replace(ctx, device=SIM_DEVICE)
+    dist_module._CTX = ctx
+    return ctx
+
+
+def count_default_step(ctx, data_dir, syncs):
     cfg = tiny_config(data_dir, "train.log_every_steps=100")
+    n = len(syncs.events)
     trainer = Trainer(cfg, ctx)
     trainer.setup()
+    setup = events(syncs, n)
     it = trainer.balance_meter.wrap(iter(trainer.train_loader))
     for _ in range(2):  # the first step measures the production order and re-cuts the plan
         trainer.train_step(it)
@@ -202,6 +234,7 @@ def case_count(ctx, data_dir):
     steps = []
     for i, b in enumerate(batches):
         coll.reset()
+        n = len(syncs.events)
         # The first two steps under the profiler alone (the fused passes compiled, as in a
         # run), then two under the function mode: dynamo cannot trace through it and runs the
         # passes eagerly from then on, with their temporaries, so it must come last.
@@ -216,15 +249,47 @@ def case_count(ctx, data_dir):
                 trainer.train_step(iter([b]))
             steps.append({"collectives": dict(coll.calls),
                           "big_allocations": big_allocations(prof, grad_elements * 4 // 2)})
+        steps[-1]["syncs"] = events(syncs, n)
     coll.reset()
+    n = len(syncs.events)
     reads = HostReads(sync.flat)
     with reads:
         logged = trainer.step_log.flush()
     flush = {"collectives": dict(coll.calls), "reads": len(reads.reads), "logged": len(logged),
-             "losses": [m.loss for m in logged]}
+             "losses": [m.loss for m in logged], "syncs": events(syncs, n)}
+    n = len(syncs.events)
+    trainer.evaluate()
+    tied = sync.tied
     out = {"steps": steps, "flush": flush, "buckets": sync.num_buckets,
-           "split": sync.tied is not None, "grad_elements": grad_elements,
-           "world": ctx.world_size}
+           "split": tied is not None, "grad_elements": grad_elements,
+           "tied_capacity_elements": 0 if tied is None else tied.max_rows * tied.param.shape[1],
+           "world": ctx.world_size, "setup_syncs": setup, "eval_syncs": events(syncs, n)}
+    coll.restore()
+    trainer.close()
+    return out
+
+
+def count_path(ctx, data_dir, syncs, *extra):
+    """Another compute path under the simulated device: set-up, two steps (the re-cut), two
+    counted steps, a logging point and an evaluation."""
+    trainer = Trainer(tiny_config(data_dir, "train.log_every_steps=100", *extra), ctx)
+    n = len(syncs.events)
+    trainer.setup()
+    out = {"setup_syncs": events(syncs, n)}
+    it = trainer.balance_meter.wrap(iter(trainer.train_loader))
+    for _ in range(2):
+        trainer.train_step(it)
+    batches = [next(it) for _ in range(2)]
+    n = len(syncs.events)
+    for b in batches:
+        trainer.train_step(iter([b]))
+    out["step_syncs"] = events(syncs, n)
+    n = len(syncs.events)
+    logged = trainer.step_log.flush()
+    out["flush_syncs"], out["logged"] = events(syncs, n), len(logged)
+    n = len(syncs.events)
+    trainer.evaluate()
+    out["eval_syncs"] = events(syncs, n)
     trainer.close()
     return out
 
