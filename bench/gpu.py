@@ -153,6 +153,7 @@ def run_all(args, stages: list[str]) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="presto_gpu_"))
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as training sets it
     if args.bundle:
         extra = install_bundle(args.bundle, work)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), extra,

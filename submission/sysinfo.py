@@ -111,9 +111,22 @@ def software() -> dict:
                                    timeout=10).stdout.strip()
         except (OSError, subprocess.TimeoutExpired):
             slurm = ""
-    return {"python": platform.python_version(), "packages": versions,
+    return {"python": platform.python_version(), "executable": sys.executable,
+            "packages": versions, "torch_build": torch_build(versions.get("torch", "")),
             "os": os_name.group(1) if os_name else platform.system(),
             "kernel": platform.release(), "slurm": slurm}
+
+
+def torch_build(version: str) -> str:
+    """What torch's local version says it was built for ("2.13.0+cpu": CPU only, a CUDA
+    config cannot run; "2.11.0+cu130": CUDA 13.0), without importing it."""
+    local = version.partition("+")[2]
+    if local == "cpu":
+        return "CPU only"
+    m = re.fullmatch(r"cu(\d+)(\d)", local)
+    if m:
+        return f"CUDA {m.group(1)}.{m.group(2)}"
+    return f"unknown ({version or 'torch not installed'})"
 
 
 def collect(path: Path | None = None) -> dict:

@@ -42,6 +42,11 @@ if __name__ == "__main__":
     # handlers; main() installs them for callers that run it (bench.fault_rank).
     signals.install()
 
+# Before CUDA's caching allocator starts: every batch has its own shapes (rows padded to their
+# longest, or a varying number of real tokens), which fragments fixed-size segments; growable
+# ones keep the peak close to what is live. A value the user set wins.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
 import torch  # noqa: E402
 
 from loaders.shards import DataError  # noqa: E402

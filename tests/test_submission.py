@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from runtime.env import LaunchError, cache_cleared
 from submission import report as rep
@@ -455,7 +456,12 @@ def test_rcp_check_runs_for_closed_bert_large_logs(tmp_path):
 def test_system_description_passes_the_checker(tmp_path):
     from runtime.config import load_config
     from submission.package import _run_checker
-    desc = system_description(collect(ROOT), load_config(CPU_CONFIG), "Presto", "CPU_2core")
+    facts = collect(ROOT)
+    # Which torch runs, without importing it: a CPU build cannot run a CUDA config.
+    if "+cpu" in torch.__version__:
+        assert facts["software"]["torch_build"] == "CPU only"
+    assert facts["software"]["executable"] == sys.executable
+    desc = system_description(facts, load_config(CPU_CONFIG), "Presto", "CPU_2core")
     assert desc["host_processor_vcpu_count"] == str(os.cpu_count())
     assert desc["accelerators_per_node"] == "0" and desc["number_of_nodes"] == "1"
     assert desc["status"] == "Research, Development, or Internal (RDI)"
