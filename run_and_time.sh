@@ -22,7 +22,7 @@
 #   TORCHRUN   launcher "torchrun"      default "$PYTHON -m torch.distributed.run"
 #   HOSTFILE   hosts for mpiexec/mpirun when system.nodes > 1 (required then)
 #   MASTER_ADDR, MASTER_PORT  rendezvous for torchrun when system.nodes > 1 (ADDR required)
-#   MODE       train (default) | tune: run the bucket tuner (python -m runtime.tune) with the
+#   MODE       train (default) | tune: run the bucket tuner (python -m runtime.calibrate.tune) with the
 #              same launcher, ranks and config instead of training; it writes the plan, table
 #              and timeline into RUN_DIR (default LOGDIR/tune_<config>_<date>) and prints no
 #              RESULT line. Use the plan with `-- train.bucket_plan=RUN_DIR/bucket_plan.json`.
@@ -158,7 +158,7 @@ RUN_DIR="$(abspath "$RUN_DIR")"
 TRAIN=("$PYTHON" -m submission.train --config "$CONFIG" --set "train.seed=$SEED"
        --set "train.output_dir=$RUN_DIR" "${OVERRIDES[@]}")
 if [[ "$MODE" == tune ]]; then   # the bucket tuner, launched exactly as training would be
-    TRAIN=("$PYTHON" -m runtime.tune --config "$CONFIG" --set "train.seed=$SEED"
+    TRAIN=("$PYTHON" -m runtime.calibrate.tune --config "$CONFIG" --set "train.seed=$SEED"
            --out "$RUN_DIR" "${OVERRIDES[@]}")
 fi
 

@@ -14,7 +14,7 @@ What it measures (each part can be skipped; every number comes from this run):
      attention Σ len² (unpadded)
      cost      the length cost (loaders/length_cost.py) of the unpadded model (varlen, Σ len²)
                and of the padded model: the CPU config model's measured defaults, or
-               ``--cost-unpadded`` / ``--cost-padded`` files from python -m runtime.length_cost
+               ``--cost-unpadded`` / ``--cost-padded`` files from python -m runtime.calibrate.length_cost
    global/local deal by the unpadded cost, pack/offline_pack by the padded one. Reported:
    padding efficiency Σ real / Σ computed (padded model; an unpadded model computes only real
    tokens, 1.0 by construction), imbalance = mean over steps of max/mean over ranks of each
@@ -215,7 +215,7 @@ def bench_attention(data_dir: Path, batches: int, batch: int, seed: int = 42) ->
 def bench_model(samples) -> dict:
     """Forward+backward of the CPU benchmark's model on the same batches, 1 thread."""
     from runtime.config import load_config
-    from runtime.model import BertConfig, BertForPreTraining
+    from runtime.model.bert import BertConfig, BertForPreTraining
     m = load_config(CPU_CONFIG).model
     cfg = BertConfig(vocab_size=m.vocab_size, hidden_size=m.hidden_size,
                      num_hidden_layers=m.num_hidden_layers,
@@ -374,7 +374,7 @@ def parse_args(argv):
     ap.add_argument("--batch", type=int, default=0,
                     help="local batch (0 = 32, the CPU benchmark's, up to seq 128; else 16)")
     ap.add_argument("--cost-unpadded", default="", metavar="FILE",
-                    help="length cost of the unpadded model (python -m runtime.length_cost "
+                    help="length cost of the unpadded model (python -m runtime.calibrate.length_cost "
                          "--layout unpadded); '' = the CPU config model's default")
     ap.add_argument("--cost-padded", default="", metavar="FILE",
                     help="the same for the padded model ('' = default)")

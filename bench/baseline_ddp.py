@@ -7,10 +7,10 @@
 Written the way the PyTorch tutorials teach it, on purpose without any of the runtime's
 machinery; only what makes the comparison *fair* is shared with the runtime:
 
-  same     config file (runtime.config), model class/size/init (runtime.trainer.build_model
+  same     config file (runtime.config), model class/size/init (runtime.train.trainer.build_model
            under ``torch.manual_seed(train.seed)``; always with ``model.attention=padded``: the
            plain recipe computes every padded position, whatever the config says), training
-           shards, global batch, LR schedule function (runtime.schedules), gradient clip norm,
+           shards, global batch, LR schedule function (runtime.optim.schedules), gradient clip norm,
            eval set/batches and accuracy (loaders.dataset.load_eval_batches, Σcorrect/Σmasked
            all-reduced), eval cadence (train.eval_cadence()), stopping rule (target or
            max_steps/max_samples_termination), threads per rank (cores // local ranks), and
@@ -59,8 +59,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from loaders.dataset import DataSetInfo, load_eval_batches  # noqa: E402
 from loaders.shards import read_shard  # noqa: E402
 from runtime.config import load_config  # noqa: E402
-from runtime.schedules import build_schedule, scaled_lr  # noqa: E402
-from runtime.trainer import build_model  # noqa: E402
+from runtime.optim.schedules import build_schedule, scaled_lr  # noqa: E402
+from runtime.train.trainer import build_model  # noqa: E402
 
 DEFAULT_BASELINE_LR = 2e-3
 IGNORE_INDEX = -100

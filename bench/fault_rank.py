@@ -32,8 +32,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     args = a.train_args[1:] if a.train_args[:1] == ["--"] else a.train_args
 
-    from runtime.grad_scale import DynamicLossScale
-    from runtime.trainer import Trainer
+    from runtime.optim.grad_scale import DynamicLossScale
+    from runtime.train.trainer import Trainer
     import submission.train as entry
 
     real_setup = Trainer.setup

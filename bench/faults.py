@@ -199,7 +199,7 @@ def fault_storm(kind: str, work: Path, data: Path, ref: Path) -> dict:
         else t1
     recs = step_records(run_dir)
     stop = recs[-1]["step"] if recs else 0
-    from runtime.checkpoint import find_latest
+    from runtime.train.checkpoint import find_latest
     kept = find_latest(run_dir / "checkpoints")
     kept_step = kept.step if kept else 0
     reference = ref / "checkpoints" / kept.path.name if kept else None

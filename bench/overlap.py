@@ -24,7 +24,7 @@ Figures are medians over the measured steps:
   nocomm_s          step time without communication
   exposed_s         step_s − nocomm_s: the issue's definition of exposed communication
   comm_s            time an allreduce was in flight (runtime timeline; not for DDP)
-  exposed_tl_s      the timeline's critical-path estimate (runtime.timeline docstring)
+  exposed_tl_s      the timeline's critical-path estimate (runtime.observe.timeline docstring)
   exposed_vs_a      exposed_s / comm_s of (a): the goal is ≤ 0.2 with overlap
 The rate: by default chosen by a calibration pass at 400 Mbit/s (backward time without
 communication, and one allreduce of a buffer the size of the whole gradient) so that one full
@@ -77,8 +77,8 @@ VARIANTS = {
 def worker(args) -> None:
     import torch
     from runtime.config import load_config
-    from runtime.dist import init_distributed, run_guarded, shutdown
-    from runtime.env import discover
+    from runtime.launch.dist import init_distributed, run_guarded, shutdown
+    from runtime.launch.env import discover
 
     info = discover()
 
@@ -108,7 +108,7 @@ def allreduce_calibration(cfg, ctx, repeat: int) -> dict:
     """Seconds for one allreduce of a buffer as large as the whole gradient."""
     import torch
     import torch.distributed as torch_dist
-    from runtime.trainer import build_model
+    from runtime.train.trainer import build_model
     numel = sum(p.numel() for p in build_model(cfg).parameters())
     buf = torch.ones(numel)
     torch_dist.all_reduce(buf)
@@ -137,7 +137,7 @@ class VariantRun:
     ``skip_communication``; DDP: inside ``no_sync()``, where it reduces nothing)."""
 
     def __init__(self, cfg, ctx):
-        from runtime.trainer import Trainer
+        from runtime.train.trainer import Trainer
         self.trainer = Trainer(cfg, ctx)
         self.trainer.setup()
         self.it = TimedIterator(iter(self.trainer.train_loader))

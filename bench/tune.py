@@ -1,5 +1,5 @@
 """``python -m bench.tune``: does the bucket tuner predict what runs? Validation of
-``python -m runtime.tune`` on the slow-network test bed (bench.netns: two namespaces, one rank
+``python -m runtime.calibrate.tune`` on the slow-network test bed (bench.netns: two namespaces, one rank
 each, a tc-limited veth pair, gloo over TCP).
 
     python -m bench.tune [--shapes cpu,l12] [--ratios 1,3] [--steps 8] [--warmup 3] \\
@@ -9,10 +9,10 @@ Per model shape and per bandwidth:
   1. calibration: the tuner at 400 Mbit/s gives backward time and the allreduce model; the
      link is set to the rate where one allreduce of the whole gradient takes ``ratio`` ×
      backward (1: comm ≈ backward; 3: comm ≈ 3× backward);
-  2. the tuner at that rate, in the test bed (``python -m runtime.tune --write-all``): the
+  2. the tuner at that rate, in the test bed (``python -m runtime.calibrate.tune --write-all``): the
      table of plans (no bucketing, the config's, DDP 25 MiB, Horovod 64 MiB, Megatron, best
      single size, tuned) with predicted step times, each plan written to a file;
-  3. the trainer's real step (``runtime.trainer.Trainer``, ``train.bucket_plan=FILE``,
+  3. the trainer's real step (``runtime.train.trainer.Trainer``, ``train.bucket_plan=FILE``,
      ``train.timeline=true``) on every distinct plan, interleaved step by step (order rotated
      each round) so drift falls on all alike; medians after warm-up.
 Checked: every plan's predicted step time within 15 % of its measured one; the tuned plan
@@ -53,9 +53,9 @@ FIRST_RATE = 400.0
 def worker(args) -> None:
     import torch
     from runtime.config import load_config
-    from runtime.dist import init_distributed, run_guarded, shutdown
-    from runtime.env import discover
-    from runtime.trainer import Trainer
+    from runtime.launch.dist import init_distributed, run_guarded, shutdown
+    from runtime.launch.env import discover
+    from runtime.train.trainer import Trainer
 
     info = discover()
 
@@ -126,7 +126,7 @@ def run_both(bed, cmd: list[str], work: Path, tag: str, timeout: float) -> list:
 
 def tuner(bed, args, overrides: list[str], work: Path, tag: str, steps: int) -> dict:
     out = work / tag
-    cmd = [sys.executable, "-m", "runtime.tune", "--config", str(args.config), "--out", str(out),
+    cmd = [sys.executable, "-m", "runtime.calibrate.tune", "--config", str(args.config), "--out", str(out),
            "--steps", str(steps), "--warmup", "2", "--repeats", str(args.repeats), "--write-all",
            *[a for s in overrides for a in ("--set", s)]]
     run_both(bed, cmd, work, tag, args.timeout)
@@ -134,7 +134,7 @@ def tuner(bed, args, overrides: list[str], work: Path, tag: str, steps: int) -> 
 
 
 def full_allreduce_s(rec: dict) -> float:
-    from runtime.tune.costmodel import CommModel
+    from runtime.calibrate.tune.costmodel import CommModel
     comm = CommModel.from_json(rec["allreduce_model"])
     return comm.time(rec["sweep"]["bytes"][-1])
 
@@ -225,7 +225,7 @@ def table(result: dict) -> str:
 
 def orchestrate(args) -> int:
     from bench.netns import Testbed, TestbedError
-    from runtime.tune.costmodel import CommModel
+    from runtime.calibrate.tune.costmodel import CommModel
     work = Path(args.workdir or REPO / "results" / f"tune_validation_{datetime.datetime.now():%Y%m%d_%H%M%S}")
     work.mkdir(parents=True, exist_ok=True)
     start = time.time()

@@ -6,7 +6,7 @@ measured step times (``fit``), their JSON file (``save`` / ``load``), the defaul
 shape (``default_cost``: coefficients measured on this machine where ``length_costs.json``
 has the shape, else a FLOP count), per-rank costs of a batch (``LengthCost.of_rows``,
 ``of_lengths``, ``of_batch``) and the imbalance statistic (``imbalance``). Never: timing a
-model (``python -m runtime.length_cost`` measures and calls ``fit``), choosing batches
+model (``python -m runtime.calibrate.length_cost`` measures and calls ``fit``), choosing batches
 (balance.py uses these costs), torch or I/O beyond the coefficients file.
 
 Why a model and not token counts: a rank's step time is not its token count. Attention grows
@@ -71,7 +71,7 @@ NOMINAL_FLOPS = 1e12
 """FLOP/s that turn the FLOP-count default into 'seconds': only ratios matter to balancing."""
 
 DEFAULTS_FILE = Path(__file__).with_name("length_costs.json")
-"""Coefficients measured with ``python -m runtime.length_cost``, one entry per shape × layout."""
+"""Coefficients measured with ``python -m runtime.calibrate.length_cost``, one entry per shape × layout."""
 
 
 def layout_for(attention: str, device_type: str = "cpu", kernel: str = "auto") -> str:
@@ -225,7 +225,7 @@ class LengthCost:
                        tuple(sorted((k, float(v)) for k, v in data.get("fit_error", {}).items())))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{where}: not a length-cost file ({e!r}); write one with "
-                             "`python -m runtime.length_cost --out FILE`") from None
+                             "`python -m runtime.calibrate.length_cost --out FILE`") from None
         known = {"layout", "coefficients", "shape", "source", "fit_error"}
         return cls(cost.layout, cost.coefficients, cost.shape, cost.source, cost.fit_error,
                    {k: v for k, v in data.items() if k not in known})
@@ -235,13 +235,13 @@ class LengthCost:
 
 
 def load(path) -> LengthCost:
-    """A coefficients file written by ``python -m runtime.length_cost``."""
+    """A coefficients file written by ``python -m runtime.calibrate.length_cost``."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"data.length_cost={str(path)!r}: no such file; measure one with "
-                                f"`python -m runtime.length_cost --out {path}` or set '' for "
+                                f"`python -m runtime.calibrate.length_cost --out {path}` or set '' for "
                                 "the default of the model shape") from None
     except ValueError as e:
         raise ValueError(f"{path}: not JSON ({e})") from None
@@ -309,7 +309,7 @@ def resolve(path: str, shape: dict, layout: str) -> LengthCost:
     if cost.layout != layout:
         raise ValueError(f"data.length_cost={path!r} was measured for layout {cost.layout!r} "
                          f"but this model computes as {layout!r}: measure it with "
-                         f"`python -m runtime.length_cost --layout {layout}`")
+                         f"`python -m runtime.calibrate.length_cost --layout {layout}`")
     if cost.shape and cost.shape != want:
         raise ValueError(f"data.length_cost={path!r} was measured for model shape "
                          f"{dict(cost.shape)}, this model is {dict(want)}: measure it again")

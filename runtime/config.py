@@ -7,7 +7,7 @@ choice list is a ``typing.Literal`` declared once (runtime.choices, or the leaf 
 consumes it: loaders.balance.BalanceMode) and checked here from the field's type; the
 ``[model]`` section *is* the model's ``BertConfig`` plus the run's choices; optimizer ranges
 come from runtime.choices.HPARAM_RULES, which runtime.optim checks too.
-Never: reads the launcher's environment (runtime.env does), touches torch or the disk beyond
+Never: reads the launcher's environment (runtime.launch.env does), touches torch or the disk beyond
 reading the file.
 
 Config files live in ``submission/configs/config_<SYSTEM>_<nodes>x<ranks>x<batch>x<accum>.toml``.
@@ -32,7 +32,7 @@ from runtime.choices import (AttentionMode, CacheClear, ClipMode, DeviceKind, Di
                              GradSyncKind, Launcher, LoaderKind, LrScaling, OptimBackend,
                              Precision, ReduceDtype, ScheduleName, SrunMpi, TiedEmbeddingSync,
                              hparam_error, is_number)
-from runtime.model_config import BertConfig
+from runtime.model.config import BertConfig
 
 
 class ConfigError(ValueError):
@@ -54,7 +54,7 @@ def _doc(text: str, default: Any = dataclasses.MISSING, **kw) -> Any:
 
 @dataclass
 class ModelConfig(BertConfig):
-    """BERT size (runtime.model_config.BertConfig: HF's config.json fields), initialisation
+    """BERT size (runtime.model.config.BertConfig: HF's config.json fields), initialisation
     and how attention is computed."""
 
     init: str = _doc("'scratch' (random init), 'minilm' (the real 6-layer weights shipped in "
@@ -103,7 +103,7 @@ class DataConfig:
                            "world size (0 = ranks per node)", 0)
     pack_length: int = _doc("pack/offline_pack: tokens per packed row (0 = "
                             "data.max_seq_length)", 0)
-    length_cost: str = _doc("length-cost coefficients file (python -m runtime.length_cost "
+    length_cost: str = _doc("length-cost coefficients file (python -m runtime.calibrate.length_cost "
                             "--layout L --out FILE): what a rank's batch costs, for the deals "
                             "and the imbalance metrics; '' = the default for the model shape "
                             "and layout (measured in loaders/length_costs.json, else a FLOP "
@@ -230,7 +230,7 @@ class TrainConfig:
         "fewer tokens per step across ranks than vocabulary rows; else dense). "
         "docs/GRADIENT_SYNC.md", "auto")
     timeline: bool = _doc("record each step's compute/communication timeline into "
-                          "metrics.jsonl (python -m runtime.timeline draws it)", False)
+                          "metrics.jsonl (python -m runtime.observe.timeline draws it)", False)
     target_mlm_accuracy: float = _doc("stop with success at this masked-LM accuracy", 0.720)
     max_steps: int = _doc("stop (aborted) after this many optimizer steps", 6700)
     max_samples_termination: int = _doc("stop (aborted) after this many samples (0 = no limit)", 0)
@@ -243,7 +243,7 @@ class TrainConfig:
     output_dir: str = _doc("where the mllog log, metrics and plot go", "results")
     init_loss_scale: float = _doc("fp16: initial dynamic loss scale", 2.0 ** 16)
     checkpoint_every_samples: int = _doc(
-        "write a checkpoint (runtime/checkpoint.py) every this many samples, at the step that "
+        "write a checkpoint (runtime/train/checkpoint.py) every this many samples, at the step that "
         "reaches each multiple, and when a signal (TERM, INT, HUP, USR1) stops the run; 0 = no "
         "checkpoints at all (and none is resumed from). A run restarted with the same "
         "train.output_dir resumes from the newest complete checkpoint in "

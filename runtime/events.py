@@ -19,7 +19,7 @@ The trainer fires events in this order; callbacks observe them and never steer t
         EVAL_STOP                   state.eval_accuracy set
     RUN_STOP                        state.status = "success" | "aborted" | "interrupted"
 
-A resumed run (runtime.checkpoint) fires the same events from INIT_START on, with
+A resumed run (runtime.train.checkpoint) fires the same events from INIT_START on, with
 ``state.resume`` set (where it continues from) before INIT_START; its first BLOCK_START opens
 the rest of the block it was stopped in. ``status = "interrupted"`` at RUN_STOP: a stop
 signal or a failure ended this attempt and a checkpoint exists to continue from - the run is

@@ -23,7 +23,7 @@ What is logged where (docs/MLPERF_LOGGING.md has the full table):
     EVAL_STOP    eval_stop, eval_accuracy {epoch_num: samples trained}
     RUN_STOP     (train_samples/eval_samples if still unlogged), run_stop {status}
 
-A resumed run (``state.resume``, runtime.checkpoint) continues the same log instead of starting
+A resumed run (``state.resume``, runtime.train.checkpoint) continues the same log instead of starting
 one: nothing of INIT_START, INIT_STOP or RUN_START is logged again (every key the rules want
 once stays once), a ``presto_resumed`` event says from which checkpoint, step and samples it
 continues and how long it was down, and its blocks, evals and run_stop follow. An attempt that

@@ -1,7 +1,7 @@
 """Per-rank entry point: ``python -m submission.train --config FILE [--set section.key=value ...]``.
 
 Started once per rank by run_and_time.sh (mpiexec/mpirun/srun/torchrun). Records stop signals
-from its first line on (runtime.signals), loads and validates the config (an invalid one stops
+from its first line on (runtime.launch.signals), loads and validates the config (an invalid one stops
 every rank before anything trains), joins the process group, checks that all ranks hold the
 same config, checks the run directory (below), attaches the MLPerf logger, metrics, progress
 and status callbacks, trains - resuming from the newest complete checkpoint in
@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from runtime import signals
+from runtime.launch import signals
 
 if __name__ == "__main__":
     # Before the heavy imports: a TERM while torch loads is a stop request too. Only as the
@@ -50,14 +50,14 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch  # noqa: E402
 
 from loaders.shards import DataError  # noqa: E402
-from runtime.checkpoint import CheckpointError, find_latest  # noqa: E402
+from runtime.train.checkpoint import CheckpointError, find_latest  # noqa: E402
 from runtime.config import ConfigError, load_config  # noqa: E402
-from runtime.dist import (RanksDisagree, broadcast_object, check_same_on_all_ranks,  # noqa: E402
-                          init_distributed, on_failure, run_guarded, shutdown)
-from runtime.env import LaunchError, cache_cleared, discover  # noqa: E402
+from runtime.launch.dist import (RanksDisagree, broadcast_object, check_same_on_all_ranks,
+                                 init_distributed, on_failure, run_guarded, shutdown)
+from runtime.launch.env import LaunchError, cache_cleared, discover  # noqa: E402
 from runtime.events import CallbackList  # noqa: E402
-from runtime.metrics import MetricsWriter, ProgressPrinter, plot_metrics  # noqa: E402
-from runtime.trainer import InitCheckpointError, Trainer  # noqa: E402
+from runtime.observe.metrics import MetricsWriter, ProgressPrinter, plot_metrics  # noqa: E402
+from runtime.train.trainer import InitCheckpointError, Trainer  # noqa: E402
 from submission.mllog_callback import MLPerfLogger, _logged_keys  # noqa: E402
 from submission import rank_status  # noqa: E402
 from submission.rank_status import RankStatus, lost_ranks  # noqa: E402

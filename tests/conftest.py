@@ -74,8 +74,8 @@ def small_dataset(small_dataset_report) -> Path:
 def single_ctx():
     """A world of one (gloo, CPU) for a test module. One process group per process at a time:
     reuse one that exists, else make one and shut it down after the module."""
-    from runtime import dist
-    from runtime.env import discover
+    from runtime.launch import dist
+    from runtime.launch.env import discover
     ours = dist.current() is None
     ctx = dist.init_distributed(discover({}), device="cpu") if ours else dist.current()
     yield ctx

@@ -14,7 +14,7 @@ namespace reaches (they share the file system). Every daemon runs in its own UTS
 its node's hostname, and in the private mount namespace that ``ip netns exec`` makes a hosts
 file naming head, n1 and n2 is bind-mounted over /etc/hosts: a job step on n1 sees hostname n1
 and resolves n2 to 10.78.0.2, as on a real cluster, so the runtime's rendezvous
-(runtime/env.py, runtime/dist.py) needs nothing special. Client commands (sbatch, squeue,
+(runtime/launch/env.py, runtime/launch/dist.py) needs nothing special. Client commands (sbatch, squeue,
 scontrol, ``python -m submission``) must run in the head namespace: wrap them with
 ``cluster.client_argv([...])`` (``cluster.run`` does).
 

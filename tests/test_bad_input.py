@@ -217,7 +217,7 @@ def _base(data_dir, out) -> list[str]:
 
 def _one_step(cfg, ctx) -> None:
     """Build the trainer and run one step (no evaluation, no run events)."""
-    from runtime.trainer import Trainer
+    from runtime.train.trainer import Trainer
     cfg.local_batch_size(1)
     trainer = Trainer(cfg, ctx, log=lambda m: None)
     try:

@@ -307,7 +307,7 @@ def test_offline_pack_fills_rows_and_keeps_the_steps_sequence_count(small_datase
 def test_offline_packed_rows_compute_what_the_sequences_alone_compute(small_dataset):
     """A padded model built with packed=True on an offline_pack batch gives each sequence the
     hidden states, MLM logits and NSP logit it has alone in an unpacked batch."""
-    from runtime.model import BertConfig, BertForPreTraining
+    from runtime.model.bert import BertConfig, BertForPreTraining
     cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

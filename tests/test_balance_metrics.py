@@ -1,4 +1,4 @@
-"""runtime.balance_meter: per-step padding efficiency and imbalance, reduced across real ranks,
+"""runtime.observe.balance_meter: per-step padding efficiency and imbalance, reduced across real ranks,
 in StepMetrics.extra, metrics.jsonl and the progress line; the balanced modes train."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from runtime.balance_meter import step_balance
+from runtime.observe.balance_meter import step_balance
 from runtime.events import CallbackList
-from runtime.metrics import MetricsWriter, ProgressPrinter
-from runtime.trainer import Trainer
+from runtime.observe.metrics import MetricsWriter, ProgressPrinter
+from runtime.train.trainer import Trainer
 from tests.test_trainer import MPIEXEC, ROOT, tiny_config
 
 

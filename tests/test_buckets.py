@@ -1,4 +1,4 @@
-"""Gradient buckets (runtime.grad_sync), the step timeline (runtime.timeline) and the clip modes.
+"""Gradient buckets (runtime.grad_sync), the step timeline (runtime.observe.timeline) and the clip modes.
 
 Unit tests run in this process (a world of one). The distributed tests start real ranks with
 the venv's ``mpiexec`` on tests/dist_scripts/grad_sync.py, which checks on every rank that the
@@ -22,7 +22,7 @@ from kernels.optim_reference import global_grad_norm
 from runtime.grad_sync import (BucketPlan, GradientBuckets, GradLayout, Piece, PlanError,
                                alone_bucket, reverse_registration_order, tied_sync_mode)
 from runtime.config import ConfigError, load_config
-from runtime.timeline import StepTimeline, plot_timeline, union_length
+from runtime.observe.timeline import StepTimeline, plot_timeline, union_length
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -270,8 +270,8 @@ def test_timeline_summary_derives_exposed_communication():
 
 def test_timeline_is_recorded_into_metrics_and_drawn(small_dataset, tmp_path, single_ctx):
     from runtime.events import CallbackList
-    from runtime.metrics import MetricsWriter
-    from runtime.trainer import Trainer
+    from runtime.observe.metrics import MetricsWriter
+    from runtime.train.trainer import Trainer
     ctx = single_ctx
     cfg = load_config(None, [f'data.data_dir="{small_dataset}"', "model.num_hidden_layers=1",
                              "model.hidden_size=64", "model.num_attention_heads=2",
@@ -294,7 +294,7 @@ def test_timeline_is_recorded_into_metrics_and_drawn(small_dataset, tmp_path, si
         assert {"comm_s", "exposed_comm_s", "overlap_frac", "clip_coef_min", "clip_coef_mean",
                 "local_grad_norm"} <= set(rec)
     png = tmp_path / "t.png"
-    out = subprocess.run([sys.executable, "-m", "runtime.timeline", str(metrics), "--out", str(png)],
+    out = subprocess.run([sys.executable, "-m", "runtime.observe.timeline", str(metrics), "--out", str(png)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert png.stat().st_size > 10_000

@@ -1,4 +1,4 @@
-"""Checkpoints (runtime.checkpoint), exact resume, stop signals and the divergence guard, in
+"""Checkpoints (runtime.train.checkpoint), exact resume, stop signals and the divergence guard, in
 one process: the format on disk, atomic writes and keep-K, weights_only loading, every
 optimizer backend's state round trip, an interrupted-and-resumed run equal to the
 uninterrupted one step for step (dropout on, gradient accumulation), non-finite steps in
@@ -19,15 +19,16 @@ import numpy as np
 import pytest
 import torch
 
-from runtime import signals
-from runtime.checkpoint import (FORMAT, MANIFEST, Checkpoint, CheckpointError, find_latest,
-                                list_checkpoints, rng_state, set_rng_state)
+from runtime.launch import signals
+from runtime.train.checkpoint import (FORMAT, MANIFEST, Checkpoint, CheckpointError, find_latest,
+                                      list_checkpoints, rng_state, set_rng_state)
 from runtime.config import load_config
 from runtime.events import CallbackList, Event
-from runtime.grad_scale import DynamicLossScale
-from runtime.model import BertForPreTraining, load_pretrained
-from runtime.optim import build_optimizer
-from runtime.trainer import InitCheckpointError, Trainer, build_model
+from runtime.optim.grad_scale import DynamicLossScale
+from runtime.model.bert import BertForPreTraining
+from runtime.model.hf import load_pretrained
+from runtime.optim.optimizers import build_optimizer
+from runtime.train.trainer import InitCheckpointError, Trainer, build_model
 
 
 def tiny(data_dir, out, *extra):
@@ -117,7 +118,7 @@ def test_a_resume_without_the_rng_state_would_differ(small_dataset, single_ctx, 
                                                      monkeypatch, uninterrupted):
     """The test above can fail: skip restoring the RNG (what torchtitan does) and dropout draws
     differently after the resume."""
-    import runtime.checkpoint as ckpt
+    import runtime.train.checkpoint as ckpt
     full_state, full = uninterrupted(1)
     cfg = tiny(small_dataset, tmp_path / "b", "train.checkpoint_every_samples=48")
     _, first, _ = fit(cfg, single_ctx, stop_at=6)
@@ -214,8 +215,8 @@ def test_optimizer_state_round_trips_for_every_backend(tmp_path, backend, device
     steps with both: bit-identical parameters. The fused backend's state lives in flat
     buffers with 0-dim step counts; the saved dict has per-tensor copies (on CPU: the
     checkpoint is device-independent); apex's state is its own."""
-    from runtime.checkpoint import _to_cpu
-    from runtime.model_config import BertConfig
+    from runtime.train.checkpoint import _to_cpu
+    from runtime.model.config import BertConfig
     if backend == "apex" and name == "lars":
         pytest.skip("apex offers LAMB and AdamW only")
     torch.manual_seed(0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.hostsync import HostSyncs
+from runtime.observe.hostsync import HostSyncs
 from tests.test_trainer import tiny_config
 
 pytestmark = pytest.mark.cuda
@@ -21,8 +21,8 @@ PATHS = {"padded": [], "unpadded": ["model.attention=unpadded"], "packed": ["dat
 
 @pytest.fixture(scope="module")
 def cuda_ctx():
-    from runtime import dist
-    from runtime.env import discover
+    from runtime.launch import dist
+    from runtime.launch.env import discover
     ours = dist.current() is None
     ctx = dist.init_distributed(discover({}), device="cuda") if ours else dist.current()
     yield ctx
@@ -31,7 +31,7 @@ def cuda_ctx():
 
 
 def cuda_trainer(data, ctx, *extra):
-    from runtime.trainer import Trainer
+    from runtime.train.trainer import Trainer
     cfg = tiny_config(data, "system.device=cuda", "train.log_every_steps=1000", *extra)
     trainer = Trainer(cfg, ctx)
     trainer.setup()  # the set-up all-reduce used to be a CPU tensor: NCCL refused it
@@ -57,7 +57,7 @@ def test_steps_on_one_gpu_sync_nothing(small_dataset, cuda_ctx, path, precision)
 
 def test_unpadded_equals_padded_on_cuda_under_autocast(small_dataset, cuda_ctx):
     from loaders.dataset import TrainLoader
-    from runtime.model import BertForPreTraining
+    from runtime.model.bert import BertForPreTraining
     trainer = cuda_trainer(small_dataset, cuda_ctx)
     padded = trainer.model.eval()
     unpadded = BertForPreTraining(padded.config, attention="unpadded").cuda().eval()

@@ -1,4 +1,4 @@
-"""Rank discovery (runtime.env) and process groups + fault handling (runtime.dist).
+"""Rank discovery (runtime.launch.env) and process groups + fault handling (runtime.launch.dist).
 
 Unit tests feed fake launcher environments to `discover`. The rest start real launchers —
 the venv's MPICH ``mpiexec``, ``torchrun``, and Open MPI's ``mpirun`` when Debian's
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.env import (LaunchError, LaunchInfo, derived_port, discover, first_host,
-                         mpi_launcher_family, parse_tasks_per_node)
-from runtime.env import _vendor_fits
+from runtime.launch.env import (LaunchError, LaunchInfo, derived_port, discover, first_host,
+                                mpi_launcher_family, parse_tasks_per_node)
+from runtime.launch.env import _vendor_fits
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist_scripts" / "worker.py"
@@ -238,13 +238,13 @@ def _run_py(code: str, env: dict) -> subprocess.CompletedProcess:
 
 
 def test_plain_run_never_imports_mpi4py():
-    code = ("import sys; from runtime.env import discover; i = discover(); "
+    code = ("import sys; from runtime.launch.env import discover; i = discover(); "
             "assert 'mpi4py' not in sys.modules, 'imported'; print(i.launcher)")
     out = _run_py(code, _clean_env())
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "single"
     # Under Open MPI's launcher with pip's MPICH, mpi4py is looked at but MPI is not started.
-    code = ("import sys; from runtime.env import discover; i = discover(); "
+    code = ("import sys; from runtime.launch.env import discover; i = discover(); "
             "from mpi4py import MPI; assert not MPI.Is_initialized(); print(i.rendezvous)")
     out = _run_py(code, {**_clean_env(), **OMPI_ENV})
     assert out.returncode == 0, out.stderr
@@ -257,7 +257,7 @@ def test_plain_run_never_imports_mpi4py():
 
 def test_helpers_before_init_act_as_a_world_of_one():
     import torch
-    from runtime import dist
+    from runtime.launch import dist
     t = torch.ones(3)
     assert dist.all_reduce_sum(t) is t and t.tolist() == [1, 1, 1]
     assert dist.broadcast_object({"a": 1}) == {"a": 1}
@@ -466,7 +466,7 @@ def test_a_hung_rank_times_out_the_others():
 
 def test_device_binding_errors(monkeypatch):
     import torch
-    from runtime import dist
+    from runtime.launch import dist
     info = LaunchInfo(3, 1, 4, 2, "mpi", rendezvous="mpi")
     assert dist._bind_device(info, "cpu") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

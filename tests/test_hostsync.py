@@ -1,13 +1,13 @@
-"""runtime.hostsync: the simulated device sees each kind of CUDA host sync and wrong-device
-tensor where it happens (file and line), and nothing in code that has none; runtime.clock's
+"""runtime.observe.hostsync: the simulated device sees each kind of CUDA host sync and wrong-device
+tensor where it happens (file and line), and nothing in code that has none; runtime.observe.clock's
 host marks."""
 from __future__ import annotations
 
 import torch
 import torch.distributed as torch_dist
 
-from runtime.clock import DeviceClock, Later
-from runtime.hostsync import SIM_DEVICE, HostSyncs
+from runtime.observe.clock import DeviceClock, Later
+from runtime.observe.hostsync import SIM_DEVICE, HostSyncs
 
 DEV = SIM_DEVICE
 

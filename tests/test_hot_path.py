@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.grad_scale import DynamicLossScale, step_multiplier
+from runtime.optim.grad_scale import DynamicLossScale, step_multiplier
 from tests.test_trainer import tiny_config
-from runtime.trainer import Trainer
+from runtime.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"

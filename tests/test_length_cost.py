@@ -47,7 +47,7 @@ def test_unpadded_cost_is_additive_over_sequences():
 @pytest.mark.parametrize("layout", lc.LAYOUTS)
 def test_fit_recovers_known_coefficients(layout):
     """Timings made from known coefficients with 1 % multiplicative noise: the fit finds
-    them again (rows varied independently of lengths, as runtime.length_cost designs do)."""
+    them again (rows varied independently of lengths, as runtime.calibrate.length_cost designs do)."""
     truth = {"padded": dict(real_tokens=3e-5, padded_tokens=2e-5, padded_attention=4e-8,
                             rows=2e-4, step=1e-2),
              "unpadded": dict(real_tokens=5e-5, attention=6e-8, rows=3e-4, step=8e-3),
@@ -103,7 +103,7 @@ def test_file_round_trip_and_errors(tmp_path):
         lc.resolve(str(path), SHAPE, "padded")
     with pytest.raises(ValueError, match="measured for model shape"):
         lc.resolve(str(path), {**SHAPE, "hidden_size": 256}, "unpadded")
-    with pytest.raises(FileNotFoundError, match="python -m runtime.length_cost --out"):
+    with pytest.raises(FileNotFoundError, match="python -m runtime.calibrate.length_cost --out"):
         lc.load(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text(json.dumps({"layout": "padded", "coefficients": {}}))
     with pytest.raises(ValueError, match="not a length-cost file"):
@@ -158,10 +158,10 @@ def test_a_batch_is_priced_like_its_rows():
 
 
 def test_measuring_command_writes_a_fitted_file(small_dataset, tmp_path):
-    """python -m runtime.length_cost on a tiny model: a file ``load`` reads, for the model's
+    """python -m runtime.calibrate.length_cost on a tiny model: a file ``load`` reads, for the model's
     shape, with the fit over every design and a held-out error (the numbers themselves are a
     benchmark's business)."""
-    from runtime.length_cost import designs, main
+    from runtime.calibrate.length_cost import designs, main
     out = tmp_path / "cost.json"
     assert main(["--layout", "padded", "--data", str(small_dataset), "--max-len", "64",
                  "--repeat", "1", "--budget", "0", "--held-out", "1", "--fit-random", "1",

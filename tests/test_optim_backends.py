@@ -18,8 +18,8 @@ import torch
 
 from kernels import optim_apex, optim_flat
 from kernels.optim_flat import FlatLayout
-from runtime import optim
-from runtime.optim import build_optimizer
+from runtime.optim import optimizers as optim
+from runtime.optim.optimizers import build_optimizer
 
 CUDA = pytest.mark.cuda  # skipped without a GPU (conftest)
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from runtime.schedules import build_schedule, legw, poly_warmup_lr, scaled_lr
+from runtime.optim.schedules import build_schedule, legw, poly_warmup_lr, scaled_lr
 
 ETA, W, T = 2.0, 100, 1000
 

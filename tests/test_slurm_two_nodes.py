@@ -75,7 +75,7 @@ def _job(cluster, job: str) -> dict[str, str]:
 
 
 def _complete_checkpoints(run_dir: Path) -> list[dict]:
-    """Manifests of the complete checkpoints (runtime/checkpoint.py's format), oldest first."""
+    """Manifests of the complete checkpoints (runtime/train/checkpoint.py's format), oldest first."""
     found = []
     for manifest in (run_dir / "checkpoints").glob("step_*/checkpoint.json"):
         try:

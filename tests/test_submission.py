@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.env import LaunchError, cache_cleared
+from runtime.launch.env import LaunchError, cache_cleared
 from submission import report as rep
 from submission import slurm
 from submission.sysinfo import collect, system_description

@@ -15,8 +15,8 @@ import torch
 from loaders.shards import EVAL_FILE, read_shard
 from runtime.config import load_config
 from runtime.events import CallbackList, Event
-from runtime.grad_scale import DynamicLossScale
-from runtime.trainer import Trainer
+from runtime.optim.grad_scale import DynamicLossScale
+from runtime.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"

@@ -1,4 +1,4 @@
-"""The bucket tuner (runtime.tune): the exact partition against brute force, the simulator
+"""The bucket tuner (runtime.calibrate.tune): the exact partition against brute force, the simulator
 against hand-computed timelines, the allreduce fit, plan files, projections, bad input, and a
 real tune on 2 CPU ranks whose plan the trainer then runs."""
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from runtime.grad_sync.plan import BucketPlan, GradLayout, Piece, PlanError
-from runtime.tune.costmodel import CommModel, SweepError, check_sweep, fit, fit_affine
-from runtime.tune.fabric import Fabric, FabricError, load_fabric
-from runtime.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
-from runtime.tune.solve import brute_force, compare, solve
+from runtime.calibrate.tune.costmodel import CommModel, SweepError, check_sweep, fit, fit_affine
+from runtime.calibrate.tune.fabric import Fabric, FabricError, load_fabric
+from runtime.calibrate.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
+from runtime.calibrate.tune.solve import brute_force, compare, solve
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -275,14 +275,14 @@ def test_fabric_file_errors_name_the_field(tmp_path):
         load_fabric(bad)
     with pytest.raises(FabricError, match="does not exist"):
         load_fabric(tmp_path / "nope.toml")
-    good = load_fabric(ROOT / "runtime" / "tune" / "systems" / "dgx_a100_8xhdr.toml")
+    good = load_fabric(ROOT / "runtime" / "calibrate" / "tune" / "systems" / "dgx_a100_8xhdr.toml")
     assert good.inter_bus_bandwidth_GBps == 192.0
 
 
 def test_projection_runs_and_compares_with_published(tmp_path):
     out = tmp_path / "p.json"
-    proc = subprocess.run([sys.executable, "-m", "runtime.tune", "--simulate",
-                           str(ROOT / "runtime/tune/systems/dgx_a100_8xhdr.toml"), "--gpus",
+    proc = subprocess.run([sys.executable, "-m", "runtime.calibrate.tune", "--simulate",
+                           str(ROOT / "runtime/calibrate/tune/systems/dgx_a100_8xhdr.toml"), "--gpus",
                            "8,64,1024", "--json", str(out)], cwd=ROOT, capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -308,7 +308,7 @@ def _env():
 
 
 def test_a_world_of_one_has_nothing_to_tune():
-    proc = subprocess.run([sys.executable, "-m", "runtime.tune", "--config",
+    proc = subprocess.run([sys.executable, "-m", "runtime.calibrate.tune", "--config",
                            str(ROOT / "submission/configs/config_CPU_1x2x32x1.toml")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, env=_env())
     assert proc.returncode == 0, proc.stderr
@@ -323,7 +323,7 @@ def test_real_tune_on_two_ranks_and_the_trainer_runs_its_plan(small_dataset, tmp
             "model.hidden_size=64", "model.num_attention_heads=2", "model.intermediate_size=128",
             "train.global_batch_size=8", "data.verify_checksums=false", "system.device=cpu",
             "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"]
-    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "runtime.tune", "--config",
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "runtime.calibrate.tune", "--config",
            str(ROOT / "submission/configs/config_CPU_1x2x32x1.toml"), "--out", str(out),
            "--steps", "2", "--warmup", "1", "--repeats", "1", "--sizes", "5",
            "--contention-steps", "1", "--no-png"]

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from runtime.dist import broadcast_tensors
+from runtime.launch.dist import broadcast_tensors
 from runtime.grad_sync.buckets import CLIP_MODES, GRAD_ALIGN, GradientBuckets
 from runtime.grad_sync.ddp import DDPSync
 from runtime.grad_sync.plan import (MB, BucketPlan, GradLayout, Piece, PlanError, alone_bucket,

@@ -20,7 +20,7 @@ Owns:
     step it is cut again in rank 0's measured order (broadcast: one plan on every rank), once,
     and the layout listeners (the fused optimizer) re-bind to the new buffer. A plan file is
     never reordered; the measured order is kept in ``measured_order`` for the tuner.
-Never: steps the optimizer or applies the ``global_after`` coefficient (runtime.grad_scale
+Never: steps the optimizer or applies the ``global_after`` coefficient (runtime.optim.grad_scale
 folds it into the optimizer's multiplier), reads a tensor back to the host in a step, reads
 the launcher's environment, or picks sizes (the config or the tuner's plan does).
 
@@ -61,7 +61,7 @@ import torch.distributed as torch_dist
 
 from kernels.optim_reference import (ROW, clip_coefficient_of_norm, norm_of_rows, row_norms)
 from runtime.choices import ClipMode
-from runtime.dist import broadcast_object, check_same_on_all_ranks
+from runtime.launch.dist import broadcast_object, check_same_on_all_ranks
 from runtime.grad_sync.plan import BucketPlan, GradLayout, alone_bucket
 from runtime.grad_sync.protocol import SyncReport
 

@@ -5,7 +5,7 @@ Owns:
   * ``Piece`` and ``BucketPlan``: a plan is a list of buckets in launch order, a bucket a list of
     pieces "name" (a whole parameter) or "name[a:b]" (elements a..b-1 of the flattened
     parameter). Cut from a size cap (``BucketPlan.from_cap``: ``train.bucket_cap_mb``) or read
-    from a plan file (``BucketPlan.read``: ``train.bucket_plan``, what ``python -m runtime.tune``
+    from a plan file (``BucketPlan.read``: ``train.bucket_plan``, what ``python -m runtime.calibrate.tune``
     writes), validated (``validate``), written back (``to_json`` / ``write``) and compared
     across ranks by ``digest``;
   * ``GradLayout``: the flat gradient buffer a plan implies - parameters in plan order, each
@@ -13,7 +13,7 @@ Owns:
     rows: with ``align = kernels.optim_flat.ROW`` the bucket buffer *is* the fused optimizer's
     gradient buffer), and each bucket's contiguous element range.
 Never: imports torch, allocates memory or talks to other ranks - the engine
-(``runtime.grad_sync.buckets``) and the tuner (``runtime.tune``) do that with what this gives.
+(``runtime.grad_sync.buckets``) and the tuner (``runtime.calibrate.tune``) do that with what this gives.
 
 The plan file::
 

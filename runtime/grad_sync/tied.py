@@ -178,7 +178,7 @@ class TiedEmbeddingSplit:
 
     def _touched(self, mask: torch.Tensor) -> torch.Tensor:
         if mask.device != _HOST:  # fixed size: no device-to-host read of the count (CUDA, and
-            # runtime.hostsync's simulated device, which stands in for it on CPU)
+            # runtime.observe.hostsync's simulated device, which stands in for it on CPU)
             return torch.nonzero_static(mask, size=self.max_rows, fill_value=0).squeeze(1)
         return mask.nonzero().squeeze(1)
 

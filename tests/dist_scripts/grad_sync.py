@@ -38,9 +38,9 @@ import torch.distributed as torch_dist  # noqa: E402
 
 from runtime.grad_sync import reverse_registration_order  # noqa: E402
 from runtime.config import load_config  # noqa: E402
-from runtime.dist import init_distributed, run_guarded, shutdown  # noqa: E402
-from runtime.env import discover  # noqa: E402
-from runtime.trainer import Trainer, build_model  # noqa: E402
+from runtime.launch.dist import init_distributed, run_guarded, shutdown  # noqa: E402
+from runtime.launch.env import discover  # noqa: E402
+from runtime.train.trainer import Trainer, build_model  # noqa: E402
 
 TAU = 0.5
 EPS = 1e-6  # kernels.optim_reference.CLIP_EPS, the ε of every clip coefficient

@@ -15,7 +15,7 @@ CASE:
           through), and allocations of half a gradient or more after backward (the profiler's
           memory events inside the sync's finish, the norm, the optimizer step, zero_grad);
           then collectives and reads at a logging point (StepLog.flush). All of it on the
-          simulated device of runtime.hostsync, which records what would stall or crash on a
+          simulated device of runtime.observe.hostsync, which records what would stall or crash on a
           GPU - host syncs (nonzero, reads, blocking copies) and host tensors in collectives -
           from set-up to evaluation, for the padded, unpadded and packed paths.
 
@@ -35,12 +35,12 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from kernels.optim_reference import clip_coefficient  # noqa: E402
 from runtime.config import load_config  # noqa: E402
-from runtime import dist as dist_module  # noqa: E402
-from runtime.dist import init_distributed, run_guarded, shutdown  # noqa: E402
-from runtime.hostsync import SIM_DEVICE, HostSyncs  # noqa: E402
-from runtime.env import discover  # noqa: E402
-from runtime.optim import build_optimizer  # noqa: E402
-from runtime.trainer import Trainer, build_model  # noqa: E402
+from runtime.launch import dist as dist_module  # noqa: E402
+from runtime.launch.dist import init_distributed, run_guarded, shutdown  # noqa: E402
+from runtime.observe.hostsync import SIM_DEVICE, HostSyncs  # noqa: E402
+from runtime.launch.env import discover  # noqa: E402
+from runtime.optim.optimizers import build_optimizer  # noqa: E402
+from runtime.train.trainer import Trainer, build_model  # noqa: E402
 
 TAU = 0.5
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
@@ -210,7 +210,7 @@ def case_count(ctx, data_dir):
 
 
 def simulated(ctx):
-    """This rank's context with the simulated GPU of runtime.hostsync as its device."""
+    """This rank's context with the simulated GPU of runtime.observe.hostsync as its device."""
     ctx = dataclasses.replace(ctx, device=SIM_DEVICE)
     dist_module._CTX = ctx
     return ctx

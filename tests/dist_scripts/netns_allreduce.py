@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 import torch.distributed as torch_dist  # noqa: E402
 
-from runtime.dist import init_distributed, run_guarded, shutdown  # noqa: E402
-from runtime.env import discover  # noqa: E402
+from runtime.launch.dist import init_distributed, run_guarded, shutdown  # noqa: E402
+from runtime.launch.env import discover  # noqa: E402
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Read one training epoch on this rank and write its samples' input_ids to OUT/rank<r>.json.
 
 Launch: mpiexec -n 2 python tests/dist_scripts/read_epoch.py DATA_DIR OUT [BATCH] [SEED]
-Rank and world size come from runtime.env, the one module that reads the launcher's
+Rank and world size come from runtime.launch.env, the one module that reads the launcher's
 environment; no process group is needed, the loader itself never communicates.
 """
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root, for `loaders`
 
 from loaders.dataset import TrainLoader  # noqa: E402
-from runtime.env import discover  # noqa: E402
+from runtime.launch.env import discover  # noqa: E402
 
 
 def main() -> None:

@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 from runtime.config import load_config  # noqa: E402
-from runtime.dist import init_distributed, run_guarded, shutdown  # noqa: E402
-from runtime.env import discover  # noqa: E402
-from runtime.trainer import Trainer  # noqa: E402
+from runtime.launch.dist import init_distributed, run_guarded, shutdown  # noqa: E402
+from runtime.launch.env import discover  # noqa: E402
+from runtime.train.trainer import Trainer  # noqa: E402
 
 
 def step_grads(cfg, ctx, batches):

@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
-from runtime import dist  # noqa: E402
-from runtime.env import discover  # noqa: E402
+from runtime.launch import dist  # noqa: E402
+from runtime.launch.env import discover  # noqa: E402
 
 
 def allreduce_steps(ctx, n, fault_rank=None, fault=None):

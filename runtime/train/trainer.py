@@ -8,15 +8,15 @@ Owns: the step (forward, backward, one gradient sync, one optimizer update with 
 coefficient and loss-scale unscale folded in, mixed precision), evaluation, the stopping rule,
 the logging cadence and the events callbacks observe; and, at logging points only, the three
 run-level decisions every rank must take at the same step: write a checkpoint
-(``train.checkpoint_every_samples``, through runtime.checkpoint), stop on a signal
-(runtime.signals: a stop request rides as a flag in the logging point's existing all-reduce)
+(``train.checkpoint_every_samples``, through runtime.train.checkpoint), stop on a signal
+(runtime.launch.signals: a stop request rides as a flag in the logging point's existing all-reduce)
 and stop on divergence (``train.max_nonfinite_steps``). A resumed run (a complete checkpoint
 in ``train.checkpoint_dir``) restores every part at the end of ``setup`` and re-installs the
 bucket plan the run was using before the sync is built.
-Never: reads the environment (runtime.env), writes MLPerf logs (submission's callback does),
+Never: reads the environment (runtime.launch.env), writes MLPerf logs (submission's callback does),
 knows shard files (loaders does), launches allreduces itself or asks which gradient sync it
 has (runtime.grad_sync: one `GradSync` object), clips or scales gradients itself
-(runtime.grad_scale), or reads a device value back on an ordinary step (runtime.step_log
+(runtime.optim.grad_scale), or reads a device value back on an ordinary step (runtime.observe.step_log
 reduces the metrics every ``train.log_every_steps`` steps).
 
 Clipping (clip_mode 'global_after', the reference semantics): gradients are averaged across
@@ -50,20 +50,20 @@ from loaders import length_cost
 from loaders.balance import PACKED_MODES
 from loaders.dataset import DataSetInfo, TrainLoader, check_data_set, load_eval_batches
 from loaders.shards import Limits
-from runtime.balance_meter import BalanceMeter
-from runtime import signals
-from runtime.checkpoint import CheckpointManager
+from runtime.observe.balance_meter import BalanceMeter
+from runtime.launch import signals
+from runtime.train.checkpoint import CheckpointManager
 from runtime.config import Config
-from runtime.dist import DistContext, all_reduce_sum, barrier, broadcast_object
+from runtime.launch.dist import DistContext, all_reduce_sum, barrier, broadcast_object
 from runtime.events import CallbackList, Event, RunState
-from runtime.grad_scale import DynamicLossScale, step_multiplier
+from runtime.optim.grad_scale import DynamicLossScale, step_multiplier
 from runtime.grad_sync import build_grad_sync
-from runtime.model import (BertForPreTraining, load_hf_state_dict, minilm_path,
-                           read_state_dict)
-from runtime.optim import build_optimizer, set_lr
-from runtime.schedules import build_schedule, scaled_lr
-from runtime.step_log import StepLog, StepRecord
-from runtime.timeline import StepTimeline
+from runtime.model.bert import BertForPreTraining
+from runtime.model.hf import load_hf_state_dict, minilm_path, read_state_dict
+from runtime.optim.optimizers import build_optimizer, set_lr
+from runtime.optim.schedules import build_schedule, scaled_lr
+from runtime.observe.step_log import StepLog, StepRecord
+from runtime.observe.timeline import StepTimeline
 
 
 def build_model(cfg: Config) -> BertForPreTraining:

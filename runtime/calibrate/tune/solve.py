@@ -1,7 +1,7 @@
 """The exact bucket partition: dynamic programming over cut points of the production-ordered
 flat gradient buffer, and the reference plans users compare it with.
 
-Owns: `solve` (the minimum-sync-end partition under ``runtime.tune.simulate``'s recurrence,
+Owns: `solve` (the minimum-sync-end partition under ``runtime.calibrate.tune.simulate``'s recurrence,
 optionally with exactly K buckets), `candidate_cuts` (where a cut may fall, and the bound on
 what a coarser grid can lose), `reference_plans` (no bucketing, DDP's 25 MiB, Horovod's
 64 MiB, Megatron's max(40M, 1M·P) parameters, the best single size) and `brute_force` (every
@@ -53,7 +53,7 @@ from typing import Optional
 import numpy as np
 
 from runtime.grad_sync.plan import MB, BucketPlan, tied_sync_mode
-from runtime.tune.simulate import Instance
+from runtime.calibrate.tune.simulate import Instance
 
 DDP_MB = 25.0          # torch DDP bucket_cap_mb default
 HOROVOD_MB = 64.0      # HOROVOD_FUSION_THRESHOLD default (64 MiB)
@@ -245,7 +245,7 @@ class Row:
     """One line of the comparison table: a plan, how the engine runs it, its prediction."""
 
     candidate: Candidate
-    timeline: "object"   # runtime.tune.simulate.Timeline
+    timeline: "object"   # runtime.calibrate.tune.simulate.Timeline
 
     @property
     def name(self) -> str:
@@ -263,7 +263,7 @@ def compare(profile, comm, spec_base, tied_asked: str = "auto",
     ``split_pays``: runtime.grad_sync.split_pays on the measured device); with
     ``try_other_tied`` (and 'auto') a row for the other tied mode too."""
     from dataclasses import replace
-    from runtime.tune.simulate import Instance, simulate
+    from runtime.calibrate.tune.simulate import Instance, simulate
 
     mode = tied_sync_mode(tied_asked, spec_base.clip_mode, spec_base.world_size, split_pays)
     if profile.tied is None:

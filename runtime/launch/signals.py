@@ -4,7 +4,7 @@ Owns: this process's handlers for SIGTERM, SIGINT, SIGHUP and SIGUSR1 (``install
 ``kill``, ``Popen.terminate()``, systemd, a closed terminal, Ctrl-C, a launcher passing a
 signal on, Slurm's time limit and its ``--signal=USR1@N`` warning send - and the first one
 received (``requested``). A handler only records the signal: the trainer asks at its logging
-points, where every rank agrees on a step to checkpoint and stop at (runtime.trainer), so a
+points, where every rank agrees on a step to checkpoint and stop at (runtime.train.trainer), so a
 signal never interrupts a collective, a step or a file write half-way. A repeated signal
 changes nothing (one Ctrl-C reaches a rank from the terminal and again from the launcher).
 Never: exits, raises, does I/O in a handler, or reads the environment.

@@ -15,7 +15,7 @@ MIB = 2 ** 20
 
 
 def table(rows: Sequence, title: str = "") -> str:
-    """Markdown table of `runtime.tune.solve.Row`s; the baseline for ratios is 'no bucketing'."""
+    """Markdown table of `runtime.calibrate.tune.solve.Row`s; the baseline for ratios is 'no bucketing'."""
     base = next((r.timeline.step_s for r in rows if r.name == "no bucketing"), None)
     lines = ([title, ""] if title else []) + [
         "| plan | buckets | tied sync | predicted step ms | exposed comm ms | vs no bucketing | note |",

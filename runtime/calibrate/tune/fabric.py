@@ -2,7 +2,7 @@
 allreduce time it implies at P GPUs.
 
 Owns: ``Fabric`` (a typed, documented description; `load_fabric` reads it and names every
-missing or wrong field), and `Fabric.comm_model(p)` - the α-β model (runtime.tune.costmodel)
+missing or wrong field), and `Fabric.comm_model(p)` - the α-β model (runtime.calibrate.tune.costmodel)
 of one allreduce over p GPUs:
   * p ≤ gpus_per_node: NCCL's ring inside a node, T = α_intra + 2(p−1)/p · n / B_intra, with
     B_intra the bus bandwidth nccl-tests reports on the node;
@@ -23,7 +23,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from runtime.tune.costmodel import CommModel
+from runtime.calibrate.tune.costmodel import CommModel
 
 GB = 1e9
 
@@ -79,7 +79,7 @@ class Fabric:
 def load_fabric(path: str | Path) -> Fabric:
     path = Path(path)
     if not path.is_file():
-        raise FabricError(f"fabric file {path} does not exist (see runtime/tune/systems/*.toml "
+        raise FabricError(f"fabric file {path} does not exist (see runtime/calibrate/tune/systems/*.toml "
                           f"for examples)")
     try:
         data = tomllib.loads(path.read_text())

@@ -2,7 +2,7 @@
 
 Owns: turning what a launcher put in the environment (mpiexec/mpirun, srun, torchrun, or
 nothing) into a `LaunchInfo` — rank, local rank, world size, local world size, which launcher —
-plus the rendezvous hint `runtime.dist` needs to join the ranks (over MPI, a TCP address, or a
+plus the rendezvous hint `runtime.launch.dist` needs to join the ranks (over MPI, a TCP address, or a
 file). Every other module receives these values; none reads ``os.environ`` for ranks.
 Never: creates process groups, touches torch or CUDA (``CUDA_VISIBLE_DEVICES``,
 ``GLOO_SOCKET_IFNAME``, ``NCCL_*`` are read by torch and NCCL themselves and left alone here).
@@ -56,7 +56,7 @@ class LaunchError(RuntimeError):
 class LaunchInfo:
     """Where this process sits in the job, as the launcher said.
 
-    ``rendezvous`` tells runtime.dist how ranks find each other:
+    ``rendezvous`` tells runtime.launch.dist how ranks find each other:
       "mpi"   — rank 0 sends address and port over MPI.COMM_WORLD (MPI is initialised);
       "tcp"   — ``master_addr:master_port`` known to every rank (torchrun, srun, env override);
       "file"  — a torch FileStore at ``store_path`` (Open MPI on one node without mpi4py);

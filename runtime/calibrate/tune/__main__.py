@@ -1,13 +1,13 @@
-"""The bucket tuner: ``python -m runtime.tune`` under the launcher that trains.
+"""The bucket tuner: ``python -m runtime.calibrate.tune`` under the launcher that trains.
 
-    mpiexec -n 2 python -m runtime.tune --config submission/configs/config_CPU_1x2x32x1.toml
+    mpiexec -n 2 python -m runtime.calibrate.tune --config submission/configs/config_CPU_1x2x32x1.toml
     MODE=tune CONFIG=... ./run_and_time.sh            (same launcher and ranks as training)
-    python -m runtime.tune --simulate FABRIC.toml --profile PROFILE.toml   (cluster projection)
+    python -m runtime.calibrate.tune --simulate FABRIC.toml --profile PROFILE.toml   (cluster projection)
 
-On the current world it measures (runtime.tune.measure) each gradient's ready time, the
+On the current world it measures (runtime.calibrate.tune.measure) each gradient's ready time, the
 forward/backward/optimizer spans and allreduce times from 4 KiB to the whole gradient; fits
-T(n) (runtime.tune.costmodel); solves the exact partition (runtime.tune.solve) under the
-step-time model (runtime.tune.simulate); prints the table (no bucketing, this config's
+T(n) (runtime.calibrate.tune.costmodel); solves the exact partition (runtime.calibrate.tune.solve) under the
+step-time model (runtime.calibrate.tune.simulate); prints the table (no bucketing, this config's
 buckets, DDP 25 MiB, Horovod 64 MiB, Megatron's size, the best single size, tuned) and writes,
 in ``--out`` (default results/tune_<config>_<date>/):
   bucket_plan.json   the tuned plan, the format ``train.bucket_plan`` reads (meta: what was
@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m runtime.tune",
+    ap = argparse.ArgumentParser(prog="python -m runtime.calibrate.tune",
                                  description="Measure this world and write an exact bucket plan "
                                              "(or, with --simulate, project a cluster).")
     ap.add_argument("--config", help="config TOML (as for training)")
@@ -64,9 +64,9 @@ def parse_args(argv):
                     "table to OUT/plans/")
     ap.add_argument("--no-png", action="store_true")
     ap.add_argument("--simulate", metavar="FABRIC", help="project a cluster from a fabric file "
-                    "(runtime.tune.fabric) instead of measuring")
+                    "(runtime.calibrate.tune.fabric) instead of measuring")
     ap.add_argument("--profile", metavar="PROFILE", help="with --simulate: the per-GPU compute "
-                    "profile file (runtime.tune.project)")
+                    "profile file (runtime.calibrate.tune.project)")
     ap.add_argument("--gpus", default="8,16,32,64,128,256,512,1024",
                     help="with --simulate: GPU counts")
     ap.add_argument("--json", default=None, help="with --simulate: write the projection here")
@@ -85,14 +85,14 @@ def set_threads(cfg, local_world_size: int) -> None:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.simulate:
-        from runtime.tune.project import main as project_main
+        from runtime.calibrate.tune.project import main as project_main
         return project_main(args)
     if not args.config:
-        print("runtime.tune: give --config FILE (the config you train with), or --simulate "
+        print("runtime.calibrate.tune: give --config FILE (the config you train with), or --simulate "
               "FABRIC for a projection", file=sys.stderr)
         return 2
     from runtime.config import ConfigError, load_config
-    from runtime.env import LaunchError, discover
+    from runtime.launch.env import LaunchError, discover
     try:
         cfg = load_config(args.config, args.set)
         info = discover()
@@ -104,18 +104,18 @@ def main(argv=None) -> int:
         print(f"launch error: {e}", file=sys.stderr, flush=True)
         return 2
     if args.profile_only:
-        from runtime.dist import run_guarded
+        from runtime.launch.dist import run_guarded
         return run_guarded(lambda: profile_only(cfg, info, args), info)
     if info.world_size == 1:
-        print("runtime.tune: nothing to tune: a world of one rank sends no gradients (no "
+        print("runtime.calibrate.tune: nothing to tune: a world of one rank sends no gradients (no "
               "allreduce to overlap). Run it under the launcher and rank count you train with, "
-              "e.g. `mpiexec -n 2 python -m runtime.tune --config C` or `MODE=tune "
+              "e.g. `mpiexec -n 2 python -m runtime.calibrate.tune --config C` or `MODE=tune "
               "./run_and_time.sh`.", flush=True)
         return 0
     if args.warmup < 1 or args.steps < 1:
-        print("runtime.tune: --warmup and --steps must be >= 1", file=sys.stderr)
+        print("runtime.calibrate.tune: --warmup and --steps must be >= 1", file=sys.stderr)
         return 2
-    from runtime.dist import run_guarded
+    from runtime.launch.dist import run_guarded
     return run_guarded(lambda: tune(cfg, info, args), info)
 
 
@@ -124,8 +124,8 @@ class BadInput(Exception):
 
 
 def profile_only(cfg, info, args) -> int:
-    from runtime.dist import init_distributed, shutdown
-    from runtime.tune import measure
+    from runtime.launch.dist import init_distributed, shutdown
+    from runtime.calibrate.tune import measure
     ctx = init_distributed(info, device=cfg.system.device, timeout_s=cfg.system.dist_timeout_s)
     set_threads(cfg, info.local_world_size)
     m = measure.measure_step(cfg, ctx, steps=args.steps, warmup=args.warmup,
@@ -133,7 +133,7 @@ def profile_only(cfg, info, args) -> int:
     if ctx.rank == 0:
         out = Path(args.profile_only)
         out.parent.mkdir(parents=True, exist_ok=True)
-        rec = {"written_by": "python -m runtime.tune --profile-only", "config": cfg.source,
+        rec = {"written_by": "python -m runtime.calibrate.tune --profile-only", "config": cfg.source,
                "overrides": args.set, "world_size": ctx.world_size,
                "date": f"{datetime.date.today()}", "steps": m.steps, "warmup": m.warmup,
                "profile": m.profile.to_json()}
@@ -147,18 +147,18 @@ def profile_only(cfg, info, args) -> int:
 
 def tune(cfg, info, args) -> int:
     import torch
-    from runtime.dist import init_distributed, shutdown
+    from runtime.launch.dist import init_distributed, shutdown
     from runtime.grad_sync import REDUCE_DTYPES
     from runtime.grad_sync.plan import PlanError
-    from runtime.tune import measure
-    from runtime.tune.solve import MB
+    from runtime.calibrate.tune import measure
+    from runtime.calibrate.tune.solve import MB
 
     ctx = init_distributed(info, device=cfg.system.device, timeout_s=cfg.system.dist_timeout_s)
     set_threads(cfg, info.local_world_size)
     main_rank = ctx.rank == 0
     say = (lambda *a: print(*a, flush=True)) if main_rank else (lambda *a: None)
     t_start = time.time()
-    say(f"runtime.tune: {ctx.world_size} ranks, {cfg.source}: measuring {args.warmup}+"
+    say(f"runtime.calibrate.tune: {ctx.world_size} ranks, {cfg.source}: measuring {args.warmup}+"
         f"{args.steps} steps without communication")
     m = measure.measure_step(cfg, ctx, steps=args.steps, warmup=args.warmup,
                              contention_steps=args.contention_steps)
@@ -175,9 +175,9 @@ def tune(cfg, info, args) -> int:
         try:
             code = _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start)
         except (BadInput, PlanError) as e:
-            print(f"runtime.tune: {e}", file=sys.stderr, flush=True)
+            print(f"runtime.calibrate.tune: {e}", file=sys.stderr, flush=True)
             code = 2
-    from runtime.dist import broadcast_object
+    from runtime.launch.dist import broadcast_object
     code = broadcast_object(code)
     shutdown()
     return code
@@ -185,11 +185,11 @@ def tune(cfg, info, args) -> int:
 
 def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
     from runtime.grad_sync.plan import MB, BucketPlan
-    from runtime.tune import measure
-    from runtime.tune.costmodel import check_sweep, fit, sweep_table
-    from runtime.tune.report import plot_timelines, profile_summary, table
-    from runtime.tune.simulate import SyncSpec
-    from runtime.tune.solve import cap_plan, compare
+    from runtime.calibrate.tune import measure
+    from runtime.calibrate.tune.costmodel import check_sweep, fit, sweep_table
+    from runtime.calibrate.tune.report import plot_timelines, profile_summary, table
+    from runtime.calibrate.tune.simulate import SyncSpec
+    from runtime.calibrate.tune.solve import cap_plan, compare
 
     profile = m.profile
     check = check_sweep(sizes, times)
@@ -210,7 +210,7 @@ def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
         config_plan = BucketPlan.read(cfg.train.bucket_plan, sizes_by_name)
         config_name = f"this config ({Path(cfg.train.bucket_plan).name})"
     else:
-        from runtime.tune.simulate import Instance
+        from runtime.calibrate.tune.simulate import Instance
         from runtime.grad_sync.plan import tied_sync_mode
         mode = tied_sync_mode(cfg.train.tied_embedding_sync, cfg.train.clip_mode, ctx.world_size,
                               pays)
@@ -233,7 +233,7 @@ def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tuned = next(r for r in rows if r.name == "tuned")
     sol = tuned.candidate.extra["solution"]
-    meta = {"written_by": "python -m runtime.tune", "config": cfg.source,
+    meta = {"written_by": "python -m runtime.calibrate.tune", "config": cfg.source,
             "overrides": args.set, "world_size": ctx.world_size,
             "clip_mode": cfg.train.clip_mode, "tied_embedding_sync": tuned.candidate.tied_sync,
             "allreduce_dtype": cfg.train.allreduce_dtype, "align": measure.engine_align(),
@@ -262,7 +262,7 @@ def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
         default = next(r for r in rows if r.name.startswith("this config"))
         png = plot_timelines([default.timeline, tuned.timeline], out / "timeline.png",
                              title=f"{Path(cfg.source).name}, {ctx.world_size} ranks")
-    record = {"command": "python -m runtime.tune " + " ".join(sys.argv[1:]),
+    record = {"command": "python -m runtime.calibrate.tune " + " ".join(sys.argv[1:]),
               "config": cfg.source, "overrides": args.set, "world_size": ctx.world_size,
               "clip_mode": cfg.train.clip_mode, "tied_embedding_sync": cfg.train.tied_embedding_sync,
               "profile": profile.to_json(), "steps": m.steps, "warmup": m.warmup,

@@ -3,18 +3,18 @@ gradient-ready time during backward, the step's compute spans, the compute-threa
 launching a bucket, and allreduce times over message sizes.
 
 Owns: `measure_step` (→ ``StepProfile``: model and batches exactly as training builds them -
-``runtime.trainer.build_model``, ``loaders.dataset.TrainLoader`` - gradients as views of one
+``runtime.train.trainer.build_model``, ``loaders.dataset.TrainLoader`` - gradients as views of one
 flat buffer in production order as the bucket engine keeps them, the config's optimizer;
 ``register_post_accumulate_grad_hook`` stamps when each gradient is final; a tap on the MLM
 decoder's tied weight stamps when the decoder's share is produced; medians over the steps
 after warm-up, the slowest rank's for each span, since an allreduce waits for the last rank;
-on a GPU every mark is a CUDA event - ``runtime.clock`` - since host times there are launch
+on a GPU every mark is a CUDA event - ``runtime.observe.clock`` - since host times there are launch
 times),
 `measure_allreduce` (median blocking allreduce time per size in the reduce dtype, each repeat
 started together after a barrier, the slowest rank's median), `engine_align` and
 `tied_embedding` (what the engine would do with this model).
 Never: launches gradient allreduces during backward (what it measures is the compute alone;
-runtime.tune.simulate adds the communication), edits the model or the engine, writes files.
+runtime.calibrate.tune.simulate adds the communication), edits the model or the engine, writes files.
 """
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ from typing import Any, Optional
 import torch
 import torch.distributed as torch_dist
 
-from runtime.clock import DeviceClock
+from runtime.observe.clock import DeviceClock
 from runtime.grad_sync import GRAD_ALIGN, REDUCE_DTYPES
 from runtime.grad_sync.plan import BucketPlan, GradLayout
-from runtime.tune.simulate import Gradient, StepProfile
+from runtime.calibrate.tune.simulate import Gradient, StepProfile
 
 def engine_align() -> int:
     """Elements each gradient is aligned to in the engine's flat buffer."""
@@ -75,7 +75,7 @@ class _Tap(torch.autograd.Function):
 
 def _median_max(values: list[float]) -> float:
     """The slowest rank's median (every rank passes its own list)."""
-    from runtime.dist import all_reduce_max, current
+    from runtime.launch.dist import all_reduce_max, current
     ctx = current()
     med = torch.tensor([statistics.median(values)], dtype=torch.float64,
                        device=ctx.device if ctx is not None else "cpu")
@@ -104,8 +104,8 @@ class StepMeasurement:
 
 
 def optimizer_hparams(cfg) -> dict:
-    """The optimizer's keyword arguments from the config (as runtime.trainer builds them)."""
-    from runtime.schedules import scaled_lr
+    """The optimizer's keyword arguments from the config (as runtime.train.trainer builds them)."""
+    from runtime.optim.schedules import scaled_lr
     o = cfg.optim
     lr = scaled_lr(o.lr_scaling, o.lr, o.base_global_batch_size, cfg.train.global_batch_size) \
         if o.lr_scaling != "none" else o.lr
@@ -124,9 +124,9 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
     ``contention_steps`` more with one allreduce of half the gradient's size launched when
     backward starts, to see how much slower communication runs beside compute (κ)."""
     from loaders.dataset import TrainLoader
-    from runtime.dist import broadcast_object, broadcast_tensors
-    from runtime.optim import build_optimizer
-    from runtime.trainer import build_model
+    from runtime.launch.dist import broadcast_object, broadcast_tensors
+    from runtime.optim.optimizers import build_optimizer
+    from runtime.train.trainer import build_model
 
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg).to(ctx.device)
@@ -312,7 +312,7 @@ def _contention(cfg, ctx, model, it, flat, autocast, steps: int,
                 clock: DeviceClock) -> tuple[float, dict]:
     """κ: how much slower an allreduce runs while backward computes than alone. One
     allreduce of half the gradient's bytes (reduce dtype) is launched as backward starts; its
-    completion is stamped when its data has arrived (``runtime.clock``: the future's callback
+    completion is stamped when its data has arrived (``runtime.observe.clock``: the future's callback
     on gloo, an event on a stream that waits for it on NCCL). With W its time alone and B the
     backward time: done at d ≤ B gives κ = d/W; done after B (the rest at full speed) gives
     κ = B / (W − (d − B))."""

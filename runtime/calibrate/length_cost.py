@@ -1,4 +1,4 @@
-"""``python -m runtime.length_cost``: measure a model's forward+backward on batches of chosen
+"""``python -m runtime.calibrate.length_cost``: measure a model's forward+backward on batches of chosen
 lengths and write the coefficients of its length cost (loaders/length_cost.py).
 
 Owns: building the model of a config (its ``[model]`` section: shape, dropout) in the layout
@@ -8,8 +8,8 @@ formula or the fit (loaders.length_cost), balancing (loaders.balance), anything 
 run does. A benchmark-like command: run it alone on the machine
 (``flock -x /tmp/presto_cpu.lock ...`` on the shared development machine).
 
-    python -m runtime.length_cost --layout unpadded --data data/wiki512 --out cost.json
-    python -m runtime.length_cost --layout padded --max-len 128 --repeat 5
+    python -m runtime.calibrate.length_cost --layout unpadded --data data/wiki512 --out cost.json
+    python -m runtime.calibrate.length_cost --layout padded --max-len 128 --repeat 5
 
 The batches are real samples of the data set (``--data``) whose lengths are nearest to the
 design's: the fit set varies rows (2…32) and length (max/16 … max) independently, has
@@ -37,7 +37,7 @@ from loaders import length_cost as lc
 from loaders.collate import best_fit_rows, pad_rows, sample_rows
 from loaders.dataset import DataSetInfo, ShardStore, read_lengths, take
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CPU_CONFIG = REPO / "submission/configs/config_CPU_1x2x32x1.toml"
 KERNEL = {"padded": None, "unpadded": "per_sequence", "repad": "repad"}
 """The unpadded kernel each layout times: per_sequence is the plain-torch Σ len² kernel
@@ -46,7 +46,7 @@ KERNEL = {"padded": None, "unpadded": "per_sequence", "repad": "repad"}
 
 def build_model(config_path, overrides, layout: str, packed: bool):
     from runtime.config import load_config
-    from runtime.model import BertConfig, BertForPreTraining
+    from runtime.model.bert import BertConfig, BertForPreTraining
     m = load_config(config_path, overrides).model
     cfg = BertConfig(**{f.name: getattr(m, f.name) for f in dataclasses.fields(BertConfig)
                         if hasattr(m, f.name)})  # the [model] fields the shape is made of
@@ -167,7 +167,7 @@ def measure(args) -> dict:
               f"{max(map(sum, batch.sequence_lengths)):4d}  {fit_times[-1] * 1000:8.1f} ms",
               flush=True)
     cost = lc.fit(args.layout, fit_rows, fit_times, shape,
-                  source=f"measured by python -m runtime.length_cost on {platform.node()}, "
+                  source=f"measured by python -m runtime.calibrate.length_cost on {platform.node()}, "
                          f"{args.threads} thread(s), {lc.now_stamp()[:10]}")
     held_rows, held_times, held_kind = [], [], []
     for count in RANDOM_SIZES:
@@ -188,7 +188,7 @@ def measure(args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m runtime.length_cost",
+    ap = argparse.ArgumentParser(prog="python -m runtime.calibrate.length_cost",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=CPU_CONFIG, help="its [model] is measured")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     cost = result["cost"]
     record = cost.to_json()
     record.update(held_out_error=result["held_out"], max_len=result["max_len"],
-                  command=" ".join(["python -m runtime.length_cost", *(argv or sys.argv[1:])]),
+                  command=" ".join(["python -m runtime.calibrate.length_cost", *(argv or sys.argv[1:])]),
                   date=lc.now_stamp(), machine={"python": platform.python_version(),
                                                 "torch": torch.__version__,
                                                 "threads": args.threads},

@@ -1,9 +1,9 @@
-"""Projection to clusters (``python -m runtime.tune --simulate FABRIC --profile PROFILE``):
+"""Projection to clusters (``python -m runtime.calibrate.tune --simulate FABRIC --profile PROFILE``):
 step time, scaling efficiency and time-to-train of BERT from 8 to 1,024 GPUs, per clip mode
 and bucket plan, and the comparison with published MLPerf results.
 
 Owns: ``GpuProfile`` (a per-GPU compute profile: a TOML ``[profile]``, every assumption a
-documented field), `gpu_step_profile` (a CPU-measured layer split - ``python -m runtime.tune
+documented field), `gpu_step_profile` (a CPU-measured layer split - ``python -m runtime.calibrate.tune
 --profile-only`` on the same model shape - scaled to the GPU's published throughput),
 `rcp_samples` (samples to converge from mlperf-logging's reference convergence points),
 `project` (the scaling table), `published` (the four 1,024-A100 results and their errors) and
@@ -12,13 +12,13 @@ Never: measures GPUs (none here; a lent GPU's measured profile replaces the file
 or claims more than its inputs: every number in the output traces to a field of the fabric or
 profile file, a measurement file, or BACKGROUND §10.
 
-The model of one step at P GPUs, local batch b (runtime.tune.simulate with κ = 1):
+The model of one step at P GPUs, local batch b (runtime.calibrate.tune.simulate with κ = 1):
   forward + backward = b / sequences_per_second, split between them, and over the gradients'
   ready times, as the CPU measurement of the same shapes splits them;
   optimizer = parameters · optimizer_bytes_per_param / (hbm_GBps · 1e9) / optimizer_shard;
   launch work: a 1/P pass over each bucket (8 B/element at HBM speed), a norm pass for the
   before-clip modes (4 B/element);
-  allreduce: the fabric's T(n) at P GPUs (runtime.tune.fabric), n in the reduce dtype;
+  allreduce: the fabric's T(n) at P GPUs (runtime.calibrate.tune.fabric), n in the reduce dtype;
   the split tied embedding: the rows a step's tokens touch by Heaps' law (fitted to this
   machine's measurements, ≤ V: at 1,024 GPUs every row), and the tuned plan solved with the
   tied sync split and dense, the faster kept (tied_embedding_sync is a config key);
@@ -38,11 +38,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-from runtime.tune.fabric import Fabric, FabricError, from_table, load_fabric
-from runtime.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
+from runtime.calibrate.tune.fabric import Fabric, FabricError, from_table, load_fabric
+from runtime.calibrate.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
 from runtime.grad_sync.plan import split_pays, tied_sync_mode
-from runtime.tune.solve import (DDP_MB, HOROVOD_MB, MEGATRON_MIN_PARAMS, MB, cap_plan,
-                                single_size_grid, solve)
+from runtime.calibrate.tune.solve import (DDP_MB, HOROVOD_MB, MEGATRON_MIN_PARAMS, MB, cap_plan,
+                                          single_size_grid, solve)
 
 DATA = Path(__file__).resolve().parent / "systems"
 EVAL_SAMPLES = 10_000
@@ -68,7 +68,7 @@ class GpuProfile:
     sequences_per_second: float
     """forward + backward throughput of one GPU, sequences/s (published or measured)"""
     layer_split: str
-    """JSON from `python -m runtime.tune --profile-only` on the same model shape (CPU is fine):
+    """JSON from `python -m runtime.calibrate.tune --profile-only` on the same model shape (CPU is fine):
     how forward, backward and the gradients' ready times divide the compute; relative to this
     file's directory"""
     hbm_GBps: float
@@ -96,7 +96,7 @@ class GpuProfile:
 def load_profile(path: str | Path) -> tuple[GpuProfile, StepProfile, dict]:
     path = Path(path)
     if not path.is_file():
-        raise FabricError(f"profile file {path} does not exist (see runtime/tune/systems/*.toml)")
+        raise FabricError(f"profile file {path} does not exist (see runtime/calibrate/tune/systems/*.toml)")
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
@@ -106,7 +106,7 @@ def load_profile(path: str | Path) -> tuple[GpuProfile, StepProfile, dict]:
     split = split if split.is_absolute() else path.parent / split
     if not split.is_file():
         raise FabricError(f"{path} [profile]: layer_split {split} does not exist; make it with "
-                          f"`python -m runtime.tune --config C --profile-only {split.name}`")
+                          f"`python -m runtime.calibrate.tune --config C --profile-only {split.name}`")
     rec = json.loads(split.read_text())
     cpu = with_tied_embedding(StepProfile.from_json(rec["profile"]))
     return gp, cpu, rec
@@ -334,14 +334,14 @@ def main(args) -> int:
         gp, cpu, _ = load_profile(prof_path)
         gpus = [int(x) for x in str(args.gpus).split(",")]
     except (FabricError, ValueError) as e:
-        print(f"runtime.tune --simulate: {e}", file=sys.stderr)
+        print(f"runtime.calibrate.tune --simulate: {e}", file=sys.stderr)
         return 2
     try:
         local = int(getattr(args, "local_batch", None) or 4)
         pts = project(gp, cpu, fabric, gpus, local, ("global_after", "bucket_before",
                                                      "local_before"))
     except FabricError as e:
-        print(f"runtime.tune --simulate: {e}", file=sys.stderr)
+        print(f"runtime.calibrate.tune --simulate: {e}", file=sys.stderr)
         return 2
     print(f"fabric: {fabric.name} ({fabric.source}); profile: {gp.name} "
           f"({gp.sequences_per_second:g} seq/s per GPU; {gp.source}); local batch {local}\n")

@@ -59,7 +59,7 @@ SIM_DEVICE = torch.device("cpu", 0)
 """The simulated accelerator: a CPU device that compares unequal to ``torch.device("cpu")``."""
 
 KINDS = ("read", "shape", "h2d", "d2h", "wrong_device", "sync")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _HERE = str(Path(__file__).resolve())
 
 _READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy",

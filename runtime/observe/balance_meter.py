@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from runtime.dist import all_reduce_max, all_reduce_sum
+from runtime.launch.dist import all_reduce_max, all_reduce_sum
 
 FIELDS = ("real", "computed", "cost", "compute_s", "load_s")
 

@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from runtime.dist import all_reduce_sum
+from runtime.launch.dist import all_reduce_sum
 from runtime.events import StepMetrics
 
 _DEVICE_FIELDS = ("grad_norm", "clip_coef", "skipped", "loss_scale")
@@ -56,7 +56,7 @@ _METRIC_FIELDS = {f.name for f in fields(StepMetrics)}
 
 def _resolve(values: dict) -> dict:
     """``values`` with every deferred entry (an object with ``resolve()``, e.g. a CUDA step's
-    timeline, runtime.timeline.Deferred) replaced by the dict it resolves to."""
+    timeline, runtime.observe.timeline.Deferred) replaced by the dict it resolves to."""
     out = {}
     for k, v in values.items():
         if callable(getattr(v, "resolve", None)):
@@ -93,7 +93,7 @@ class StepLog:
 
     def __init__(self, world_size: int, meter: Any = None):
         self.world_size = world_size
-        self.meter = meter  # a runtime.balance_meter.BalanceMeter, or None
+        self.meter = meter  # a runtime.observe.balance_meter.BalanceMeter, or None
         self.pending: list[StepRecord] = []
         self.flags: list[float] = []  # the last flush's flags, summed over ranks
 

@@ -50,7 +50,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from runtime.grad_sync.plan import BucketPlan, GradLayout, Piece
-from runtime.tune.costmodel import CommModel
+from runtime.calibrate.tune.costmodel import CommModel
 
 CLIP_MODES = ("global_after", "local_before", "bucket_before", "none")
 
@@ -67,8 +67,8 @@ class Gradient:
 
 @dataclass(frozen=True)
 class StepProfile:
-    """The compute side of one training step on one rank: measured (runtime.tune.measure) or
-    projected (runtime.tune.project). Times in seconds."""
+    """The compute side of one training step on one rank: measured (runtime.calibrate.tune.measure) or
+    projected (runtime.calibrate.tune.project). Times in seconds."""
 
     grads: tuple[Gradient, ...]
     """every trainable parameter, in gradient-production order"""

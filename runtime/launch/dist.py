@@ -4,7 +4,7 @@ Owns: joining the ranks into one process group (`init_distributed`), binding eac
 device, small helpers (`all_reduce_sum`, `all_reduce_max`, `barrier`, `broadcast_object`,
 `broadcast_tensors`, `all_gather_object`, `check_same_on_all_ranks`), and making a failure on
 one rank end every rank (`run_guarded`).
-Never: reads the environment (runtime.env does; values arrive in a `LaunchInfo`), decides
+Never: reads the environment (runtime.launch.env does; values arrive in a `LaunchInfo`), decides
 batch sizes or touches the model.
 
 Rendezvous, by ``LaunchInfo.rendezvous``:
@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional, TypeVar
 import torch
 import torch.distributed as torch_dist
 
-from runtime.env import LaunchInfo
+from runtime.launch.env import LaunchInfo
 
 T = TypeVar("T")
 
@@ -189,7 +189,7 @@ def _bind_device(info: LaunchInfo, device: str) -> torch.device:
 
 def _mpi_store(info: LaunchInfo, timeout: timedelta):
     """Rank 0 opens a TCPStore on a free port and sends (addr, port) over MPI."""
-    from mpi4py import MPI  # initialised by runtime.env.discover
+    from mpi4py import MPI  # initialised by runtime.launch.env.discover
 
     comm = MPI.COMM_WORLD
     hosts = comm.allgather(socket.gethostname())

@@ -159,7 +159,7 @@ def _to_cpu(obj: Any) -> Any:
 
 
 def hf_config_dict(bert_config: Any) -> dict:
-    """An HF config.json for ``runtime.model_config.BertConfig``."""
+    """An HF config.json for ``runtime.model.config.BertConfig``."""
     return {"architectures": ["BertForPreTraining"], "model_type": "bert", "hidden_act": "gelu",
             "position_embedding_type": "absolute", **asdict(bert_config)}
 
@@ -274,7 +274,7 @@ class CheckpointManager:
     the train loader (``state_dict``/``load_state_dict``, ``plan``, ``steps_per_epoch``),
     ``states`` more named parts with ``state_dict``/``load_state_dict``, ``files`` extra
     files rank 0 writes as they are (name -> callable returning bytes, or None to skip).
-    ``barrier``/``broadcast``: the process group's (runtime.dist), identity for one rank.
+    ``barrier``/``broadcast``: the process group's (runtime.launch.dist), identity for one rank.
     """
 
     def __init__(self, directory: str | Path, *, keep: int, rank: int, world_size: int,
@@ -336,7 +336,7 @@ class CheckpointManager:
     def _write_shared(self, tmp: Path) -> None:
         from safetensors.torch import save as safetensors_bytes
 
-        from runtime.model import save_hf_state_dict
+        from runtime.model.hf import save_hf_state_dict
         _write_bytes(tmp / MODEL_FILE, safetensors_bytes(save_hf_state_dict(self.model)))
         config = hf_config_dict(self.model.config)
         _write_bytes(tmp / HF_CONFIG_FILE, (json.dumps(config, indent=2) + "\n").encode())
@@ -376,7 +376,7 @@ class CheckpointManager:
     def restore(self, ckpt: Checkpoint) -> list[str]:
         """Load ``ckpt`` into the parts; returns notes on what differs from an exact resume
         (another world size). Raises CheckpointError naming the file on a mismatch."""
-        from runtime.model import load_hf_state_dict
+        from runtime.model.hf import load_hf_state_dict
         notes: list[str] = []
         try:
             load_hf_state_dict(self.model, ckpt.model_state())

@@ -1,12 +1,12 @@
 """Per-step timeline of compute and communication (opt-in, ``train.timeline = true``) and its
-picture: ``python -m runtime.timeline METRICS.jsonl --out timeline.png [--step N]``.
+picture: ``python -m runtime.observe.timeline METRICS.jsonl --out timeline.png [--step N]``.
 
 Owns: recording one optimizer step - the compute spans the trainer marks (forward, backward,
 sync = launching what is left and waiting for the allreduces, with local_before's norm and
 clip; optimizer) and each bucket's ready, launch and completion time as the gradient buckets
 report them - the figures derived from them, and the drawing. Never: changes what a step
 does, or waits for the device inside a step. Cost: a few marks per span and per bucket
-(``runtime.clock``): on CPU host times, completion stamped by a callback on the allreduce's
+(``runtime.observe.clock``): on CPU host times, completion stamped by a callback on the allreduce's
 future (gloo runs it when the data has arrived); on CUDA events on the compute stream, and
 for completion one on a side stream that waits for the collective (NCCL completes its future
 at enqueue, so a callback there would stamp the launch) - read at the logging point.
@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from runtime.clock import DeviceClock, Later
+from runtime.observe.clock import DeviceClock, Later
 
 SPANS = ("forward", "backward", "sync", "optimizer")
 
@@ -41,9 +41,9 @@ class StepTimeline:
     """Marks of the current step; ``summary()`` turns them into metrics.jsonl fields.
 
     ``device``: where the step's work runs. On CPU marks are host times; on CUDA they are
-    CUDA events (``runtime.clock``): when the *work* reached each point, read at the next
+    CUDA events (``runtime.observe.clock``): when the *work* reached each point, read at the next
     logging point, not in the step - so ``summary()`` there returns a `Deferred` that
-    runtime.step_log resolves. ``clock``: a host clock to use instead (tests)."""
+    runtime.observe.step_log resolves. ``clock``: a host clock to use instead (tests)."""
 
     def __init__(self, device: Any = "cpu", clock: Optional[Callable[[], float]] = None):
         self._device_clock = DeviceClock(device)
@@ -79,7 +79,7 @@ class StepTimeline:
 
     def bucket_launched(self, k: int, t: Any = None, work: Any = None) -> None:
         """Bucket k's allreduce was launched (at ``t``); with ``work`` (its async work), its
-        completion is stamped when it happens (``runtime.clock.DeviceClock.after``)."""
+        completion is stamped when it happens (``runtime.observe.clock.DeviceClock.after``)."""
         self.launch[k] = self.clock() if t is None else t
         if work is not None:
             self.done[k] = self._device_clock.after(work)
@@ -233,7 +233,7 @@ def plot_timeline(metrics_path: str | Path, png_path: str | Path,
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m runtime.timeline",
+    ap = argparse.ArgumentParser(prog="python -m runtime.observe.timeline",
                                  description="Draw a step's compute and communication lanes "
                                              "from a metrics.jsonl written with train.timeline=true")
     ap.add_argument("metrics", help="metrics.jsonl of a run")
@@ -243,7 +243,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         png = plot_timeline(args.metrics, args.out, args.step)
     except (ValueError, OSError) as e:
-        print(f"runtime.timeline: {e}", file=sys.stderr)
+        print(f"runtime.observe.timeline: {e}", file=sys.stderr)
         return 2
     print(png)
     return 0

@@ -12,7 +12,7 @@ What this module owns:
       - ``reference``: per-tensor plain torch (``kernels.optim_reference``), the meaning;
       - ``foreach``: multi-tensor ``torch._foreach_*`` (``kernels.optim_foreach``);
       - ``fused``: flat contiguous buffers, one or two compiled passes per step
-        (``kernels.optim_flat``, bound to the optimizer by ``runtime.optim_binding``; the
+        (``kernels.optim_flat``, bound to the optimizer by ``runtime.optim.flat_binding``; the
         model's parameters and gradients become views of the buffers);
       - ``apex``: apex's FusedLAMB/FusedAdam kernels (``kernels.optim_apex``), offered only
         where NVIDIA apex imports, CUDA only, LAMB and AdamW;
@@ -28,7 +28,7 @@ What it never does:
     ``step(grad_scale=...)``; the step multiplies every gradient by it. There is no
     ``max_grad_norm`` here, so the runtime never clips twice (apex FusedLAMB would).
   * schedule the learning rate: the runtime writes each group's ``"lr"`` before ``step``
-    (``set_lr``; see ``runtime.schedules``). Group ``lr`` is validated (> 0) only when the
+    (``set_lr``; see ``runtime.optim.schedules``). Group ``lr`` is validated (> 0) only when the
     optimizer is built — the schedule may legitimately set 0 (first warm-up step).
 
 Step counting: each parameter's state holds ``"step"``, the number of updates applied to it;
@@ -48,7 +48,7 @@ from kernels import optim_flat as _flat
 from kernels import optim_foreach as _foreach
 from kernels import optim_reference as _ref
 from runtime.choices import hparam_error
-from runtime.optim_binding import FlatBinding
+from runtime.optim.flat_binding import FlatBinding
 
 __all__ = [
     "NO_DECAY_NAME_PARTS",
@@ -215,7 +215,7 @@ class _PrestoOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """With ``fused``: zero the flat gradient buffer, gradients stay views (never None,
-        whatever ``set_to_none`` says; see runtime.optim_binding). Otherwise torch's."""
+        whatever ``set_to_none`` says; see runtime.optim.flat_binding). Otherwise torch's."""
         if self._flat is not None:
             self._flat.zero_grad()
         else:

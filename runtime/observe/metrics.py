@@ -78,7 +78,7 @@ class ProgressPrinter:
     when accuracy is rising, else reports the time to the step budget. ``pad-eff`` is Σ real
     / Σ computed tokens over all ranks since the start; ``imbalance tok … cost … fwd …`` the
     mean, over the steps since the previous line, of max/mean over ranks of computed tokens,
-    of the length-cost model's batch cost and of forward time (runtime.balance_meter)."""
+    of the length-cost model's batch cost and of forward time (runtime.observe.balance_meter)."""
 
     def __init__(self, every: int = 10, stream=sys.stdout):
         self.every = max(1, every)

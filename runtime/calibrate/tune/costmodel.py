@@ -6,7 +6,7 @@ large ones); fitting it (`fit_affine`, `fit_piecewise`, `fit` picks), its error 
 and the derived figures users know: α, algorithm bandwidth n/T, and NCCL's bus bandwidth
 (algbw · 2(p−1)/p). Data checks (`check_sweep`): too few points, times that fall as sizes
 grow - warnings with the data, never a silent fit.
-Never: measures (runtime.tune.measure does) or talks to other ranks. Pure numpy.
+Never: measures (runtime.calibrate.tune.measure does) or talks to other ranks. Pure numpy.
 
 The fit minimises Σ |log T(n) − log t| (Gauss-Newton, iteratively reweighted): the sweep
 spans 4 KiB to the whole gradient, so a plain least-squares line would fit the few large

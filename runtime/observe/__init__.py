@@ -1,0 +1,1 @@
+"""What a run reports: step metrics reduced at logging points (step_log.py), the metrics file and progress (metrics.py), the step timeline (timeline.py), balance (balance_meter.py), device marks (clock.py), host-sync counting (hostsync.py)."""
