@@ -7,7 +7,7 @@
 Written the way the PyTorch tutorials teach it, on purpose without any of the runtime's
 machinery; only what makes the comparison *fair* is shared with the runtime:
 
-  same     config file (runtime.config), model class/size/init (runtime.train.trainer.build_model
+  same     config file (runtime.config), model class/size/init (runtime.train.build.build_model
            under ``torch.manual_seed(train.seed)``; always with ``model.attention=padded``: the
            plain recipe computes every padded position, whatever the config says), training
            shards, global batch, LR schedule function (runtime.optim.schedules), gradient clip norm,
@@ -59,8 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from loaders.dataset import DataSetInfo, load_eval_batches  # noqa: E402
 from loaders.shards import read_shard  # noqa: E402
 from runtime.config import load_config  # noqa: E402
-from runtime.optim.schedules import build_schedule, scaled_lr  # noqa: E402
-from runtime.train.trainer import build_model  # noqa: E402
+from runtime.train.build import build_model, learning_rate, schedule_of  # noqa: E402
 
 DEFAULT_BASELINE_LR = 2e-3
 IGNORE_INDEX = -100
@@ -144,22 +143,13 @@ def adamw(model: torch.nn.Module, lr: float, cfg) -> torch.optim.AdamW:
 def baseline_lr(cfg, override: float | None) -> tuple[float, str]:
     """(lr, where it came from); see the module docstring."""
     if cfg.optim.name == "adamw":
-        o = cfg.optim
-        lr = o.lr if o.lr_scaling == "none" else scaled_lr(
-            o.lr_scaling, o.lr, o.base_global_batch_size, cfg.train.global_batch_size)
-        return lr, "config optim.lr (optim.name = adamw)"
+        return learning_rate(cfg), "config optim.lr (optim.name = adamw)"
     lr = DEFAULT_BASELINE_LR if override is None else override
     return lr, f"--baseline-lr (config optimizer is {cfg.optim.name}, not adamw)"
 
 
 def lr_lambda(cfg, lr: float):
-    s = cfg.schedule
-    if s.name == "poly":
-        sched = build_schedule("poly", base_lr=lr, warmup_steps=s.warmup_steps,
-                               start_warmup_step=s.start_warmup_step,
-                               total_steps=s.total_steps, power=s.power)
-    else:
-        sched = build_schedule(s.name, base_lr=lr)
+    sched = schedule_of(cfg, lr)  # the runtime's schedule, from the same [schedule] fields
     return lambda step: sched(step) / lr
 
 

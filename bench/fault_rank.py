@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         else:
             self.loss_scale = DynamicLossScale(2.0 ** 8, device=self.dist.device)
             self.checkpoints.states["loss_scale"] = self.loss_scale
-            self.guard["scale_before"] = 2.0 ** 8
+            self.control.guard.scale_before = 2.0 ** 8
             weight = self.model.bert.encoder.layer[0].output.dense.weight
             weight.register_hook(lambda g: torch.full_like(g, float("inf")) if faulty() else g)
 

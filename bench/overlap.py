@@ -108,7 +108,7 @@ def allreduce_calibration(cfg, ctx, repeat: int) -> dict:
     """Seconds for one allreduce of a buffer as large as the whole gradient."""
     import torch
     import torch.distributed as torch_dist
-    from runtime.train.trainer import build_model
+    from runtime.train.build import build_model
     numel = sum(p.numel() for p in build_model(cfg).parameters())
     buf = torch.ones(numel)
     torch_dist.all_reduce(buf)

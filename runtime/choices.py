@@ -3,7 +3,8 @@ every hyperparameter range.
 
 Owns: the Literal types the config (runtime.config) gives its keys - it checks a value against
 them and names the key in the error - and that each consumer imports to dispatch on
-(``get_args``); the optimizer hyperparameter ranges (``HPARAM_RULES``), checked by the config
+(``get_args``); what each clip mode is (``CLIP_SPECS``: one row per mode, read by the engine,
+the config checks and the tuner); the optimizer hyperparameter ranges (``HPARAM_RULES``), checked by the config
 for ``optim.*`` and by ``runtime.optim.build_optimizer`` for direct callers, with one message.
 Choices owned by a leaf package are declared there (``loaders.balance.BalanceMode``).
 Never: imports torch or reads files - ``python -m runtime.config`` (run_and_time.sh) stays fast.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -29,6 +31,44 @@ Launcher = Literal["mpiexec", "mpirun", "srun", "torchrun"]
 CacheClear = Literal["auto", "required", "off"]
 SrunMpi = Literal["pmi2", "pmix", "none"]
 Division = Literal["open", "closed"]
+
+
+@dataclass(frozen=True)
+class ClipSpec:
+    """What a clip mode is, for everything that must know (the bucket engine, the config
+    checks, the step multiplier, the tuner's step-time model): one row per ``ClipMode``."""
+
+    name: str
+    before_allreduce: bool   # each rank clips its own gradient before the averaging
+    holds_launches: bool     # no bucket goes out before backward ends (needs every gradient)
+    per_bucket: bool         # each bucket by its own norm, to τ/√K (launches stay overlapped)
+    after_allreduce: bool    # the averaged gradient's norm sets one coefficient, folded into
+    #                          the optimizer step
+    formula: str             # the averaged gradient it leaves (docs/GRADIENT_SYNC.md)
+
+
+CLIP_SPECS: dict[str, ClipSpec] = {s.name: s for s in (
+    ClipSpec("global_after", False, False, False, True, "min(1, τ/‖ḡ‖)·ḡ, ḡ = (1/P) Σ_r g_r"),
+    ClipSpec("local_before", True, True, False, False, "(1/P) Σ_r min(1, τ/‖g_r‖) g_r"),
+    ClipSpec("bucket_before", True, False, True, False,
+             "per bucket b of K: (1/P) Σ_r min(1, (τ/√K)/‖g_r,b‖) g_r,b"),
+    ClipSpec("none", False, False, False, False, "(1/P) Σ_r g_r"),
+)}
+"""Every ``ClipMode`` (tests/test_configs.py holds the two to the same names). A new mode is a
+row here, its scaling in runtime/grad_sync/buckets.py (``_launch``/``finish``) and its cost in
+runtime/calibrate/tune/simulate.py (``Instance.build``)."""
+
+AFTER_MODES = " | ".join(s.name for s in CLIP_SPECS.values() if not s.before_allreduce)
+"""The modes that leave each rank's gradient alone before the averaging, in words: what DDP
+and the split tied-embedding sync need."""
+
+
+def clip_spec(mode: str) -> ClipSpec:
+    try:
+        return CLIP_SPECS[mode]
+    except KeyError:
+        raise ValueError(f"clip_mode must be one of {' | '.join(CLIP_SPECS)}, got {mode!r}") \
+            from None
 
 
 def is_number(x: Any) -> bool:

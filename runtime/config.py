@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from loaders.balance import BalanceMode, BalanceSpec
-from runtime.choices import (AttentionMode, CacheClear, ClipMode, DeviceKind, Division,
-                             GradSyncKind, Launcher, LoaderKind, LrScaling, OptimBackend,
-                             Precision, ReduceDtype, ScheduleName, SrunMpi, TiedEmbeddingSync,
-                             hparam_error, is_number)
+from runtime.choices import (AFTER_MODES, AttentionMode, CacheClear, ClipMode, DeviceKind,
+                             Division, GradSyncKind, Launcher, LoaderKind, LrScaling,
+                             OptimBackend, Precision, ReduceDtype, ScheduleName, SrunMpi,
+                             TiedEmbeddingSync, clip_spec, hparam_error, is_number)
 from runtime.model.config import BertConfig
 
 
@@ -291,19 +291,19 @@ class TrainConfig:
         return self.checkpoint_dir or str(Path(self.output_dir) / "checkpoints")
 
     def _validate_grad_sync(self) -> None:
-        if self.grad_sync == "ddp" and self.clip_mode not in ("global_after", "none"):
+        before = clip_spec(self.clip_mode).before_allreduce
+        if self.grad_sync == "ddp" and before:
             raise ConfigError(f"train.clip_mode={self.clip_mode} clips before the allreduce, "
                               f"which needs train.grad_sync='buckets' (ddp supports "
-                              f"global_after | none)")
+                              f"{AFTER_MODES})")
         if self.grad_sync == "ddp" and (self.bucket_plan or self.allreduce_dtype != "fp32"):
             raise ConfigError("train.bucket_plan and train.allreduce_dtype need "
                               "train.grad_sync='buckets'")
         if not (is_number(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
             raise ConfigError(f"train.bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
-        if self.tied_embedding_sync == "split" and (
-                self.grad_sync != "buckets" or self.clip_mode not in ("global_after", "none")):
+        if self.tied_embedding_sync == "split" and (self.grad_sync != "buckets" or before):
             raise ConfigError(f"train.tied_embedding_sync='split' needs train.grad_sync='buckets' "
-                              f"and clip_mode global_after | none (got grad_sync="
+                              f"and clip_mode {AFTER_MODES} (got grad_sync="
                               f"{self.grad_sync!r}, clip_mode={self.clip_mode!r}): the before-"
                               f"allreduce modes need each bucket's whole local gradient; use "
                               f"tied_embedding_sync='dense' with them")

@@ -291,7 +291,8 @@ def test_fp16_overflow_skips_count_only_at_the_loss_scale_floor(small_dataset, s
     assert state.stop_reason == "diverged"
     skipped = [s for s, _, _, sk in rec.steps if sk]
     assert skipped == [3, 4, 5, 6, 7, 8, 9] and state.step == 9
-    assert trainer.guard["overflow_skips"] == 7 and trainer.guard["nonfinite_steps"] == 3
+    guard = trainer.control.guard
+    assert guard.overflow_skips == 7 and guard.nonfinite_steps == 3
 
 
 def test_init_checkpoint_with_nan_is_refused_naming_the_tensors(small_dataset, tmp_path):

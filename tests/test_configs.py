@@ -62,3 +62,14 @@ def test_published_dgx_hyperparameters():
     assert (eight.optim.lr, eight.schedule.total_steps, eight.optim.beta1, eight.optim.beta2,
             eight.schedule.warmup_steps, eight.schedule.start_warmup_step) == (1.5e-3, 1271, 0.83, 0.925, 100, -25)
     assert eight.train.eval_iter_samples == 175_000
+
+
+def test_every_clip_mode_has_one_spec_row():
+    from typing import get_args
+    from runtime.choices import CLIP_SPECS, ClipMode, clip_spec
+    assert tuple(CLIP_SPECS) == get_args(ClipMode)
+    assert [m for m, s in CLIP_SPECS.items() if s.before_allreduce] == ["local_before",
+                                                                          "bucket_before"]
+    assert clip_spec("global_after").after_allreduce and clip_spec("local_before").holds_launches
+    with pytest.raises(ValueError, match="clip_mode must be one of global_after"):
+        clip_spec("layer_before")

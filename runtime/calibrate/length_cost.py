@@ -23,7 +23,6 @@ after one warm-up, on ``--threads`` threads (1 = one rank of the CPU benchmark).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import platform
 import sys
@@ -44,16 +43,21 @@ KERNEL = {"padded": None, "unpadded": "per_sequence", "repad": "repad"}
 (cuda_varlen's cost shape on a GPU); repad the CPU default."""
 
 
-def build_model(config_path, overrides, layout: str, packed: bool):
+def model_for_layout(config_path, overrides, layout: str, packed: bool):
+    """The config's model (its [model] shape and dropout) as runtime.train.build makes it,
+    in ``layout``'s attention path (``packed``: as the packing modes train it); no initial
+    weights are loaded - the cost does not depend on them."""
     from runtime.config import load_config
-    from runtime.model.bert import BertConfig, BertForPreTraining
-    m = load_config(config_path, overrides).model
-    cfg = BertConfig(**{f.name: getattr(m, f.name) for f in dataclasses.fields(BertConfig)
-                        if hasattr(m, f.name)})  # the [model] fields the shape is made of
+    from runtime.train.build import build_model
     attention = "padded" if layout == "padded" else "unpadded"
-    kw = {"kernel": KERNEL[layout]} if KERNEL[layout] else {}
+    cfg = load_config(config_path, [*overrides, f"model.attention={attention}",
+                                    "model.init=scratch",
+                                    *(["data.balance=pack"] if packed else [])])
     torch.manual_seed(0)
-    return BertForPreTraining(cfg, attention=attention, packed=packed, **kw).train(), cfg
+    model = build_model(cfg)
+    if KERNEL[layout]:
+        model.bert.kernel = KERNEL[layout]
+    return model.train(), cfg.model.bert_config()
 
 
 class Sampler:
@@ -149,8 +153,8 @@ def measure(args) -> dict:
     torch.set_num_threads(args.threads)
     sampler = Sampler(args.data)
     max_len = min(args.max_len or sampler.max_len, sampler.max_len)
-    model, cfg = build_model(args.config, args.set, args.layout, packed=False)
-    packed_model = (build_model(args.config, args.set, args.layout, packed=True)[0]
+    model, cfg = model_for_layout(args.config, args.set, args.layout, packed=False)
+    packed_model = (model_for_layout(args.config, args.set, args.layout, packed=True)[0]
                     if args.layout == "padded" else None)  # what pack/offline_pack train
     shape = lc.shape_of(cfg)
     fit_rows, fit_times = [], []

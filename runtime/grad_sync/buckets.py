@@ -60,7 +60,7 @@ import torch
 import torch.distributed as torch_dist
 
 from kernels.optim_reference import (ROW, clip_coefficient_of_norm, norm_of_rows, row_norms)
-from runtime.choices import ClipMode
+from runtime.choices import AFTER_MODES, ClipMode, clip_spec
 from runtime.launch.dist import broadcast_object, check_same_on_all_ranks
 from runtime.grad_sync.plan import BucketPlan, GradLayout, alone_bucket
 from runtime.grad_sync.protocol import SyncReport
@@ -99,8 +99,7 @@ class GradientBuckets:
                  group: Any = None, clip_mode: str = "global_after", max_grad_norm: float = 1.0,
                  reduce_dtype: Optional[torch.dtype] = None, cap_elements: Optional[int] = None,
                  timeline: Any = None, tied: Any = None, align: int = GRAD_ALIGN):
-        if clip_mode not in CLIP_MODES:
-            raise ValueError(f"clip_mode must be one of {' | '.join(CLIP_MODES)}, got {clip_mode!r}")
+        self.clip = clip_spec(clip_mode)  # refuses an unknown mode
         self.module = model
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.params = dict(named)
@@ -129,8 +128,8 @@ class GradientBuckets:
         self._names = {id(p): n for n, p in self.params.items()}
         self.tied = tied  # a TiedEmbeddingSplit (tied_embedding_sync split) or None
         self._tied_name = self._names[id(tied.param)] if tied is not None else None
-        if tied is not None and clip_mode not in ("global_after", "none"):
-            raise ValueError(f"tied_embedding_sync split needs clip_mode global_after | none, "
+        if tied is not None and self.clip.before_allreduce:
+            raise ValueError(f"tied_embedding_sync split needs clip_mode {AFTER_MODES}, "
                              f"got {clip_mode!r}")
         self._skip = False
         self.layout_version = 0  # +1 whenever the buffer is laid out (again)
@@ -172,6 +171,11 @@ class GradientBuckets:
         base, size = self.flat.data_ptr(), self.flat.element_size()
         return all(p.grad is not None and p.grad.data_ptr() == base + self.layout.offsets[n] * size
                    for n, p in self.params.items())
+
+    def plan_json(self) -> dict:
+        """The plan in use (after the first-step re-cut: the measured order), as a plan file
+        holds it."""
+        return self.plan.to_json(self.sizes)
 
     def ordered_params(self) -> list[torch.nn.Parameter]:
         """The parameters in buffer order."""
@@ -261,7 +265,7 @@ class GradientBuckets:
             self._pending[b] -= 1
             if self._pending[b] == 0 and self.timeline is not None:
                 self.timeline.bucket_ready(b, now)
-        if self.clip_mode != "local_before":
+        if not self.clip.holds_launches:
             self._launch_ready()
 
     def _launch_ready(self) -> None:
@@ -278,7 +282,7 @@ class GradientBuckets:
         lo, hi = self.bounds[k]
         buf = self.flat[lo:hi]
         scale = 1.0 / self.world_size
-        if self.clip_mode == "bucket_before" and self.max_grad_norm > 0:
+        if self.clip.per_bucket and self.max_grad_norm > 0:
             norm = slice_norm(self.flat, lo, hi) / self._loss_scale
             self._norms[k] = norm
             self._coefs[k] = clip_coefficient_of_norm(
@@ -309,7 +313,7 @@ class GradientBuckets:
             raise RuntimeError("finish() without begin_step()")
         backward_done_at = self.timeline.now() if self.timeline is not None else None
         launched_in_backward = self._next
-        if self.clip_mode == "local_before" and self.max_grad_norm > 0:
+        if self.clip.holds_launches and self.max_grad_norm > 0:  # the whole local gradient
             self._local_norm = self.grad_norm() / self._loss_scale
             self._local_coef = clip_coefficient_of_norm(self._local_norm, self.max_grad_norm)
         for k in range(self._next, self.num_buckets):
@@ -332,7 +336,7 @@ class GradientBuckets:
 
     def _report(self, launched_in_backward: int) -> SyncReport:
         report = SyncReport(buckets=self.num_buckets, launched_in_backward=launched_in_backward)
-        if self.clip_mode == "bucket_before" and self.max_grad_norm > 0:
+        if self.clip.per_bucket and self.max_grad_norm > 0:
             report.clip_coefs = torch.stack(self._coefs)
             report.local_norm = torch.stack(self._norms).double().pow(2).sum().sqrt()
         elif self._local_coef is not None:

@@ -57,5 +57,9 @@ class DDPSync:
     def on_layout(self, listener: Callable[[torch.Tensor, list], None]) -> None:
         """DDP owns no flat gradient buffer to share: the optimizer keeps its own."""
 
+    def plan_json(self) -> None:
+        """DDP cuts its own buckets: no plan to keep."""
+        return None
+
     def close(self) -> None:
         pass

@@ -339,7 +339,8 @@ def tied_sync_mode(asked: str, clip_mode: str, world_size: int, pays: bool = Tru
     bucket (`alone_bucket`)."""
     if asked != "auto":
         return asked
-    return "split" if pays and world_size > 1 and clip_mode in ("global_after", "none") \
+    from runtime.choices import clip_spec
+    return "split" if pays and world_size > 1 and not clip_spec(clip_mode).before_allreduce \
         else "dense"
 
 

@@ -15,8 +15,9 @@ One optimizer step, as the trainer drives it::
 
 ``module`` is what the step calls forward on (DDP's wrapper, or the model itself);
 ``on_layout(listener)`` tells a flat-buffer optimizer where the gradients live, now and after
-every re-layout, so it can step on that memory instead of copying it; ``close()`` undoes what
-the sync did to the model (hooks, swapped modules).
+every re-layout, so it can step on that memory instead of copying it; ``plan_json()`` is the
+sync's own state a checkpoint keeps (its bucket plan); ``close()`` undoes what the sync did to
+the model (hooks, swapped modules).
 """
 from __future__ import annotations
 
@@ -41,6 +42,11 @@ class GradSync(Protocol):
     def zero_grad(self) -> None: ...
 
     def on_layout(self, listener: Callable[[torch.Tensor, list], None]) -> None: ...
+
+    def plan_json(self) -> Optional[dict]:
+        """The bucket plan in use, as a plan file holds it (what a checkpoint saves and a
+        resume re-installs); None for a sync that has none."""
+        ...
 
     def close(self) -> None: ...
 

@@ -139,6 +139,18 @@ def available_schedules() -> tuple[str, ...]:
     return tuple(sorted(_SCHEDULES))
 
 
+def schedule_param_names(name: str) -> tuple[str, ...]:
+    """The keys ``build_schedule(name, ...)`` takes besides ``base_lr`` (to read a config's
+    declared fields)."""
+    import inspect
+    try:
+        builder = _SCHEDULES[name]
+    except KeyError:
+        raise ValueError(f"unknown schedule {name!r}; available schedules: "
+                         f"{', '.join(available_schedules())}") from None
+    return tuple(p for p in inspect.signature(builder).parameters if p != "base_lr")
+
+
 def build_schedule(name: str, **kw) -> Callable[[int], float]:
     """Return ``schedule(t) -> lr`` (t = 0-based update index).
 

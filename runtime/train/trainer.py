@@ -1,23 +1,21 @@
 """The training loop: train BERT to a target masked-LM accuracy, evaluating on a fixed cadence.
 
-Built in a fixed order (torchtitan's lesson): device & process group (given) → seeds →
-model → gradient sync → optimizer & schedule → data → callbacks see INIT_STOP → timed run.
-``fit()`` returns the final RunState; ``close()`` runs on success and on error.
+``setup()`` finds a checkpoint to resume from, has runtime.train.build make the parts (model,
+gradient sync, optimizer, schedule, loss scale, loaders) and restores them; ``fit()`` runs
+callbacks' INIT_STOP → RUN_START → blocks of steps between evaluations → RUN_STOP and returns
+the final RunState; ``close()`` runs on success and on error.
 
 Owns: the step (forward, backward, one gradient sync, one optimizer update with the clip
-coefficient and loss-scale unscale folded in, mixed precision), evaluation, the stopping rule,
-the logging cadence and the events callbacks observe; and, at logging points only, the three
-run-level decisions every rank must take at the same step: write a checkpoint
-(``train.checkpoint_every_samples``, through runtime.train.checkpoint), stop on a signal
-(runtime.launch.signals: a stop request rides as a flag in the logging point's existing all-reduce)
-and stop on divergence (``train.max_nonfinite_steps``). A resumed run (a complete checkpoint
-in ``train.checkpoint_dir``) restores every part at the end of ``setup`` and re-installs the
-bucket plan the run was using before the sync is built.
-Never: reads the environment (runtime.launch.env), writes MLPerf logs (submission's callback does),
-knows shard files (loaders does), launches allreduces itself or asks which gradient sync it
-has (runtime.grad_sync: one `GradSync` object), clips or scales gradients itself
-(runtime.optim.grad_scale), or reads a device value back on an ordinary step (runtime.observe.step_log
-reduces the metrics every ``train.log_every_steps`` steps).
+coefficient and loss-scale unscale folded in, mixed precision), evaluation, the stopping rule
+(target reached, budget spent), the logging cadence and the events callbacks observe, and the
+run's progress (step, samples, epoch, the eval position) as a checkpoint part.
+Never: builds parts (runtime.train.build), decides about checkpoints, signals or divergence
+(runtime.train.run_control, asked at each logging point), reads the environment
+(runtime.launch.env), writes MLPerf logs (submission's callback does), knows shard files
+(loaders does), launches allreduces itself or asks which gradient sync it has
+(runtime.grad_sync: one `GradSync` object), clips or scales gradients itself
+(runtime.optim.grad_scale), or reads a device value back on an ordinary step
+(runtime.observe.step_log reduces the metrics every ``train.log_every_steps`` steps).
 
 Clipping (clip_mode 'global_after', the reference semantics): gradients are averaged across
 ranks during backward, then ĝ = min(1, τ/‖ḡ‖)·ḡ is applied as the optimizer's ``grad_scale``
@@ -25,84 +23,33 @@ ranks during backward, then ĝ = min(1, τ/‖ḡ‖)·ḡ is applied as the opt
 clipped twice. The before-allreduce modes clip inside the sync. A non-finite gradient norm
 (fp16 overflow, or divergence in any precision) skips the update on the device
 (``found_inf``); fp16's loss scale then halves.
-
-Detection latency of the stop decisions: a signal or a run of non-finite steps is acted on at
-the next logging point - at most ``train.log_every_steps`` steps later (or at the end of the
-block, before an evaluation). A checkpoint is written at the step that reaches each multiple
-of ``train.checkpoint_every_samples`` (that step is made a logging point), never from a
-window with a non-finite step in it (the next logging point tries again), so the checkpoints
-kept are from before a divergence.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as torch_dist
 
-from loaders import length_cost
-from loaders.balance import PACKED_MODES
-from loaders.dataset import DataSetInfo, TrainLoader, check_data_set, load_eval_batches
-from loaders.shards import Limits
-from runtime.observe.balance_meter import BalanceMeter
-from runtime.launch import signals
-from runtime.train.checkpoint import CheckpointManager
+from loaders.dataset import DataSetInfo, check_data_set
+from runtime.choices import clip_spec
 from runtime.config import Config
-from runtime.launch.dist import DistContext, all_reduce_sum, barrier, broadcast_object
 from runtime.events import CallbackList, Event, RunState
-from runtime.optim.grad_scale import DynamicLossScale, step_multiplier
-from runtime.grad_sync import build_grad_sync
-from runtime.model.bert import BertForPreTraining
-from runtime.model.hf import load_hf_state_dict, minilm_path, read_state_dict
-from runtime.optim.optimizers import build_optimizer, set_lr
-from runtime.optim.schedules import build_schedule, scaled_lr
+from runtime.launch import signals
+from runtime.launch.dist import DistContext, all_reduce_sum, barrier, broadcast_object
+from runtime.observe.balance_meter import BalanceMeter
 from runtime.observe.step_log import StepLog, StepRecord
-from runtime.observe.timeline import StepTimeline
+from runtime.optim.grad_scale import step_multiplier
+from runtime.optim.optimizers import set_lr
+from runtime.train.build import InitCheckpointError, Parts, build_model, build_parts
+from runtime.train.checkpoint import CheckpointManager
+from runtime.train.run_control import RunControl
 
-
-def build_model(cfg: Config) -> BertForPreTraining:
-    """The model ``cfg.model`` describes (a ``BertConfig`` with the run's choices), with its
-    initial weights (``model.init``)."""
-    m = cfg.model
-    model = BertForPreTraining(m.bert_config(), attention=m.attention,
-                               packed=cfg.data.balance in PACKED_MODES)
-    if m.init != "scratch":
-        path = minilm_path() if m.init == "minilm" else m.init
-        state = read_state_dict(path)
-        check_finite(state, f"model.init = {m.init!r} ({path})")
-        load_hf_state_dict(model, state)
-    return model
-
-
-class InitCheckpointError(ValueError):
-    """An initial checkpoint that would poison training (model.init)."""
-
-    exit_code = 2
-
-
-def check_finite(state: dict, where: str) -> None:
-    """Refuse a state dict holding NaN or ±inf, naming the tensors (a model trained from one
-    produces NaN from its first step, which the divergence guard would only stop later)."""
-    bad = [f"{k} ({int((~torch.isfinite(v)).sum())} of {v.numel()} values)"
-           for k, v in state.items()
-           if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
-    if bad:
-        raise InitCheckpointError(
-            f"{where}: {len(bad)} tensor(s) hold NaN or inf: {', '.join(bad[:10])}"
-            + (" ..." if len(bad) > 10 else "") + "; it comes from a diverged run or a damaged "
-            "file - use an earlier checkpoint")
-
-
-def batch_cost(cfg: Config, device_type: str) -> length_cost.LengthCost:
-    """What one rank's batch costs on this model and device (``data.length_cost``)."""
-    layout = length_cost.layout_for(cfg.model.attention, device_type)
-    return length_cost.resolve(cfg.data.length_cost, length_cost.shape_of(cfg.model), layout)
+__all__ = ["EvalResult", "InitCheckpointError", "Trainer", "build_model"]
 
 
 @dataclass
@@ -113,8 +60,8 @@ class EvalResult:
 
 
 class Progress:
-    """The trainer's own counters as one checkpoint part: step, samples, epoch, the eval and
-    checkpoint positions, the divergence guard's counts, the bucket plan in use and the
+    """The trainer's counters as one checkpoint part: step, samples, epoch, the eval position,
+    the run control's (checkpoint position, divergence guard), the bucket plan in use and the
     resolved config (for the record: a resume says which values changed)."""
 
     def __init__(self, trainer: "Trainer"):
@@ -122,21 +69,19 @@ class Progress:
 
     def state_dict(self) -> dict:
         t, st = self.t, self.t.state
-        plan = getattr(t.grad_sync, "plan", None)
+        plan = t.grad_sync.plan_json()
         return {"step": st.step, "samples": st.samples, "epoch": st.epoch,
                 "eval_accuracy": st.eval_accuracy, "next_eval": t.next_eval,
-                "next_checkpoint": t.next_checkpoint, "guard": dict(t.guard),
-                "world_size": t.dist.world_size,
-                "bucket_plan": None if plan is None else json.dumps(
-                    plan.to_json(t.grad_sync.sizes)),
+                **t.control.state_dict(), "world_size": t.dist.world_size,
+                "bucket_plan": None if plan is None else json.dumps(plan),
                 "config": json.dumps(t.cfg.to_dict(), sort_keys=True)}
 
     def load_state_dict(self, state: dict) -> None:
         t, st = self.t, self.t.state
         st.step, st.samples, st.epoch = int(state["step"]), int(state["samples"]), int(state["epoch"])
         st.eval_accuracy = state["eval_accuracy"]
-        t.next_eval, t.next_checkpoint = int(state["next_eval"]), int(state["next_checkpoint"])
-        t.guard.update(state["guard"])
+        t.next_eval = int(state["next_eval"])
+        t.control.load_state_dict(state)
         saved = json.loads(state["config"])
         t.config_changes = sorted(
             f"{section}.{key}: {value!r} -> {getattr(getattr(t.cfg, section), key)!r}"
@@ -153,82 +98,62 @@ class Trainer:
         self.dist = dist
         self.callbacks = callbacks or CallbackList()
         self.state = RunState(config=cfg, rank=dist.rank, world_size=dist.world_size)
-        self.train_loader: TrainLoader | None = None
+        self.train_loader = None
         self._say = log or (lambda msg: print(msg, flush=True) if dist.rank == 0 else None)
         self.grad_sync = None
         self.next_eval: int = 0
-        self.next_checkpoint: int = 0
-        self.guard = {"run": 0, "nonfinite_steps": 0, "overflow_skips": 0, "first_bad_step": 0,
-                      "scale_before": float(cfg.train.init_loss_scale)}
-        self.stop: str | None = None       # why the loop stops early: "signal SIGx", "diverged"
         self.config_changes: list[str] = []
         t = cfg.train
         self.checkpoints = CheckpointManager(
             t.checkpoint_path(), keep=t.checkpoint_keep, rank=dist.rank,
             world_size=dist.world_size, barrier=barrier, broadcast=broadcast_object,
             log=self._say)
+        self.control = RunControl(t, self.checkpoints, params_finite=self._params_finite,
+                                  say=self._say, fp16=lambda: self.loss_scale.enabled,
+                                  device=dist.device)
         self.resume_from = None
 
     # ---- set-up -------------------------------------------------------------------------
-    def setup(self) -> None:
+    def setup(self, parts: Optional[Parts] = None) -> None:
+        """Check the data set, find a checkpoint to resume from, build the parts (or take
+        ``parts``, built by runtime.train.build for another purpose: the tuner's) and restore
+        them."""
         cfg, dist = self.cfg, self.dist
         # The data set against the config first: a wrong directory or max_pred fails in
         # milliseconds, before a model is built.
         check_data_set(DataSetInfo.read(cfg.data.data_dir), max_seq_length=cfg.data.max_seq_length,
                        max_predictions_per_seq=cfg.data.max_predictions_per_seq,
                        vocab_size=cfg.model.vocab_size)
-        self.limits = Limits(cfg.model.vocab_size, cfg.data.max_seq_length,
-                             cfg.model.type_vocab_size)
         # Resume only where checkpoints are on: a run that writes none never picks one up.
-        if cfg.train.checkpoint_every_samples > 0:
-            self.resume_from = self.checkpoints.latest()
+        if self.control.checkpointing:
+            self.resume_from = self.control.resumed_from = self.checkpoints.latest()
         if self.resume_from is not None:
             ck = self.resume_from
             self.state.resume = {"checkpoint": str(ck.path), "step": ck.step,
                                  "samples": ck.samples, "world_size": ck.world_size,
                                  "time": ck.manifest.get("time")}
         self.callbacks.fire(Event.INIT_START, self.state)
-        self.local_batch = cfg.local_batch_size(dist.world_size)
-        self.accum = cfg.train.gradient_accumulation_steps
-        torch.manual_seed(cfg.train.seed)  # same init on every rank
-        model = build_model(cfg).to(dist.device)
-        self.model = model
-        t = cfg.train
-        self.timeline = StepTimeline(dist.device) if t.timeline else None
-        self.grad_sync = build_grad_sync(
-            model, self._sync_config(t), world_size=dist.world_size, device=dist.device,
-            group=dist.group,
-            timeline=self.timeline,
-            tokens_per_step=self.local_batch * self.accum * cfg.data.max_seq_length)
+        if parts is None:
+            plan = self.resume_from.path / "bucket_plan.json" if self.resume_from else None
+            parts = build_parts(cfg, dist, bucket_plan=plan if plan and plan.is_file() else None)
+        self.parts = parts
+        self.model, self.grad_sync, self.optimizer = parts.model, parts.grad_sync, parts.optimizer
         self.net = self.grad_sync.module  # what forward is called on (DDP's wrapper or model)
-        self.base_lr = scaled_lr(cfg.optim.lr_scaling, cfg.optim.lr,
-                                 cfg.optim.base_global_batch_size, t.global_batch_size) \
-            if cfg.optim.lr_scaling != "none" else cfg.optim.lr
-        self.optimizer = build_optimizer(cfg.optim.name, list(model.named_parameters()),
-                                         **self._optim_hparams())
-        self.grad_sync.on_layout(self.optimizer.share_gradients)  # one gradient buffer
-        s = cfg.schedule
-        self.schedule = build_schedule(s.name, base_lr=self.base_lr, warmup_steps=s.warmup_steps,
-                                       start_warmup_step=s.start_warmup_step,
-                                       total_steps=s.total_steps, power=s.power) \
-            if s.name == "poly" else build_schedule(s.name, base_lr=self.base_lr)
-        self.loss_scale = DynamicLossScale(t.init_loss_scale, enabled=t.precision == "fp16",
-                                           device=dist.device)
-        self.clip_after = t.clip_mode == "global_after" and t.max_grad_norm > 0
-        torch.manual_seed(t.seed * 1000 + dist.rank)  # dropout differs per rank
-        self.batch_cost = batch_cost(cfg, dist.device.type)
-        self.train_loader = self._build_train_loader()
-        self.balance_meter = BalanceMeter(model, dist.device, dist.world_size,
+        self.schedule, self.base_lr, self.loss_scale = parts.schedule, parts.base_lr, parts.loss_scale
+        self.batch_cost, self.limits, self.timeline = parts.batch_cost, parts.limits, parts.timeline
+        self.train_loader, self.eval_batches = parts.train_loader, parts.eval_batches
+        t = cfg.train
+        self.local_batch = cfg.local_batch_size(dist.world_size)
+        self.accum = t.gradient_accumulation_steps
+        self.clip_after = clip_spec(t.clip_mode).after_allreduce and t.max_grad_norm > 0
+        self.control.base_lr = self.base_lr
+        self.balance_meter = BalanceMeter(self.model, dist.device, dist.world_size,
                                           cost=self.batch_cost)
         self.step_log = StepLog(dist.world_size, self.balance_meter)
         self._run_t0: float | None = None
-        # The eval batches stay on the device: evaluation counts in time-to-train, and the
-        # same few MB would otherwise cross PCIe at every evaluation.
-        self.eval_batches = [b.to(dist.device) for b in load_eval_batches(
-            cfg.data.data_dir, dist.rank, dist.world_size, cfg.data.eval_batch_size,
-            limits=self.limits)]
-        self.state.train_samples = (self.train_loader.steps_per_epoch * self.local_batch
-                                    * dist.world_size)  # samples one epoch trains
+        if self.train_loader is not None:
+            self.state.train_samples = (self.train_loader.steps_per_epoch * self.local_batch
+                                        * dist.world_size)  # samples one epoch trains
         self.state.eval_samples = int(all_reduce_sum(torch.tensor(
             [sum(b.num_sequences for b in self.eval_batches)], device=dist.device)).item())
         self.state.derived.update(self._derived())
@@ -237,7 +162,6 @@ class Trainer:
                       f"failed: the rank log has why): same numbers, several times slower, "
                       f"with model-sized temporaries")
         self.next_eval = t.eval_cadence()[0]
-        self.next_checkpoint = t.checkpoint_every_samples
         self.checkpoints.track(model=self.model, optimizer=self.optimizer,
                                loader=self.train_loader,
                                states={"progress": Progress(self), "loss_scale": self.loss_scale},
@@ -245,21 +169,9 @@ class Trainer:
         if self.resume_from is not None:  # last: the RNG states are restored here
             self._resume()
 
-    def _sync_config(self, t):
-        """The train config the gradient sync is built from: a resumed run gets the bucket
-        plan it was using (the first-step re-cut already happened, in the measured order),
-        so its buffer layout - and the fused optimizer's - is the uninterrupted run's."""
-        ck = self.resume_from
-        if ck is None or t.grad_sync != "buckets" or t.bucket_plan:
-            return t
-        plan = ck.path / "bucket_plan.json"
-        return dataclasses.replace(t, bucket_plan=str(plan)) if plan.is_file() else t
-
     def _plan_file(self) -> bytes | None:
-        plan = getattr(self.grad_sync, "plan", None)
-        if plan is None:
-            return None
-        return (json.dumps(plan.to_json(self.grad_sync.sizes), indent=1) + "\n").encode()
+        plan = self.grad_sync.plan_json()
+        return None if plan is None else (json.dumps(plan, indent=1) + "\n").encode()
 
     def _resume(self) -> None:
         ck = self.resume_from
@@ -274,30 +186,6 @@ class Trainer:
         if self.config_changes:
             self._say("resume: the config differs from the checkpoint's: "
                       + "; ".join(self.config_changes))
-
-    def _build_train_loader(self):
-        """``TrainLoader`` (data.loader 'torch') or its DALI twin, balanced by data.balance;
-        a bad bin / group / pack specification fails here, before anything trains."""
-        cfg, dist = self.cfg, self.dist
-        spec = cfg.data.balance_spec(dist.local_world_size, cost=self.batch_cost)
-        kwargs = dict(verify=cfg.data.verify_checksums, prefetch=cfg.data.prefetch,
-                      balance=spec, limits=self.limits)
-        args = (cfg.data.data_dir, dist.rank, dist.world_size, self.local_batch, cfg.train.seed)
-        if cfg.data.loader == "dali":
-            from loaders.dali_pipeline import DaliTrainLoader  # DALI is imported only when used
-            device_id = dist.device.index if dist.device.type == "cuda" else None
-            return DaliTrainLoader(*args, device_id=device_id, **kwargs)
-        return TrainLoader(*args, **kwargs)
-
-    def _optim_hparams(self) -> dict:
-        o = self.cfg.optim
-        common = dict(lr=self.base_lr, weight_decay=o.weight_decay, backend=o.backend)
-        if o.name == "lars":
-            return dict(common, momentum=o.momentum, trust_coefficient=o.trust_coefficient)
-        common.update(beta1=o.beta1, beta2=o.beta2, eps=o.eps, bias_correction=o.bias_correction)
-        if o.name == "lamb":
-            common.update(use_nvlamb=o.use_nvlamb, trust_clamp=o.trust_clamp)
-        return common
 
     def _derived(self) -> dict:
         s = self.cfg.schedule
@@ -426,21 +314,22 @@ class Trainer:
             # The log still closes, then we re-raise: with run_stop aborted when nothing can
             # continue this run, else as interrupted (the resumed attempt closes it).
             st.stop_reason = "error"
-            st.status = "interrupted" if self._resumable() else "aborted"
+            st.status = "interrupted" if self.control.resumable() else "aborted"
             fire(Event.RUN_STOP, st)
             raise
         fire(Event.RUN_STOP, st)
         return st
 
-    def _resumable(self) -> bool:
-        """A checkpoint of this run exists: it can continue from there."""
-        return self.checkpoints.last_saved is not None or self.resume_from is not None
+    @property
+    def stop(self) -> Optional[str]:
+        """Why the loop stops early ("diverged", "signal SIGx"), as run control decided."""
+        return self.control.stop
 
     def _train_to_target(self) -> None:
         t, st, fire = self.cfg.train, self.state, self.callbacks.fire
         _, every = t.eval_cadence()
         it = self.balance_meter.wrap(iter(self.train_loader))
-        self._agree_on_stop()  # a signal during set-up: stop before the first step
+        self.control.agree_before_start(st)  # a signal during set-up: stop before step 1
         # A run resumed from a checkpoint taken right before an evaluation has no block left.
         skip_block = self.resume_from is not None and (
             st.samples >= self.next_eval or self._out_of_budget())
@@ -454,7 +343,8 @@ class Trainer:
                     self.train_step(it)
                     st.epoch = self.train_loader.epoch
                     fire(Event.STEP, st)
-                    if st.step % t.log_every_steps == 0 or self._checkpoint_step():
+                    if st.step % t.log_every_steps == 0 or \
+                            self.control.is_checkpoint_step(st.samples):
                         self._log()
                 self._log()
                 fire(Event.BLOCK_STOP, st)
@@ -472,119 +362,24 @@ class Trainer:
             if self.stop == "diverged":
                 st.status = "aborted"
             else:  # a signal: the run continues when restarted, if there is a checkpoint
-                st.status = "interrupted" if self._resumable() else "aborted"
-
-    def _checkpoint_step(self) -> bool:
-        """This step reached a multiple of train.checkpoint_every_samples."""
-        every, samples = self.cfg.train.checkpoint_every_samples, self.state.samples
-        return every > 0 and samples >= self.next_checkpoint > samples - \
-            self.cfg.train.global_batch_size
+                st.status = "interrupted" if self.control.resumable() else "aborted"
 
     def _log(self) -> None:
         """A logging point (every rank, same step): reduce the steps since the last one -
-        with this rank's stop request in the same all-reduce - then the run-level decisions:
-        divergence, a signal, a checkpoint."""
+        with this rank's stop request in the same all-reduce - then run control decides."""
         logged = self.step_log.flush(flags=[1.0 if signals.requested() else 0.0])
         if not logged:
             return
         self.state.logged_steps, self.state.last_step = logged, logged[-1]
         self.callbacks.fire(Event.LOG, self.state)
-        finite = self._guard(logged)
-        if self.stop == "diverged":
-            return
-        if self.step_log.flags[0] > 0:
-            self._stop_on_signal(finite)
-        elif self.cfg.train.checkpoint_every_samples > 0 and finite \
-                and self.state.samples >= self.next_checkpoint:
-            self._save()
-
-    def _guard(self, logged) -> bool:
-        """Count non-finite steps (identical on every rank: the losses are all-reduced, the
-        skip flag comes from the averaged gradient); returns whether the window was finite."""
-        g, fp16 = self.guard, self.loss_scale.enabled
-        window_finite = True
-        for m in logged:
-            loss_bad = not math.isfinite(m.loss)
-            if fp16:
-                overflow = m.skipped and not loss_bad
-                g["overflow_skips"] += int(overflow)
-                bad = loss_bad or (overflow and g["scale_before"] <= 1.0)
-                g["scale_before"] = float(m.loss_scale)
-            else:
-                bad = loss_bad or m.skipped
-            window_finite = window_finite and not (loss_bad or m.skipped)
-            if bad:
-                g["first_bad_step"] = g["first_bad_step"] if g["run"] else m.step
-                g["run"] += 1
-                g["nonfinite_steps"] += 1
-            else:
-                g["run"] = 0
-        limit = self.cfg.train.max_nonfinite_steps
-        if g["run"] > limit:
-            self.stop = "diverged"
-            last = self._last_checkpoint()
-            kept = (f"the last checkpoint, {last} (never written from a non-finite step), "
-                    f"is kept: start a new run from its weights with model.init={last}"
-                    if last else "there is no checkpoint of this run")
-            self._say(f"divergence: {g['run']} consecutive steps from step "
-                      f"{g['first_bad_step']} to {logged[-1].step} had a non-finite loss or "
-                      f"gradient (train.max_nonfinite_steps = {limit}; loss now "
-                      f"{logged[-1].loss}, lr {logged[-1].lr:.3g}); stopping the run with "
-                      f"status aborted. Lower optim.lr (base {self.base_lr:.3g}) or check "
-                      f"the data; {kept}")
-        return window_finite
-
-    def _stop_on_signal(self, finite: bool) -> None:
-        """Every rank, at the same logging point: checkpoint (when enabled) and stop."""
-        mine = signals.requested()
-        self.stop = f"signal {signals.name(mine)}" if mine else "signal (on another rank)"
-        st, every = self.state, self.cfg.train.checkpoint_every_samples
-        last = self._last_checkpoint()
-        if every <= 0:
-            where = "no checkpoint (train.checkpoint_every_samples = 0): a rerun starts over"
-        elif self.resume_from is not None and st.step == self.resume_from.step \
-                and self.checkpoints.last_saved is None:
-            where = f"nothing trained since {last}, which a rerun resumes from"
-        elif not finite:
-            where = f"no new checkpoint (the last steps were not finite); the last one is {last}"
-        else:
-            saved = self._save()
-            where = (f"checkpoint {saved} - rerun the same command to resume" if saved else
-                     f"no new checkpoint (the model is not finite); the last one is {last}")
-        self._say(f"stopping on {self.stop} at step {st.step} ({st.samples} samples): {where}")
-
-    def _last_checkpoint(self):
-        return self.checkpoints.last_saved or (
-            self.resume_from.path if self.resume_from is not None else None)
-
-    def _agree_on_stop(self) -> None:
-        """One all-reduce before the first step: did any rank get a stop signal during
-        set-up? (Steps after this agree at logging points.)"""
-        flag = torch.tensor([1.0 if signals.requested() else 0.0], device=self.dist.device)
-        if all_reduce_sum(flag).item() > 0:
-            self._stop_on_signal(finite=True)
+        self.control.at_log_point(logged, self.step_log.flags, self.state)
 
     def _params_finite(self) -> bool:
         """Whether every parameter is finite: an update from finite gradients can still
         overflow (lr 1e4). The same answer on every rank (the replicas are identical), so no
         collective; one pass and one host read, at checkpoint time only."""
         with torch.no_grad():
-            bad = [p for p in self.model.parameters() if not torch.isfinite(p).all()]
-        return not bad
-
-    def _save(self) -> Path | None:
-        st, every = self.state, self.cfg.train.checkpoint_every_samples
-        if every > 0:
-            self.next_checkpoint = (st.samples // every + 1) * every
-        if not self._params_finite():
-            self._say(f"checkpoint: not written at step {st.step}: the model holds non-finite "
-                      f"values (the last update diverged); the last good one is "
-                      f"{self._last_checkpoint()}")
-            return None
-        path = self.checkpoints.save(st.step, st.samples)
-        self._say(f"checkpoint: {path} (step {st.step}, {st.samples} samples, "
-                  f"{self.checkpoints.save_seconds[-1]:.2f} s)")
-        return path
+            return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
 
     def _eval_and_log(self) -> float:
         self.callbacks.fire(Event.EVAL_START, self.state)

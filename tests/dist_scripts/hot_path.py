@@ -40,6 +40,7 @@ from runtime.launch.dist import init_distributed, run_guarded, shutdown  # noqa:
 from runtime.observe.hostsync import SIM_DEVICE, HostSyncs  # noqa: E402
 from runtime.launch.env import discover  # noqa: E402
 from runtime.optim.optimizers import build_optimizer  # noqa: E402
+from runtime.train.build import optimizer_hparams  # noqa: E402
 from runtime.train.trainer import Trainer, build_model  # noqa: E402
 
 TAU = 0.5
@@ -87,7 +88,7 @@ def case_equal(ctx, data_dir):
         ref = build_model(cfg)
         ref.load_state_dict(trainer.model.state_dict())
         opt = build_optimizer(cfg.optim.name, list(ref.named_parameters()),
-                              **{**trainer._optim_hparams(), "backend": "reference"})
+                              **{**optimizer_hparams(cfg), "backend": "reference"})
         it = iter(trainer.train_loader)
         shared, worst = [], 0.0
         for step in range(4):

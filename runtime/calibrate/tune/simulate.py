@@ -49,10 +49,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from runtime.choices import AFTER_MODES, CLIP_SPECS, clip_spec
 from runtime.grad_sync.plan import BucketPlan, GradLayout, Piece
 from runtime.calibrate.tune.costmodel import CommModel
 
-CLIP_MODES = ("global_after", "local_before", "bucket_before", "none")
+CLIP_MODES = tuple(CLIP_SPECS)
 
 
 @dataclass(frozen=True)
@@ -145,8 +146,8 @@ class SyncSpec:
                              f"got {self.clip_mode!r}")
         if self.tied_sync not in ("dense", "split"):
             raise ValueError(f"tied_sync must be dense | split, got {self.tied_sync!r}")
-        if self.tied_sync == "split" and self.clip_mode not in ("global_after", "none"):
-            raise ValueError("tied_embedding_sync split needs clip_mode global_after | none")
+        if self.tied_sync == "split" and clip_spec(self.clip_mode).before_allreduce:
+            raise ValueError(f"tied_embedding_sync split needs clip_mode {AFTER_MODES}")
 
 
 def _padded(n: int, align: int) -> int:
@@ -186,7 +187,8 @@ class Instance:
         ready = np.array([g.ready_s for g in grads], dtype=np.float64)
         total = int(end[-1]) if len(end) else 0
         gamma = profile.prescale_s_per_element
-        if spec.clip_mode == "bucket_before":
+        clip = clip_spec(spec.clip_mode)
+        if clip.per_bucket:  # each bucket's own norm before its launch
             gamma += profile.norm_s_per_element
         alone = dec_pos = None
         dec_issue = 0.0
@@ -214,7 +216,7 @@ class Instance:
             # costs about what the 1/P pass would, so γ·x is kept for positions after it
             tail = profile.tied_finish_s
             launch_in_backward += dec_prep
-        if spec.clip_mode == "local_before":
+        if clip.holds_launches:
             # nothing launches in backward; after it: the local norm of everything, then each
             # bucket's 1/P·coefficient pass and launch
             base = profile.backward_s + profile.norm_s_per_element * total

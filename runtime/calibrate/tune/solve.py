@@ -52,6 +52,7 @@ from typing import Optional
 
 import numpy as np
 
+from runtime.choices import clip_spec
 from runtime.grad_sync.plan import MB, BucketPlan, tied_sync_mode
 from runtime.calibrate.tune.simulate import Instance
 
@@ -269,7 +270,7 @@ def compare(profile, comm, spec_base, tied_asked: str = "auto",
     if profile.tied is None:
         mode = "dense"
     modes = {"dense", mode}
-    if try_other_tied and tied_asked == "auto" and spec_base.clip_mode in ("global_after", "none") \
+    if try_other_tied and tied_asked == "auto" and not clip_spec(spec_base.clip_mode).before_allreduce \
             and spec_base.world_size > 1 and profile.tied is not None:
         modes.add("split")
     specs = {m: replace(spec_base, tied_sync=m) for m in modes}

@@ -1,0 +1,179 @@
+"""The parts of a training run, built from a config in one fixed order: the one builder that
+the trainer, the bucket tuner's measurement, the length-cost command and the benchmarks use.
+
+Owns: the order (torchtitan's lesson) - seeds → model (with its initial weights) → gradient
+sync → optimizer (on the sync's gradient buffer) → schedule → loss scale → the batch cost →
+the training loader and the evaluation batches - and turning the config's declared fields
+into each part's arguments: the optimizer gets every ``[optim]`` field its registry entry
+accepts (``runtime.optim.optimizer_hparam_names``), the schedule every ``[schedule]`` field
+its builder accepts, so no part is special-cased by name here.
+Never: trains, evaluates, decides when to log, checkpoint or stop (runtime.train), reads the
+launcher's environment, or knows what the parts do inside.
+
+    parts = build_parts(cfg, ctx)                    # what Trainer.setup uses
+    parts = build_parts(cfg, ctx, communicate=False, eval_batches=False)   # the tuner
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from loaders import length_cost
+from loaders.balance import PACKED_MODES
+from loaders.dataset import TrainLoader, load_eval_batches
+from loaders.shards import Limits
+from runtime.config import Config
+from runtime.grad_sync import GradSync, build_grad_sync
+from runtime.launch.dist import DistContext
+from runtime.model.bert import BertForPreTraining
+from runtime.model.hf import load_hf_state_dict, minilm_path, read_state_dict
+from runtime.observe.timeline import StepTimeline
+from runtime.optim.grad_scale import DynamicLossScale
+from runtime.optim.optimizers import build_optimizer, optimizer_hparam_names
+from runtime.optim.schedules import build_schedule, schedule_param_names, scaled_lr
+
+
+class InitCheckpointError(ValueError):
+    """An initial checkpoint that would poison training (model.init)."""
+
+    exit_code = 2
+
+
+@dataclass
+class Parts:
+    """What a training step needs, built and wired together (see the module docstring)."""
+
+    model: BertForPreTraining
+    grad_sync: GradSync
+    optimizer: torch.optim.Optimizer
+    schedule: Callable[[int], float]
+    base_lr: float
+    loss_scale: DynamicLossScale
+    batch_cost: length_cost.LengthCost
+    limits: Limits
+    train_loader: Any = None          # TrainLoader or its DALI twin
+    eval_batches: list = dataclasses.field(default_factory=list)  # on the device
+    timeline: Optional[StepTimeline] = None
+
+
+def build_parts(cfg: Config, dist: DistContext, *, bucket_plan: Optional[Path] = None,
+                communicate: bool = True, timeline: Optional[bool] = None,
+                train_loader: bool = True, eval_batches: bool = True) -> Parts:
+    """Every part of a run of ``cfg`` on this rank (see the module docstring).
+
+    ``bucket_plan``: a plan file to lay the gradient buffer out by (a resumed run's, so its
+    layout - and the fused optimizer's - is the uninterrupted run's); used by the bucket
+    engine when the config names none. ``communicate=False``: the gradient sync averages
+    nothing and launches nothing (a world of one's sync) - what the tuner measures, the
+    compute alone. ``timeline``: record each step's timeline (default: train.timeline)."""
+    t = cfg.train
+    limits = Limits(cfg.model.vocab_size, cfg.data.max_seq_length, cfg.model.type_vocab_size)
+    torch.manual_seed(t.seed)  # the same initial weights on every rank
+    model = build_model(cfg).to(dist.device)
+    tl = StepTimeline(dist.device) if (t.timeline if timeline is None else timeline) else None
+    train_cfg = t
+    if bucket_plan is not None and t.grad_sync == "buckets" and not t.bucket_plan:
+        train_cfg = dataclasses.replace(t, bucket_plan=str(bucket_plan))
+    local_batch = cfg.local_batch_size(dist.world_size)
+    grad_sync = build_grad_sync(
+        model, train_cfg, world_size=dist.world_size if communicate else 1, device=dist.device,
+        group=dist.group, timeline=tl,
+        tokens_per_step=local_batch * t.gradient_accumulation_steps * cfg.data.max_seq_length)
+    base_lr = learning_rate(cfg)
+    optimizer = build_optimizer(cfg.optim.name, list(model.named_parameters()),
+                                **optimizer_hparams(cfg, base_lr))
+    grad_sync.on_layout(optimizer.share_gradients)  # one gradient buffer, the sync's
+    parts = Parts(model=model, grad_sync=grad_sync, optimizer=optimizer,
+                  schedule=schedule_of(cfg, base_lr), base_lr=base_lr,
+                  loss_scale=DynamicLossScale(t.init_loss_scale, enabled=t.precision == "fp16",
+                                              device=dist.device),
+                  batch_cost=batch_cost(cfg, dist.device.type), limits=limits, timeline=tl)
+    torch.manual_seed(t.seed * 1000 + dist.rank)  # dropout differs per rank
+    if train_loader:
+        parts.train_loader = build_train_loader(cfg, dist, parts.batch_cost, limits)
+    if eval_batches:
+        # On the device for the whole run: evaluation counts in time-to-train, and the same
+        # few MB would otherwise cross PCIe at every evaluation.
+        parts.eval_batches = [b.to(dist.device) for b in load_eval_batches(
+            cfg.data.data_dir, dist.rank, dist.world_size, cfg.data.eval_batch_size,
+            limits=limits)]
+    return parts
+
+
+def build_model(cfg: Config) -> BertForPreTraining:
+    """The model ``cfg.model`` describes (a ``BertConfig`` with the run's choices), with its
+    initial weights (``model.init``)."""
+    m = cfg.model
+    model = BertForPreTraining(m.bert_config(), attention=m.attention,
+                               packed=cfg.data.balance in PACKED_MODES)
+    if m.init != "scratch":
+        path = minilm_path() if m.init == "minilm" else m.init
+        state = read_state_dict(path)
+        check_finite(state, f"model.init = {m.init!r} ({path})")
+        load_hf_state_dict(model, state)
+    return model
+
+
+def check_finite(state: dict, where: str) -> None:
+    """Refuse a state dict holding NaN or ±inf, naming the tensors (a model trained from one
+    produces NaN from its first step, which the divergence guard would only stop later)."""
+    bad = [f"{k} ({int((~torch.isfinite(v)).sum())} of {v.numel()} values)"
+           for k, v in state.items()
+           if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise InitCheckpointError(
+            f"{where}: {len(bad)} tensor(s) hold NaN or inf: {', '.join(bad[:10])}"
+            + (" ..." if len(bad) > 10 else "") + "; it comes from a diverged run or a damaged "
+            "file - use an earlier checkpoint")
+
+
+def learning_rate(cfg: Config) -> float:
+    """The base learning rate: optim.lr, scaled by optim.lr_scaling from the batch it was
+    tuned at to this run's global batch."""
+    o = cfg.optim
+    if o.lr_scaling == "none":
+        return o.lr
+    return scaled_lr(o.lr_scaling, o.lr, o.base_global_batch_size, cfg.train.global_batch_size)
+
+
+def optimizer_hparams(cfg: Config, base_lr: Optional[float] = None) -> dict:
+    """``build_optimizer``'s keyword arguments: every ``[optim]`` field the optimizer's
+    registry entry accepts, lr the scaled base learning rate."""
+    o = cfg.optim
+    out = {k: getattr(o, k) for k in optimizer_hparam_names(o.name) if hasattr(o, k)}
+    out["lr"] = learning_rate(cfg) if base_lr is None else base_lr
+    return out
+
+
+def schedule_of(cfg: Config, base_lr: float) -> Callable[[int], float]:
+    """``schedule(step) -> lr``: every ``[schedule]`` field the schedule's builder accepts."""
+    s = cfg.schedule
+    kw = {k: getattr(s, k) for k in schedule_param_names(s.name) if hasattr(s, k)}
+    return build_schedule(s.name, base_lr=base_lr, **kw)
+
+
+def batch_cost(cfg: Config, device_type: str) -> length_cost.LengthCost:
+    """What one rank's batch costs on this model and device (``data.length_cost``)."""
+    layout = length_cost.layout_for(cfg.model.attention, device_type)
+    return length_cost.resolve(cfg.data.length_cost, length_cost.shape_of(cfg.model), layout)
+
+
+def build_train_loader(cfg: Config, dist: DistContext, cost: length_cost.LengthCost,
+                       limits: Limits):
+    """``TrainLoader`` (data.loader 'torch') or its DALI twin, balanced by data.balance; a bad
+    bin / group / pack specification fails here, before anything trains."""
+    spec = cfg.data.balance_spec(dist.local_world_size, cost=cost)
+    kwargs = dict(verify=cfg.data.verify_checksums, prefetch=cfg.data.prefetch, balance=spec,
+                  limits=limits)
+    args = (cfg.data.data_dir, dist.rank, dist.world_size,
+            cfg.local_batch_size(dist.world_size), cfg.train.seed)
+    if cfg.data.loader == "dali":
+        from loaders.dali_pipeline import DaliTrainLoader  # DALI is imported only when used
+        device_id = dist.device.index if dist.device.type == "cuda" else None
+        return DaliTrainLoader(*args, device_id=device_id, **kwargs)
+    return TrainLoader(*args, **kwargs)
+
