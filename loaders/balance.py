@@ -128,17 +128,14 @@ class BalanceSpec:
 def make_plan(spec: BalanceSpec, base, lengths):
     """The plan for ``spec`` on top of ``base`` (a ShardPlan: pools per rank). ``lengths``:
     per shard, int array of sample lengths (unused, may be None, for ``random``)."""
-    if spec.mode == "random":
+    plan = PLANS[spec.mode]
+    if plan is None:  # random: the shard plan itself
         return base
     if lengths is None:
         raise ValueError(f"data.balance={spec.mode} needs the per-sample lengths index")
     if spec.mode in PACKED_MODES:
         check_pack_length(lengths, spec.pack_length)
-    if spec.mode == "global":
-        return GlobalPlan(base, lengths, spec)
-    if spec.mode == "offline_pack":
-        return OfflinePackPlan(base, lengths, spec)
-    return LocalPlan(base, lengths, spec)
+    return plan(base, lengths, spec)
 
 
 def check_pack_length(lengths, pack_length: int) -> None:
@@ -160,6 +157,8 @@ class _PlanBase:
     ranks carry different sequence counts (``offline_pack``) pads with (-1, -1)."""
 
     name = ""
+    packs_per_batch = False
+    """Whether the loader packs each batch's samples into rows (best fit) as it reads them."""
 
     def __init__(self, base, lengths, spec: BalanceSpec):
         self.base = base
@@ -304,8 +303,6 @@ class LocalPlan(_PlanBase):
 
     def _compute(self, epoch: int, b: int):
         batches = self._stratified(epoch, b)[0]  # [groups, steps, G·b, 2]
-        if self.spec.mode == "pack":
-            return self._deal_packed(batches), None
         return self._deal_groups(batches, self.group_size), None
 
     def _stratified(self, epoch: int, b: int) -> tuple[np.ndarray, int]:
@@ -364,6 +361,17 @@ class LocalPlan(_PlanBase):
     def bin_label(self, k: int) -> str:
         low = int(self.edges[k - 1]) if k else 0
         return f"({low}, {int(self.edges[k])}]"
+
+
+class PackPlan(LocalPlan):
+    """``pack``: LocalPlan's stratified batches, each group's dealt by the cost of the rows
+    its ranks will pack; the loader packs each batch best-fit into rows as it reads it."""
+
+    packs_per_batch = True
+
+    def _compute(self, epoch: int, b: int):
+        batches = self._stratified(epoch, b)[0]  # [groups, steps, G·b, 2]
+        return self._deal_packed(batches), None
 
 
 class OfflinePackPlan(_PlanBase):
@@ -468,3 +476,9 @@ def missing_pairs(shard_samples, used: np.ndarray) -> np.ndarray:
     flat = np.flatnonzero(~taken)
     shard = np.searchsorted(offsets, flat, side="right") - 1
     return np.stack([shard, flat - offsets[shard]], 1).astype(np.int32)
+
+
+PLANS: dict[str, object] = {"random": None, "global": GlobalPlan, "local": LocalPlan,
+                            "pack": PackPlan, "offline_pack": OfflinePackPlan}
+"""data.balance → its plan class (None: the shard plan as it is). A new mode is a row here, its
+plan class, and its name in ``BalanceMode``."""

@@ -196,6 +196,7 @@ class ShardPlan:
     world_size: int
     seed: int
     name = PLAN_NAME  # the ``random`` balancing mode
+    packs_per_batch = False  # one sample per row (balance plans say otherwise: PackPlan)
 
     def __post_init__(self):
         n, w = len(self.shard_samples), self.world_size
@@ -461,7 +462,7 @@ class TrainLoader:
         self._plan_residency(schedule)
         shards = {s: self._store.get(s) for s in np.unique(pairs[:, 0]).tolist()}
         samples = take(shards, pairs)
-        if self.balance.mode == "pack":
+        if self.plan.packs_per_batch:
             rows = best_fit_rows(samples.lengths(), self.balance.pack_length)
         self._advance(len(schedule.batches))
         return sample_rows(samples, rows)

@@ -23,6 +23,8 @@ TiedEmbeddingSync = Literal["auto", "dense", "split"]
 ReduceDtype = Literal["fp32", "bf16", "fp16"]
 AttentionMode = Literal["padded", "unpadded"]
 LoaderKind = Literal["torch", "dali"]
+OptimizerName = Literal["lamb", "adamw", "lars"]
+"""The optimizers a config can name: runtime.optim's registry (tests hold the two equal)."""
 OptimBackend = Literal["auto", "reference", "foreach", "fused", "apex"]
 LrScaling = Literal["none", "linear", "sqrt"]
 ScheduleName = Literal["poly", "constant"]

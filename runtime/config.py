@@ -30,7 +30,8 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 from loaders.balance import BalanceMode, BalanceSpec
 from runtime.choices import (AFTER_MODES, AttentionMode, CacheClear, ClipMode, DeviceKind,
                              Division, GradSyncKind, Launcher, LoaderKind, LrScaling,
-                             OptimBackend, Precision, ReduceDtype, ScheduleName, SrunMpi,
+                             OptimBackend, OptimizerName, Precision, ReduceDtype,
+                             ScheduleName, SrunMpi,
                              TiedEmbeddingSync, clip_spec, hparam_error, is_number)
 from runtime.model.config import BertConfig
 
@@ -139,7 +140,7 @@ class DataConfig:
 class OptimConfig:
     """Optimizer (by registry name) and its hyperparameters."""
 
-    name: str = _doc("optimizer registry name: lamb | adamw | lars", "lamb")
+    name: OptimizerName = _doc("optimizer registry name: lamb | adamw | lars", "lamb")
     backend: OptimBackend = _doc("optimizer step implementation: 'auto' (fused on CPU and CUDA, "
                         "foreach elsewhere) | 'reference' (plain torch, per tensor) | "
                         "'foreach' (torch._foreach_*) | 'fused' (flat buffers, compiled) | "

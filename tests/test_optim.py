@@ -427,3 +427,14 @@ def test_kernels_is_a_leaf_package():
                     else [node.module or ""]
                 for m in mods:
                     assert m.split(".")[0] not in {"runtime", "loaders", "submission"}, path
+
+
+def test_the_registry_and_the_config_name_the_same_optimizers_and_every_backend_is_a_row():
+    from typing import get_args
+    from runtime.choices import OptimizerName
+    assert optim.available_optimizers() == tuple(sorted(get_args(OptimizerName)))
+    for name in get_args(OptimizerName):
+        rows = optim._BACKENDS[name]
+        assert {"reference", "foreach", "fused"} <= set(rows)
+        assert all((r.step is None) != (r.flat is None) for r in rows.values())
+        assert set(optim.available_backends(name)) == set(rows) | {"auto"}

@@ -19,12 +19,15 @@ What this module owns:
       - ``auto`` (the config default): ``fused`` on CPU and CUDA — fastest there in
         ``bench.optim`` — and ``foreach`` on any other device (``resolve_backend``).
   * ``grad_norm()``: the global gradient norm (one reduction over the flat gradient buffer
-    with ``fused``, ``kernels.optim_reference.global_grad_norm`` otherwise), which the
-    trainer uses for its clip coefficient and inf/nan check.
+    with ``fused``, ``kernels.optim_reference.global_grad_norm`` otherwise), for callers that
+    step an optimizer without a gradient sync (the trainer takes the sync's ``grad_norm``);
+  * the backend table (``_BACKENDS``): one ``Backend`` row per (optimizer, backend), a
+    per-tensor step function or a flat-buffer step class - ``fused`` is such a row, not a
+    special case.
 
 What it never does:
   * clip. The runtime computes the global clip coefficient (``kernels.optim_reference.
-    clip_coefficient``) and passes it, times any loss-scale unscale factor, as
+    clip_coefficient_of_norm``, in runtime.optim.grad_scale) and passes it, times any loss-scale unscale factor, as
     ``step(grad_scale=...)``; the step multiplies every gradient by it. There is no
     ``max_grad_norm`` here, so the runtime never clips twice (apex FusedLAMB would).
   * schedule the learning rate: the runtime writes each group's ``"lr"`` before ``step``
@@ -39,7 +42,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
@@ -69,27 +73,37 @@ __all__ = [
 #: MLPerf reference (TF BERT) exclusion: no weight decay and no layer adaptation.
 NO_DECAY_NAME_PARTS = ("bias", "LayerNorm", "layer_norm", "gamma", "beta")
 
-# optimizer name -> backend name -> step function. A fast backend registers here under a
-# new backend name with the reference function's signature and is tested against it.
-_BACKENDS: dict[str, dict[str, Callable[..., None]]] = {
-    "lamb": {"reference": _ref.lamb_step, "foreach": _foreach.lamb_step},
-    "adamw": {"reference": _ref.adamw_step, "foreach": _foreach.adamw_step},
-    "lars": {"reference": _ref.lars_step, "foreach": _foreach.lars_step},
+@dataclass(frozen=True)
+class Backend:
+    """One way to run an optimizer's step: per tensor (``step``, with the reference
+    function's signature) or over flat buffers (``flat``, a kernels.optim_flat step class that
+    runtime.optim.flat_binding binds the parameters to)."""
+
+    step: Optional[Callable[..., None]] = None
+    flat: Optional[type] = None
+
+
+# optimizer name -> backend name -> Backend. A fast backend is a row here under a new name,
+# tested against the reference; nothing else branches on it.
+_BACKENDS: dict[str, dict[str, Backend]] = {
+    "lamb": {"reference": Backend(_ref.lamb_step), "foreach": Backend(_foreach.lamb_step),
+             "fused": Backend(flat=_flat.FusedLamb)},
+    "adamw": {"reference": Backend(_ref.adamw_step), "foreach": Backend(_foreach.adamw_step),
+              "fused": Backend(flat=_flat.FusedAdamW)},
+    "lars": {"reference": Backend(_ref.lars_step), "foreach": Backend(_foreach.lars_step),
+             "fused": Backend(flat=_flat.FusedLars)},
 }
 if _apex.available():  # never offered where NVIDIA apex does not import
-    _BACKENDS["lamb"]["apex"] = _apex.lamb_step
-    _BACKENDS["adamw"]["apex"] = _apex.adamw_step
-
-# optimizer name -> fused step over flat buffers (the "fused" backend).
-_FUSED = {"lamb": _flat.FusedLamb, "adamw": _flat.FusedAdamW, "lars": _flat.FusedLars}
+    _BACKENDS["lamb"]["apex"] = Backend(_apex.lamb_step)
+    _BACKENDS["adamw"]["apex"] = Backend(_apex.adamw_step)
 
 AUTO = "auto"
 
 
 def available_backends(optimizer: str) -> tuple[str, ...]:
     names = set(_BACKENDS.get(optimizer, {}))
-    if optimizer in _FUSED:
-        names |= {"fused", AUTO}
+    if names:
+        names.add(AUTO)
     return tuple(sorted(names))
 
 
@@ -188,11 +202,12 @@ class _PrestoOptimizer(torch.optim.Optimizer):
         self.requested_backend = backend
         self.backend = resolve_backend(self.name, backend, self._device())
         self.compile_seconds = 0.0
-        if self.backend == "fused":
-            self._flat = FlatBinding(self, _FUSED[self.name], param_order)
+        row = _BACKENDS[self.name][self.backend]
+        if row.flat is not None:
+            self._flat = FlatBinding(self, row.flat, param_order)
             self.compile_seconds = self._flat.warmup()
         else:
-            self._step_fn = _BACKENDS[self.name][self.backend]
+            self._step_fn = row.step
 
     def _device(self) -> torch.device:
         for group in self.param_groups:

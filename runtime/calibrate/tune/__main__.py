@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from runtime.choices import clip_spec
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -221,7 +223,7 @@ def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
     rows = compare(profile, comm, spec, cfg.train.tied_embedding_sync, config_plan, config_name,
                    num_buckets=K, grid=args.grid, try_other_tied=args.both_tied,
                    split_pays=pays)
-    if cfg.train.clip_mode == "bucket_before" and K is not None:
+    if clip_spec(cfg.train.clip_mode).per_bucket and K is not None:  # τ/√K: K is the clip's
         free = next(r for r in compare(profile, comm, spec, cfg.train.tied_embedding_sync,
                                        None, "", None, grid=args.grid) if r.name == "tuned")
         free.candidate.name = "tuned, free K"
@@ -296,7 +298,7 @@ def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
 
 def _num_buckets(asked: Optional[str], cfg, config_plan) -> Optional[int]:
     if asked is None:
-        asked = "config" if cfg.train.clip_mode == "bucket_before" else "free"
+        asked = "config" if clip_spec(cfg.train.clip_mode).per_bucket else "free"
     if asked == "free":
         return None
     if asked == "config":
