@@ -177,3 +177,21 @@ def build_train_loader(cfg: Config, dist: DistContext, cost: length_cost.LengthC
         return DaliTrainLoader(*args, device_id=device_id, **kwargs)
     return TrainLoader(*args, **kwargs)
 
+
+def describe(parts: Parts, cfg: Config, dist: DistContext) -> dict:
+    """What the run derived from its config and parts (RunState.derived: the MLPerf log's
+    hyperparameters, the summary's optimizer facts)."""
+    s, opt = cfg.schedule, parts.optimizer
+    start, every = cfg.train.eval_cadence()
+    binding = getattr(opt, "flat_binding", None)
+    return dict(local_batch_size=cfg.local_batch_size(dist.world_size),
+                gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
+                world_size=dist.world_size, lr=parts.base_lr,
+                warmup_steps=s.warmup_steps, start_warmup_step=s.start_warmup_step,
+                total_steps=s.total_steps, eval_iter_start_samples=start,
+                eval_iter_samples=every,
+                parameters=sum(p.numel() for p in parts.model.parameters()),
+                optimizer_backend=opt.backend,
+                optimizer_compiled=None if binding is None else binding.compiled,
+                optimizer_compile_s=round(opt.compile_seconds, 3))
+

@@ -8,7 +8,8 @@ the final RunState; ``close()`` runs on success and on error.
 Owns: the step (forward, backward, one gradient sync, one optimizer update with the clip
 coefficient and loss-scale unscale folded in, mixed precision), evaluation, the stopping rule
 (target reached, budget spent), the logging cadence and the events callbacks observe, and the
-run's progress (step, samples, epoch, the eval position) as a checkpoint part.
+run's progress (step, samples, epoch, the eval position; runtime.train.progress keeps it in a
+checkpoint).
 Never: builds parts (runtime.train.build), decides about checkpoints, signals or divergence
 (runtime.train.run_control, asked at each logging point), reads the environment
 (runtime.launch.env), writes MLPerf logs (submission's callback does), knows shard files
@@ -45,8 +46,9 @@ from runtime.observe.balance_meter import BalanceMeter
 from runtime.observe.step_log import StepLog, StepRecord
 from runtime.optim.grad_scale import step_multiplier
 from runtime.optim.optimizers import set_lr
-from runtime.train.build import InitCheckpointError, Parts, build_model, build_parts
+from runtime.train.build import InitCheckpointError, Parts, build_model, build_parts, describe
 from runtime.train.checkpoint import CheckpointManager
+from runtime.train.progress import Progress
 from runtime.train.run_control import RunControl
 
 __all__ = ["EvalResult", "InitCheckpointError", "Trainer", "build_model"]
@@ -57,38 +59,6 @@ class EvalResult:
     accuracy: float
     correct: int
     count: int
-
-
-class Progress:
-    """The trainer's counters as one checkpoint part: step, samples, epoch, the eval position,
-    the run control's (checkpoint position, divergence guard), the bucket plan in use and the
-    resolved config (for the record: a resume says which values changed)."""
-
-    def __init__(self, trainer: "Trainer"):
-        self.t = trainer
-
-    def state_dict(self) -> dict:
-        t, st = self.t, self.t.state
-        plan = t.grad_sync.plan_json()
-        return {"step": st.step, "samples": st.samples, "epoch": st.epoch,
-                "eval_accuracy": st.eval_accuracy, "next_eval": t.next_eval,
-                **t.control.state_dict(), "world_size": t.dist.world_size,
-                "bucket_plan": None if plan is None else json.dumps(plan),
-                "config": json.dumps(t.cfg.to_dict(), sort_keys=True)}
-
-    def load_state_dict(self, state: dict) -> None:
-        t, st = self.t, self.t.state
-        st.step, st.samples, st.epoch = int(state["step"]), int(state["samples"]), int(state["epoch"])
-        st.eval_accuracy = state["eval_accuracy"]
-        t.next_eval = int(state["next_eval"])
-        t.control.load_state_dict(state)
-        saved = json.loads(state["config"])
-        t.config_changes = sorted(
-            f"{section}.{key}: {value!r} -> {getattr(getattr(t.cfg, section), key)!r}"
-            for section, table in saved.items() if hasattr(t.cfg, section)
-            for key, value in table.items()
-            if hasattr(getattr(t.cfg, section), key)
-            and json.loads(json.dumps(getattr(getattr(t.cfg, section), key))) != value)
 
 
 class Trainer:
@@ -156,7 +126,7 @@ class Trainer:
                                         * dist.world_size)  # samples one epoch trains
         self.state.eval_samples = int(all_reduce_sum(torch.tensor(
             [sum(b.num_sequences for b in self.eval_batches)], device=dist.device)).item())
-        self.state.derived.update(self._derived())
+        self.state.derived.update(describe(parts, cfg, dist))
         if self.state.derived["optimizer_compiled"] is False:
             self._say(f"warning: the fused {cfg.optim.name} step runs eagerly (torch.compile "
                       f"failed: the rank log has why): same numbers, several times slower, "
@@ -186,21 +156,6 @@ class Trainer:
         if self.config_changes:
             self._say("resume: the config differs from the checkpoint's: "
                       + "; ".join(self.config_changes))
-
-    def _derived(self) -> dict:
-        s = self.cfg.schedule
-        start, every = self.cfg.train.eval_cadence()
-        opt = self.optimizer
-        binding = getattr(opt, "flat_binding", None)
-        return dict(local_batch_size=self.local_batch, gradient_accumulation_steps=self.accum,
-                    world_size=self.dist.world_size, lr=self.base_lr,
-                    warmup_steps=s.warmup_steps, start_warmup_step=s.start_warmup_step,
-                    total_steps=s.total_steps, eval_iter_start_samples=start,
-                    eval_iter_samples=every,
-                    parameters=sum(p.numel() for p in self.model.parameters()),
-                    optimizer_backend=opt.backend,
-                    optimizer_compiled=None if binding is None else binding.compiled,
-                    optimizer_compile_s=round(opt.compile_seconds, 3))
 
     # ---- one step -----------------------------------------------------------------------
     def _autocast(self):

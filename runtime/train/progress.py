@@ -1,0 +1,44 @@
+"""The run's progress as one checkpoint part: step, samples, epoch, the eval position, the run
+control's state (checkpoint position, divergence guard), the bucket plan in use and the
+resolved config.
+
+Owns: what of the trainer a checkpoint keeps and a resume restores, and the list of config
+values that differ from the checkpoint's (``config_changes``: said, never silently applied).
+Never: writes files (runtime.train.checkpoint) or decides anything.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class Progress:
+    """The trainer's counters as one checkpoint part: step, samples, epoch, the eval position,
+    the run control's (checkpoint position, divergence guard), the bucket plan in use and the
+    resolved config (for the record: a resume says which values changed)."""
+
+    def __init__(self, trainer: Any):
+        self.t = trainer
+
+    def state_dict(self) -> dict:
+        t, st = self.t, self.t.state
+        plan = t.grad_sync.plan_json()
+        return {"step": st.step, "samples": st.samples, "epoch": st.epoch,
+                "eval_accuracy": st.eval_accuracy, "next_eval": t.next_eval,
+                **t.control.state_dict(), "world_size": t.dist.world_size,
+                "bucket_plan": None if plan is None else json.dumps(plan),
+                "config": json.dumps(t.cfg.to_dict(), sort_keys=True)}
+
+    def load_state_dict(self, state: dict) -> None:
+        t, st = self.t, self.t.state
+        st.step, st.samples, st.epoch = int(state["step"]), int(state["samples"]), int(state["epoch"])
+        st.eval_accuracy = state["eval_accuracy"]
+        t.next_eval = int(state["next_eval"])
+        t.control.load_state_dict(state)
+        saved = json.loads(state["config"])
+        t.config_changes = sorted(
+            f"{section}.{key}: {value!r} -> {getattr(getattr(t.cfg, section), key)!r}"
+            for section, table in saved.items() if hasattr(t.cfg, section)
+            for key, value in table.items()
+            if hasattr(getattr(t.cfg, section), key)
+            and json.loads(json.dumps(getattr(getattr(t.cfg, section), key))) != value)
