@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from runtime.events import Event, RunState
+from submission.launchers import LAUNCHERS
 
 STATUS_DIR = "ranks"
 EXIT_CODES = (0, 1, 2, 3, 4)
@@ -135,52 +135,15 @@ def lost_ranks(run_dir: str | Path, me: int) -> list[str]:
 
 # ------------------------------------------------------------------ after the launch
 
-_LAUNCHER_PATTERNS = (  # (regex, which group is the PID / the rank)
-    # MPICH hydra:   =   PID 2205 RUNNING AT vm \n =   EXIT CODE: 9
-    (re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*EXIT CODE: (\d+)"), "pid"),
-    # Open MPI:      process rank 1 with PID 2205 on node vm exited on signal 9 (Killed)
-    (re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on signal (\d+)"),
-     "rank"),
-    # srun:          srun: error: vm: task 1: Killed
-    (re.compile(r"srun: error: (\S+): tasks? (\d+): (\w[\w ]*)"), "rank"),
-    # torchrun:      rank      : 1 (local_rank: 1) \n exitcode  : -9 (pid: 2205)
-    (re.compile(r"rank\s*: (\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*: (-?\d+) \(pid: (\d+)\)"),
-     "rank"),
-)
-
-
 def launcher_culprit(text: str, records: dict[int, dict]) -> Optional[str]:
-    """The rank the launcher says ended first, as a phrase; None when it says nothing we read."""
-    by_pid = {int(r.get("pid", -1)): k for k, r in records.items()}
-    for pattern, kind in _LAUNCHER_PATTERNS:
-        m = pattern.search(text)
-        if not m:
-            continue
-        if kind == "pid":
-            pid, host, code = int(m.group(1)), m.group(2), int(m.group(3))
-            rank = by_pid.get(pid)
-            who = f"rank {rank}" if rank is not None else "a rank"
-            how = _signal_phrase(code) if code > 0 else f"exit status {code}"
-            return f"{who} (pid {pid} on {host}) ended first: {how}"
-        if pattern.pattern.startswith("process rank"):
-            return (f"rank {m.group(1)} (pid {m.group(2)} on {m.group(3)}) ended first: "
-                    f"{_signal_phrase(int(m.group(4)))}")
-        if pattern.pattern.startswith("srun"):
-            return f"rank {m.group(2)} (task on {m.group(1)}) ended first: {m.group(3).strip()}"
-        code = int(m.group(2))
-        how = _signal_phrase(-code) if code < 0 else f"exit status {code}"
-        return f"rank {m.group(1)} (pid {m.group(3)}) ended first: {how}"
+    """The rank the launcher says ended first, as a phrase; None when it says nothing we read.
+    Each launcher's report and its phrase are its row in submission.launchers; the first row
+    whose report is in ``text`` answers."""
+    for spec in LAUNCHERS.values():
+        phrase = spec.culprit(text, records)
+        if phrase:
+            return phrase
     return None
-
-
-def _signal_phrase(code: int) -> str:
-    import signal
-    try:
-        name = signal.Signals(code).name
-    except ValueError:
-        return f"status {code}"
-    hint = " (kill -9, the OOM killer or a lost node)" if name == "SIGKILL" else ""
-    return f"killed by {name}{hint}"
 
 
 def job_exit_code(records: dict[int, dict], world_size: Optional[int], launcher_rc: int) -> int:
