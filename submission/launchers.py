@@ -171,8 +171,10 @@ def _mpirun_argv(launch: Launch) -> list[str]:
 
 
 def _openmpi_phrase(m: re.Match, records: Mapping[int, dict]) -> str:
-    return (f"rank {m.group(1)} (pid {m.group(2)} on {m.group(3)}) ended first: "
-            f"{signal_phrase(int(m.group(4)))}")
+    rank, pid = m.group(1), m.group(2)
+    if pid == "0":   # Open MPI 4 often says "PID 0": the rank's own record knows better
+        pid = str(records.get(int(rank), {}).get("pid", pid))
+    return f"rank {rank} (pid {pid} on {m.group(3)}) ended first: {signal_phrase(int(m.group(4)))}"
 
 
 # ------------------------------------------------------------------------------------- srun
@@ -270,10 +272,16 @@ LAUNCHERS: dict[str, LauncherSpec] = {spec.name: spec for spec in (
          ("MASTER_PORT", f"its port, default {TORCHRUN_DEFAULT_PORT}")),
         _torchrun_argv, forward_signal="TERM", folds_exit_status=True,
         starts_every_node=False,
+        # Root Cause (first observed failure):
+        # [0]:
+        #   time      : 2026-11-24_09:54:08
+        #   host      : localhost
         #   rank      : 1 (local_rank: 1)
-        #   exitcode  : -9 (pid: 2205)
-        failure_line=re.compile(
-            r"rank\s*: (\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*: (-?\d+) \(pid: (\d+)\)"),
+        #   exitcode  : -9 (pid: 2205)  (SIGKILL)
+        # The "Failures:" block printed before it lists the workers the agent stopped after the
+        # root cause (SIGTERM): the first rank/exitcode pair in the text is not the culprit.
+        failure_line=re.compile(r"Root Cause[^\n]*\n(?:[^\n]*\n)*?\s*rank\s*: (\d+) "
+                                r"\(local_rank: \d+\)\s*\n\s*exitcode\s*: (-?\d+) \(pid: (\d+)\)"),
         failure_phrase=_torchrun_phrase),
 )}
 

@@ -7,11 +7,11 @@ Owns:
     reason; written from the failure path too);
   * ``lost_ranks``: on a failed collective, which peers are gone (a dead PID on this host, or
     a rank that recorded its own end) - the text the failing rank prints;
-  * ``python -m submission.rank_status RUN_DIR --rc N [--launcher-log FILE]``: after a launch,
-    the one exit status of the job (below) on stdout and, when something failed, a summary
-    naming the rank and the last completed step on stderr. The launcher's own report, when
-    captured (run_and_time.sh keeps it in ``<run dir>/launcher.log``), names the PID or task
-    that died first; it is mapped to its rank here.
+  * ``python -m submission.rank_status RUN_DIR --rc N [--launcher L] [--launcher-log FILE]``:
+    after a launch, the one exit status of the job (below) on stdout and, when something
+    failed, a summary naming the rank and the last completed step on stderr. The launcher's
+    own report, when captured (run_and_time.sh keeps it in ``<run dir>/launcher.log``), names
+    the PID or task that died first; its row in submission.launchers maps it to a rank.
 Never: steers training, talks to other ranks, or reads the environment.
 
 Why a summary after the launch: launchers end the other ranks the moment one dies (MPICH's
@@ -22,7 +22,8 @@ The job's exit status (submission/train.py's table): a rank that recorded a fail
 status (2 bad input, 3 runtime failure; 3 wins); else a rank that recorded nothing (killed:
 SIGKILL, the OOM killer, a lost node) -> 3; else the status every rank recorded (the highest
 when they differ); no record at all (the launch failed before any rank wrote one) -> the
-launcher's status when it is one of ours (0-4), else 3.
+launcher's status when it is one of ours (0-4), else 3 - and 3 for any failure of a launcher
+that folds the ranks' status (submission.launchers: torchrun).
 """
 from __future__ import annotations
 
@@ -135,19 +136,30 @@ def lost_ranks(run_dir: str | Path, me: int) -> list[str]:
 
 # ------------------------------------------------------------------ after the launch
 
-def launcher_culprit(text: str, records: dict[int, dict]) -> Optional[str]:
+def launcher_culprit(text: str, records: dict[int, dict],
+                     launcher: Optional[str] = None) -> Optional[str]:
     """The rank the launcher says ended first, as a phrase; None when it says nothing we read.
-    Each launcher's report and its phrase are its row in submission.launchers; the first row
-    whose report is in ``text`` answers."""
-    for spec in LAUNCHERS.values():
+
+    Each launcher's report and its phrase are its row in submission.launchers. With
+    ``launcher`` (system.launcher) only its own report counts: mpiexec and mpirun start their
+    daemons with srun inside an allocation, and srun's "task N" there is a daemon, not a rank.
+    Without, the first row whose report is in ``text`` answers.
+    """
+    specs = [LAUNCHERS[launcher]] if launcher in LAUNCHERS else list(LAUNCHERS.values())
+    for spec in specs:
         phrase = spec.culprit(text, records)
         if phrase:
             return phrase
     return None
 
 
-def job_exit_code(records: dict[int, dict], world_size: Optional[int], launcher_rc: int) -> int:
+def job_exit_code(records: dict[int, dict], world_size: Optional[int], launcher_rc: int,
+                  launcher: Optional[str] = None) -> int:
     if not records:
+        if launcher in LAUNCHERS and LAUNCHERS[launcher].folds_exit_status and launcher_rc:
+            # torchrun's 1 says a worker failed, not how; never "target not reached" (1),
+            # which only a rank that trained to the end records.
+            return RUNTIME_FAILURE
         return launcher_rc if launcher_rc in EXIT_CODES else RUNTIME_FAILURE
     world = world_size or max(int(r.get("world_size", 1)) for r in records.values())
     failed = [int(r["exit"]) for r in records.values() if r.get("state") == "failed"
@@ -161,16 +173,17 @@ def job_exit_code(records: dict[int, dict], world_size: Optional[int], launcher_
 
 
 def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
-            since: Optional[float] = None) -> tuple[int, list[str]]:
+            since: Optional[float] = None,
+            launcher: Optional[str] = None) -> tuple[int, list[str]]:
     records = read_all(run_dir, since)
-    code = job_exit_code(records, None, launcher_rc)
+    code = job_exit_code(records, None, launcher_rc, launcher)
     lines: list[str] = []
     if code in (0, 1) or not records:
         return code, lines
     text = ""
     if launcher_log is not None and launcher_log.is_file():
         text = launcher_log.read_text(errors="replace")
-    culprit = launcher_culprit(text, records)
+    culprit = launcher_culprit(text, records, launcher)
     if culprit:
         lines.append(culprit)
     last = max((int(r.get("step", 0)) for r in records.values()), default=0)
@@ -199,11 +212,13 @@ def main(argv=None) -> int:
                                  description="the job's exit status from its ranks' status files")
     ap.add_argument("run_dir")
     ap.add_argument("--rc", type=int, required=True, help="the launcher's exit status")
+    ap.add_argument("--launcher", help="system.launcher: read only its report, and know "
+                    "whether its status folds the ranks' (torchrun)")
     ap.add_argument("--launcher-log", type=Path, help="the launcher's captured output")
     ap.add_argument("--since", type=float, help="the launch's start (seconds since the "
                     "epoch): records of earlier attempts are ignored")
     a = ap.parse_args(argv)
-    code, lines = summary(a.run_dir, a.rc, a.launcher_log, a.since)
+    code, lines = summary(a.run_dir, a.rc, a.launcher_log, a.since, a.launcher)
     for line in lines:
         print(f"run_and_time.sh: {line}", file=sys.stderr)
     print(code)

@@ -187,15 +187,40 @@ Root Cause (first observed failure):
   traceback : Signal 9 (SIGKILL) received by PID 11051
 =======================================================
 """
+# torchrun's whole report: the worker it stopped after the root cause (SIGTERM) comes first.
+TORCHRUN_TWO = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+=======================================================
+/repo/submission/train.py FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-24_09:54:08
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 11050)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 11050
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-24_09:54:08
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 11051)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 11051
+=======================================================
+"""
 RECORDS = {0: {"rank": 0, "pid": 11015}, 1: {"rank": 1, "pid": 11016}}
 KILLED = "killed by SIGKILL (kill -9, the OOM killer or a lost node)"
 
 
 @pytest.mark.parametrize("name,text,phrase", [
     ("mpiexec", HYDRA, f"rank 1 (pid 11016 on vm) ended first: {KILLED}"),
-    ("mpirun", OPENMPI, f"rank 1 (pid 0 on vm) ended first: {KILLED}"),
+    ("mpirun", OPENMPI, f"rank 1 (pid 11016 on vm) ended first: {KILLED}"),
     ("srun", SRUN, "rank 1 (task on vm) ended first: Killed"),
     ("torchrun", TORCHRUN_ONE, f"rank 1 (pid 11051) ended first: {KILLED}"),
+    ("torchrun", TORCHRUN_TWO, f"rank 1 (pid 11051) ended first: {KILLED}"),
 ])
 def test_each_launcher_reads_its_own_report(name, text, phrase):
     assert LAUNCHERS[name].culprit(text, RECORDS) == phrase
@@ -204,15 +229,36 @@ def test_each_launcher_reads_its_own_report(name, text, phrase):
     assert LAUNCHERS[name].culprit("all ranks finished\n", RECORDS) is None
 
 
-def test_hydra_pid_without_a_record_is_a_rank():
+def test_pids_without_a_record():
     assert LAUNCHERS["mpiexec"].culprit(HYDRA, {}) == \
         f"a rank (pid 11016 on vm) ended first: {KILLED}"
+    # Open MPI's "PID 0" stays when the rank wrote no record to say better.
+    assert LAUNCHERS["mpirun"].culprit(OPENMPI, {}) == f"rank 1 (pid 0 on vm) ended first: {KILLED}"
 
 
-def test_rank_status_asks_the_rows():
+def test_rank_status_asks_the_launchers_row():
     from submission.rank_status import launcher_culprit
     assert launcher_culprit("noise\n" + SRUN, RECORDS) == "rank 1 (task on vm) ended first: Killed"
+    assert launcher_culprit("noise\n" + SRUN, RECORDS, "srun") == \
+        "rank 1 (task on vm) ended first: Killed"
+    # mpiexec over several nodes of an allocation starts its daemons with srun: srun's "task 1"
+    # is a daemon there, not rank 1.
+    assert launcher_culprit(SRUN, RECORDS, "mpiexec") is None
+    assert launcher_culprit(SRUN + HYDRA, RECORDS, "mpiexec").startswith("rank 1 (pid 11016")
     assert launcher_culprit("nothing to see", RECORDS) is None
+
+
+def test_a_folding_launchers_failure_is_never_target_not_reached():
+    """torchrun exits 1 for any failed worker: with no rank record to say how (a rank that
+    failed before writing one), the job's status is 3, not 1 (target not reached)."""
+    from submission.rank_status import job_exit_code
+    assert job_exit_code({}, None, 1, "torchrun") == 3
+    assert job_exit_code({}, None, 0, "torchrun") == 0
+    assert job_exit_code({}, None, 1, "mpiexec") == 1   # hydra passes a rank's status on
+    assert job_exit_code({}, None, 2, None) == 2
+    # With records the ranks speak for themselves, whatever the launcher folded.
+    records = {r: {"rank": r, "world_size": 2, "exit": 2, "state": "failed"} for r in (0, 1)}
+    assert job_exit_code(records, None, 1, "torchrun") == 2
 
 
 # ------------------------------------------------------------------ the command line
@@ -256,3 +302,12 @@ def test_describe_names_every_launcher_and_variable():
         assert f"  {spec.name} " in text
         for variable, _ in spec.variables:
             assert variable in text
+
+
+def test_rank_status_command_line_takes_the_launcher(tmp_path, capsys):
+    """run_and_time.sh's call after a failed launch (no rank wrote a record here)."""
+    from submission import rank_status
+    assert rank_status.main([str(tmp_path), "--rc", "1", "--launcher", "torchrun"]) == 0
+    assert capsys.readouterr().out == "3\n"
+    assert rank_status.main([str(tmp_path), "--rc", "1"]) == 0
+    assert capsys.readouterr().out == "1\n"
