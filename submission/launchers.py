@@ -38,6 +38,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
+from runtime.launch.env import in_srun_step
+
 # The message prefix of run_and_time.sh's ``die``: this module's errors are its errors.
 PROG = "run_and_time.sh"
 EXIT_BAD_INPUT = 2
@@ -181,9 +183,9 @@ def _openmpi_phrase(m: re.Match, records: Mapping[int, dict]) -> str:
 
 
 def _srun_self_rank(env: Mapping[str, str]) -> Optional[int]:
-    # A task of a job step (run.sub: srun ... run_and_time.sh): it is that rank, no launcher.
-    procid = env.get("SLURM_PROCID", "")
-    return int(procid) if procid.isdigit() else None
+    # A task of a job step (run.sub: srun ... run_and_time.sh) is that rank: no launcher. An
+    # sbatch script's own shell has SLURM_PROCID=0 too, but it is no step's task: it launches.
+    return int(env["SLURM_PROCID"]) if in_srun_step(env) else None
 
 
 def _srun_argv(launch: Launch) -> list[str]:
@@ -251,8 +253,8 @@ LAUNCHERS: dict[str, LauncherSpec] = {spec.name: spec for spec in (
         failure_phrase=_openmpi_phrase),
     LauncherSpec(
         "srun",
-        "inside a job step (SLURM_PROCID set, e.g. run.sub's `srun ... run_and_time.sh`) this "
-        "task *is* one rank and runs $PYTHON -m submission.train ARGS directly; otherwise "
+        "inside a job step (SLURM_PROCID and SLURM_STEP_ID set, e.g. run.sub's "
+        "`srun ... run_and_time.sh`; not an sbatch script's own shell) this task *is* one rank and runs $PYTHON -m submission.train ARGS directly; otherwise "
         "$SRUN --nodes=NODES --ntasks-per-node=RANKS --kill-on-bad-exit=1 "
         "$PYTHON -m submission.train ARGS",
         (("SRUN", "default srun"),),

@@ -104,6 +104,10 @@ def test_srun_inside_a_job_step_is_the_rank():
     for name in ("mpiexec", "mpirun", "torchrun"):   # they start their ranks themselves
         assert LAUNCHERS[name].self_rank(step) is None
     assert LAUNCHERS["srun"].self_rank({}) is None
+    # An sbatch script's own shell has SLURM_PROCID=0 but is no step's task: it launches.
+    batch = {"SLURM_PROCID": "0", "SLURM_JOB_ID": "77"}
+    assert LAUNCHERS["srun"].self_rank(batch) is None
+    assert LAUNCHERS["srun"].self_rank(dict(batch, SLURM_STEP_ID="4294967291")) is None
 
 
 def test_torchrun(bindir):
@@ -281,7 +285,7 @@ def test_cli_prints_nul_ended_items(bindir):
     assert proc.stdout.split(b"\0") == [b"USR1", b"", str(bindir / "mpiexec").encode(), b"-n",
                                         b"2", *(a.encode() for a in command), b""]
     proc = cli("argv", "--launcher", "srun", "--nodes", "1", "--ranks", "2", "--", *command,
-               SLURM_PROCID="1")
+               SLURM_PROCID="1", SLURM_STEP_ID="0", SLURM_JOB_ID="5")
     assert proc.stdout.split(b"\0")[:3] == [b"USR1", b"1", sys.executable.encode()]
 
 

@@ -191,16 +191,20 @@ def test_srun_inside_a_job_step_runs_the_rank_directly(sandbox):
     assert proc.returncode == 0 and calls and "RESULT," not in proc.stdout
 
 
-def test_srun_outside_a_job_step_launches_tasks(sandbox):
+@pytest.mark.parametrize("batch_shell", [False, True])
+def test_srun_outside_a_job_step_launches_tasks(sandbox, batch_shell):
+    """Also from an sbatch script's own shell, which has SLURM_PROCID=0 but is no task."""
     root, stubs = sandbox
     cfg = write_config(root, "srun", nodes=2, ranks=4, name="config_TEST_2x4x2x1.toml")
-    proc, calls = run(sandbox, cfg)
+    env = {"SLURM_PROCID": "0", "SLURM_JOB_ID": "77"} if batch_shell else {}
+    proc, calls = run(sandbox, cfg, **env)
     assert proc.returncode == 0, proc.stderr
-    assert calls[0]["prog"] == "srun"
+    assert [c["prog"] for c in calls] == ["srun"]
     argv = calls[0]["argv"]
     # --kill-on-bad-exit: a task that dies (even before the runtime's guard) ends the step
     assert argv[:4] == ["--nodes=2", "--ntasks-per-node=4", "--kill-on-bad-exit=1", stubs["python"]]
     train_args(cfg, 7, argv)
+    result_line(proc)
 
 
 def test_launcher_failure_exits_nonzero_without_result(sandbox):

@@ -131,7 +131,7 @@ def discover_from_env(env: Mapping[str, str]) -> LaunchInfo:
         return _from_openmpi(env)
     if "PMI_RANK" in env or "PMI_SIZE" in env:
         return _from_pmi(env)
-    if _in_srun_step(env):
+    if in_srun_step(env):
         return _from_srun(env)
     return LaunchInfo(0, 0, 1, 1, "single", node_rank=0, rendezvous="local", source="none")
 
@@ -263,7 +263,7 @@ def _from_openmpi(env: Mapping[str, str]) -> LaunchInfo:
 
 
 def _from_pmi(env: Mapping[str, str]) -> LaunchInfo:
-    if "MPI_LOCALRANKID" not in env and _in_srun_step(env):
+    if "MPI_LOCALRANKID" not in env and in_srun_step(env):
         return _from_srun(env)  # srun --mpi=pmi2: srun's own variables are complete
     rank = _int(env, "PMI_RANK")
     world = _int(env, "PMI_SIZE")
@@ -290,12 +290,12 @@ def _launcher_name(env: Mapping[str, str], family: str) -> str:
     ranks inherit SLURM_STEP_ID too; their own variables (OMPI_*, MPI_LOCALRANKID) tell them
     apart.
     """
-    if not _in_srun_step(env) or family == "openmpi" or "MPI_LOCALRANKID" in env:
+    if not in_srun_step(env) or family == "openmpi" or "MPI_LOCALRANKID" in env:
         return "mpi"
     return "srun"
 
 
-def _in_srun_step(env: Mapping[str, str]) -> bool:
+def in_srun_step(env: Mapping[str, str]) -> bool:
     """Inside a task that srun started, not merely inside an allocation (sbatch/salloc shell)."""
     step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
     if step is None or "SLURM_PROCID" not in env:
