@@ -95,6 +95,8 @@ if [[ -n "$OUT_OVERRIDE" ]]; then
     fi
     RUN_DIR="$OUT_OVERRIDE"
 fi
+# The launchers' HOSTFILE too is the caller's: resolve it before leaving the caller's directory.
+[[ -z "${HOSTFILE:-}" ]] || HOSTFILE="$(abspath "$HOSTFILE")"
 cd "$HERE"   # python -m submission.train needs the repository on the path: run from its root
 
 # -- launch values from the config (one line per --get, in order) ------------------------------

@@ -244,6 +244,10 @@ def test_multinode_mpi_needs_hostfile(sandbox):
     proc, calls = run(sandbox, cfg, HOSTFILE=str(hosts))
     assert proc.returncode == 0, proc.stderr
     assert calls[0]["argv"][:4] == ["-n", "4", "-f", str(hosts)]
+    # Relative to the directory run_and_time.sh is called from (run() calls it from root).
+    proc, calls = run(sandbox, cfg, HOSTFILE="hosts file")
+    assert proc.returncode == 0, proc.stderr
+    assert calls[0]["argv"][:4] == ["-n", "4", "-f", str(hosts)]
 
 
 def test_unknown_launcher_is_refused(sandbox):
