@@ -315,3 +315,13 @@ def test_rank_status_command_line_takes_the_launcher(tmp_path, capsys):
     assert capsys.readouterr().out == "3\n"
     assert rank_status.main([str(tmp_path), "--rc", "1"]) == 0
     assert capsys.readouterr().out == "1\n"
+
+
+def test_discovery_names_each_launcher():
+    """runtime.launch.env (which never imports submission) names every system.launcher as
+    discovery sees it: both MPI launchers are "mpi" from inside a rank."""
+    from runtime.launch.env import DISCOVERED_AS, DISCOVERED_LAUNCHERS
+    assert list(DISCOVERED_AS) == list(LAUNCHERS)
+    assert set(DISCOVERED_AS.values()) <= set(DISCOVERED_LAUNCHERS)
+    assert {n: DISCOVERED_AS[n] for n in ("srun", "torchrun")} == {"srun": "srun",
+                                                                   "torchrun": "torchrun"}

@@ -39,7 +39,17 @@ import tempfile
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-LAUNCHERS = ("mpi", "srun", "torchrun", "single")
+from runtime.choices import Launcher
+
+# What LaunchInfo.launcher calls the launcher that started this process. From inside a rank
+# the two MPI launchers look alike - MPICH's mpiexec and Intel MPI's mpirun (PMI_RANK), Open
+# MPI's mpirun (OMPI_COMM_WORLD_RANK) all say "an MPI job" - so both are "mpi"; "single" is no
+# launcher at all (a plain `python -m ...`).
+DISCOVERED_LAUNCHERS = ("mpi", "srun", "torchrun", "single")
+# Each system.launcher (runtime.choices.Launcher, one row each in submission/launchers.py) as
+# discovery names it: the one place the two vocabularies meet (tests/test_launchers.py).
+DISCOVERED_AS: dict[Launcher, str] = {"mpiexec": "mpi", "mpirun": "mpi", "srun": "srun",
+                                      "torchrun": "torchrun"}
 RENDEZVOUS = ("mpi", "tcp", "file", "local")
 
 # Ports derived from a job id stay below Linux's ephemeral range (32768-60999), so they never
@@ -67,7 +77,7 @@ class LaunchInfo:
     local_rank: int
     world_size: int
     local_world_size: int
-    launcher: str                      # one of LAUNCHERS
+    launcher: str                      # one of DISCOVERED_LAUNCHERS
     node_rank: Optional[int] = None
     rendezvous: str = "local"          # one of RENDEZVOUS
     master_addr: Optional[str] = None  # "tcp": rank 0's address; "mpi": optional override
@@ -83,8 +93,8 @@ class LaunchInfo:
     def __post_init__(self):
         _check_consistent(self.rank, self.local_rank, self.world_size, self.local_world_size,
                           self.source)
-        if self.launcher not in LAUNCHERS:
-            raise LaunchError(f"launcher {self.launcher!r} is not one of {LAUNCHERS}")
+        if self.launcher not in DISCOVERED_LAUNCHERS:
+            raise LaunchError(f"launcher {self.launcher!r} is not one of {DISCOVERED_LAUNCHERS}")
         if self.rendezvous not in RENDEZVOUS:
             raise LaunchError(f"rendezvous {self.rendezvous!r} is not one of {RENDEZVOUS}")
 
