@@ -232,7 +232,8 @@ if ((RC != 0)); then
         fi
     elif [[ "$MODE" == train ]]; then
         sleep 0.2   # let tee write the launcher's last lines
-        CODE="$("$PYTHON" -m submission.rank_status "$RUN_DIR" --rc "$RC" --launcher "$LAUNCHER" --launcher-log "$LAUNCH_LOG" --since "$START")" \
+        CODE="$("$PYTHON" -m submission.rank_status "$RUN_DIR" --rc "$RC" --launcher "$LAUNCHER" \
+                --launcher-log "$LAUNCH_LOG" --since "$START")" \
             && [[ "$CODE" =~ ^[0-9]+$ ]] && RC="$CODE"
     fi
     exit "$RC"

@@ -6,8 +6,8 @@ Owns, for each launcher that runtime.choices.Launcher names (mpiexec, mpirun, sr
     ``SRUN``, ``TORCHRUN``, ``HOSTFILE``, ``MASTER_ADDR``, ``MASTER_PORT``), with the fail-fast
     checks run_and_time.sh makes before anything starts and their messages;
   * whether the calling process is itself one rank (srun: run.sub's ``srun ... run_and_time.sh``
-    makes every task of the step run the script, so ``SLURM_PROCID`` is set and no inner
-    launcher may start);
+    makes every task of the step run the script, so no inner launcher may start; an sbatch
+    script's own shell is no task and launches);
   * the signal run_and_time.sh forwards to it as a stop request;
   * whether its exit status folds the ranks' (torchrun reports 1 for any failed worker), so
     submission.rank_status does not read a 1 as "target not reached";
@@ -15,8 +15,9 @@ Owns, for each launcher that runtime.choices.Launcher names (mpiexec, mpirun, sr
     run.sub cannot run it over several nodes from the batch shell);
   * the line it prints when a rank dies first, and the phrase rank_status's summary makes of it;
   * ``python -m submission.launchers argv ...``: the launch for run_and_time.sh (below).
-Never: starts a process, discovers ranks for the runtime (runtime.launch.env does: runtime never
-imports submission), or imports torch - run_and_time.sh calls it before every launch.
+Never: starts a process, discovers ranks for the runtime (runtime.launch.env does, and runtime
+never imports submission; the srun row only asks it whether this process is a step's task and
+takes that task's number), or imports torch - run_and_time.sh calls it before every launch.
 
 Adding a launcher: docs/LAUNCH.md "Adding a launcher".
 
@@ -225,7 +226,8 @@ def _torchrun_phrase(m: re.Match, records: Mapping[int, dict]) -> str:
 
 
 # ------------------------------------------------------------------------------------ table
-# The sample under each failure_line is a real one (docs/LAUNCH.md, tests/test_launchers.py).
+# The sample above each failure_line has the form of a real one (whole reports, captured, are
+# in tests/test_launchers.py).
 
 LAUNCHERS: dict[str, LauncherSpec] = {spec.name: spec for spec in (
     LauncherSpec(
@@ -247,14 +249,15 @@ LAUNCHERS: dict[str, LauncherSpec] = {spec.name: spec for spec in (
          ("HOSTFILE", "hosts, one per line: required when system.nodes > 1")),
         _mpirun_argv, forward_signal="USR1", folds_exit_status=False,
         starts_every_node=True,
-        # mpirun noticed that process rank 1 with PID 2205 on node vm exited on signal 9 (Killed).
+        # mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed).
         failure_line=re.compile(
             r"process rank (\d+) with PID (\d+) on node (\S+) exited on signal (\d+)"),
         failure_phrase=_openmpi_phrase),
     LauncherSpec(
         "srun",
         "inside a job step (SLURM_PROCID and SLURM_STEP_ID set, e.g. run.sub's "
-        "`srun ... run_and_time.sh`; not an sbatch script's own shell) this task *is* one rank and runs $PYTHON -m submission.train ARGS directly; otherwise "
+        "`srun ... run_and_time.sh`; not an sbatch script's own shell) this task *is* one "
+        "rank and runs $PYTHON -m submission.train ARGS directly; otherwise "
         "$SRUN --nodes=NODES --ntasks-per-node=RANKS --kill-on-bad-exit=1 "
         "$PYTHON -m submission.train ARGS",
         (("SRUN", "default srun"),),
