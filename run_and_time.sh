@@ -16,12 +16,7 @@
 #              two directories); LOGDIR/<config name>_seed<SEED>_job<id>.<step> under srun
 #   RESUME     1 (default) | 0: whether the default RUN_DIR may be an interrupted run
 #   PYTHON     interpreter              default .venv/bin/python beside this script, else python3
-#   MPIEXEC    launcher "mpiexec"       default the mpiexec beside PYTHON, else mpiexec on PATH
-#   MPIRUN     launcher "mpirun"        default mpirun (Open MPI) on PATH
-#   SRUN       launcher "srun"          default srun
-#   TORCHRUN   launcher "torchrun"      default "$PYTHON -m torch.distributed.run"
-#   HOSTFILE   hosts for mpiexec/mpirun when system.nodes > 1 (required then)
-#   MASTER_ADDR, MASTER_PORT  rendezvous for torchrun when system.nodes > 1 (ADDR required)
+#   MPIEXEC, MPIRUN, SRUN, TORCHRUN, HOSTFILE, MASTER_ADDR, ...: the launcher's own, below
 #   MODE       train (default) | tune: run the bucket tuner (python -m runtime.calibrate.tune) with the
 #              same launcher, ranks and config instead of training; it writes the plan, table
 #              and timeline into RUN_DIR (default LOGDIR/tune_<config>_<date>) and prints no
@@ -33,15 +28,8 @@
 # `-- system.launcher=mpirun` works). Relative CONFIG/LOGDIR/RUN_DIR/HOSTFILE are relative to
 # the directory you call from; the script then runs from the repository root.
 #
-# Launch per system.launcher:
-#   mpiexec   $MPIEXEC -n NODES*RANKS [-f HOSTFILE] $PYTHON -m submission.train ARGS
-#   mpirun    $MPIRUN -n NODES*RANKS --oversubscribe [--allow-run-as-root when root]
-#             [--hostfile HOSTFILE] $PYTHON -m submission.train ARGS
-#   srun      inside a job step (SLURM_PROCID set, e.g. run.sub's `srun ... run_and_time.sh`):
-#             this task *is* one rank and runs $PYTHON -m submission.train ARGS directly;
-#             otherwise $SRUN --nodes=NODES --ntasks-per-node=RANKS $PYTHON -m submission.train ARGS
-#   torchrun  $TORCHRUN --nnodes=NODES --nproc_per_node=RANKS (--standalone on one node)
-#             -m submission.train ARGS
+# Launch per system.launcher: one row each in submission/launchers.py - the command, the
+# variables it reads, the stop signal it gets - listed after this text by --help.
 #
 # Output, as in the MLPerf reference scripts: STARTING/ENDING TIMING RUN lines, then on success
 #   RESULT,bert,SEED,SECONDS,USER,START      (START like "2025-01-31 02:03:04 PM")
@@ -55,14 +43,21 @@
 # corrected from the ranks' records).
 #
 # Signals: TERM, INT, HUP and USR1 to this script are passed to the ranks as a stop request
-# (USR1 through mpiexec, mpirun and srun, which forward it; TERM through torchrun, whose agent
-# gives workers 30 s before SIGKILL), and the script waits for the launcher: every rank
-# checkpoints (train.checkpoint_every_samples > 0) at its next logging point and exits 4;
-# nothing is left running. Rerun the same command to resume.
+# (as the launcher's row says: USR1 through mpiexec, mpirun and srun, which forward it; TERM
+# through torchrun, whose agent gives workers 30 s before SIGKILL), and the script waits for
+# the launcher: every rank checkpoints (train.checkpoint_every_samples > 0) at its next
+# logging point and exits 4; nothing is left running. Rerun the same command to resume.
 set -euo pipefail
 
 die() { printf 'run_and_time.sh: %s\n' "$*" >&2; exit 2; }
-usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
+usage() {
+    sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
+    local py="${PYTHON:-$HERE/.venv/bin/python}"
+    [[ -n "${PYTHON:-}" || -x "$py" ]] || py=python3
+    echo
+    (cd "$HERE" && "$py" -m submission.launchers describe) \
+        || echo "(the launchers: python -m submission.launchers describe, from $HERE)"
+}
 abspath() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s/%s\n' "$PWD" "$1" ;; esac; }
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -100,6 +95,8 @@ if [[ -n "$OUT_OVERRIDE" ]]; then
     fi
     RUN_DIR="$OUT_OVERRIDE"
 fi
+# The launchers' HOSTFILE too is the caller's: resolve it before leaving the caller's directory.
+[[ -z "${HOSTFILE:-}" ]] || HOSTFILE="$(abspath "$HOSTFILE")"
 cd "$HERE"   # python -m submission.train needs the repository on the path: run from its root
 
 # -- launch values from the config (one line per --get, in order) ------------------------------
@@ -163,51 +160,17 @@ if [[ "$MODE" == tune ]]; then   # the bucket tuner, launched exactly as trainin
 fi
 
 # -- the launch command ----------------------------------------------------------------------
+# Each launcher's command line, fail-fast checks, stop signal and whether this task is itself a
+# rank are one row of submission/launchers.py. It prints NUL-ended items (an argument may hold
+# spaces or newlines): the signal to forward, this task's rank when it is one (srun inside a
+# job step; else empty), then the launch argv. On a bad value it prints our message and exits 2.
+mapfile -d '' -t LAUNCH < <("$PYTHON" -m submission.launchers argv --launcher "$LAUNCHER" \
+    --nodes "$NODES" --ranks "$RANKS" --config "$CONFIG" -- "${TRAIN[@]}")
+wait "$!" || exit 2   # < <(...) hides the status from set -e; the message is on stderr already
+((${#LAUNCH[@]} > 2)) || die "python -m submission.launchers printed no launch command"
+FORWARD="${LAUNCH[0]}" SELF_RANK="${LAUNCH[1]}" CMD=("${LAUNCH[@]:2}")
 PRINT_RESULT=1
-case "$LAUNCHER" in
-    mpiexec)
-        if [[ -z "${MPIEXEC:-}" ]]; then
-            MPIEXEC="$(dirname "$(command -v "$PYTHON")")/mpiexec"
-            [[ -x "$MPIEXEC" ]] || MPIEXEC=mpiexec
-        fi
-        command -v "$MPIEXEC" >/dev/null || die "MPIEXEC '$MPIEXEC' not found (set MPIEXEC)"
-        CMD=("$MPIEXEC" -n "$NP")
-        if ((NODES > 1)); then
-            : "${HOSTFILE:?system.nodes=$NODES needs HOSTFILE (one host per line) for mpiexec}"
-            CMD+=(-f "$(abspath "$HOSTFILE")")
-        fi
-        CMD+=("${TRAIN[@]}") ;;
-    mpirun)
-        MPIRUN="${MPIRUN:-mpirun}"
-        command -v "$MPIRUN" >/dev/null || die "MPIRUN '$MPIRUN' not found (set MPIRUN)"
-        CMD=("$MPIRUN" -n "$NP" --oversubscribe)
-        ((EUID == 0)) && CMD+=(--allow-run-as-root)   # Open MPI refuses root without it
-        if ((NODES > 1)); then
-            : "${HOSTFILE:?system.nodes=$NODES needs HOSTFILE (one host per line) for mpirun}"
-            CMD+=(--hostfile "$(abspath "$HOSTFILE")")
-        fi
-        CMD+=("${TRAIN[@]}") ;;
-    srun)
-        if [[ -n "${SLURM_PROCID:-}" ]]; then     # already one task of a job step: no inner launcher
-            CMD=("${TRAIN[@]}")
-            [[ "$SLURM_PROCID" == 0 ]] || PRINT_RESULT=0
-        else
-            SRUN="${SRUN:-srun}"
-            command -v "$SRUN" >/dev/null || die "SRUN '$SRUN' not found: launcher srun needs Slurm"
-            CMD=("$SRUN" "--nodes=$NODES" "--ntasks-per-node=$RANKS" --kill-on-bad-exit=1 "${TRAIN[@]}")
-        fi ;;
-    torchrun)
-        if [[ -n "${TORCHRUN:-}" ]]; then CMD=("$TORCHRUN"); else CMD=("$PYTHON" -m torch.distributed.run); fi
-        CMD+=("--nnodes=$NODES" "--nproc_per_node=$RANKS")
-        if ((NODES > 1)); then
-            : "${MASTER_ADDR:?system.nodes=$NODES needs MASTER_ADDR (the rendezvous host) for torchrun}"
-            CMD+=(--rdzv_backend=c10d "--rdzv_endpoint=$MASTER_ADDR:${MASTER_PORT:-29500}")
-        else
-            CMD+=(--standalone)
-        fi
-        CMD+=("${TRAIN[@]:1}") ;;   # torchrun runs "-m <module> ..." itself: drop "$PYTHON"
-    *) die "system.launcher='$LAUNCHER' in '$CONFIG' is not one of mpiexec | mpirun | srun | torchrun" ;;
-esac
+[[ -z "$SELF_RANK" || "$SELF_RANK" == 0 ]] || PRINT_RESULT=0   # every task runs this script
 
 # -- run and time ----------------------------------------------------------------------------
 START=$(date +%s)
@@ -218,10 +181,6 @@ printf 'run_and_time.sh: launching:' >&2; printf ' %q' "${CMD[@]}" >&2; printf '
 
 # The launcher runs in the background so that this shell can pass signals on (a foreground
 # child would hold a trap until it ended) and wait for it: nothing outlives this script.
-SELF_RANK=0
-[[ "$LAUNCHER" == srun && -n "${SLURM_PROCID:-}" ]] && SELF_RANK=1   # CMD is this task's rank
-FORWARD=USR1
-[[ "$LAUNCHER" == torchrun ]] && FORWARD=TERM
 LAUNCH_PID="" GOT_SIGNAL="" PENDING=0
 forward() {
     GOT_SIGNAL="$1" PENDING=1
@@ -238,7 +197,7 @@ fi
 
 set +e
 LAUNCH_LOG=""
-if ((SELF_RANK)); then
+if [[ -n "$SELF_RANK" ]]; then   # CMD is this task's rank
     "${CMD[@]}" &
 else
     mkdir -p "$RUN_DIR"
@@ -264,16 +223,17 @@ echo "ENDING TIMING RUN AT $(LC_ALL=C date +'%Y-%m-%d %r')"
 if ((RC != 0)); then
     printf 'run_and_time.sh: FAILED: %s exited with status %s after %s s; no RESULT line (logs in %s)\n' \
         "$LAUNCHER" "$RC" "$((END - START))" "$RUN_DIR" >&2
-    if ((SELF_RANK)); then
+    if [[ -n "$SELF_RANK" ]]; then
         if ((RC > 128)); then   # this task's rank died from a signal: say which rank, where
-            STEP="$(sed -n 's/.*"step": \([0-9]*\).*/\1/p' "$RUN_DIR/ranks/rank_$(printf %05d "$SLURM_PROCID").json" 2>/dev/null)"
+            STEP="$(sed -n 's/.*"step": \([0-9]*\).*/\1/p' "$RUN_DIR/ranks/rank_$(printf %05d "$SELF_RANK").json" 2>/dev/null)"
             printf 'run_and_time.sh: rank %s (pid %s on %s) was killed by signal %s after step %s\n' \
-                "$SLURM_PROCID" "$LAUNCH_PID" "$(hostname)" "$((RC - 128))" "${STEP:-?}" >&2
+                "$SELF_RANK" "$LAUNCH_PID" "$(hostname)" "$((RC - 128))" "${STEP:-?}" >&2
             RC=3
         fi
     elif [[ "$MODE" == train ]]; then
         sleep 0.2   # let tee write the launcher's last lines
-        CODE="$("$PYTHON" -m submission.rank_status "$RUN_DIR" --rc "$RC" --launcher-log "$LAUNCH_LOG" --since "$START")" \
+        CODE="$("$PYTHON" -m submission.rank_status "$RUN_DIR" --rc "$RC" --launcher "$LAUNCHER" \
+                --launcher-log "$LAUNCH_LOG" --since "$START")" \
             && [[ "$CODE" =~ ^[0-9]+$ ]] && RC="$CODE"
     fi
     exit "$RC"

@@ -29,6 +29,8 @@ OptimBackend = Literal["auto", "reference", "foreach", "fused", "apex"]
 LrScaling = Literal["none", "linear", "sqrt"]
 ScheduleName = Literal["poly", "constant"]
 DeviceKind = Literal["auto", "cpu", "cuda"]
+# system.launcher: each has its row in submission/launchers.py (how run_and_time.sh starts it)
+# and its name as rank discovery sees it in runtime.launch.env.DISCOVERED_AS.
 Launcher = Literal["mpiexec", "mpirun", "srun", "torchrun"]
 CacheClear = Literal["auto", "required", "off"]
 SrunMpi = Literal["pmi2", "pmix", "none"]

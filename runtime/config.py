@@ -330,8 +330,10 @@ class SystemConfig:
     nodes: int = _doc("nodes", 1)
     ranks_per_node: int = _doc("ranks per node (GPUs per node; CPU slots on CPU nodes)", 2)
     device: DeviceKind = _doc("'auto' (CUDA when present) | 'cpu' | 'cuda'", "auto")
-    launcher: Launcher = _doc("how run_and_time.sh starts ranks: mpiexec | mpirun | srun | torchrun",
-                         "mpiexec")
+    launcher: Launcher = _doc("how run_and_time.sh starts ranks: "
+                              f"{' | '.join(get_args(Launcher))} (one row each in "
+                              "submission/launchers.py; ./run_and_time.sh --help lists them)",
+                              "mpiexec")
     walltime_minutes: int = _doc("walltime for one experiment (slurm)", 30)
     dist_timeout_s: float = _doc("collective timeout: a dead rank stops the others after this", 60.0)
     threads_per_rank: int = _doc("torch intra-op threads per rank (0 = cores / ranks)", 0)

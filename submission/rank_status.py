@@ -7,11 +7,11 @@ Owns:
     reason; written from the failure path too);
   * ``lost_ranks``: on a failed collective, which peers are gone (a dead PID on this host, or
     a rank that recorded its own end) - the text the failing rank prints;
-  * ``python -m submission.rank_status RUN_DIR --rc N [--launcher-log FILE]``: after a launch,
-    the one exit status of the job (below) on stdout and, when something failed, a summary
-    naming the rank and the last completed step on stderr. The launcher's own report, when
-    captured (run_and_time.sh keeps it in ``<run dir>/launcher.log``), names the PID or task
-    that died first; it is mapped to its rank here.
+  * ``python -m submission.rank_status RUN_DIR --rc N [--launcher L] [--launcher-log FILE]``:
+    after a launch, the one exit status of the job (below) on stdout and, when something
+    failed, a summary naming the rank and the last completed step on stderr. The launcher's
+    own report, when captured (run_and_time.sh keeps it in ``<run dir>/launcher.log``), names
+    the PID or task that died first; its row in submission.launchers maps it to a rank.
 Never: steers training, talks to other ranks, or reads the environment.
 
 Why a summary after the launch: launchers end the other ranks the moment one dies (MPICH's
@@ -22,14 +22,14 @@ The job's exit status (submission/train.py's table): a rank that recorded a fail
 status (2 bad input, 3 runtime failure; 3 wins); else a rank that recorded nothing (killed:
 SIGKILL, the OOM killer, a lost node) -> 3; else the status every rank recorded (the highest
 when they differ); no record at all (the launch failed before any rank wrote one) -> the
-launcher's status when it is one of ours (0-4), else 3.
+launcher's status when it is one of ours (0-4), else 3 - and 3 for any failure of a launcher
+that folds the ranks' status (submission.launchers: torchrun).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from runtime.events import Event, RunState
+from submission.launchers import LAUNCHERS
 
 STATUS_DIR = "ranks"
 EXIT_CODES = (0, 1, 2, 3, 4)
@@ -135,56 +136,30 @@ def lost_ranks(run_dir: str | Path, me: int) -> list[str]:
 
 # ------------------------------------------------------------------ after the launch
 
-_LAUNCHER_PATTERNS = (  # (regex, which group is the PID / the rank)
-    # MPICH hydra:   =   PID 2205 RUNNING AT vm \n =   EXIT CODE: 9
-    (re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*EXIT CODE: (\d+)"), "pid"),
-    # Open MPI:      process rank 1 with PID 2205 on node vm exited on signal 9 (Killed)
-    (re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on signal (\d+)"),
-     "rank"),
-    # srun:          srun: error: vm: task 1: Killed
-    (re.compile(r"srun: error: (\S+): tasks? (\d+): (\w[\w ]*)"), "rank"),
-    # torchrun:      rank      : 1 (local_rank: 1) \n exitcode  : -9 (pid: 2205)
-    (re.compile(r"rank\s*: (\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*: (-?\d+) \(pid: (\d+)\)"),
-     "rank"),
-)
+def launcher_culprit(text: str, records: dict[int, dict],
+                     launcher: Optional[str] = None) -> Optional[str]:
+    """The rank the launcher says ended first, as a phrase; None when it says nothing we read.
 
-
-def launcher_culprit(text: str, records: dict[int, dict]) -> Optional[str]:
-    """The rank the launcher says ended first, as a phrase; None when it says nothing we read."""
-    by_pid = {int(r.get("pid", -1)): k for k, r in records.items()}
-    for pattern, kind in _LAUNCHER_PATTERNS:
-        m = pattern.search(text)
-        if not m:
-            continue
-        if kind == "pid":
-            pid, host, code = int(m.group(1)), m.group(2), int(m.group(3))
-            rank = by_pid.get(pid)
-            who = f"rank {rank}" if rank is not None else "a rank"
-            how = _signal_phrase(code) if code > 0 else f"exit status {code}"
-            return f"{who} (pid {pid} on {host}) ended first: {how}"
-        if pattern.pattern.startswith("process rank"):
-            return (f"rank {m.group(1)} (pid {m.group(2)} on {m.group(3)}) ended first: "
-                    f"{_signal_phrase(int(m.group(4)))}")
-        if pattern.pattern.startswith("srun"):
-            return f"rank {m.group(2)} (task on {m.group(1)}) ended first: {m.group(3).strip()}"
-        code = int(m.group(2))
-        how = _signal_phrase(-code) if code < 0 else f"exit status {code}"
-        return f"rank {m.group(1)} (pid {m.group(3)}) ended first: {how}"
+    Each launcher's report and its phrase are its row in submission.launchers. With
+    ``launcher`` (system.launcher) only its own report counts: mpiexec and mpirun start their
+    daemons with srun inside an allocation, and srun's "task N" there is a daemon, not a rank.
+    Without, the first row whose report is in ``text`` answers.
+    """
+    specs = [LAUNCHERS[launcher]] if launcher in LAUNCHERS else list(LAUNCHERS.values())
+    for spec in specs:
+        phrase = spec.culprit(text, records)
+        if phrase:
+            return phrase
     return None
 
 
-def _signal_phrase(code: int) -> str:
-    import signal
-    try:
-        name = signal.Signals(code).name
-    except ValueError:
-        return f"status {code}"
-    hint = " (kill -9, the OOM killer or a lost node)" if name == "SIGKILL" else ""
-    return f"killed by {name}{hint}"
-
-
-def job_exit_code(records: dict[int, dict], world_size: Optional[int], launcher_rc: int) -> int:
+def job_exit_code(records: dict[int, dict], world_size: Optional[int], launcher_rc: int,
+                  launcher: Optional[str] = None) -> int:
     if not records:
+        if launcher in LAUNCHERS and LAUNCHERS[launcher].folds_exit_status and launcher_rc:
+            # torchrun's 1 says a worker failed, not how; never "target not reached" (1),
+            # which only a rank that trained to the end records.
+            return RUNTIME_FAILURE
         return launcher_rc if launcher_rc in EXIT_CODES else RUNTIME_FAILURE
     world = world_size or max(int(r.get("world_size", 1)) for r in records.values())
     failed = [int(r["exit"]) for r in records.values() if r.get("state") == "failed"
@@ -198,16 +173,17 @@ def job_exit_code(records: dict[int, dict], world_size: Optional[int], launcher_
 
 
 def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
-            since: Optional[float] = None) -> tuple[int, list[str]]:
+            since: Optional[float] = None,
+            launcher: Optional[str] = None) -> tuple[int, list[str]]:
     records = read_all(run_dir, since)
-    code = job_exit_code(records, None, launcher_rc)
+    code = job_exit_code(records, None, launcher_rc, launcher)
     lines: list[str] = []
     if code in (0, 1) or not records:
         return code, lines
     text = ""
     if launcher_log is not None and launcher_log.is_file():
         text = launcher_log.read_text(errors="replace")
-    culprit = launcher_culprit(text, records)
+    culprit = launcher_culprit(text, records, launcher)
     if culprit:
         lines.append(culprit)
     last = max((int(r.get("step", 0)) for r in records.values()), default=0)
@@ -236,11 +212,13 @@ def main(argv=None) -> int:
                                  description="the job's exit status from its ranks' status files")
     ap.add_argument("run_dir")
     ap.add_argument("--rc", type=int, required=True, help="the launcher's exit status")
+    ap.add_argument("--launcher", help="system.launcher: read only its report, and know "
+                    "whether its status folds the ranks' (torchrun)")
     ap.add_argument("--launcher-log", type=Path, help="the launcher's captured output")
     ap.add_argument("--since", type=float, help="the launch's start (seconds since the "
                     "epoch): records of earlier attempts are ignored")
     a = ap.parse_args(argv)
-    code, lines = summary(a.run_dir, a.rc, a.launcher_log, a.since)
+    code, lines = summary(a.run_dir, a.rc, a.launcher_log, a.since, a.launcher)
     for line in lines:
         print(f"run_and_time.sh: {line}", file=sys.stderr)
     print(code)

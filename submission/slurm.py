@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from runtime.config import Config, ConfigError, load_config
+from submission.launchers import LAUNCHERS
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_SUB = ROOT / "submission" / "run.sub"
@@ -142,9 +143,12 @@ def check_layout(cfg: Config) -> None:
         cfg.local_batch_size(s.nodes * s.ranks_per_node)
     except ConfigError as e:
         raise SubmitError(str(e)) from None
-    if s.launcher == "torchrun" and s.nodes > 1:
-        raise SubmitError("system.launcher = 'torchrun' runs on one node under run.sub; use "
-                          "system.launcher = 'srun' for several nodes")
+    if s.nodes > 1 and not LAUNCHERS[s.launcher].starts_every_node:
+        # run.sub runs any launcher but srun once, from the batch shell on the first node.
+        raise SubmitError(f"system.launcher = '{s.launcher}' runs on one node under run.sub "
+                          "(it starts only its own node's ranks); use system.launcher = 'srun' "
+                          "for several nodes")
+    # Not a launcher's trait: run.sub adds the pyxis flags to its own srun step only.
     if s.container_image and s.launcher != "srun":
         raise SubmitError("system.container_image needs system.launcher = 'srun' (pyxis adds the "
                           "container to srun steps)")

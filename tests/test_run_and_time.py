@@ -1,8 +1,9 @@
 """run_and_time.sh: fail-fast checks, the launch command per launcher, the RESULT line.
 
 PYTHON, MPIEXEC, MPIRUN and SRUN are stub scripts that record their argv and exit with
-$STUB_RC; the PYTHON stub passes `-m runtime.config` on to the real interpreter, so the launch
-values really come from the config. Everything lives under a directory with a space in its name
+$STUB_RC; the PYTHON stub passes `-m runtime.config` and `-m submission.launchers` on to the
+real interpreter, so the launch values really come from the config and the launch command from
+the launchers' table (whose rows tests/test_launchers.py checks one by one). Everything lives under a directory with a space in its name
 to prove the quoting. The real end-to-end run is tested elsewhere (it trains).
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ RESULT_RE = re.compile(r"^RESULT,bert,(\d+),(\d+),(\S+),(\d{4}-\d\d-\d\d \d\d:\d
 STUB = f"""#!{sys.executable}
 import json, os, sys
 argv = sys.argv[1:]
-if argv[:2] == ["-m", "runtime.config"]:
+if argv[:2] in (["-m", "runtime.config"], ["-m", "submission.launchers"]):
     os.execv({sys.executable!r}, [{sys.executable!r}] + argv)
 with open(os.environ["STUB_LOG"], "a") as f:
     f.write(json.dumps({{"prog": os.path.basename(sys.argv[0]), "argv": argv}}) + "\\n")
@@ -163,7 +164,9 @@ def test_torchrun_multinode_needs_master_addr(sandbox):
     root, _ = sandbox
     cfg = write_config(root, "torchrun", nodes=2, ranks=2, name="config_TEST_2x2x4x1.toml")
     proc, calls = run(sandbox, cfg)
-    assert proc.returncode != 0 and "MASTER_ADDR" in proc.stderr and not calls
+    assert proc.returncode == 2 and not calls   # bad input, with the launchers' table's words
+    assert "run_and_time.sh: system.nodes=2 needs MASTER_ADDR (the rendezvous host) for " \
+           "torchrun" in proc.stderr
     proc, calls = run(sandbox, cfg, MASTER_ADDR="node0", MASTER_PORT="1234")
     assert proc.returncode == 0, proc.stderr
     argv = calls[0]["argv"]
@@ -188,16 +191,20 @@ def test_srun_inside_a_job_step_runs_the_rank_directly(sandbox):
     assert proc.returncode == 0 and calls and "RESULT," not in proc.stdout
 
 
-def test_srun_outside_a_job_step_launches_tasks(sandbox):
+@pytest.mark.parametrize("batch_shell", [False, True])
+def test_srun_outside_a_job_step_launches_tasks(sandbox, batch_shell):
+    """Also from an sbatch script's own shell, which has SLURM_PROCID=0 but is no task."""
     root, stubs = sandbox
     cfg = write_config(root, "srun", nodes=2, ranks=4, name="config_TEST_2x4x2x1.toml")
-    proc, calls = run(sandbox, cfg)
+    env = {"SLURM_PROCID": "0", "SLURM_JOB_ID": "77"} if batch_shell else {}
+    proc, calls = run(sandbox, cfg, **env)
     assert proc.returncode == 0, proc.stderr
-    assert calls[0]["prog"] == "srun"
+    assert [c["prog"] for c in calls] == ["srun"]
     argv = calls[0]["argv"]
     # --kill-on-bad-exit: a task that dies (even before the runtime's guard) ends the step
     assert argv[:4] == ["--nodes=2", "--ntasks-per-node=4", "--kill-on-bad-exit=1", stubs["python"]]
     train_args(cfg, 7, argv)
+    result_line(proc)
 
 
 def test_launcher_failure_exits_nonzero_without_result(sandbox):
@@ -231,10 +238,14 @@ def test_multinode_mpi_needs_hostfile(sandbox):
     root, _ = sandbox
     cfg = write_config(root, "mpiexec", nodes=2, ranks=2, name="config_TEST_2x2x4x1.toml")
     proc, calls = run(sandbox, cfg)
-    assert proc.returncode != 0 and "HOSTFILE" in proc.stderr and not calls
+    assert proc.returncode == 2 and "HOSTFILE" in proc.stderr and not calls
     hosts = root / "hosts file"
     hosts.write_text("a\nb\n")
     proc, calls = run(sandbox, cfg, HOSTFILE=str(hosts))
+    assert proc.returncode == 0, proc.stderr
+    assert calls[0]["argv"][:4] == ["-n", "4", "-f", str(hosts)]
+    # Relative to the directory run_and_time.sh is called from (run() calls it from root).
+    proc, calls = run(sandbox, cfg, HOSTFILE="hosts file")
     assert proc.returncode == 0, proc.stderr
     assert calls[0]["argv"][:4] == ["-n", "4", "-f", str(hosts)]
 

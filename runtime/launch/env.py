@@ -39,7 +39,17 @@ import tempfile
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-LAUNCHERS = ("mpi", "srun", "torchrun", "single")
+from runtime.choices import Launcher
+
+# What LaunchInfo.launcher calls the launcher that started this process. From inside a rank
+# the two MPI launchers look alike - MPICH's mpiexec and Intel MPI's mpirun (PMI_RANK), Open
+# MPI's mpirun (OMPI_COMM_WORLD_RANK) all say "an MPI job" - so both are "mpi"; "single" is no
+# launcher at all (a plain `python -m ...`).
+DISCOVERED_LAUNCHERS = ("mpi", "srun", "torchrun", "single")
+# Each system.launcher (runtime.choices.Launcher, one row each in submission/launchers.py) as
+# discovery names it: the one place the two vocabularies meet (tests/test_launchers.py).
+DISCOVERED_AS: dict[Launcher, str] = {"mpiexec": "mpi", "mpirun": "mpi", "srun": "srun",
+                                      "torchrun": "torchrun"}
 RENDEZVOUS = ("mpi", "tcp", "file", "local")
 
 # Ports derived from a job id stay below Linux's ephemeral range (32768-60999), so they never
@@ -67,7 +77,7 @@ class LaunchInfo:
     local_rank: int
     world_size: int
     local_world_size: int
-    launcher: str                      # one of LAUNCHERS
+    launcher: str                      # one of DISCOVERED_LAUNCHERS
     node_rank: Optional[int] = None
     rendezvous: str = "local"          # one of RENDEZVOUS
     master_addr: Optional[str] = None  # "tcp": rank 0's address; "mpi": optional override
@@ -83,8 +93,8 @@ class LaunchInfo:
     def __post_init__(self):
         _check_consistent(self.rank, self.local_rank, self.world_size, self.local_world_size,
                           self.source)
-        if self.launcher not in LAUNCHERS:
-            raise LaunchError(f"launcher {self.launcher!r} is not one of {LAUNCHERS}")
+        if self.launcher not in DISCOVERED_LAUNCHERS:
+            raise LaunchError(f"launcher {self.launcher!r} is not one of {DISCOVERED_LAUNCHERS}")
         if self.rendezvous not in RENDEZVOUS:
             raise LaunchError(f"rendezvous {self.rendezvous!r} is not one of {RENDEZVOUS}")
 
@@ -131,7 +141,7 @@ def discover_from_env(env: Mapping[str, str]) -> LaunchInfo:
         return _from_openmpi(env)
     if "PMI_RANK" in env or "PMI_SIZE" in env:
         return _from_pmi(env)
-    if _in_srun_step(env):
+    if in_srun_step(env):
         return _from_srun(env)
     return LaunchInfo(0, 0, 1, 1, "single", node_rank=0, rendezvous="local", source="none")
 
@@ -263,7 +273,7 @@ def _from_openmpi(env: Mapping[str, str]) -> LaunchInfo:
 
 
 def _from_pmi(env: Mapping[str, str]) -> LaunchInfo:
-    if "MPI_LOCALRANKID" not in env and _in_srun_step(env):
+    if "MPI_LOCALRANKID" not in env and in_srun_step(env):
         return _from_srun(env)  # srun --mpi=pmi2: srun's own variables are complete
     rank = _int(env, "PMI_RANK")
     world = _int(env, "PMI_SIZE")
@@ -290,12 +300,12 @@ def _launcher_name(env: Mapping[str, str], family: str) -> str:
     ranks inherit SLURM_STEP_ID too; their own variables (OMPI_*, MPI_LOCALRANKID) tell them
     apart.
     """
-    if not _in_srun_step(env) or family == "openmpi" or "MPI_LOCALRANKID" in env:
+    if not in_srun_step(env) or family == "openmpi" or "MPI_LOCALRANKID" in env:
         return "mpi"
     return "srun"
 
 
-def _in_srun_step(env: Mapping[str, str]) -> bool:
+def in_srun_step(env: Mapping[str, str]) -> bool:
     """Inside a task that srun started, not merely inside an allocation (sbatch/salloc shell)."""
     step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
     if step is None or "SLURM_PROCID" not in env:
