@@ -3,7 +3,7 @@ temporary directory.
 
 Owns: installing ``slurm-wlm`` and ``munge`` when they are missing (apt-get, root only);
 writing a private munge key, munge socket and ``slurm.conf`` for this machine (the settings of
-BACKGROUND §9: auth/munge, proctrack/linuxproc, task/none, select/cons_tres, one node with
+slurm.conf(5), docs/REFERENCES.md §9: auth/munge, proctrack/linuxproc, task/none, select/cons_tres, one node with
 ``nproc`` CPUs); starting ``munged``, ``slurmctld`` and ``slurmd`` in the foreground as child
 processes on free ports; waiting until the node is idle; and tearing down everything it
 started — jobs, job steps, daemons, files — also when the start itself or a test fails.
