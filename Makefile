@@ -38,7 +38,7 @@ $(BENCH_STAMP): requirements-bench.txt | $(STAMP)
 sources: $(GENSIM_BZ2)
 
 # 106 full Wikipedia articles ship as a test file inside the gensim wheel; take
-# just that file (BACKGROUND §8). PyPI is the only source.
+# just that file (docs/REFERENCES.md §8). PyPI is the only source.
 $(GENSIM_BZ2): | $(STAMP)
 	@mkdir -p $(SOURCES)/wheel
 	$(VPY) -m pip download --quiet --no-deps --dest $(SOURCES)/wheel gensim==4.4.0

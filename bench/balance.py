@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import statistics
 import sys
 import time
@@ -56,7 +55,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.time_to_accuracy import _f
+from bench.common import finish, fmt, record, run_runtime
 from loaders.balance import MODES, PACKED_MODES, BalanceSpec, make_plan, packed_rows
 from loaders.dataset import DataSetInfo, ShardPlan, TrainLoader, read_lengths
 from loaders.length_cost import (LengthCost, default_cost, flops_cost, imbalance, load,
@@ -291,7 +290,6 @@ def parse_balance(path: Path) -> dict:
 
 def train(variants: list[str], seeds: list[int], workdir: Path, step_time: int,
           extra: list[str]) -> list[dict]:
-    from bench.time_to_accuracy import run_runtime
     runs = []
     for seed in seeds:
         for variant in variants:
@@ -352,18 +350,18 @@ def print_tables(rec: dict) -> None:
         print("\n3. loader throughput, batches/s (rank 0 of 2)\n| mode | torch | DALI (CPU) |"
               "\n|---|---|---|")
         for r in rec["loaders"]:
-            print(f"| {r['mode']} | {_f(r['torch_batches_per_s'], '.0f')} | "
-                  f"{_f(r.get('dali_batches_per_s'), '.0f')} |")
+            print(f"| {r['mode']} | {fmt(r['torch_batches_per_s'], '.0f')} | "
+                  f"{fmt(r.get('dali_batches_per_s'), '.0f')} |")
     if rec.get("training"):
         print("\n4. 2 real ranks, CPU benchmark\n| variant | seed | status | time to target s |"
               " samples | median step s | pad. eff. | imb. tokens | imb. fwd time |"
               "\n|---|---|---|---|---|---|---|---|---|")
         for r in rec["training"]:
             print(f"| {r['variant']} | {r['seed']} | {r['status']} | "
-                  f"{_f(r['time_to_target_s'], '.1f')} | {_f(r.get('samples'), 'd')} | "
-                  f"{_f(r.get('median_step_time_s'), '.4f')} | {_f(r.get('pad_eff'), '.3f')} | "
-                  f"{_f(r.get('imbalance_tokens'), '.3f')} | "
-                  f"{_f(r.get('imbalance_compute'), '.3f')} |")
+                  f"{fmt(r['time_to_target_s'], '.1f')} | {fmt(r.get('samples'), 'd')} | "
+                  f"{fmt(r.get('median_step_time_s'), '.4f')} | {fmt(r.get('pad_eff'), '.3f')} | "
+                  f"{fmt(r.get('imbalance_tokens'), '.3f')} | "
+                  f"{fmt(r.get('imbalance_compute'), '.3f')} |")
 
 
 def parse_args(argv):
@@ -398,11 +396,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     now = datetime.datetime.now()
-    rec = {"benchmark": "bench.balance", "date": now.isoformat(timespec="seconds"),
-           "command": " ".join(["python -m bench.balance", *(argv or sys.argv[1:])]),
-           "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                       "cpus": __import__("os").cpu_count()},
-           "data": str(args.data)}
+    rec = record("balance", sys.argv[1:] if argv is None else argv, data=str(args.data))
     info = DataSetInfo.read(args.data)
     lengths = read_lengths(info)
     rec["seq_len"] = seq_len = data_seq_len(info, lengths)
@@ -429,9 +423,7 @@ def main(argv=None) -> int:
         rec["training"] = train(args.train.split(","), [int(s) for s in args.seeds.split(",")],
                                 workdir, args.step_time, args.set)
     print_tables(rec)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rec, indent=1))
-    print(json.dumps(rec, default=str))
+    finish(rec, args.out)
     return 0
 
 

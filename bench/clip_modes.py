@@ -3,8 +3,8 @@ target? (issue 5, item 7)
 
 For each ``train.clip_mode`` (global_after, local_before, bucket_before, none) and seed it runs
 the real benchmark, ``SEED=s CONFIG=CFG RUN_DIR=... ./run_and_time.sh -- train.clip_mode=M
-OVERRIDES`` (bench.time_to_accuracy's runtime runner, so time and samples are read the same
-way: run_stop − run_start of the MLPerf log, samples = epoch_num of the last eval), one after
+OVERRIDES`` (bench.common's runtime runner, the one bench.time_to_accuracy uses: time =
+run_stop − run_start of the MLPerf log, samples = epoch_num of the last eval), one after
 the other, and adds from rank 0's ``metrics.jsonl`` how hard each mode clipped:
 
   clip_mean       mean over steps of the applied clip coefficient (1.0 = nothing clipped;
@@ -31,10 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.time_to_accuracy import _f, machine, run_runtime
+from bench.common import REPO, finish, fmt, record, run_runtime
 from runtime.grad_sync import CLIP_MODES
 
-REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "clip_modes.json"
 CONFIG = REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
 MODES = CLIP_MODES
@@ -63,10 +62,10 @@ def table(runs: list[dict]) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in runs:
         lines.append(f"| {r['clip_mode']} | {r['seed']} | {r['status']} | "
-                     f"{_f(r['time_to_target_s'], '.1f')} | {_f(r['samples_to_target'], ',')} | "
-                     f"{_f(r['eval_accuracy'], '.4f')} | {_f(r.get('throughput_samples_per_s'), '.1f')} | "
-                     f"{_f(r['clip_mean'], '.3f')} | {_f(r['clipped_frac'], '.2f')} | "
-                     f"{_f(r['grad_norm_mean'], '.3f')} | {_f(r['local_norm_mean'], '.3f')} |")
+                     f"{fmt(r['time_to_target_s'], '.1f')} | {fmt(r['samples_to_target'], ',')} | "
+                     f"{fmt(r['eval_accuracy'], '.4f')} | {fmt(r.get('throughput_samples_per_s'), '.1f')} | "
+                     f"{fmt(r['clip_mean'], '.3f')} | {fmt(r['clipped_frac'], '.2f')} | "
+                     f"{fmt(r['grad_norm_mean'], '.3f')} | {fmt(r['local_norm_mean'], '.3f')} |")
     return "\n".join(lines)
 
 
@@ -88,6 +87,8 @@ def main(argv=None) -> int:
     stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
     workdir = (a.workdir or REPO / "results" / f"clip_modes_{stamp}").resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    result = record("clip_modes", sys.argv[1:] if argv is None else argv,
+                    config=str(a.config), overrides=a.set)
     start = time.perf_counter()
     runs = []
     for seed in [int(s) for s in a.seeds.split(",") if s.strip()]:
@@ -97,19 +98,13 @@ def main(argv=None) -> int:
                               workdir / mode, a.timeout)
             rec.update(clip_mode=mode, **clip_stats(Path(rec["run_dir"]) / "metrics.jsonl"))
             runs.append(rec)
-            print(f"{mode} seed {seed}: {rec['status']} {_f(rec['time_to_target_s'], '.1f')} s",
+            print(f"{mode} seed {seed}: {rec['status']} {fmt(rec['time_to_target_s'], '.1f')} s",
                   flush=True)
-    record = {"benchmark": "clip_modes", "date": datetime.date.today().isoformat(),
-              "command": "python -m bench.clip_modes " + " ".join(argv or sys.argv[1:]),
-              "config": str(a.config), "overrides": a.set, "machine": machine(),
-              "wall_s": round(time.perf_counter() - start, 1),
-              "runs": runs}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(record, indent=1))
+    result.update(wall_s=round(time.perf_counter() - start, 1), runs=runs)
     print(table(runs))
-    print(json.dumps({"benchmark": "clip_modes", "runs": [
+    finish(result, a.out, line=dict(result, runs=[
         {k: r.get(k) for k in ("clip_mode", "seed", "status", "time_to_target_s",
-                               "samples_to_target", "clip_mean")} for r in runs]}))
+                               "samples_to_target", "clip_mean")} for r in runs]))
     return 0 if all(r["status"] == "success" for r in runs) else 1
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -42,6 +41,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.common import finish, record
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
@@ -58,14 +59,6 @@ def overrides(data: Path) -> list[str]:
             "data.eval_batch_size=32", "schedule.warmup_steps=5", "schedule.total_steps=200",
             "train.target_mlm_accuracy=0.99", f"train.checkpoint_every_samples={EVERY}",
             "train.max_nonfinite_steps=3", "system.dist_timeout_s=30"]
-
-
-def git_commit() -> str:
-    out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
-                            "--untracked-files=no"], capture_output=True, text=True).stdout
-    return out + ("+dirty" if dirty.strip() else "")
 
 
 def launch(run_dir: Path, extra: list[str], data: Path) -> subprocess.Popen:
@@ -224,6 +217,8 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown fault(s) {sorted(unknown)}; choose from {FAULTS}")
     data = a.data.resolve()
+    rec = record("faults", sys.argv[1:] if argv is None else argv, runs=a.runs, faults=faults,
+                 config=str(CONFIG.name), overrides=overrides(Path("DATA")), data=str(a.data))
     results: dict[str, list[dict]] = {f: [] for f in faults}
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="faults_") as tmp:
@@ -257,12 +252,7 @@ def main(argv=None) -> int:
                        x["samples_lost"] <= EVERY for x in rs),
                    "equal": (None if all(x["equal"] is None for x in rs)
                              else sum(bool(x["equal"]) for x in rs))}
-    rec = {"bench": "faults", "runs": a.runs, "faults": faults, "config": str(CONFIG.name),
-           "overrides": overrides(Path("DATA")), "data": str(a.data), "commit": git_commit(),
-           "date": time.strftime("%Y-%m-%d"), "wall_s": round(time.time() - t_start, 1),
-           "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                       "platform": platform.platform()},
-           "rows": rows, "results": results}
+    rec.update(wall_s=round(time.time() - t_start, 1), rows=rows, results=results)
     print(f"\n{'fault':8} {'runs':>4} {'detected':>8} {'s median':>9} {'s max':>6} "
           f"{'lost max':>8}  equal to uninterrupted")
     for f, row in rows.items():
@@ -270,10 +260,7 @@ def main(argv=None) -> int:
         print(f"{f:8} {row['runs']:4d} {row['detected']:>4}/{row['runs']:<3} "
               f"{row['seconds_median']:9.1f} {row['seconds_max']:6.1f} "
               f"{row['samples_lost_max']:8d}  {eq}")
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(rec, indent=1))
-    print(json.dumps(rec))
+    finish(rec, a.out)
     return 0
 
 

@@ -35,7 +35,6 @@ out of time, 2 on bad arguments.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -47,6 +46,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any, Optional
+
+from bench import common
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGE_NAMES = ("env", "data", "cuda_tests", "checks", "throughput", "plain", "optimizer",
@@ -162,10 +163,7 @@ def run_all(args, stages: list[str]) -> int:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", ""))
                                             if p)
     start = time.monotonic()
-    record: dict[str, Any] = {
-        "bench": "gpu", "date": datetime.date.today().isoformat(),
-        "command": "python -m bench.gpu " + " ".join(sys.argv[1:]), "commit": _commit(),
-        "smoke": args.smoke, "stages": {}}
+    record: dict[str, Any] = common.record("gpu", args.argv, smoke=args.smoke, stages={})
     log = open(out / "stages.log", "w")
     try:
         for name in stages:
@@ -190,11 +188,13 @@ def run_all(args, stages: list[str]) -> int:
             shutil.copy(xml, out / "cuda_tests.xml")
     record["wall_s"] = round(time.monotonic() - start, 1)
     record["goals"] = goals(record)
-    path = _save(record, out)
     summary = render_summary(record)
     (out / "summary.txt").write_text(summary)
     print(summary, flush=True)
-    print(f"bench.gpu: record {path}", flush=True)
+    common.finish(record, _path(record, out), line={
+        **{k: record[k] for k in ("benchmark", "commit", "date", "smoke", "wall_s")},
+        "stages": {n: s["status"] for n, s in record["stages"].items()},
+        "goals": {n: g["met"] for n, g in record["goals"].items()}})
     failed = [n for n, s in record["stages"].items() if s["status"] in ("failed", "timeout")]
     return 1 if failed else 0
 
@@ -229,32 +229,24 @@ def _child(name: str, work: Path, args, env: dict, budget: float, log) -> dict:
     return rec
 
 
-def _commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                             capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        return sha + ("+dirty" if dirty else "") if sha else "unknown"
-    except OSError:
-        return "unknown"
-
-
 def _device_name(record: dict) -> str:
     env = record["stages"].get("env", {}).get("result", {})
     name = env.get("gpu") or ("cpu-smoke" if record["smoke"] else "unknown")
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
 
 
-def _save(record: dict, out: Path) -> Path:
-    path = out / f"gpu_{_device_name(record)}_{record['date']}.json"
+def _path(record: dict, out: Path) -> Path:
+    """OUT/gpu_<device>_<day>.json; the name can change once env has run, so any other
+    gpu_*.json there goes: one record in the folder."""
+    path = out / f"gpu_{_device_name(record)}_{record['date'][:10]}.json"
     for old in out.glob("gpu_*.json"):
         if old != path:
-            old.unlink()  # the name can change once env has run: one record in the folder
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str))
-    tmp.replace(path)
+            old.unlink()
     return path
+
+
+def _save(record: dict, out: Path) -> Path:
+    return common.write(record, _path(record, out))
 
 
 # ------------------------------------------------------------------------------ goals
@@ -296,7 +288,7 @@ def goals(record: dict) -> dict:
 
 
 def render_summary(record: dict) -> str:
-    lines = [f"bench.gpu {record['date']} commit {record['commit']} "
+    lines = [f"bench.gpu {record['date'][:10]} commit {record['commit']} "
              f"({'smoke, CPU' if record['smoke'] else _device_name(record)}), "
              f"{record.get('wall_s', 0):.0f} s", ""]
     for name, s in record["stages"].items():
@@ -329,7 +321,9 @@ def _num(x):
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    args.argv = argv
     fail = {s for s in args.fail.split(",") if s}
     if args.stage:
         if args.stage not in STAGE_NAMES or args.work is None:

@@ -51,11 +51,8 @@ test: keep the machine otherwise idle (on the shared dev machine: under
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -63,6 +60,7 @@ import time
 import types
 from pathlib import Path
 
+from bench.common import finish, record
 from kernels.optim_flat import BYTES_PER_ELEMENT  # the byte counts above, one place
 
 REPO = Path(__file__).resolve().parents[1]
@@ -352,6 +350,8 @@ def main(argv=None) -> int:
     import torch
     models = [m for m in args.models.split(",") if m]
     only = set(args.only.split(","))
+    result = record("optim", sys.argv[1:] if argv is None else argv,
+                    threads=torch.get_num_threads(), reps=args.reps)
     started = time.time()
     bw = measure_bandwidth()
     print(f"bandwidth: copy {bw['copy_GBps']:.1f} GB/s, in-place scale "
@@ -367,22 +367,13 @@ def main(argv=None) -> int:
                 print(json.dumps(rec), file=sys.stderr, flush=True)
     bw_end = measure_bandwidth()
     print_table(records)
-    result = {
-        "bench": "optim", "date": datetime.date.today().isoformat(),
-        "machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "command": "python -m bench.optim " + " ".join(sys.argv[1:] if argv is None else argv),
-        "reps": args.reps, "bandwidth_start": bw, "bandwidth_end": bw_end,
-        "limit_uses": "bandwidth_start.copy_GBps", "bytes_per_element": BYTES_PER_ELEMENT,
-        "wall_s": round(time.time() - started, 1), "results": records,
-        "goals": goals(records),
-    }
+    result.update(bandwidth_start=bw, bandwidth_end=bw_end,
+                  limit_uses="bandwidth_start.copy_GBps", bytes_per_element=BYTES_PER_ELEMENT,
+                  wall_s=round(time.time() - started, 1), results=records,
+                  goals=goals(records))
     for model, g in result["goals"].items():
         print(f"goals {model}: {json.dumps(g)}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result))
+    finish(result, Path(args.out))
     return 0
 
 

@@ -45,15 +45,13 @@ import argparse
 import datetime
 import gc
 import json
-import os
-import platform
-import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import get_args
 
+from bench import common
 from runtime.choices import ClipMode
 
 REPO = Path(__file__).resolve().parents[1]
@@ -317,6 +315,7 @@ def orchestrate(args) -> int:
     out_file = Path(args.out)
     work = Path(args.workdir or REPO / "results" / f"overlap_{datetime.datetime.now():%Y%m%d_%H%M%S}")
     work.mkdir(parents=True, exist_ok=True)
+    header = common.record("overlap", args.argv)
     start = time.time()
     chosen = None
     try:
@@ -333,20 +332,13 @@ def orchestrate(args) -> int:
         return 1
     result = derive(record)
     result["calibration"]["auto_rate"] = chosen
-    result = {"benchmark": "overlap", "date": f"{datetime.date.today()}",
-              "command": "python -m bench.overlap " + " ".join(map(shlex.quote, args.argv)),
-              "rate_mbit": args.rate_mbit, "steps": args.steps, "warmup": args.warmup,
-              "config": str(args.config), "overrides": args.set,
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                          "python": platform.python_version(),
-                          "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
+    result = {**header, "rate_mbit": args.rate_mbit, "steps": args.steps,
+              "warmup": args.warmup, "config": str(args.config), "overrides": args.set,
               "wall_s": round(time.time() - start, 1), **result}
     print(table(result))
     for goal, value in result["goals"].items():
         print(f"goal {goal}: {value}")
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    out_file.write_text(json.dumps(result, indent=1))
-    print(json.dumps(result))
+    common.finish(result, out_file)
     return 0
 
 

@@ -11,16 +11,13 @@ afterwards. Not a test: it measures, on whatever machine runs it.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench.common import finish, record
 from loaders.prepare import DEFAULT_SOURCES, PrepareConfig, build
 
 PHASES = ("hash_inputs", "extract", "tokenize", "create_instances", "write", "checksums")
@@ -53,7 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--debian-docs", action="store_true")
     p.add_argument("--results", type=Path, default=RESULTS)
     a = p.parse_args(argv)
-
+    header = record("prepare", sys.argv[1:] if argv is None else argv)
     runs = [run_once(a.workers, a.sources, a.debian_docs) for _ in range(a.repeat)]
     best = min(runs, key=lambda r: r["total_s"])
     seq_per_s = (best["train_sequences"] + best["eval_sequences"]) / best["total_s"]
@@ -63,23 +60,12 @@ def main(argv=None) -> int:
     print(f"{'total':<18}{best['total_s']:>10.2f}")
     print(f"train sequences {best['train_sequences']}, eval {best['eval_sequences']}, "
           f"{seq_per_s:,.0f} sequences/s")
-    record = {
-        "benchmark": "prepare",
-        "command": "python -m bench.prepare " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "build": f"python -m loaders.prepare --out TMP --workers {a.workers}"
-                 + (" --debian-docs" if a.debian_docs else ""),
-        "date": datetime.date.today().isoformat(),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(),
-                    "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
-        "workers": a.workers, "repeat": a.repeat,
-        "all_totals_s": [r["total_s"] for r in runs],
-        "sequences_per_s": round(seq_per_s, 1),
-        **best,
-    }
-    a.results.parent.mkdir(parents=True, exist_ok=True)
-    a.results.write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps(record, separators=(",", ":")))
+    finish({**header,
+            "build": f"python -m loaders.prepare --out TMP --workers {a.workers}"
+                     + (" --debian-docs" if a.debian_docs else ""),
+            "workers": a.workers, "repeat": a.repeat,
+            "all_totals_s": [r["total_s"] for r in runs],
+            "sequences_per_s": round(seq_per_s, 1), **best}, a.results)
     return 0
 
 

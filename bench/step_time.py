@@ -2,7 +2,7 @@
 on 2 MPI ranks in tree A, then in tree B, A, B, ... (interleaved rounds, so drift in the
 machine's speed hits both alike), each run in its own processes.
 
-    python -m bench.step_time --trees /work/wt_before,. --config submission/configs/C.toml \
+    python -m bench.step_time --trees ../before,. --config submission/configs/C.toml \
         [--set section.key=value ...] [--steps 200] [--skip 40] [--rounds 3] --out FILE.json
 
 What is measured: the wall time per optimizer step over steps skip+1..steps, from the
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,15 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import finish, git_commit, record
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def git_commit(tree: Path) -> str:
-    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    return out.stdout.strip() + ("+dirty" if dirty else "")
 
 
 def run_once(tree: Path, config: Path, overrides: list[str], steps: int, ranks: int,
@@ -83,6 +76,11 @@ def main(argv=None) -> int:
     if len(trees) != 2 or args.skip >= args.steps:
         ap.error("give two trees, and --skip < --steps")
     names = ["A", "B"]
+    rec = record("step_time", sys.argv[1:] if argv is None else argv, label=args.label,
+                 config=args.config, overrides=args.set, steps=args.steps, skip=args.skip,
+                 rounds=args.rounds, ranks=args.ranks,
+                 trees={n: {"path": str(t), "commit": git_commit(t)}
+                        for n, t in zip(names, trees)})
     times: dict[str, list[float]] = {n: [] for n in names}
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="step_time_") as tmp:
@@ -96,25 +94,16 @@ def main(argv=None) -> int:
                       flush=True)
     med = {n: statistics.median(v) for n, v in times.items()}
     ratios = [b / a for a, b in zip(times["A"], times["B"])]
-    rec = {"bench": "step_time", "label": args.label, "config": args.config,
-           "overrides": args.set, "steps": args.steps, "skip": args.skip, "rounds": args.rounds,
-           "ranks": args.ranks,
-           "trees": {n: {"path": str(t), "commit": git_commit(t)} for n, t in zip(names, trees)},
-           "seconds_per_step": times, "median_s": med,
-           "ratio_B_over_A": {"per_round": ratios, "median": statistics.median(ratios)},
-           "wall_s": round(time.time() - t0, 1),
-           "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                       "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}}
+    rec.update(seconds_per_step=times, median_s=med,
+               ratio_B_over_A={"per_round": ratios, "median": statistics.median(ratios)},
+               wall_s=round(time.time() - t0, 1))
     print(f"\n{'tree':4} {'commit':14} {'median ms/step':>15}  per round")
     for n in names:
         print(f"{n:4} {rec['trees'][n]['commit']:14} {med[n] * 1000:15.1f}  "
               + " ".join(f"{x * 1000:.1f}" for x in times[n]))
     print(f"B/A: median {rec['ratio_B_over_A']['median']:.3f} "
           f"(per round {' '.join(f'{x:.3f}' for x in ratios)})")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(rec, indent=1))
-    print(json.dumps(rec))
+    finish(rec, args.out)
     return 0
 
 

@@ -47,76 +47,16 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.common import (REPO, failed_run, finish, fmt, launch, record as new_record,
+                          run_runtime, tail)
+
 RESULTS = REPO / "bench" / "results" / "time_to_accuracy.json"
 BASELINE = REPO / "bench" / "baseline_ddp.py"
-MLLOG_PREFIX = ":::MLLOG "
-
-
-# --------------------------------------------------------------------------------- parsing
-
-def parse_mllog(path: str | Path) -> dict:
-    """Time to target from an MLPerf log: run_stop − run_start (ms → s), status from
-    run_stop's metadata, samples from the last eval_accuracy's epoch_num.
-
-    A log without run_stop (the run crashed) gives status 'failed'. time_to_target_s and
-    samples_to_target are None unless the status is 'success'."""
-    start = stop = None
-    status = None
-    evals: list[list] = []
-    for line in Path(path).read_text().splitlines():
-        i = line.find(MLLOG_PREFIX)
-        if i < 0:
-            continue
-        rec = json.loads(line[i + len(MLLOG_PREFIX):])
-        key, ms, meta = rec.get("key"), rec.get("time_ms"), rec.get("metadata") or {}
-        if key == "run_start":
-            start = ms
-        elif key == "run_stop":
-            stop, status = ms, meta.get("status")
-        elif key == "eval_accuracy":
-            evals.append([int(meta.get("epoch_num", 0)), float(rec["value"]), ms])
-    if start is None:
-        return {"status": "failed", "time_to_target_s": None, "run_time_s": None,
-                "samples_to_target": None, "samples": None, "eval_accuracy": None,
-                "eval_history": [], "error": f"{path}: no run_start"}
-    history = [[s, a, (ms - start) / 1000.0] for s, a, ms in evals]
-    status = status if stop is not None else "failed"
-    run_time = (stop - start) / 1000.0 if stop is not None else None
-    samples = evals[-1][0] if evals else 0
-    ok = status == "success"
-    return {"status": status, "time_to_target_s": run_time if ok else None,
-            "run_time_s": run_time, "samples_to_target": samples if ok else None,
-            "samples": samples, "eval_accuracy": evals[-1][1] if evals else None,
-            "eval_history": history}
-
-
-def parse_metrics(path: str | Path) -> dict:
-    """Throughput (samples per second of training steps, evals excluded) and padding
-    efficiency (real / computed tokens, rank 0's batches) from a runtime metrics.jsonl."""
-    samples = 0
-    step_s = real = computed = 0.0
-    path = Path(path)
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("kind") != "step":
-                continue
-            samples = rec["samples"]
-            step_s += rec["step_time_s"]
-            real += rec["real_tokens"]
-            computed += rec["computed_tokens"]
-    return {"train_time_s": step_s or None,
-            "throughput_samples_per_s": samples / step_s if step_s else None,
-            "padding_efficiency": real / computed if computed else None}
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -160,51 +100,6 @@ def compare(runtime_runs: list[dict], baseline_runs: list[dict]) -> dict:
 
 # ----------------------------------------------------------------------------------- runs
 
-def _launch(cmd: list[str], env: dict, log: Path, timeout: float | None) -> tuple[int, float]:
-    t0 = time.perf_counter()
-    with open(log, "w") as out:
-        out.write("$ " + shlex.join(cmd) + "\n")
-        out.flush()
-        try:
-            rc = subprocess.run(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            rc = 124
-    return rc, time.perf_counter() - t0
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def run_runtime(config: Path, seed: int, overrides: list[str], workdir: Path,
-                timeout: float | None = None, name: str = "runtime") -> dict:
-    run_dir = workdir / f"{name}_seed{seed}"
-    log = workdir / f"{name}_seed{seed}.out"
-    env = dict(os.environ, SEED=str(seed), CONFIG=str(config), RUN_DIR=str(run_dir),
-               LOGDIR=str(workdir), PYTHON=sys.executable)
-    cmd = [str(REPO / "run_and_time.sh"), "--", *overrides]
-    rc, wall = _launch(cmd, env, log, timeout)
-    mllog = run_dir / "mlperf_bert.log"
-    rec = parse_mllog(mllog) if mllog.is_file() else {
-        "status": "failed", "time_to_target_s": None, "run_time_s": None,
-        "samples_to_target": None, "samples": None, "eval_accuracy": None, "eval_history": [],
-        "error": f"no {mllog}"}
-    rec.update(parse_metrics(run_dir / "metrics.jsonl"))
-    summary = run_dir / "summary.json"
-    if summary.is_file():
-        rec["steps"] = json.loads(summary.read_text()).get("steps")
-    if rec["status"] == "failed":
-        rec["error"] = (rec.get("error", "") + "\n" + _tail(log)).strip()
-    rec.update(system=name, seed=seed, rc=rc, wall_s=wall, run_dir=str(run_dir),
-               console=str(log), command=shlex.join(
-                   [f"SEED={seed}", f"CONFIG={config}", f"RUN_DIR={run_dir}", *cmd]))
-    return rec
-
-
 def run_baseline(config: Path, seed: int, overrides: list[str], workdir: Path, nproc: int,
                  baseline_lr: float | None = None, timeout: float | None = None,
                  name: str = "baseline") -> dict:
@@ -219,13 +114,11 @@ def run_baseline(config: Path, seed: int, overrides: list[str], workdir: Path, n
     if baseline_lr is not None:
         cmd += ["--baseline-lr", repr(baseline_lr)]
     cmd += ["--out", str(out)]
-    rc, wall = _launch(cmd, dict(os.environ), log, timeout)
+    rc, wall = launch(cmd, dict(os.environ), log, timeout)
     if out.is_file():
         rec = json.loads(out.read_text())
     else:
-        rec = {"status": "failed", "time_to_target_s": None, "run_time_s": None,
-               "samples_to_target": None, "samples": None, "eval_accuracy": None,
-               "eval_history": [], "error": _tail(log)}
+        rec = failed_run(tail(log))
     rec.update(system=name, seed=seed, rc=rc, wall_s=wall, summary=str(out),
                console=str(log), command=shlex.join(cmd))
     return rec
@@ -293,11 +186,11 @@ def ablation_table(record: dict) -> str:
     lines = [head, "-" * len(head)]
     for v, s in V.items():
         t = s["median_time_to_target_s"]
-        lines.append(f"{v:<16} {s['reached']:>3}/{s['of']:<3} {_f(t, '.1f'):>8} "
-                     f"{_f(s['median_samples_to_target'], '.0f'):>8} "
-                     f"{_f(s['median_throughput_samples_per_s'], '.1f'):>7} "
-                     f"{_f(s['median_padding_efficiency'], '.2f'):>5} "
-                     f"{_f(t / best if t and best else None, '.2f'):>6}")
+        lines.append(f"{v:<16} {s['reached']:>3}/{s['of']:<3} {fmt(t, '.1f'):>8} "
+                     f"{fmt(s['median_samples_to_target'], '.0f'):>8} "
+                     f"{fmt(s['median_throughput_samples_per_s'], '.1f'):>7} "
+                     f"{fmt(s['median_padding_efficiency'], '.2f'):>5} "
+                     f"{fmt(t / best if t and best else None, '.2f'):>6}")
     return "\n".join(lines)
 
 
@@ -326,17 +219,13 @@ def run_lr_sweep(config: Path, seed: int, lrs: list[float], overrides: list[str]
 
 # ---------------------------------------------------------------------------------- report
 
-def _f(v, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
-
-
 def print_run(seed: int, label: str, rec: dict) -> None:
     """One line per finished run (and the error's tail when it failed), as the runs go."""
     print(f"  seed {seed} {label:<16} {rec['status']:<8} time_to_target "
-          f"{_f(rec['time_to_target_s'], '.1f')} s, samples "
-          f"{_f(rec.get('samples_to_target'), 'd')}, "
-          f"{_f(rec.get('throughput_samples_per_s'), '.1f')} samples/s, last acc "
-          f"{_f(rec.get('eval_accuracy'), '.4f')} (wall {rec['wall_s']:.0f} s)", flush=True)
+          f"{fmt(rec['time_to_target_s'], '.1f')} s, samples "
+          f"{fmt(rec.get('samples_to_target'), 'd')}, "
+          f"{fmt(rec.get('throughput_samples_per_s'), '.1f')} samples/s, last acc "
+          f"{fmt(rec.get('eval_accuracy'), '.4f')} (wall {rec['wall_s']:.0f} s)", flush=True)
     if rec["status"] == "failed":
         print(f"    failed (rc {rec['rc']}); see {rec['console']}:\n"
               + "\n".join("    " + ln for ln in rec.get("error", "").splitlines()), flush=True)
@@ -355,19 +244,19 @@ def table(record: dict) -> str:
                  if r.get("time_to_target_s") and b.get("time_to_target_s") else None)
         lines.append(
             f"{seed:>6} {record['order'][i]:>8} | {r.get('status', '-'):>8} "
-            f"{_f(r.get('time_to_target_s'), '.1f'):>8} {_f(r.get('samples_to_target'), 'd'):>8} "
-            f"{_f(r.get('throughput_samples_per_s'), '.1f'):>7} "
-            f"{_f(r.get('padding_efficiency'), '.2f'):>5} | {b.get('status', '-'):>8} "
-            f"{_f(b.get('time_to_target_s'), '.1f'):>8} {_f(b.get('samples_to_target'), 'd'):>8} "
-            f"{_f(b.get('throughput_samples_per_s'), '.1f'):>7} "
-            f"{_f(b.get('padding_efficiency'), '.2f'):>5} | {_f(ratio, '.2f'):>7}")
+            f"{fmt(r.get('time_to_target_s'), '.1f'):>8} {fmt(r.get('samples_to_target'), 'd'):>8} "
+            f"{fmt(r.get('throughput_samples_per_s'), '.1f'):>7} "
+            f"{fmt(r.get('padding_efficiency'), '.2f'):>5} | {b.get('status', '-'):>8} "
+            f"{fmt(b.get('time_to_target_s'), '.1f'):>8} {fmt(b.get('samples_to_target'), 'd'):>8} "
+            f"{fmt(b.get('throughput_samples_per_s'), '.1f'):>7} "
+            f"{fmt(b.get('padding_efficiency'), '.2f'):>5} | {fmt(ratio, '.2f'):>7}")
     R, B = record["runtime"], record["baseline"]
 
-    def med(s, key, fmt):
+    def med(s, key, spec):
         v = s[key]
-        if fmt == "d" and v is not None:
+        if spec == "d" and v is not None:
             v = int(round(v))
-        return _f(v, fmt)
+        return fmt(v, spec)
     r_ok, b_ok = f"{R['reached']}/{R['of']} ok", f"{B['reached']}/{B['of']} ok"
     lines.append("-" * len(head))
     lines.append(
@@ -379,9 +268,9 @@ def table(record: dict) -> str:
         f"{med(B, 'median_time_to_target_s', '.1f'):>8} "
         f"{med(B, 'median_samples_to_target', 'd'):>8} "
         f"{med(B, 'median_throughput_samples_per_s', '.1f'):>7} "
-        f"{med(B, 'median_padding_efficiency', '.2f'):>5} | {_f(record['ratio_time'], '.2f'):>7}")
-    lines.append(f"ratio_time (baseline/runtime) = {_f(record['ratio_time'], '.3f')}, "
-                 f"ratio_samples = {_f(record['ratio_samples'], '.3f')}: {record['ratio_note']}")
+        f"{med(B, 'median_padding_efficiency', '.2f'):>5} | {fmt(record['ratio_time'], '.2f'):>7}")
+    lines.append(f"ratio_time (baseline/runtime) = {fmt(record['ratio_time'], '.3f')}, "
+                 f"ratio_samples = {fmt(record['ratio_samples'], '.3f')}: {record['ratio_note']}")
     return "\n".join(lines)
 
 
@@ -397,23 +286,6 @@ def compact(record: dict) -> dict:
         out[system] = dict(record[system], runs=[{k: r.get(k) for k in COMPACT_RUN_KEYS}
                                                  for r in record[system]["runs"]])
     return out
-
-
-def machine() -> dict:
-    import torch
-    return {"host": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform(),
-            "processor": _cpu_model(), "python": platform.python_version(),
-            "torch": torch.__version__, "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 # ------------------------------------------------------------------------------------ main
@@ -467,8 +339,13 @@ def main(argv=None) -> int:
           f"{cfg.train.target_mlm_accuracy}, max_steps {cfg.train.max_steps}; logs in {workdir}",
           flush=True)
 
-    if a.sweep_baseline_lr or a.ablation:
-        return _main_other(a, argv, cfg, config, seeds, nproc, workdir)
+    name = ("baseline_lr_sweep" if a.sweep_baseline_lr else "ablation" if a.ablation
+            else "time_to_accuracy")
+    record = new_record(name, argv, module="bench.time_to_accuracy", config=str(a.config),
+                        overrides=a.set, seeds=seeds,
+                        target_mlm_accuracy=cfg.train.target_mlm_accuracy, workdir=str(workdir))
+    if name != "time_to_accuracy":
+        return _main_other(a, record, cfg, config, seeds, nproc, workdir)
 
     runtime_runs, baseline_runs, order = [], [], []
     for i, seed in enumerate(seeds):
@@ -483,37 +360,26 @@ def main(argv=None) -> int:
                 baseline_runs.append(rec)
             print_run(seed, system, rec)
 
-    record = {"bench": "time_to_accuracy",
-              "command": "python -m bench.time_to_accuracy " + shlex.join(argv),
-              "config": str(a.config), "overrides": a.set, "seeds": seeds, "order": order,
-              "target_mlm_accuracy": cfg.train.target_mlm_accuracy,
-              "baseline_lr": baseline_runs[0].get("lr") if baseline_runs else None,
-              "runtime": summarize(runtime_runs), "baseline": summarize(baseline_runs),
-              **compare(runtime_runs, baseline_runs),
-              "machine": machine(),
-              "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "workdir": str(workdir)}
+    record.update(order=order,
+                  baseline_lr=baseline_runs[0].get("lr") if baseline_runs else None,
+                  runtime=summarize(runtime_runs), baseline=summarize(baseline_runs),
+                  **compare(runtime_runs, baseline_runs))
     print(table(record))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"record: {a.out}")
-    print(json.dumps(compact(record), separators=(",", ":")), flush=True)
+    finish(record, a.out, line=compact(record))
     return 0
 
 
-def _main_other(a, argv, cfg, config, seeds, nproc, workdir) -> int:
+def _main_other(a, record, cfg, config, seeds, nproc, workdir) -> int:
     """--sweep-baseline-lr and --ablation: their own table and record."""
-    record = {"command": "python -m bench.time_to_accuracy " + shlex.join(argv),
-              "config": str(a.config), "overrides": a.set, "seeds": seeds,
-              "target_mlm_accuracy": cfg.train.target_mlm_accuracy}
     if a.sweep_baseline_lr:
         lrs = [float(x) for x in a.sweep_baseline_lr.split(",") if x.strip()]
-        record.update(bench="baseline_lr_sweep",
-                      **run_lr_sweep(config, seeds[0], lrs, a.set, workdir, nproc, a.timeout))
+        record.update(run_lr_sweep(config, seeds[0], lrs, a.set, workdir, nproc, a.timeout))
         for r in record["rows"]:
             print(f"lr {r['lr']:<8g} {r['status']:<8} samples_to_target "
-                  f"{_f(r['samples_to_target'], 'd'):>6}  last acc {_f(r['eval_accuracy'], '.4f')}")
+                  f"{fmt(r['samples_to_target'], 'd'):>6}  last acc {fmt(r['eval_accuracy'], '.4f')}")
         print(f"chosen lr: {record['chosen_lr']:g} ({record['rule']})")
+        line = dict(record, rows=[{k: r[k] for k in ("lr", "status", "samples_to_target",
+                                                     "eval_accuracy")} for r in record["rows"]])
     else:
         variants = (default_variants(cfg.optim.name) if a.ablation == "auto" else
                     [v.strip() for v in a.ablation.split(",") if v.strip()])
@@ -528,14 +394,12 @@ def _main_other(a, argv, cfg, config, seeds, nproc, workdir) -> int:
                 print(f"time_to_accuracy: the {v} variant needs {flag} (its tuned lr)",
                       file=sys.stderr)
                 return 2
-        record.update(bench="ablation", **lrs,
+        record.update(**lrs,
                       **run_ablation(config, seeds, variants, a.set, workdir, lrs, a.timeout))
         print(ablation_table(record))
-    record.update(machine=machine(), workdir=str(workdir),
-                  date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"record: {a.out}")
+        line = dict(record, variants={v: {k: x for k, x in s.items() if k != "runs"}
+                                      for v, s in record["variants"].items()})
+    finish(record, a.out, line=line)
     return 0
 
 

@@ -26,14 +26,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
-import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench import common
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
@@ -196,7 +194,7 @@ def rescore(record_path: str) -> None:
                                f"{res['shape']}_x{res['ratio_asked']:g}_measured.json").read_text())
         res.update(compare(tune, measured))
         print(table(res), flush=True)
-    Path(record_path).write_text(json.dumps(rec, indent=1))
+    common.write(rec, Path(record_path))
 
 
 def table(result: dict) -> str:
@@ -228,6 +226,7 @@ def orchestrate(args) -> int:
     from runtime.calibrate.tune.costmodel import CommModel
     work = Path(args.workdir or REPO / "results" / f"tune_validation_{datetime.datetime.now():%Y%m%d_%H%M%S}")
     work.mkdir(parents=True, exist_ok=True)
+    header = common.record("tune_validation", args.argv, module="bench.tune")
     start = time.time()
     results = []
     try:
@@ -259,19 +258,10 @@ def orchestrate(args) -> int:
     except RuntimeError as e:
         print(f"bench.tune: {e}", file=sys.stderr)
         return 1
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                            capture_output=True, text=True).stdout.strip()
-    record = {"benchmark": "tune_validation", "date": f"{datetime.date.today()}",
-              "command": "python -m bench.tune " + " ".join(map(shlex.quote, args.argv)),
-              "commit": commit, "steps": args.steps, "warmup": args.warmup,
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                          "python": platform.python_version(),
-                          "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
+    record = {**header, "steps": args.steps, "warmup": args.warmup,
               "wall_s": round(time.time() - start, 1), "results": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(record, indent=1))
-    print(json.dumps({k: v for k, v in record.items() if k != "results"}
-                     | {"goals": [r["goals"] for r in results]}))
+    line = {k: v for k, v in record.items() if k != "results"}
+    common.finish(record, Path(args.out), line=line | {"goals": [r["goals"] for r in results]})
     return 0
 
 

@@ -9,7 +9,7 @@ What this module owns:
     ``amp_C.multi_tensor_lamb`` / ``amp_C.multi_tensor_adam`` (the kernels behind apex's
     ``FusedLAMB`` / ``FusedAdam``) on the caller's own tensors and state.
 
-Clipping (BACKGROUND §2): ``FusedLAMB`` clips inside its step, dividing every gradient by
+Clipping (docs/REFERENCES.md §2; apex/optimizers/fused_lamb.py): ``FusedLAMB`` clips inside its step, dividing every gradient by
 max(1, ‖g‖/max_grad_norm) with its own global norm (default max_grad_norm=1.0), so a
 runtime that also clips outside clips twice. Passing ``max_grad_norm=0`` does *not*
 disable it: apex's kernel then divides by ‖g‖/0 = inf and every gradient becomes 0. This

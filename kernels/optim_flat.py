@@ -2,11 +2,13 @@
 
 What this module owns:
   * ``FlatLayout``: where each tensor lives in one flat buffer. Tensors sit in the order
-    given (the runtime passes gradient-production order: reverse ``model.parameters()``,
-    DDP's bucket order), each starting on a row boundary (``row`` = 1024 elements, 4 KiB in
-    fp32) and zero-padded to whole rows. So a gradient bucket can be a contiguous slice of
-    the gradient buffer (``FlatLayout.bucket_bounds``), and a per-tensor norm is a sum over
-    that tensor's rows.
+    given (the runtime passes gradient-production order, or the order of its gradient
+    buckets' plan), each starting on a row boundary (``row`` = 1024 elements, 4 KiB in fp32)
+    and zero-padded to whole rows, so a per-tensor norm is a sum over that tensor's rows. The
+    gradient buckets are not cut here: ``runtime/grad_sync/plan.py``'s ``GradLayout`` lays
+    the bucket buffer out with the same rows (``align = ROW``), which is what lets the fused
+    step run on that buffer without a copy (``FlatLayout.bucket_bounds`` only computes a
+    slice of consecutive tensors, for tests).
   * ``FlatBuffers``: for one (device, dtype), one buffer each for parameters, gradients and
     every optimizer state (fp32 state for fp32/bf16/fp16 parameters, fp64 for fp64).
     ``bind`` makes the model's parameters views into the parameter buffer and their

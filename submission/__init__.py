@@ -11,10 +11,10 @@ Contents:
                         (the name must agree with the values inside; a test checks it)
     mllog_callback.py   ``MLPerfLogger``: runtime events -> ``:::MLLOG`` lines via mlperf-logging
     train.py            ``python -m submission.train --config FILE [--set section.key=value ...]``:
-                        one rank of a run; exit 0 when the target was reached, 1 otherwise
+                        one rank of a run; its exit status: README.md, "Exit status"
     run.sub             the sbatch script: NEXP experiments per allocation, cache clear, srun
-    __main__.py         ``python -m submission submit|status|report|package`` (README "Running
-                        on a Slurm cluster"), over slurm.py (sbatch, squeue), report.py
+    __main__.py         ``python -m submission submit|status|report|package``
+                        (docs/SLURM.md), over slurm.py (sbatch, squeue), report.py
                         (scoring, compliance, olympic mean, RCP), package.py (MLPerf layout and
                         its checkers) and sysinfo.py (the system description of a node)
 

@@ -9,8 +9,8 @@ package them.
 Owns: the command line, and turning errors into messages and exit statuses: 0 done (report:
 every run converged and complies; package: no check failed), 1 a run or check failed, 2 bad
 input (nothing was submitted or written). The work is in submission.slurm (submit, status),
-submission.report (report) and submission.package (package); README "Running on a Slurm
-cluster" walks through all four.
+submission.report (report) and submission.package (package); docs/SLURM.md walks through
+all four.
 """
 from __future__ import annotations
 

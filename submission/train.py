@@ -13,15 +13,9 @@ MLPerf log has run_stop (a finished run), or a log but no checkpoint to continue
 refused; so is one another live run holds (rank 0 keeps an flock on ``<dir>/.lock``). A log
 without run_stop and a complete checkpoint: the run resumes and continues that log.
 
-Exit status (run_and_time.sh and run.sub pass it on; README "Exit status"):
-  0  success: the target accuracy was reached
-  1  target not reached: the budget (train.max_steps, train.max_samples_termination) was spent
-  2  bad input: config, data set (a missing directory, a shard with token ids out of range,
-     ...), launch, run directory, an initial checkpoint with NaN - nothing trained, or a bad
-     shard found when it was loaded
-  3  runtime failure: a rank raised or died, or the divergence guard stopped the run
-  4  stopped by a signal (TERM, INT, HUP, USR1) at a logging point, after writing a checkpoint
-     when train.checkpoint_every_samples > 0: rerun the same command to resume
+Exit status: 0 success, 1 target not reached, 2 bad input, 3 runtime failure, 4 stopped by a
+signal - what each covers is the table in README.md, "Exit status" (run_and_time.sh and run.sub
+pass the status on).
 """
 from __future__ import annotations
 

@@ -2,11 +2,12 @@
 temporary directory.
 
 Owns: installing ``slurm-wlm`` and ``munge`` when they are missing (apt-get, root only);
-writing a private munge key, munge socket and ``slurm.conf`` for this machine (the settings of
-BACKGROUND §9: auth/munge, proctrack/linuxproc, task/none, select/cons_tres, one node with
-``nproc`` CPUs); starting ``munged``, ``slurmctld`` and ``slurmd`` in the foreground as child
-processes on free ports; waiting until the node is idle; and tearing down everything it
-started — jobs, job steps, daemons, files — also when the start itself or a test fails.
+writing a private munge key, munge socket and ``slurm.conf`` for this machine (slurm.conf(5)
+settings, docs/REFERENCES.md §9: auth/munge, proctrack/linuxproc, task/none, select/cons_tres,
+one node with ``nproc`` CPUs); starting ``munged``, ``slurmctld`` and ``slurmd`` in the
+foreground as child processes on free ports; waiting until the node is idle; and tearing
+down everything it started — jobs, job steps, daemons, files — also when the start itself or a
+test fails.
 Never: touches the system's munged (``/run/munge``) or ``/etc/slurm``, uses fixed ports (two
 clusters can run side by side), or kills a process it did not start: daemons are stopped by
 the PIDs it recorded (checked against their start time, so a reused PID is left alone), job

@@ -29,7 +29,7 @@ def test_smoke_run_records_every_stage_and_isolates_a_failure(tmp_path):
     assert len(files) <= 8 and set(files) <= {"summary.txt", "stages.log", "cuda_tests.xml",
                                               "gpu_cpu-smoke_" + _today() + ".json"}, files
     record = json.loads((out / f"gpu_cpu-smoke_{_today()}.json").read_text())
-    assert record["bench"] == "gpu" and record["smoke"] and record["commit"]
+    assert record["benchmark"] == "gpu" and record["smoke"] and record["commit"]
     stages = record["stages"]
     assert list(stages) == list(gpu.STAGE_NAMES)
     assert stages["throughput"]["status"] == "failed"

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench import common
 from bench import time_to_accuracy as tta
 from bench.baseline_ddp import DEFAULT_BASELINE_LR, baseline_lr, pad_to_max_length
 from runtime.config import load_config
@@ -40,7 +41,7 @@ def test_parse_mllog_success(tmp_path):
         "[0] " + mllog_line("eval_accuracy", 5400, 0.31, epoch_num=128),  # a prefixed line
         mllog_line("run_stop", 5500, status="success"),
     ])
-    r = tta.parse_mllog(log)
+    r = common.parse_mllog(log)
     assert r["status"] == "success"
     assert r["time_to_target_s"] == pytest.approx(4.5)
     assert r["run_time_s"] == pytest.approx(4.5)
@@ -50,18 +51,18 @@ def test_parse_mllog_success(tmp_path):
 
 
 def test_parse_mllog_aborted_and_crashed(tmp_path):
-    aborted = tta.parse_mllog(write_log(tmp_path / "b.log", [
+    aborted = common.parse_mllog(write_log(tmp_path / "b.log", [
         mllog_line("run_start", 0), mllog_line("eval_accuracy", 3000, 0.2, epoch_num=320),
         mllog_line("run_stop", 3100, status="aborted")]))
     assert aborted["status"] == "aborted"
     assert aborted["time_to_target_s"] is None and aborted["samples_to_target"] is None
     assert aborted["run_time_s"] == pytest.approx(3.1) and aborted["samples"] == 320
 
-    crashed = tta.parse_mllog(write_log(tmp_path / "c.log", [
+    crashed = common.parse_mllog(write_log(tmp_path / "c.log", [
         mllog_line("run_start", 0), mllog_line("eval_accuracy", 3000, 0.2, epoch_num=64)]))
     assert crashed["status"] == "failed" and crashed["time_to_target_s"] is None
 
-    never = tta.parse_mllog(write_log(tmp_path / "d.log", [mllog_line("init_start", 0)]))
+    never = common.parse_mllog(write_log(tmp_path / "d.log", [mllog_line("init_start", 0)]))
     assert never["status"] == "failed" and "run_start" in never["error"]
 
 
@@ -71,10 +72,10 @@ def test_parse_metrics(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in
                               steps + [{"kind": "eval", "samples": 128, "eval_accuracy": 0.1}]))
-    m = tta.parse_metrics(path)
+    m = common.parse_metrics(path)
     assert m["throughput_samples_per_s"] == pytest.approx(128.0)
     assert m["padding_efficiency"] == pytest.approx(0.9)
-    assert tta.parse_metrics(tmp_path / "missing.jsonl")["throughput_samples_per_s"] is None
+    assert common.parse_metrics(tmp_path / "missing.jsonl")["throughput_samples_per_s"] is None
 
 
 # ------------------------------------------------------------------------- aggregation
@@ -197,7 +198,9 @@ def test_harness_one_seed(tmp_path, small_dataset, capsys):
     assert rc == 0
     rec = json.loads(out.read_text())
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert json.loads(last)["bench"] == "time_to_accuracy"
+    assert json.loads(last)["benchmark"] == "time_to_accuracy"
+    assert list(rec)[:5] == ["benchmark", "command", "commit", "machine", "date"]
+    assert rec["command"].startswith("python -m bench.time_to_accuracy --config")
     assert rec["seeds"] == [5] and rec["order"] == ["runtime"]
     for system in ("runtime", "baseline"):
         (r,) = rec[system]["runs"]
@@ -250,7 +253,7 @@ def test_ablation_and_sweep_tiny(tmp_path, small_dataset, capsys):
                    "random_padded,adamw", "--baseline-lr", "1e-3"])
     assert rc == 0
     rec = json.loads(out.read_text())
-    assert rec["bench"] == "ablation" and rec["order"] == [["random_padded", "adamw"]]
+    assert rec["benchmark"] == "ablation" and rec["order"] == [["random_padded", "adamw"]]
     for v in ("random_padded", "adamw"):
         (r,) = rec["variants"][v]["runs"]
         assert r["status"] == "aborted" and r["samples"] == 32, r
@@ -266,6 +269,7 @@ def test_ablation_and_sweep_tiny(tmp_path, small_dataset, capsys):
                    "1e-3,3e-3"])
     assert rc == 0
     rec = json.loads(out.read_text())
+    assert rec["benchmark"] == "baseline_lr_sweep"
     assert [r["lr"] for r in rec["rows"]] == [1e-3, 3e-3]
     assert all(r["status"] == "aborted" and [h[0] for h in r["eval_history"]] == [32]
                for r in rec["rows"])

@@ -2,8 +2,9 @@
 
 Unit tests run in this process (a world of one). The distributed tests start real ranks with
 the venv's ``mpiexec`` on tests/dist_scripts/grad_sync.py, which checks on every rank that the
-gradient the optimizer receives equals BACKGROUND §5's formula computed from the all-gathered
-per-rank gradients, and reports what it saw (overlap, views, launches) for the asserts here.
+gradient the optimizer receives equals the clip mode's formula (docs/REFERENCES.md §5)
+computed from the all-gathered per-rank gradients, and reports what it saw (overlap, views,
+launches) for the asserts here.
 """
 from __future__ import annotations
 

@@ -52,7 +52,8 @@ def test_dgx_configs_are_closed_bert_large(path):
 
 
 def test_published_dgx_hyperparameters():
-    """BACKGROUND.md §3, NVIDIA A100 closed-division settings."""
+    """NVIDIA's A100 closed-division settings: MLCommons training_results_v2.0,
+    NVIDIA/benchmarks/bert/implementations/pytorch/config_DGXA100_*.sh (docs/REFERENCES.md §3)."""
     root = Path(__file__).resolve().parents[1] / "submission" / "configs"
     one = load_config(root / "config_DGXA100_1x8x56x1.toml")
     assert (one.optim.lr, one.schedule.total_steps, one.optim.beta1, one.optim.beta2,

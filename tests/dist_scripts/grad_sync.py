@@ -6,8 +6,8 @@ Every rank builds the trainer on a tiny BERT (real tied 30522-row word embedding
 size-cap plan splits it), takes its own batches, and computes its *local* gradient on an
 independent copy of the model with plain autograd (no buckets, no communication). The local
 gradients are all-gathered, and the gradient the optimizer receives (``p.grad`` times the
-``grad_scale`` passed to ``optimizer.step``) must equal BACKGROUND §5's formula for the
-clip mode, computed here from the gathered gradients. Two steps per mode: the second runs on
+``grad_scale`` passed to ``optimizer.step``) must equal the formula for the
+clip mode (docs/REFERENCES.md §5), computed here from the gathered gradients. Two steps per mode: the second runs on
 the plan re-cut in measured production order.
 
 CASE:
@@ -87,7 +87,7 @@ def norm(tensors) -> float:
 
 
 def expected(mode: str, per_rank: list[dict], plan) -> dict:
-    """BACKGROUND §5, from the gathered per-rank gradients (computed in float64)."""
+    """docs/REFERENCES.md §5, from the gathered per-rank gradients (computed in float64)."""
     P = len(per_rank)
     g = [{n: t.double() for n, t in r.items()} for r in per_rank]
     mean = {n: sum(r[n] for r in g) / P for n in g[0]}
