@@ -203,7 +203,7 @@ class TrainConfig:
     max_grad_norm: float = _doc("clip threshold τ on the gradient norm (0 = off); where it "
                                 "acts: clip_mode", 1.0)
     clip_mode: ClipMode = _doc(
-        "where the max_grad_norm clip acts (BACKGROUND §5): 'global_after' (reference: norm of "
+        "where the max_grad_norm clip acts (docs/REFERENCES.md §5): 'global_after' (reference: norm of "
         "the averaged gradient after the allreduce, folded into the optimizer step) | "
         "'local_before' (each rank clips its whole gradient before the allreduce; cannot "
         "overlap backward) | 'bucket_before' (each rank clips each of K buckets to "
@@ -248,7 +248,7 @@ class TrainConfig:
         "reaches each multiple, and when a signal (TERM, INT, HUP, USR1) stops the run; 0 = no "
         "checkpoints at all (and none is resumed from). A run restarted with the same "
         "train.output_dir resumes from the newest complete checkpoint in "
-        "train.checkpoint_dir, exactly (README \"Checkpoints and resume\")", 0)
+        "train.checkpoint_dir, exactly (docs/RESILIENCE.md \"Resume\")", 0)
     checkpoint_keep: int = _doc("how many of the newest complete checkpoints to keep (>= 1); "
                                 "older ones are deleted after a new one is complete", 2)
     checkpoint_dir: str = _doc("where checkpoints go; '' = <train.output_dir>/checkpoints. On "

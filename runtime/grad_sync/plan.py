@@ -1,5 +1,5 @@
 """Bucket plans: which elements of which parameter's gradient go into which bucket, and where
-each gradient lives in the flat buffer (BACKGROUND §6).
+each gradient lives in the flat buffer (docs/REFERENCES.md §6).
 
 Owns:
   * ``Piece`` and ``BucketPlan``: a plan is a list of buckets in launch order, a bucket a list of

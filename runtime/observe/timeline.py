@@ -17,7 +17,7 @@ Times in the metrics file are seconds since the step started. Derived figures, p
   exposed_comm_s  max(0, done of the last allreduce − end of the last backward): how long the
                   step waited for the network once its compute had finished. This is the
                   critical-path estimate of "step time − step time without communication"
-                  (BACKGROUND §6's end_K − ready_K, with ready_K = backward end); for
+                  (docs/REFERENCES.md §6's end_K − ready_K, with ready_K = backward end); for
                   local_before it includes the local norm and clip, which sit on that path
                   too. It does not see compute the communication thread takes from backward;
                   bench.overlap therefore also measures the step time without communication.

@@ -12,7 +12,7 @@ uses ``schedule(0)``, the k-th uses ``schedule(k-1)``; equivalently, t = number 
 already completed. This is TF's ``global_step`` in the MLPerf BERT reference
 (``optimization.py``: lr from ``global_step`` before ``apply_gradients`` increments it).
 
-MLPerf poly schedule (``poly_warmup_lr``, BACKGROUND §3)::
+MLPerf poly schedule (``poly_warmup_lr``, docs/REFERENCES.md §3)::
 
     η(t) = η · (t − s0)/W                   while t − s0 < W       (linear warm-up)
     η(t) = η · (1 − min(t/T, 1))^p          otherwise              (decay from absolute t)

@@ -1,4 +1,4 @@
-"""Allreduce cost model T(n): fitted to measured (bytes, seconds) points (BACKGROUND §6).
+"""Allreduce cost model T(n): fitted to measured (bytes, seconds) points (docs/REFERENCES.md §6).
 
 Owns: ``CommModel`` - T(n) = α + β·n, or a continuous piecewise-linear T when one line is
 wrong (two lines meeting at a fitted breakpoint: latency-bound small messages, bandwidth-bound

@@ -10,7 +10,7 @@ documented field), `gpu_step_profile` (a CPU-measured layer split - ``python -m 
 the CLI.
 Never: measures GPUs (none here; a lent GPU's measured profile replaces the file's numbers),
 or claims more than its inputs: every number in the output traces to a field of the fabric or
-profile file, a measurement file, or BACKGROUND §10.
+profile file, a measurement file, or docs/REFERENCES.md §10.
 
 The model of one step at P GPUs, local batch b (runtime.calibrate.tune.simulate with κ = 1):
   forward + backward = b / sequences_per_second, split between them, and over the gradients'
@@ -49,7 +49,7 @@ EVAL_SAMPLES = 10_000
 PUBLISHED = [
     # round, system, GPUs, global batch, seconds, samples to 0.720, clip mode, fabric, profile
     ("v1.1", "NVIDIA", 1024, 3072, 33.5, 2_840_000, "local_before", "dgx_a100_8xhdr.toml",
-     "a100_packed.toml", "clip before allreduce, no overlap (BACKGROUND §10)"),
+     "a100_packed.toml", "clip before allreduce, no overlap (docs/REFERENCES.md §10)"),
     ("v2.0", "NVIDIA", 1024, 4096, 25.3, 2_790_000, "local_before", "dgx_a100_8xhdr.toml",
      "a100_packed.toml", "clip before allreduce, no overlap"),
     ("v1.1", "Samsung (open, ADAM)", 1024, 16384, 25.1, 3_100_000, "bucket_before",
@@ -349,7 +349,7 @@ def main(args) -> int:
     profiles = {n: load_profile(DATA / n)[:2] for n in ("a100_packed.toml", "a100_padded.toml")}
     fabrics = {n: load_fabric(DATA / n) for n in ("dgx_a100_8xhdr.toml", "dgx_a100_4xhdr.toml")}
     pub = published(profiles, fabrics)
-    print("\npublished 1,024-A100 results (olympic means, BACKGROUND §10) against the model:\n")
+    print("\npublished 1,024-A100 results (olympic means, docs/REFERENCES.md §10) against the model:\n")
     print(published_table(pub))
     if args.json:
         Path(args.json).write_text(json.dumps({"fabric": fabric.__dict__, "profile": gp.__dict__,

@@ -1,5 +1,5 @@
 """The step-time model of gradient buckets: when each bucket's allreduce starts and ends, and
-what the step waits for (BACKGROUND §6).
+what the step waits for (docs/REFERENCES.md §6).
 
 Owns:
   * ``Gradient`` / ``StepProfile``: the compute side of one step on one rank - forward,
