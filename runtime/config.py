@@ -230,6 +230,10 @@ class TrainConfig:
         "clip_mode global_after | none, a plan that keeps the embedding whole, and on CUDA "
         "fewer tokens per step across ranks than vocabulary rows; else dense). "
         "docs/GRADIENT_SYNC.md", "auto")
+    tensorboard: bool = _doc("write TensorBoard event files (loss, lr, gradient norm and noise "
+                             "scale, throughput, imbalance, eval accuracy against samples) "
+                             "into <output_dir>/tensorboard; needs the tensorboard package",
+                             False)
     timeline: bool = _doc("record each step's compute/communication timeline into "
                           "metrics.jsonl (python -m runtime.observe.timeline draws it)", False)
     target_mlm_accuracy: float = _doc("stop with success at this masked-LM accuracy", 0.720)

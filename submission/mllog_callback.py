@@ -17,7 +17,9 @@ What is logged where (docs/MLPERF_LOGGING.md has the full table):
                  init_stop
     RUN_START    run_start
     BLOCK_START  block_start {first_epoch_num: samples before the block, epoch_count: samples in it}
-    LOG          tracked_stats {loss, mlm_loss, nsp_loss, lr, grad_norm} every N steps (optional)
+    LOG          tracked_stats {loss, mlm_loss, nsp_loss, lr, grad_norm} every N steps (optional),
+                 and with several ranks presto_gradient_noise_scale (B_simple in sequences,
+                 None while undefined; runtime.observe.noise_scale) at the same steps
     BLOCK_STOP   block_stop  {first_epoch_num}
     EVAL_START   eval_start  {epoch_num: samples trained}
     EVAL_STOP    eval_stop, eval_accuracy {epoch_num: samples trained}
@@ -233,6 +235,10 @@ class MLPerfLogger:
                      "lr": m.lr, "grad_norm": m.grad_norm}
             self._event("tracked_stats", {k: _num(v) for k, v in stats.items()},
                         metadata={"step": int(m.step), C.SAMPLES_COUNT: int(m.samples)})
+            if state.world_size > 1:  # B_simple in sequences; None while undefined (n/a)
+                ns = m.extra.get("noise_scale")
+                self._event("presto_gradient_noise_scale", None if ns is None else _num(ns),
+                            metadata={"step": int(m.step), C.SAMPLES_COUNT: int(m.samples)})
 
     def _on_eval_start(self, state: RunState) -> None:
         self._start(C.EVAL_START, metadata={C.EPOCH_NUM: int(state.samples)})

@@ -187,6 +187,9 @@ def train(cfg, info, cache_clear: bool | None = None) -> int:
         ProgressPrinter(every=cfg.train.log_every_steps),
         status,
     ])
+    if cfg.train.tensorboard:
+        from runtime.observe.tensorboard import TensorBoardWriter
+        callbacks.add(TensorBoardWriter(out / "tensorboard"))
     trainer = Trainer(cfg, ctx, callbacks)
     try:
         state = trainer.fit()

@@ -240,6 +240,7 @@ class GradientBuckets:
         self._coefs: list[Optional[torch.Tensor]] = [None] * k
         self._local_coef: Optional[torch.Tensor] = None
         self._local_norm: Optional[torch.Tensor] = None
+        self._local_sq: list[torch.Tensor] = []  # per launched bucket: ‖what it sends‖²
         if self.tied is not None:
             self.tied.begin_step()
         if self.timeline is not None:
@@ -287,11 +288,15 @@ class GradientBuckets:
             self._norms[k] = norm
             self._coefs[k] = clip_coefficient_of_norm(
                 norm, self.max_grad_norm / math.sqrt(self.num_buckets))
+            self._note_local(norm * self._coefs[k])
             buf.mul_(self._coefs[k] * scale)
         elif self._local_coef is not None:
             buf.mul_(self._local_coef * scale)
-        elif scale != 1.0:
-            buf.mul_(scale)
+        else:
+            if self.world_size > 1:  # the noise scale's local norm, before the averaging
+                self._note_local(slice_norm(self.flat, lo, hi) / self._loss_scale)
+            if scale != 1.0:
+                buf.mul_(scale)
         timeline = self.timeline
         now = timeline.now() if timeline is not None else None
         if self.world_size == 1 or self._skip:
@@ -316,6 +321,7 @@ class GradientBuckets:
         if self.clip.holds_launches and self.max_grad_norm > 0:  # the whole local gradient
             self._local_norm = self.grad_norm() / self._loss_scale
             self._local_coef = clip_coefficient_of_norm(self._local_norm, self.max_grad_norm)
+            self._note_local(self._local_norm * self._local_coef)
         for k in range(self._next, self.num_buckets):
             if self.timeline is not None and self._pending[k] != 0:
                 self.timeline.bucket_ready(k, backward_done_at)
@@ -334,8 +340,17 @@ class GradientBuckets:
         self._armed = False
         return self._report(launched_in_backward)
 
+    def _note_local(self, norm: torch.Tensor) -> None:
+        """A part of this rank's gradient as it goes to the averaging (unscaled, clipped)."""
+        self._local_sq.append(norm.float().square())
+
     def _report(self, launched_in_backward: int) -> SyncReport:
         report = SyncReport(buckets=self.num_buckets, launched_in_backward=launched_in_backward)
+        if self._local_sq and self.world_size > 1:
+            report.local_sq_norm = torch.stack(self._local_sq).sum()
+            if self.tied is not None:  # its two shares go out apart: left out of both norms
+                report.excluded_sq_norm = (norm_of_rows(row_norms(self._view(
+                    self._tied_name))) / self._loss_scale).float().square()
         if self.clip.per_bucket and self.max_grad_norm > 0:
             report.clip_coefs = torch.stack(self._coefs)
             report.local_norm = torch.stack(self._norms).double().pow(2).sum().sqrt()

@@ -13,6 +13,7 @@ import contextlib
 from typing import Any, Callable
 
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from kernels.optim_reference import global_grad_norm
@@ -24,14 +25,25 @@ class DDPSync:
 
     def __init__(self, model: torch.nn.Module, *, world_size: int, device: torch.device):
         self.model = model
+        self._local_sq: list[torch.Tensor] = []
+        self._loss_scale: Any = 1.0
         if world_size > 1:
             ids = [device.index] if device.type == "cuda" else None
             self.module: torch.nn.Module = DistributedDataParallel(model, device_ids=ids)
+            self.module.register_comm_hook(None, self._allreduce)
         else:
             self.module = model
 
+    def _allreduce(self, _state, bucket):
+        """DDP's own allreduce (divide by P, sum), after noting the squared norm of this
+        rank's bucket for the gradient noise scale: on the device, no host read."""
+        self._local_sq.append(torch.linalg.vector_norm(bucket.buffer(), dtype=torch.float32)
+                              .square())
+        return allreduce_hook(self.module.process_group, bucket)
+
     def begin_step(self, loss_scale: Any = 1.0) -> None:
-        pass
+        self._local_sq = []
+        self._loss_scale = loss_scale
 
     def no_sync(self):
         """Accumulate without averaging (every micro-step but the last)."""
@@ -40,7 +52,11 @@ class DDPSync:
         return contextlib.nullcontext()
 
     def finish(self) -> SyncReport:
-        return SyncReport()
+        report = SyncReport()
+        if self._local_sq:
+            scale = self._loss_scale
+            report.local_sq_norm = torch.stack(self._local_sq).sum() / (scale * scale)
+        return report
 
     def _grads(self) -> list[torch.Tensor]:
         return [p.grad for p in self.model.parameters() if p.grad is not None]

@@ -119,6 +119,10 @@ class ProgressPrinter:
         if m is not None:
             parts += [f"loss {m.loss:.3f} (mlm {m.mlm_loss:.3f} nsp {m.nsp_loss:.3f})",
                       f"lr {m.lr:.2e}", f"|g| {m.grad_norm:.2f}"]
+            if "noise_scale" in m.extra:  # B_simple, sequences (McCandlish et al.)
+                ns = m.extra["noise_scale"]
+                parts.append("B_noise n/a" + (" (1 rank)" if state.world_size == 1 else "")
+                             if ns is None else f"B_noise {ns:.0f}")
             if self.tokens[1]:
                 parts.append(f"pad-eff {self.tokens[0] / self.tokens[1]:.3f}")
             if self.imbalance:  # mean of the steps since the last line
@@ -154,14 +158,23 @@ def plot_metrics(metrics_path: str | Path, png_path: str | Path, title: str = ""
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps, evals = [], []
+    steps, evals, noise = [], [], []
     for line in Path(metrics_path).read_text().splitlines():
         rec = json.loads(line)
         if rec["kind"] == "step":
             steps.append((rec["samples"], rec["loss"]))
+            if rec.get("noise_scale") is not None:
+                noise.append((rec["samples"], rec["noise_scale"]))
         elif rec["kind"] == "eval" and rec["eval_accuracy"] is not None:
             evals.append((rec["samples"], rec["eval_accuracy"]))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    if noise:  # a second panel: the gradient noise scale against the same samples
+        fig, (ax, ax3) = plt.subplots(2, 1, figsize=(8, 7), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 2]})
+        ax3.plot(*zip(*noise), color="tab:green", lw=1)
+        ax3.set_ylabel("gradient noise scale\nB_simple (sequences)", color="tab:green")
+        ax3.set_xlabel("samples")
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
     if steps:
         ax.plot(*zip(*steps), color="tab:blue", lw=1, label="training loss")
     ax.set_xlabel("samples")

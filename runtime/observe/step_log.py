@@ -3,9 +3,10 @@
 Owns: what each optimizer step leaves for the logs - its host numbers (step, samples, lr, time,
 tokens) and its device numbers (losses, gradient norm, clip coefficient, skipped flag, loss
 scale, the sync's report) - from the step until the next logging point, and turning them into
-`runtime.events.StepMetrics` there: the losses averaged across ranks in one all-reduce of a
-[steps × 3] tensor, the balance meter's counts in its own two, every device number read back in
-one copy. Logging points are every ``train.log_every_steps`` steps, before each evaluation and
+`runtime.events.StepMetrics` there: the losses and each rank's local squared gradient norm
+averaged across ranks in one all-reduce of a [steps × 4] tensor, the balance meter's counts in
+its own two, every device number read back in one copy; and, with several ranks, the gradient
+noise scale from those norms (runtime.observe.noise_scale) in each step's ``extra``. Logging points are every ``train.log_every_steps`` steps, before each evaluation and
 at the end of the run; every rank reaches them at the same step, so the collectives match.
 Never: runs a collective or reads a device tensor back on an ordinary step, or changes what is
 trained. (torchtitan's lesson: reduce losses only when you log them; a ``.item()`` per step is
@@ -33,7 +34,8 @@ class StepRecord:
     """One optimizer step as recorded, device values unread (see the module docstring)."""
 
     host: dict[str, Any]                         # step, samples, lr, step_time_s, elapsed_s, ...
-    losses: torch.Tensor                         # [3] this rank's loss, mlm_loss, nsp_loss
+    losses: torch.Tensor                         # [4] this rank's loss, mlm_loss, nsp_loss and
+    #                                              ‖g_r‖² (the noise scale's small batch; 0: none)
     device: dict[str, Any]                       # _DEVICE_FIELDS, 0-dim tensors (or numbers)
     raw_extra: dict[str, Any] = field(default_factory=dict)  # numbers or 0-dim tensors
     _local: Optional[StepMetrics] = None
@@ -91,9 +93,10 @@ def _metrics(rec: StepRecord, losses: list, device: dict, extra: dict) -> StepMe
 class StepLog:
     """The steps since the last logging point; `flush` reduces and returns them."""
 
-    def __init__(self, world_size: int, meter: Any = None):
+    def __init__(self, world_size: int, meter: Any = None, noise: Any = None):
         self.world_size = world_size
         self.meter = meter  # a runtime.observe.balance_meter.BalanceMeter, or None
+        self.noise = noise  # a runtime.observe.noise_scale.NoiseScale, or None (one rank)
         self.pending: list[StepRecord] = []
         self.flags: list[float] = []  # the last flush's flags, summed over ranks
 
@@ -106,7 +109,7 @@ class StepLog:
         metrics in ``extra``. A collective: every rank calls it at the same point.
 
         ``flags``: host numbers summed across ranks in the same all-reduce (extra rows of the
-        [steps × 3] loss tensor: no extra collective, no extra read); the sums are in
+        [steps × 4] loss tensor: no extra collective, no extra read); the sums are in
         ``self.flags`` afterwards (the trainer's stop requests). Nothing pending: nothing is
         reduced and ``self.flags`` is empty."""
         pending, self.pending = self.pending, []
@@ -114,10 +117,11 @@ class StepLog:
         if not pending:
             return []
         rows = torch.stack([r.losses for r in pending]).double()
+        width = rows.shape[1]
         if flags:
-            padded = list(flags) + [0.0] * (-len(flags) % 3)
+            padded = list(flags) + [0.0] * (-len(flags) % width)
             rows = torch.cat([rows, torch.tensor(padded, dtype=torch.float64,
-                                                 device=rows.device).view(-1, 3)])
+                                                 device=rows.device).view(-1, width)])
         reduced = all_reduce_sum(rows).tolist()
         self.flags = [x for row in reduced[len(pending):] for x in row][:len(flags)]
         losses = [[x / self.world_size for x in row] for row in reduced[:len(pending)]]
@@ -134,5 +138,14 @@ class StepLog:
                                         "raw_extra": _resolve(r.raw_extra)} for r in pending]
         for (i, src, k), v in zip(keys, values):
             read[i][src][k] = v
-        return [_metrics(r, loss, d["device"], {**d["raw_extra"], **bal})
-                for r, loss, d, bal in zip(pending, losses, read, balance)]
+        noise = [self._noise(loss, d["device"]) for loss, d in zip(losses, read)]
+        return [_metrics(r, loss, d["device"], {**d["raw_extra"], **bal, **ns})
+                for r, loss, d, bal, ns in zip(pending, losses, read, balance, noise)]
+
+    def _noise(self, loss: list, device: dict) -> dict:
+        """This step's gradient-noise-scale figures (from the mean over ranks of ‖g_r‖² and
+        the averaged gradient's ‖ḡ‖²); with one rank, B_simple is unavailable (None)."""
+        big = device.pop("grad_sq_mean", None)
+        if self.noise is None or big is None or len(loss) < 4:
+            return {"noise_scale": None}
+        return self.noise.update(loss[3], big)

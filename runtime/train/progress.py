@@ -27,6 +27,7 @@ class Progress:
                 "eval_accuracy": st.eval_accuracy, "next_eval": t.next_eval,
                 **t.control.state_dict(), "world_size": t.dist.world_size,
                 "bucket_plan": None if plan is None else json.dumps(plan),
+                "noise_scale": None if t.noise is None else t.noise.state_dict(),
                 "config": json.dumps(t.cfg.to_dict(), sort_keys=True)}
 
     def load_state_dict(self, state: dict) -> None:
@@ -35,6 +36,8 @@ class Progress:
         st.eval_accuracy = state["eval_accuracy"]
         t.next_eval = int(state["next_eval"])
         t.control.load_state_dict(state)
+        if t.noise is not None and state.get("noise_scale"):
+            t.noise.load_state_dict(state["noise_scale"])
         saved = json.loads(state["config"])
         t.config_changes = sorted(
             f"{section}.{key}: {value!r} -> {getattr(getattr(t.cfg, section), key)!r}"

@@ -42,6 +42,7 @@ from runtime.config import Config
 from runtime.events import CallbackList, Event, RunState
 from runtime.launch import signals
 from runtime.launch.dist import DistContext, all_reduce_sum, barrier, broadcast_object
+from runtime.observe import noise_scale
 from runtime.observe.balance_meter import BalanceMeter
 from runtime.observe.step_log import StepLog, StepRecord
 from runtime.optim.grad_scale import step_multiplier
@@ -119,7 +120,8 @@ class Trainer:
         self.control.base_lr = self.base_lr
         self.balance_meter = BalanceMeter(self.model, dist.device, dist.world_size,
                                           cost=self.batch_cost)
-        self.step_log = StepLog(dist.world_size, self.balance_meter)
+        self.noise = noise_scale.for_run(self.local_batch, self.accum, dist.world_size)
+        self.step_log = StepLog(dist.world_size, self.balance_meter, self.noise)
         self._run_t0: float | None = None
         if self.train_loader is not None:
             self.state.train_samples = (self.train_loader.steps_per_epoch * self.local_batch
@@ -198,7 +200,7 @@ class Trainer:
         set_lr(self.optimizer, lr)
         self.net.train()
         sync.begin_step(scale.scale)
-        losses = torch.zeros(3, device=self.dist.device)
+        losses = torch.zeros(4, device=self.dist.device)
         real = computed = 0
         for i, batch in enumerate(self._micro_batches(it)):
             with sync.no_sync() if i < self.accum - 1 else contextlib.nullcontext():
@@ -209,8 +211,8 @@ class Trainer:
                                    layout=batch.layout)
                 with self._span("backward"):
                     (out.loss * scale.loss_multiplier(self.accum)).backward()
-            losses += torch.stack([out.loss.detach(), out.mlm_loss.detach(),
-                                   out.nsp_loss.detach()]).float() / self.accum
+            losses[:3] += torch.stack([out.loss.detach(), out.mlm_loss.detach(),
+                                       out.nsp_loss.detach()]).float() / self.accum
             real += batch.num_real_tokens
             computed += batch.num_real_tokens if self.unpadded else batch.num_padded_tokens
         with self._span("sync"):  # the last launches and the wait for every allreduce
@@ -222,9 +224,13 @@ class Trainer:
             self.optimizer.step(grad_scale=grad_scale, found_inf=found_inf)
             scale.update(~found_inf)
             sync.zero_grad()
-        return self._record(step, lr, t0, losses, real, computed, dict(
-            grad_norm=norm, clip_coef=coef * report.clip_coef, skipped=found_inf,
-            loss_scale=scale.scale), report.metrics())
+        device = dict(grad_norm=norm, clip_coef=coef * report.clip_coef, skipped=found_inf,
+                      loss_scale=scale.scale)
+        if report.local_sq_norm is not None:  # the gradient noise scale's two batch sizes
+            losses[3] = report.local_sq_norm  # averaged over ranks at the logging point
+            device["grad_sq_mean"] = norm.square() - (0.0 if report.excluded_sq_norm is None
+                                                      else report.excluded_sq_norm)
+        return self._record(step, lr, t0, losses, real, computed, device, report.metrics())
 
     def _record(self, step, lr, t0, losses, real, computed, device, extra) -> StepRecord:
         self.state.step = step + 1

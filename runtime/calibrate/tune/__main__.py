@@ -72,6 +72,11 @@ def parse_args(argv):
     ap.add_argument("--gpus", default="8,16,32,64,128,256,512,1024",
                     help="with --simulate: GPU counts")
     ap.add_argument("--json", default=None, help="with --simulate: write the projection here")
+    ap.add_argument("--samples", default=None, metavar="TABLE",
+                    help="with --simulate: samples to target per global batch, a CSV "
+                         "'global_batch,samples' or a bench.batch_scaling record (default: "
+                         "the MLPerf reference convergence points); the projection then "
+                         "picks the fastest batch per GPU count")
     ap.add_argument("--profile-only", metavar="PATH", help="measure the step profile only "
                     "(any world size, one rank too) and write it as JSON: the layer split a "
                     "projection (--simulate) scales to a GPU's throughput")

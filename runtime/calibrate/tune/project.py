@@ -89,6 +89,9 @@ class GpuProfile:
     measurements: 146 rows in ~256 tokens, 2,038 in ~8,200 tokens of the Wikipedia sets)"""
     heaps_beta: float = 0.76
     """Heaps' law β"""
+    max_local_batch: int = 64
+    """the largest local batch that fits the GPU's memory at this sequence length (NVIDIA runs
+    56 at sequence 512 on an A100 80 GB): the batch chooser goes no further"""
     source: str = ""
     """where the numbers come from"""
 
@@ -178,6 +181,129 @@ def rcp_samples(global_batch: int) -> tuple[float, str]:
     raise AssertionError
 
 
+@dataclass(frozen=True)
+class SamplesTable:
+    """Samples to reach the target at each global batch (what the optimizer needs at that
+    batch: hardware-independent), interpolated log-log between its rows. The default is the
+    MLPerf reference convergence points (LAMB); a measured study (``python -m
+    bench.batch_scaling``'s record) or a published point (Samsung's re-tuned ADAM: 2.93 M at
+    16,384) are others."""
+
+    rows: tuple[tuple[int, float], ...]   # (global batch, samples), batch ascending
+    source: str
+
+    def __post_init__(self):
+        if not self.rows:
+            raise ValueError(f"{self.source}: the samples table has no rows")
+        batches = [b for b, _ in self.rows]
+        if batches != sorted(set(batches)):
+            dup = next(b for b in batches if batches.count(b) > 1)
+            raise ValueError(f"{self.source}: global batch {dup} appears twice with different "
+                             f"samples; give one row per batch (average the runs)")
+        for i, (b, s) in enumerate(self.rows, 1):
+            if not (b >= 1 and s > 0 and math.isfinite(s)):
+                raise ValueError(f"{self.source}, row {i}: batch {b}, samples {s}: both must be "
+                                 f"positive numbers")
+
+    @property
+    def batches(self) -> tuple[int, int]:
+        return self.rows[0][0], self.rows[-1][0]
+
+    def samples_at(self, batch: int) -> float:
+        """Samples to target at ``batch``, interpolated in log-log between the rows; a batch
+        outside the table is refused (extrapolating samples-to-target is a guess)."""
+        lo, hi = self.batches
+        if not lo <= batch <= hi:
+            raise ValueError(f"{self.source}: global batch {batch} is outside the table "
+                             f"({lo}..{hi}); measure it, or ask for batches inside the table")
+        for (b0, s0), (b1, s1) in zip(self.rows, self.rows[1:]):
+            if b0 <= batch <= b1:
+                w = math.log(batch / b0) / math.log(b1 / b0)
+                return math.exp(math.log(s0) + w * (math.log(s1) - math.log(s0)))
+        return self.rows[0][1]  # one row: only its own batch
+
+    @classmethod
+    def rcp(cls) -> "SamplesTable":
+        """The MLPerf BERT reference convergence points (mlperf-logging rcp_checker,
+        training_5.0.0/rcps_bert.json; LAMB), mean samples to 0.720 per batch."""
+        import mlperf_logging
+        path = (Path(mlperf_logging.__file__).parent / "rcp_checker" / "training_5.0.0"
+                / "rcps_bert.json")
+        rows = sorted((int(v["BS"]), sum(v["Epochs to converge"]) / len(v["Epochs to converge"]))
+                      for v in json.loads(path.read_text()).values())
+        return cls(tuple(rows), "MLPerf reference convergence points (rcps_bert.json, LAMB)")
+
+    @classmethod
+    def read(cls, path: str | Path) -> "SamplesTable":
+        """A CSV file with a header and columns ``global_batch,samples`` (one row per batch),
+        or the JSON record of ``python -m bench.batch_scaling`` (its ``samples_table``)."""
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise ValueError(f"samples table {path}: cannot read it ({e.strerror})") from None
+        if path.suffix == ".json":
+            try:
+                rows = json.loads(text)["samples_table"]
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"samples table {path}: not a bench.batch_scaling record (no "
+                                 f"samples_table)") from None
+            pairs = [(r[0], r[1]) for r in rows]
+        else:
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip() and
+                     not ln.strip().startswith("#")]
+            if not lines or lines[0].replace(" ", "") != "global_batch,samples":
+                raise ValueError(f"samples table {path}: the first line must be the header "
+                                 f"'global_batch,samples'")
+            pairs = []
+            for i, ln in enumerate(lines[1:], 2):
+                parts = ln.split(",")
+                try:
+                    pairs.append((int(parts[0]), float(parts[1])))
+                except (ValueError, IndexError):
+                    raise ValueError(f"samples table {path}, line {i}: {ln!r} is not "
+                                     f"'<global batch>,<samples>'") from None
+        return cls(tuple(sorted((int(b), float(s)) for b, s in pairs)), str(path))
+
+
+def choose_batch(gp: GpuProfile, cpu: StepProfile, fabric: Fabric, gpus: int,
+                 table: SamplesTable, clip_mode: str = "global_after") -> list[Point]:
+    """For ``gpus`` GPUs, the predicted time to train (tuned buckets) at each global batch the
+    table covers and the GPUs can run (a local batch from 1 to ``gp.max_local_batch``),
+    fastest first: the trade-off between scaling efficiency (a small local batch hides less
+    communication) and sample efficiency (a large global batch needs more samples)."""
+    lo, hi = table.batches
+    locals_ = sorted({b for b in range(1, gp.max_local_batch + 1) if lo <= b * gpus <= hi} |
+                     {b // gpus for b, _ in table.rows if b % gpus == 0
+                      and 1 <= b // gpus <= gp.max_local_batch})
+    if len(locals_) > 12:  # a geometric spread keeps the search quick
+        idx = sorted({round(i * (len(locals_) - 1) / 11) for i in range(12)})
+        locals_ = sorted({locals_[i] for i in idx} | {b // gpus for b, _ in table.rows
+                                                      if b // gpus in locals_})
+    points = []
+    for b in locals_:
+        B = b * gpus
+        pts = step_points(gp, cpu, fabric, gpus, b, clip_mode, table.samples_at(B), ["tuned"])
+        pts[0].samples_source = table.source
+        points += pts
+    return sorted(points, key=lambda p: p.ttt_s)
+
+
+def best_batch_table(rows: list[tuple[int, list[Point]]]) -> str:
+    lines = ["| GPUs | best global batch | local batch | step ms | steps | samples | time to "
+             "train s | runner-up (batch: s) |", "|---|---|---|---|---|---|---|---|"]
+    for gpus, pts in rows:
+        if not pts:
+            lines.append(f"| {gpus} | (no batch of the table fits: local batch 1..) | | | | | | |")
+            continue
+        best = pts[0]
+        others = ", ".join(f"{p.global_batch}: {p.ttt_s:.1f}" for p in pts[1:3])
+        lines.append(f"| {gpus} | **{best.global_batch}** | {best.global_batch // gpus} | "
+                     f"{best.step_s * 1e3:.1f} | {best.steps} | {best.samples / 1e6:.2f} M | "
+                     f"**{best.ttt_s:.1f}** | {others} |")
+    return "\n".join(lines)
+
+
 def eval_interval(global_batch: int) -> int:
     return int(0.05 * (230.23 * global_batch + 3_000_000) // 25_000) * 25_000
 
@@ -207,21 +333,31 @@ class Point:
         return dict(self.__dict__)
 
 
-def _plans(inst: Instance, profile: StepProfile, P: int, num_buckets: Optional[int]):
+def _plans(inst: Instance, profile: StepProfile, P: int, num_buckets: Optional[int],
+           wanted: Optional[list[str]] = None):
     elem = profile.element_bytes
     alone = profile.tied if inst.spec.tied_sync == "split" else None
     order = [(g.name, g.numel) for g in profile.grads]
+
+    def want(name: str) -> bool:
+        return not wanted or name in wanted
+
     from runtime.grad_sync.plan import BucketPlan
-    one = BucketPlan.from_cap(order, 1 << 62, "no bucketing", alone=alone)
-    plans = {"no bucketing": one}
+    plans = {}
+    if want("no bucketing"):
+        plans["no bucketing"] = BucketPlan.from_cap(order, 1 << 62, "no bucketing", alone=alone)
     for name, cap in (("DDP 25 MiB", DDP_MB * MB), ("Horovod 64 MiB", HOROVOD_MB * MB),
                       ("Megatron", max(MEGATRON_MIN_PARAMS, 1_000_000 * P) * elem)):
-        plans[name] = cap_plan(inst, cap, name, alone)
-    best = min((simulate(inst, cap_plan(inst, c, "s", alone)).step_s, c)
-               for c in single_size_grid(profile.total_elements() * elem))
-    plans["best single size"] = cap_plan(inst, best[1], f"best single {best[1] / MB:.3g} MiB", alone)
-    sol = solve(inst, num_buckets=num_buckets, max_candidates=1500)
-    plans["tuned"] = inst.plan_from_cuts(sol.cuts, "tuned")
+        if want(name):
+            plans[name] = cap_plan(inst, cap, name, alone)
+    if want("best single size"):
+        best = min((simulate(inst, cap_plan(inst, c, "s", alone)).step_s, c)
+                   for c in single_size_grid(profile.total_elements() * elem))
+        plans["best single size"] = cap_plan(inst, best[1],
+                                             f"best single {best[1] / MB:.3g} MiB", alone)
+    if want("tuned"):
+        sol = solve(inst, num_buckets=num_buckets, max_candidates=1500)
+        plans["tuned"] = inst.plan_from_cuts(sol.cuts, "tuned")
     return plans
 
 
@@ -248,9 +384,7 @@ def step_points(gp: GpuProfile, cpu: StepProfile, fabric: Fabric, gpus: int, loc
     fwd_per_sample = profile.forward_s / local_batch
     eval_s = math.ceil(EVAL_SAMPLES / gpus) * fwd_per_sample + comm.alpha
     out = []
-    for name, plan in _plans(inst, profile, gpus, num_buckets).items():
-        if plans_wanted and name not in plans_wanted:
-            continue
+    for name, plan in _plans(inst, profile, gpus, num_buckets, plans_wanted).items():
         tl = simulate(inst, plan, name)
         mode = tied
         if name == "tuned" and other is not None:
@@ -346,6 +480,16 @@ def main(args) -> int:
     print(f"fabric: {fabric.name} ({fabric.source}); profile: {gp.name} "
           f"({gp.sequences_per_second:g} seq/s per GPU; {gp.source}); local batch {local}\n")
     print(scaling_table(pts))
+    try:
+        table = SamplesTable.read(args.samples) if getattr(args, "samples", None) \
+            else SamplesTable.rcp()
+        chosen = [(p, choose_batch(gp, cpu, fabric, p, table)) for p in gpus]
+    except (ValueError, FabricError) as e:
+        print(f"runtime.calibrate.tune --simulate: {e}", file=sys.stderr)
+        return 2
+    print(f"\nthe batch that trains fastest per GPU count (samples to target: {table.source};"
+          f" local batch 1..{gp.max_local_batch}; global_after, tuned buckets):\n")
+    print(best_batch_table(chosen))
     profiles = {n: load_profile(DATA / n)[:2] for n in ("a100_packed.toml", "a100_padded.toml")}
     fabrics = {n: load_fabric(DATA / n) for n in ("dgx_a100_8xhdr.toml", "dgx_a100_4xhdr.toml")}
     pub = published(profiles, fabrics)
@@ -355,5 +499,9 @@ def main(args) -> int:
         Path(args.json).write_text(json.dumps({"fabric": fabric.__dict__, "profile": gp.__dict__,
                                                "local_batch": local,
                                                "points": [p.to_json() for p in pts],
+                                               "samples_table": {"source": table.source,
+                                                                 "rows": table.rows},
+                                               "best_batch": {str(g): [p.to_json() for p in v]
+                                                              for g, v in chosen},
                                                "published": pub}, indent=1))
     return 0

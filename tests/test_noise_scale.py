@@ -1,0 +1,104 @@
+"""The gradient noise scale (runtime.observe.noise_scale): the estimator's arithmetic and its
+n/a cases in process; through the real gradient syncs on 2 and 4 ranks (mpiexec), on a least
+squares problem whose B_simple is known in closed form, the estimate over many steps within
+its statistical error of the truth - with gradient accumulation too - and the same numbers
+whatever the loss scale, the clip mode or the sync."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.observe.noise_scale import NoiseScale, for_run
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+SCRIPT = ROOT / "tests" / "dist_scripts" / "noise_scale.py"
+
+
+def test_the_two_batch_estimates_and_their_ratio():
+    est = NoiseScale(b_small=8, b_big=32, decay=0.0)  # no smoothing: one step's estimate
+    # |G|² = 1 and tr(Σ) = 40 give E|G_b|² = 1 + 40/b: 6 at b = 8, 2.25 at b = 32
+    fig = est.update(6.0, 2.25)
+    assert fig["grad_sq_true"] == pytest.approx(1.0)
+    assert fig["grad_trace_cov"] == pytest.approx(40.0)
+    assert fig["noise_scale"] == pytest.approx(40.0)
+
+
+def test_undefined_estimates_are_none_never_a_wrong_number():
+    est = NoiseScale(b_small=8, b_big=16)
+    assert est.figures()["noise_scale"] is None          # no step yet
+    fig = est.update(1.0, 1.2)  # a noisy step: |G|² estimate > 0, tr(Σ) < 0
+    assert fig["grad_trace_cov"] < 0 and fig["noise_scale"] is None
+    fig = NoiseScale(b_small=8, b_big=16).update(1.0, 0.3)  # |G|² estimate < 0
+    assert fig["grad_sq_true"] < 0 and fig["noise_scale"] is None
+    before = est.state_dict()
+    assert est.update(float("nan"), 1.0) == est.figures() and est.state_dict() == before
+    assert for_run(8, 2, world_size=1) is None            # one rank: unavailable
+    with pytest.raises(ValueError, match="more than one rank"):
+        NoiseScale(b_small=8, b_big=8)
+
+
+def test_the_ema_is_bias_corrected_and_survives_a_checkpoint():
+    est = for_run(4, 2, world_size=4)
+    assert (est.b_small, est.b_big) == (8, 32)
+    for _ in range(3):
+        est.update(6.0, 2.25)
+    assert est.figures()["noise_scale"] == pytest.approx(40.0)  # constant input: exact
+    again = for_run(4, 2, world_size=4)
+    again.load_state_dict(est.state_dict())
+    assert again.figures() == est.figures()
+    other = for_run(4, 1, world_size=4)  # another batch shape starts over
+    other.load_state_dict(est.state_dict())
+    assert other.steps == 0
+
+
+def _estimate(case: dict) -> tuple[float, float]:
+    """Ratio of the mean unbiased |G|² and tr(Σ) estimates over the steps, and its standard
+    error from 20 batches of steps."""
+    s, b = np.array(case["small_sq"]), np.array(case["big_sq"])
+    bs, bb = case["b_small"], case["b_big"]
+    g2 = (bb * b - bs * s) / (bb - bs)
+    tr = (s - b) / (1 / bs - 1 / bb)
+    chunks = np.array_split(np.arange(len(s)), 20)
+    ratios = [tr[c].mean() / g2[c].mean() for c in chunks]
+    return tr.mean() / g2.mean(), float(np.std(ratios) / math.sqrt(len(ratios)))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (pip mpich)")
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_estimate_matches_the_closed_form_through_the_real_syncs(ranks, tmp_path):
+    base = dict(sync_kind="buckets", clip_mode="global_after", loss_scale=1.0, seed=1)
+    cases = {"accum1": dict(base, steps=1000, accum=1), "accum2": dict(base, steps=600, accum=2)}
+    if ranks == 2:  # the same data through every mode and sync: the same two numbers
+        same = dict(base, steps=30, accum=1, seed=2)
+        cases.update({"ref": same, "fp16_scale": dict(same, loss_scale=1024.0),
+                      "local_before": dict(same, clip_mode="local_before"),
+                      "bucket_before": dict(same, clip_mode="bucket_before"),
+                      "none": dict(same, clip_mode="none"), "ddp": dict(same, sync_kind="ddp")})
+    out = tmp_path / "noise.json"
+    proc = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, str(SCRIPT),
+                           str(out), json.dumps(cases)], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    for name in ("accum1", "accum2"):
+        case = got[name]
+        assert case["b_small"] == 8 * (2 if name == "accum2" else 1)
+        assert case["b_big"] == case["b_small"] * ranks
+        estimate, se = _estimate(case)
+        truth = case["true_noise_scale"]
+        assert se < 0.1 * truth, (name, se)  # enough steps for the check to mean something
+        assert abs(estimate - truth) < 4 * se, (name, estimate, truth, se)
+        assert case["figures"]["noise_scale"] is not None  # the smoothed online value
+    if ranks == 2:
+        ref = got["ref"]
+        for name in ("fp16_scale", "local_before", "bucket_before", "none", "ddp"):
+            for key in ("small_sq", "big_sq"):
+                np.testing.assert_allclose(got[name][key], ref[key], rtol=1e-5, err_msg=name)
