@@ -1,0 +1,358 @@
+"""``python -m bench.batch_scaling``: how far the batch can grow - steps and samples to a target
+against the global batch, per optimizer and learning-rate scaling rule, McCandlish's trade-off
+fitted to them, and the gradient noise scale the runs measured beside it.
+
+Samples-to-target is hardware-independent: what this 2-core machine measures of it is the
+real thing for the proxy model measured (not of BERT-large, whose numbers are the MLPerf
+reference convergence points). The proxy: the CPU benchmark config with 2 layers of hidden
+64, trained on 2 ranks on a seq-64 set of the repository's Wikipedia text (``--data``, built
+here with loaders.prepare when missing), to masked-LM accuracy ``--target`` (0.10: past the
+unigram plateau of ~0.065, so reaching it takes context, and the accuracy still climbs
+steeply there, so samples-to-target is sharply defined).
+
+For each optimizer (LAMB, AdamW; LARS with ``--optimizers``) and batch B of ``--batches``
+(≥ 6 sizes over ≥ 32×; on 2 ranks, larger batches by gradient accumulation), each rule scales
+the base learning rate tuned at ``--base-batch`` B0 (``--calibrate`` sweeps it):
+  linear   lr·B/B0, warm-up the same number of samples (Goyal et al.: fewer steps);
+  sqrt     lr·√(B/B0) with LEGW's warm-up: warm-up samples × B/B0, i.e. the same number of
+           steps (You et al., arXiv 1901.08256).
+The schedule decays over the same number of samples at every batch (poly, total steps =
+``decay_samples``/B), so a batch changes the step count, not the schedule's shape in samples.
+Each run evaluates every ~7 % of its expected samples to target (never less than a step),
+and samples/steps to target are read at the eval where the accuracy first reaches the target,
+linearly interpolated between it and the eval before (``resolution`` says how fine).
+
+The fit: McCandlish et al. (arXiv 1812.06162): S = S_min + E_min/B (steps against batch;
+(S/S_min − 1)(E/E_min − 1) = 1), least squares on the seed means, weighted by 1/S²;
+B_crit = E_min/S_min. Beside it, B_simple: the noise scale the runs reported
+(runtime.observe.noise_scale) at the step they reached the target, median over the runs.
+
+    python -m bench.batch_scaling --calibrate --out bench/results/batch_scaling_cal.json
+    python -m bench.batch_scaling --out bench/results/batch_scaling.json \\
+        --batches 32,64,128,256,512,1024 --seeds 1,2 [--png docs/batch_scaling.png]
+
+Writes the record (with ``samples_table``: global batch → samples, the best rule per
+optimizer, which ``python -m runtime.calibrate.tune --simulate --samples`` reads), a table
+and a log-log plot (samples against steps to target per optimizer and rule, the perfect
+scaling line, B_crit and B_simple marked). A benchmark: run it alone on the machine
+(``flock -x /tmp/presto_cpu.lock ...``); about 3 hours for the default grid.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from bench.common import REPO, finish, record, run_runtime
+
+CONFIG = REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
+DATA = REPO / "data" / "scaling64"
+RANKS = 2
+MAX_LOCAL = 128       # sequences per rank per micro-step; more by gradient accumulation
+BASE_LR = {"lamb": 1e-2, "adamw": 2e-3, "lars": 2.0}   # at the base batch (--calibrate)
+WARMUP_STEPS = 20     # at the base batch
+PROXY = ["model.num_hidden_layers=2", "model.hidden_size=64", "model.num_attention_heads=2",
+         "model.intermediate_size=256", "model.max_position_embeddings=64",
+         "data.max_seq_length=64", "data.max_predictions_per_seq=10",
+         "data.eval_batch_size=500", "data.verify_checksums=false", "optim.backend=foreach",
+         "train.log_every_steps=10", "system.threads_per_rank=1"]
+
+
+def ensure_data(path: Path) -> None:
+    if (path / "stats.json").is_file():
+        return
+    from loaders.prepare import PrepareConfig, build
+    build(PrepareConfig(out=path, seq_len=64, max_pred=10, eval_samples=1000, shards=8),
+          log=lambda msg: print(msg, flush=True))
+
+
+def run_plan(optimizer: str, rule: str, batch: int, base_batch: int, base_lr: float,
+             expected: float, target: float, decay_samples: int) -> list[str]:
+    """The overrides of one run: lr scaled by the rule, warm-up, accumulation, cadence."""
+    k = batch / base_batch
+    lr = base_lr * (k if rule == "linear" else math.sqrt(k))
+    warmup = (max(1, round(WARMUP_STEPS / k)) if rule == "linear" else WARMUP_STEPS)
+    accum = max(1, math.ceil(batch / RANKS / MAX_LOCAL))
+    if batch % (RANKS * accum):
+        raise ValueError(f"batch {batch} does not split into {RANKS} ranks x {accum} micro-steps")
+    every = max(batch, int(0.07 * expected) // batch * batch)
+    budget = int(6 * expected) // batch * batch + batch
+    return [f"optim.name={optimizer}", f"optim.lr={lr:.6g}", f"train.global_batch_size={batch}",
+            f"train.gradient_accumulation_steps={accum}", f"schedule.warmup_steps={warmup}",
+            f"schedule.total_steps={max(1, decay_samples // batch)}",
+            f"train.max_steps={budget // batch + 1}", f"train.max_samples_termination={budget}",
+            f"train.target_mlm_accuracy={target}", f"train.eval_iter_start_samples={every}",
+            f"train.eval_iter_samples={every}"]
+
+
+def crossing(history: list, target: float, batch: int) -> Optional[dict]:
+    """Samples and steps at which the accuracy first reaches ``target``, interpolated linearly
+    between that eval and the one before; None if never."""
+    prev = (0, 0.0)
+    for samples, acc, _t in history:
+        if acc >= target:
+            s0, a0 = prev
+            w = (target - a0) / (acc - a0) if acc > a0 else 1.0
+            at = s0 + w * (samples - s0)
+            return {"samples": at, "steps": at / batch,
+                    "resolution": (samples - s0) / samples if samples else 1.0}
+        prev = (samples, acc)
+    return None
+
+
+def noise_at(run_dir: Path, samples: float) -> Optional[float]:
+    """The noise scale the run logged at the step nearest ``samples``."""
+    best = None
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") == "step" and rec.get("noise_scale") is not None:
+            d = abs(rec["samples"] - samples)
+            if best is None or d < best[0]:
+                best = (d, rec["noise_scale"])
+    return None if best is None else best[1]
+
+
+def fit_tradeoff(points: list[tuple[int, float]]) -> Optional[dict]:
+    """S = S_min + E_min/B by weighted least squares on (B, steps) points; B_crit."""
+    if len(points) < 3:
+        return None
+    rows = [(1.0 / b, s, 1.0 / s) for b, s in points]  # x = 1/B, y = S, weight 1/S
+    sw = sum(w * w for *_, w in rows)
+    sx = sum(w * w * x for x, _, w in rows)
+    sy = sum(w * w * y for _, y, w in rows)
+    sxx = sum(w * w * x * x for x, _, w in rows)
+    sxy = sum(w * w * x * y for x, y, w in rows)
+    det = sw * sxx - sx * sx
+    if det <= 0:
+        return None
+    e_min = (sw * sxy - sx * sy) / det
+    s_min = (sy - e_min * sx) / sw
+    out = {"S_min": s_min, "E_min": e_min}
+    out["B_crit"] = e_min / s_min if s_min > 0 and e_min > 0 else None
+    out["residual_rel"] = max(abs((s_min + e_min / b) / s - 1) for b, s in points)
+    return out
+
+
+def study(args, workdir: Path) -> dict:
+    expected = dict(args.expected)  # optimizer -> samples to target at the base batch
+    runs = []
+    for seed in args.seeds:
+        for optimizer in args.optimizers:
+            for batch in args.batches:
+                for rule in args.rules:
+                    if batch == args.base_batch and rule != args.rules[0]:
+                        continue  # at the base batch every rule is the same run
+                    e_guess = expected[optimizer] * (1 + batch / 512)
+                    over = run_plan(optimizer, rule, batch, args.base_batch,
+                                    args.base_lr[optimizer], e_guess, args.target,
+                                    args.decay_samples)
+                    name = f"{optimizer}_{rule}_b{batch}"
+                    t0 = time.perf_counter()
+                    r = run_runtime(CONFIG, seed, [f"data.data_dir={args.data}", *PROXY, *over],
+                                    workdir, timeout=args.run_timeout, name=name)
+                    hit = crossing(r.get("eval_history") or [], args.target, batch)
+                    row = {"optimizer": optimizer, "rule": rule, "batch": batch, "seed": seed,
+                           "overrides": over, "status": r["status"],
+                           "wall_s": round(time.perf_counter() - t0, 1),
+                           "samples_to_target": hit and hit["samples"],
+                           "steps_to_target": hit and hit["steps"],
+                           "resolution": hit and hit["resolution"],
+                           "noise_scale_at_target": hit and noise_at(Path(r["run_dir"]),
+                                                                     hit["samples"]),
+                           "eval_history": r.get("eval_history"), "error": r.get("error")}
+                    runs.append(row)
+                    print(f"  {name} seed {seed}: {row['status']}, "
+                          f"{_f(row['samples_to_target'], '.0f')} samples "
+                          f"({_f(row['steps_to_target'], '.1f')} steps), B_noise "
+                          f"{_f(row['noise_scale_at_target'], '.0f')}, {row['wall_s']} s",
+                          flush=True)
+    return {"runs": runs, **summarise(runs, args)}
+
+
+def summarise(runs: list[dict], args) -> dict:
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        rules = args.rules if r["batch"] == args.base_batch else [r["rule"]]
+        for rule in rules:  # the base-batch run belongs to every rule's curve
+            groups.setdefault((r["optimizer"], rule, r["batch"]), []).append(r)
+    table, curves = [], {}
+    for (opt, rule, batch), rs in sorted(groups.items()):
+        ok = [r for r in rs if r["samples_to_target"] is not None]
+        row = {"optimizer": opt, "rule": rule, "batch": batch, "runs": len(rs),
+               "reached": len(ok),
+               "samples": statistics.mean(r["samples_to_target"] for r in ok) if ok else None,
+               "steps": statistics.mean(r["steps_to_target"] for r in ok) if ok else None,
+               "worst_resolution": max(r["resolution"] for r in ok) if ok else None}
+        table.append(row)
+        if row["steps"] is not None and row["reached"] == row["runs"]:
+            curves.setdefault((opt, rule), []).append((batch, row["steps"]))
+    fits = {f"{o}/{r}": fit_tradeoff(pts) for (o, r), pts in curves.items()}
+    noise = [r["noise_scale_at_target"] for r in runs if r["noise_scale_at_target"]]
+    b_simple = statistics.median(noise) if noise else None
+    by_opt = {}
+    for r in runs:
+        if r["noise_scale_at_target"]:
+            by_opt.setdefault(r["optimizer"], []).append(r["noise_scale_at_target"])
+    samples_table = best_samples_table(table)
+    return {"table": table, "fits": fits, "b_simple_median": b_simple,
+            "b_simple_by_optimizer": {k: statistics.median(v) for k, v in by_opt.items()},
+            "samples_table": samples_table}
+
+
+def best_samples_table(table: list[dict]) -> list[list]:
+    """Global batch → the fewest samples to target any optimizer and rule needed there (every
+    run of it reaching the target): the input ``runtime.calibrate.tune --simulate --samples``
+    reads."""
+    best: dict[int, float] = {}
+    for row in table:
+        if row["samples"] is not None and row["reached"] == row["runs"]:
+            best[row["batch"]] = min(best.get(row["batch"], math.inf), row["samples"])
+    return [[b, s] for b, s in sorted(best.items())]
+
+
+def _f(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(rec: dict) -> None:
+    print("\n| optimizer | rule | batch | reached | samples to target | steps | resolution |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rec["table"]:
+        print(f"| {r['optimizer']} | {r['rule']} | {r['batch']} | {r['reached']}/{r['runs']} | "
+              f"{_f(r['samples'], ',.0f')} | {_f(r['steps'], '.1f')} | "
+              f"{_f(r['worst_resolution'], '.0%')} |")
+    print("\n| curve | S_min | E_min | B_crit | fit residual |")
+    print("|---|---|---|---|---|")
+    for name, f in rec["fits"].items():
+        if f:
+            print(f"| {name} | {f['S_min']:.1f} | {f['E_min']:,.0f} | {_f(f['B_crit'], '.0f')} "
+                  f"| {f['residual_rel']:.0%} |")
+    print(f"\nB_simple at the target (median of the runs): {_f(rec['b_simple_median'], '.0f')}"
+          f" sequences; by optimizer: {rec['b_simple_by_optimizer']}")
+
+
+def plot(rec: dict, png: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    colors = {"lamb": "tab:blue", "adamw": "tab:red", "lars": "tab:green"}
+    for (opt, rule) in sorted({(r["optimizer"], r["rule"]) for r in rec["table"]}):
+        pts = [(r["steps"], r["samples"], r["batch"]) for r in rec["table"]
+               if r["optimizer"] == opt and r["rule"] == rule and r["samples"] is not None]
+        if not pts:
+            continue
+        s, e, b = zip(*pts)
+        ax.plot(s, e, "o-" if rule == "linear" else "s--", color=colors.get(opt, "k"),
+                label=f"{opt}, {rule}" + (" + LEGW" if rule == "sqrt" else ""))
+        for si, ei, bi in pts:
+            ax.annotate(str(bi), (si, ei), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
+        fit = rec["fits"].get(f"{opt}/{rule}")
+        if fit and fit["B_crit"]:
+            ax.plot([2 * fit["S_min"]], [2 * fit["E_min"]], "*", ms=12,
+                    color=colors.get(opt, "k"))
+            ax.axhline(fit["E_min"], color=colors.get(opt, "k"), lw=0.6, ls=":")
+    bs = rec.get("b_simple_median")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("steps to target")
+    ax.set_ylabel("samples to target")
+    ax.set_title("batch scaling: dotted = perfect scaling (E_min), * = B_crit"
+                 + (f"; B_simple ≈ {bs:.0f} seq" if bs else ""), fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def calibrate(args, workdir: Path) -> dict:
+    """The base learning rate at the base batch: a 3-point sweep per optimizer, the fewest
+    samples to target wins; also what each needs there (the study's expected samples)."""
+    out = {}
+    for optimizer in args.optimizers:
+        sweep = []
+        for lr in (args.base_lr[optimizer] / 2, args.base_lr[optimizer],
+                   args.base_lr[optimizer] * 2):
+            over = run_plan(optimizer, "linear", args.base_batch, args.base_batch, lr, 12000,
+                            args.target, args.decay_samples)
+            r = run_runtime(CONFIG, args.seeds[0], [f"data.data_dir={args.data}", *PROXY, *over],
+                            workdir, timeout=args.run_timeout, name=f"cal_{optimizer}_{lr:g}")
+            hit = crossing(r.get("eval_history") or [], args.target, args.base_batch)
+            sweep.append({"lr": lr, "samples_to_target": hit and hit["samples"],
+                          "wall_s": r.get("run_time_s"), "status": r["status"]})
+            print(f"  calibrate {optimizer} lr {lr:g}: {_f(hit and hit['samples'], '.0f')} "
+                  f"samples", flush=True)
+        ok = [s for s in sweep if s["samples_to_target"]]
+        best = min(ok, key=lambda s: s["samples_to_target"]) if ok else None
+        out[optimizer] = {"sweep": sweep, "best_lr": best and best["lr"],
+                          "expected_samples": best and best["samples_to_target"]}
+    return out
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m bench.batch_scaling",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", default="32,64,128,256,512,1024")
+    ap.add_argument("--optimizers", default="lamb,adamw")
+    ap.add_argument("--rules", default="linear,sqrt")
+    ap.add_argument("--seeds", default="1,2")
+    ap.add_argument("--base-batch", type=int, default=32)
+    ap.add_argument("--base-lr", default="", help="optimizer=lr,... (default: the calibrated "
+                    f"{BASE_LR})")
+    ap.add_argument("--expected", default="lamb=11000,adamw=11000,lars=11000",
+                    help="samples to target at the base batch (sets cadence and budget)")
+    ap.add_argument("--target", type=float, default=0.10)
+    ap.add_argument("--decay-samples", type=int, default=400_000)
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--calibrate", action="store_true", help="sweep the base lr at the base "
+                    "batch instead of running the study")
+    ap.add_argument("--run-timeout", type=float, default=1800)
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "batch_scaling.json")
+    ap.add_argument("--png", type=Path, default=None)
+    args = ap.parse_args(argv)
+    args.batches = [int(x) for x in args.batches.split(",")]
+    args.optimizers = args.optimizers.split(",")
+    args.rules = args.rules.split(",")
+    args.seeds = [int(x) for x in args.seeds.split(",")]
+    args.base_lr = {**BASE_LR, **{k: float(v) for k, v in
+                                  (p.split("=") for p in args.base_lr.split(",") if p)}}
+    args.expected = {k: float(v) for k, v in (p.split("=") for p in args.expected.split(","))}
+    return args
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    ensure_data(args.data)
+    workdir = args.workdir or (REPO / "results" / "batch_scaling")
+    workdir.mkdir(parents=True, exist_ok=True)
+    rec = record("batch_scaling", argv, target=args.target, base_batch=args.base_batch,
+                 base_lr=args.base_lr, batches=args.batches, optimizers=args.optimizers,
+                 rules=args.rules, seeds=args.seeds, ranks=RANKS, proxy=PROXY,
+                 decay_samples=args.decay_samples, data=str(args.data))
+    t0 = time.perf_counter()
+    if args.calibrate:
+        rec["calibration"] = calibrate(args, workdir)
+    else:
+        rec.update(study(args, workdir))
+        print_table(rec)
+        if args.png:
+            plot(rec, args.png)
+            rec["plot"] = str(args.png)
+    rec["wall_s"] = round(time.perf_counter() - t0, 1)
+    finish(rec, args.out, line={k: rec[k] for k in ("benchmark", "wall_s") if k in rec})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
