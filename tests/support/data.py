@@ -13,7 +13,8 @@ import torch
 
 from loaders.collate import IGNORE_INDEX, Batch
 from loaders.dataset import STATS_FILE, DataSetInfo
-from loaders.shards import EVAL_FILE, TRAIN_DIR, Samples, read_shard, shard_name, write_checksums, write_shard
+from loaders.shards import (EVAL_FILE, TRAIN_DIR, Samples, read_shard, shard_name, write_checksums,
+                            write_shard)
 
 CLS, SEP, MASK = 101, 102, 103
 SEQ_LEN, MAX_PRED = 128, 20
