@@ -50,8 +50,9 @@ def test_default_pairing_shares_one_gradient_buffer_and_equals_the_reference(two
         assert r["recut"] == 2, r    # the buffer was laid out again after step 1 ...
 
 
+@pytest.mark.slow  # a rank script (alone, or 2 ranks under mpiexec), compiling the fused step
 @needs_mpiexec
-@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("ranks", [1, 2])
 def test_an_ordinary_step_syncs_nothing_but_the_gradients(ranks, small_dataset, tmp_path,
                                                           request):
     if ranks == 1:

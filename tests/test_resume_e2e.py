@@ -15,8 +15,7 @@
 * the reference run itself, which its step budget ends: exit 1, aborted in the MLPerf log, no
   RESULT line, and the log passes the compliance checker (aborted runs are valid logs);
 * results are never overwritten: a directory holding a finished run is refused (exit 2, the
-  log untouched), two runs started in the same second get two directories, and
-  ``-- train.output_dir`` is the run directory run_and_time.sh reports.
+  log untouched), and so are RUN_DIR and ``-- train.output_dir`` naming two places.
 
 Every run is the tiny model of tests/support/tiny.py; the uninterrupted run they are compared
 with is the session fixture ``reference_run`` (tests/support/runs.py), trained once.
@@ -27,14 +26,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 
 import pytest
 
 from tests.support.launch import needs_mpiexec
 from tests.support.mllog import compliance, mllog_events
-from tests.support.runs import (CPU_CONFIG, ROOT, STEPS, evals, finish, ranks_left, run, start,
+from tests.support.runs import (STEPS, evals, finish, ranks_left, run, run_and_time, start,
                                 steps, wait_for_step)
 from tests.support.runs import resume_overrides as overrides
 
@@ -162,11 +160,12 @@ def test_resuming_on_another_world_size_works_and_says_the_order_changes(small_d
     assert min(steps(run_dir)) == 21 and max(steps(run_dir)) == STEPS
 
 
-@pytest.mark.slow  # run_and_time.sh runs
 def test_results_are_never_overwritten(small_dataset, tmp_path):
-    """A finished run's directory is refused before anything is written; run_and_time.sh
-    makes distinct directories for runs started in the same second; `-- train.output_dir` is
-    the run directory (not silently replaced)."""
+    """A finished run's directory is refused before anything is written; RUN_DIR and
+    `-- train.output_dir` naming two places is refused. Not slow: run_and_time.sh refuses both
+    before any rank starts. (Distinct directories for runs started in the same second:
+    tests/test_run_and_time.py; `-- train.output_dir=X` is the run directory of a real run -
+    run_and_time.sh says X and the ranks write there: the short run of tests/test_train_e2e.py.)"""
     done = tmp_path / "done"
     done.mkdir()
     log = done / "mlperf_bert.log"
@@ -177,16 +176,7 @@ def test_results_are_never_overwritten(small_dataset, tmp_path):
     assert rc == 2, out[-2000:] + err[-2000:]
     assert "holds a finished run" in err and log.read_bytes() == before
     assert not (done / "metrics.jsonl").exists()
-    # -- train.output_dir=X: run_and_time.sh says X and the ranks write there.
     target = tmp_path / "chosen"
-    env = dict(os.environ, CONFIG=str(CPU_CONFIG), SEED="7")
-    proc = subprocess.run(["bash", str(ROOT / "run_and_time.sh"), "--",
-                           *overrides(small_dataset, **{"train.max_steps": 2}),
-                           f"train.output_dir={target}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=240)
-    assert f"output {target}" in proc.stderr and (target / "mlperf_bert.log").is_file()
-    both = subprocess.run(["bash", str(ROOT / "run_and_time.sh"), "--",
-                           f"train.output_dir={target}"], cwd=ROOT,
-                          env=dict(env, RUN_DIR=str(tmp_path / "other")),
-                          capture_output=True, text=True, timeout=60)
+    both = run_and_time([f"train.output_dir={target}"], timeout=60,
+                        env_extra={"RUN_DIR": str(tmp_path / "other")})
     assert both.returncode == 2 and "two places for one run" in both.stderr

@@ -1,6 +1,7 @@
 """End-to-end: real ranks train the tiny BERT of tests/support/tiny.py on real shards through
-run_and_time.sh (mpiexec; Open MPI's mpirun where it is installed); the MLPerf log passes the
-real compliance checker; invalid configs stop every rank before training. All slow: each test
+run_and_time.sh (mpiexec; Open MPI's mpirun where it is installed), in the directory
+``-- train.output_dir`` names; the MLPerf log passes the real compliance checker; invalid
+configs stop every rank before training. All slow: each test
 is a run_and_time.sh launch of 2 ranks.
 
 Elsewhere, on runs made once: the budget-exhausted run (aborted, no RESULT line, a valid log)
@@ -24,8 +25,11 @@ pytestmark = pytest.mark.slow
 
 def test_short_real_run_reaches_target_and_log_passes_checker(small_dataset, tmp_path):
     out = tmp_path / "run"
-    proc = run_and_time(run_overrides(small_dataset, out))
+    # `-- train.output_dir=X` (no RUN_DIR): X is the run directory - run_and_time.sh says X
+    # and the ranks write there.
+    proc = run_and_time(run_overrides(small_dataset) + [f"train.output_dir={out}"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"output {out}" in proc.stderr and (out / "mlperf_bert.log").is_file()
     assert re.search(r"^RESULT,bert,7,\d+,\S+,\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [AP]M$",
                      proc.stdout, re.M), proc.stdout[-2000:]
     assert "eval acc" in proc.stdout and "samples/s" in proc.stdout  # the progress line
