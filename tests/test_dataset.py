@@ -1,8 +1,8 @@
 """loaders.dataset / loaders.collate: shard plan, batches, data position, checksums, eval split.
 
-The synthetic data set here is schema-correct but random text; where the session fixture
-``small_dataset`` (real text, from tests/conftest.py) exists, the exactly-once and resume
-tests run on it too.
+The synthetic data set (tests/support/data.py) is schema-correct but random text; where the
+session fixture ``small_dataset`` (real text, from tests/conftest.py) exists, the exactly-once
+and resume tests run on it too. Two real MPI ranks reading an epoch: slow.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""submission.mllog_callback: a synthetic run through the callback, judged by the REAL MLPerf
-compliance checker (``python -m mlperf_logging.compliance_checker``, run as a subprocess).
+"""submission.mllog_callback: a synthetic run through the callback (``simulate``,
+tests/support/mllog.py), judged by the REAL MLPerf compliance checker
+(``python -m mlperf_logging.compliance_checker``, run as a subprocess).
 
 Ruleset: 5.0.0. It is the last one whose ``*_common.yaml`` accepts ``submission_benchmark`` =
 "bert"; 5.1.0 ships the very same ``closed_bert.yaml``/``open_bert.yaml`` but dropped "bert" from

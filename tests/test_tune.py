@@ -308,7 +308,7 @@ def test_a_world_of_one_has_nothing_to_tune():
 
 
 @needs_mpiexec
-@pytest.mark.slow  # ~26 s: two real commands on 2 ranks (CI runs slow tests too)
+@pytest.mark.slow  # two real commands on 2 ranks (CI runs slow tests too)
 def test_real_tune_on_two_ranks_and_the_trainer_runs_its_plan(small_dataset, tmp_path):
     out = tmp_path / "tune"
     sets = tiny_overrides(small_dataset, "train.global_batch_size=8",
