@@ -15,4 +15,5 @@ another test module: what two of them need lives here.
   mllog    MLPerf log helpers: the real compliance checker, the events of a log, a synthetic
            run through the MLPerf logger callback
   data     a synthetic schema-correct data set and batch fingerprints
+  memory   the peak resident memory of an optimizer step (run in a fresh process)
 """
