@@ -3,10 +3,18 @@
 ``small_dataset``: a small real-text data set (Wikipedia lead sections, uncased BERT vocab)
 built once per test session with ``loaders.prepare`` - 4 training shards, 64 eval samples,
 seq 128. Built in a second or two; test files that need real shards use it read-only.
+
+Imported from their modules so that every test file sees them: ``slurm_cluster`` (a real
+one-node Slurm cluster, tests/slurm_cluster.py), ``reference_run`` (the session's
+uninterrupted 2-rank run_and_time.sh run, tests/support/runs.py), ``synthetic_dataset``
+(tests/support/data.py). Helpers the tests share are in tests/support/, never in a test file.
+
+Tiers: ``-m "not slow"`` runs the unit tier - everything in this process or in a short single
+process; tests that launch ranks (mpiexec, torchrun, srun, Open MPI), real clusters,
+run_and_time.sh training runs or end-to-end training are marked ``slow``.
 """
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
@@ -14,8 +22,8 @@ import pytest
 # A real one-node Slurm cluster (munged, slurmctld, slurmd by PID) shared by the whole session:
 # test_dist's srun tests and test_slurm use it.
 from slurm_cluster import slurm_cluster  # noqa: F401,E402
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+from tests.support.data import synthetic_dataset  # noqa: F401
+from tests.support.runs import reference_run  # noqa: F401
 
 
 def pytest_collection_modifyitems(config, items):
@@ -28,15 +36,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
-
-
-def default_stop_signals() -> None:
-    """``preexec_fn`` for a script whose signal handling a test checks: the stop signals at
-    their default disposition, whatever this suite inherited. A signal ignored when bash
-    starts cannot be trapped (bash(1)), and the suite may run ignoring some: `nohup` ignores
-    HUP, a background job of a non-interactive shell (`make test &`) ignores INT."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
 
 
 # Options of the shared small set; tests that rebuild it for comparisons use the same ones.

@@ -25,6 +25,9 @@ from loaders.shards import (CHECKSUM_FILE, DataError, Limits, Samples, read_shar
                             write_shard)
 from runtime.config import ConfigError, load_config
 from submission.train import exit_code_of
+from tests.support.launch import needs_mpiexec
+from tests.support.runs import resume_overrides, run_and_time
+from tests.support.tiny import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_CONFIG = ROOT / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
@@ -209,10 +212,9 @@ def _text(value) -> str:
 
 
 def _base(data_dir, out) -> list[str]:
-    return [f'data.data_dir="{data_dir}"', f'train.output_dir="{out}"',
-            "model.num_hidden_layers=1", "model.hidden_size=32", "model.num_attention_heads=2",
-            "model.intermediate_size=64", "system.device=cpu", "optim.backend=foreach",
-            "train.global_batch_size=8", "train.max_steps=1", "data.eval_batch_size=16"]
+    """The tiny model of tests/support/tiny.py, 8 samples a step, one step."""
+    return tiny_overrides(data_dir, f'train.output_dir="{out}"', "train.global_batch_size=8",
+                          "train.max_steps=1", "data.eval_batch_size=16")
 
 
 def _one_step(cfg, ctx) -> None:
@@ -310,25 +312,21 @@ def test_generated_shard_contents_train_a_step_or_are_refused_with_exit_2(small_
 
 # ------------------------------------------------------------------------------ end to end
 
-@pytest.mark.skipif(not (Path(sys.executable).parent / "mpiexec").exists(),
-                    reason="pip mpich's mpiexec missing")
+@pytest.mark.slow  # a run_and_time.sh launch of 2 ranks
+@needs_mpiexec
 def test_a_bad_shard_stops_run_and_time_with_exit_2_before_anything_is_written(small_dataset,
                                                                                tmp_path):
     """Through run_and_time.sh on 2 ranks: a shard with an id past the vocabulary (checksums
     re-signed) is found before the first step; exit 2 with the file named, and no MLPerf log
     or metrics file is left half-written in the run directory."""
-    import os
-    from test_resume_e2e import overrides
     root = copy_dataset(small_dataset, tmp_path / "data")
     bad = rewrite_shard(root, train_shards(root)[-1],
                         lambda s: s.input_ids.__setitem__(3, np.where(
                             np.arange(len(s.input_ids[3])) == 2, 30600, s.input_ids[3])
                             .astype(np.int16)))
     run_dir = tmp_path / "run"
-    env = dict(os.environ, CONFIG=str(CPU_CONFIG), SEED="7", RUN_DIR=str(run_dir))
-    proc = subprocess.run(["bash", str(ROOT / "run_and_time.sh"), "--",
-                           *overrides(root, **{"train.max_steps": 2})], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=240)
+    proc = run_and_time(resume_overrides(root, **{"train.max_steps": 2}),
+                        env_extra={"RUN_DIR": str(run_dir)})
     text = proc.stdout + proc.stderr
     assert proc.returncode == 2, text[-3000:]
     assert f"{bad}: row 3: input_ids holds 30600" in text, text[-3000:]

@@ -23,8 +23,7 @@ from loaders.collate import IGNORE_INDEX, Batch, best_fit_rows, collate_packed
 from loaders.dataset import DataSetInfo, ShardPlan, TrainLoader, read_lengths
 from loaders.partition import sort_desc, strided
 from loaders.shards import DataError, Samples
-from tests.test_dataset import (assert_batches_equal, build_synthetic, raw_fingerprint,
-                                shard_rows, synthetic_dataset)  # noqa: F401 (fixture)
+from tests.support.data import assert_batches_equal, build_synthetic, raw_fingerprint, shard_rows
 
 SHAPE = dict(vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
              intermediate_size=512)

@@ -1,11 +1,10 @@
 """runtime.observe.balance_meter: per-step padding efficiency and imbalance, reduced across real ranks,
-in StepMetrics.extra, metrics.jsonl and the progress line; the balanced modes train."""
+in StepMetrics.extra, metrics.jsonl and the progress line; the balanced modes train (the tiny
+model of tests/support/tiny.py; 2 real ranks under mpiexec: slow)."""
 from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -13,7 +12,8 @@ from runtime.observe.balance_meter import step_balance
 from runtime.events import CallbackList
 from runtime.observe.metrics import MetricsWriter, ProgressPrinter
 from runtime.train.trainer import Trainer
-from tests.test_trainer import MPIEXEC, ROOT, tiny_config
+from tests.support.launch import needs_mpiexec, run_script, tail
+from tests.support.tiny import tiny_config
 
 
 def test_step_balance_arithmetic():
@@ -62,14 +62,12 @@ def test_fit_writes_balance_metrics_and_progress(small_dataset, single_ctx, tmp_
     assert "pad-eff" in stream.getvalue() and "imbalance tok 1.000" in stream.getvalue()
 
 
+@pytest.mark.slow  # a 2-rank mpiexec launch
+@needs_mpiexec
 def test_two_ranks_reduce_tokens_and_time(small_dataset, tmp_path):
-    if not MPIEXEC.exists():
-        pytest.skip("no mpiexec next to the interpreter")
-    script = ROOT / "tests/dist_scripts/balance_steps.py"
-    proc = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(script),
-                           str(small_dataset), str(tmp_path), "global", "padded"],
-                          capture_output=True, text=True, timeout=180, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_script(2, "balance_steps.py", small_dataset, tmp_path, "global", "padded",
+                      timeout=180)
+    assert proc.returncode == 0, tail(proc)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for step in range(3):
         local = [r["steps"][step]["local"] for r in ranks]

@@ -1,10 +1,10 @@
 """bench.time_to_accuracy and bench/baseline_ddp.py: parsing, aggregation, the baseline's
-collate and lr rule (fast), and tiny real runs (slow: torchrun / run_and_time.sh, 2 ranks)."""
+collate and lr rule (fast), and tiny real runs (slow: torchrun / run_and_time.sh, 2 ranks) of
+the tiny model of tests/support/tiny.py. The baseline's own record is checked on the run the
+harness makes of it, not on a run of its own."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,7 @@ from bench import common
 from bench import time_to_accuracy as tta
 from bench.baseline_ddp import DEFAULT_BASELINE_LR, baseline_lr, pad_to_max_length
 from runtime.config import load_config
+from tests.support.tiny import BACKEND, SHAPE, write_toml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,45 +154,24 @@ def test_baseline_lr_rule():
 # ----------------------------------------------------------------------- real, tiny runs
 
 def tiny_config(tmp_path: Path, data: Path, **train) -> Path:
+    """The tiny model of tests/support/tiny.py as a config file for the harness: 2 ranks,
+    16 samples a step, an eval every 32 samples, a target it never reaches in ``max_steps``."""
     t = dict(dict(global_batch_size=16, seed=1, target_mlm_accuracy=0.99, max_steps=4,
                   eval_iter_samples=32, log_every_steps=2), **train)
-    text = (f'[model]\nhidden_size = 32\nnum_hidden_layers = 1\nnum_attention_heads = 2\n'
-            f'intermediate_size = 64\nmax_position_embeddings = 128\n'
-            f'[data]\ndata_dir = "{data}"\nmax_seq_length = 128\neval_batch_size = 32\n'
-            f'[schedule]\nwarmup_steps = 1\ntotal_steps = 10\n'
-            f'[system]\ndevice = "cpu"\nranks_per_node = 2\n'
-            '[train]\n' + "".join(f"{k} = {v}\n" for k, v in t.items()))
-    path = tmp_path / "config_TINY_1x2x8x1.toml"
-    path.write_text(text)
-    return path
+    values = {**SHAPE, **BACKEND, "model.max_position_embeddings": 128,
+              "data.data_dir": f'"{data}"', "data.max_seq_length": 128,
+              "data.eval_batch_size": 32, "schedule.warmup_steps": 1,
+              "schedule.total_steps": 10, "system.device": '"cpu"', "system.ranks_per_node": 2,
+              **{f"train.{k}": v for k, v in t.items()}}
+    return write_toml(tmp_path / "config_TINY_1x2x8x1.toml", values)
 
 
-@pytest.mark.slow
-def test_baseline_tiny_run(tmp_path, small_dataset):
-    cfg = tiny_config(tmp_path, small_dataset)
-    out = tmp_path / "baseline.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(REPO / "bench" / "baseline_ddp.py"), "--config", str(cfg), "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1, proc.stdout + proc.stderr  # aborted: max_steps before 0.99
-    s = json.loads(out.read_text())
-    assert s["status"] == "aborted"
-    assert s["time_to_target_s"] is None and s["samples_to_target"] is None
-    assert (s["steps"], s["samples"]) == (4, 64)
-    assert [h[0] for h in s["eval_history"]] == [32, 64]
-    assert all(0.0 <= h[1] <= 1.0 for h in s["eval_history"])
-    assert 0 < s["eval_history"][0][2] <= s["eval_history"][1][2] <= s["run_time_s"]
-    assert s["throughput_samples_per_s"] > 0 and 0 < s["padding_efficiency"] <= 1
-    assert (s["world_size"], s["local_batch_size"], s["max_seq_length"]) == (2, 8, 128)
-    assert s["lr"] == DEFAULT_BASELINE_LR and "lamb" in s["lr_source"]
-    assert s["attention"] == "padded"  # the plain recipe computes the padding, always
-    assert "[baseline] [eval] step 4" in proc.stdout
-
-
-@pytest.mark.slow
+@pytest.mark.slow  # run_and_time.sh and torchrun, 2 ranks each
 def test_harness_one_seed(tmp_path, small_dataset, capsys):
-    cfg = tiny_config(tmp_path, small_dataset, max_steps=2)
+    """One seed through the harness - the runtime (run_and_time.sh) and the baseline (torchrun
+    bench/baseline_ddp.py), 4 steps each - and then the baseline's own summary and console,
+    which the harness keeps (the baseline's one run in this file)."""
+    cfg = tiny_config(tmp_path, small_dataset)
     out = tmp_path / "tta.json"
     rc = tta.main(["--config", str(cfg), "--seeds", "5", "--out", str(out),
                    "--workdir", str(tmp_path / "work"), "--timeout", "120"])
@@ -205,9 +185,25 @@ def test_harness_one_seed(tmp_path, small_dataset, capsys):
     for system in ("runtime", "baseline"):
         (r,) = rec[system]["runs"]
         assert r["seed"] == 5 and r["status"] == "aborted", r
-        assert r["samples"] == 32 and r["time_to_target_s"] is None and r["run_time_s"] > 0
+        assert r["samples"] == 64 and r["time_to_target_s"] is None and r["run_time_s"] > 0
         assert r["throughput_samples_per_s"] > 0
     assert rec["ratio_time"] is None and rec["ratio_seeds"] == []
+
+    # bench/baseline_ddp.py's own record (--out) and output of that run
+    (b,) = rec["baseline"]["runs"]
+    assert b["rc"] == 1, Path(b["console"]).read_text()[-3000:]  # aborted: max_steps before 0.99
+    s = json.loads(Path(b["summary"]).read_text())
+    assert s["status"] == "aborted"
+    assert s["time_to_target_s"] is None and s["samples_to_target"] is None
+    assert (s["steps"], s["samples"]) == (4, 64)
+    assert [h[0] for h in s["eval_history"]] == [32, 64]
+    assert all(0.0 <= h[1] <= 1.0 for h in s["eval_history"])
+    assert 0 < s["eval_history"][0][2] <= s["eval_history"][1][2] <= s["run_time_s"]
+    assert s["throughput_samples_per_s"] > 0 and 0 < s["padding_efficiency"] <= 1
+    assert (s["world_size"], s["local_batch_size"], s["max_seq_length"]) == (2, 8, 128)
+    assert s["lr"] == DEFAULT_BASELINE_LR and "lamb" in s["lr_source"]
+    assert s["attention"] == "padded"  # the plain recipe computes the padding, always
+    assert "[baseline] [eval] step 4" in Path(b["console"]).read_text()
 
 
 def test_ablation_variants_switch_one_mechanism_each():

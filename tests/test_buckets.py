@@ -1,10 +1,12 @@
 """Gradient buckets (runtime.grad_sync), the step timeline (runtime.observe.timeline) and the clip modes.
 
-Unit tests run in this process (a world of one). The distributed tests start real ranks with
-the venv's ``mpiexec`` on tests/dist_scripts/grad_sync.py, which checks on every rank that the
-gradient the optimizer receives equals the clip mode's formula (docs/REFERENCES.md §5)
+Unit tests run in this process (a world of one). The distributed tests (slow) start real ranks
+with the venv's ``mpiexec`` on tests/dist_scripts/grad_sync.py, which checks on every rank that
+the gradient the optimizer receives equals the clip mode's formula (docs/REFERENCES.md §5)
 computed from the all-gathered per-rank gradients, and reports what it saw (overlap, views,
-launches) for the asserts here.
+launches) for the asserts here. The 2-rank cases that succeed run in one launch (the module
+fixture ``two_ranks``); the clip modes on 4 ranks and each bad plan (it stops the job) have
+their own.
 """
 from __future__ import annotations
 
@@ -24,11 +26,9 @@ from runtime.grad_sync import (BucketPlan, GradientBuckets, GradLayout, Piece, P
                                alone_bucket, reverse_registration_order, tied_sync_mode)
 from runtime.config import ConfigError, load_config
 from runtime.observe.timeline import StepTimeline, plot_timeline, union_length
+from tests.support.launch import ROOT, needs_mpiexec, run_script, tail
+from tests.support.tiny import tiny_config
 
-ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
-SCRIPT = ROOT / "tests" / "dist_scripts" / "grad_sync.py"
-needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (pip mpich)")
 SIZES = {"a": 10, "big": 25, "b": 3}
 
 
@@ -274,13 +274,10 @@ def test_timeline_is_recorded_into_metrics_and_drawn(small_dataset, tmp_path, si
     from runtime.observe.metrics import MetricsWriter
     from runtime.train.trainer import Trainer
     ctx = single_ctx
-    cfg = load_config(None, [f'data.data_dir="{small_dataset}"', "model.num_hidden_layers=1",
-                             "model.hidden_size=64", "model.num_attention_heads=2",
-                             "model.intermediate_size=128", "train.global_batch_size=8",
-                             "system.device=cpu", "train.timeline=true", "train.max_steps=2",
-                             "train.eval_iter_start_samples=16", "train.eval_iter_samples=16",
-                             "train.clip_mode=bucket_before", "data.eval_batch_size=64",
-                             "train.bucket_cap_mb=1"])
+    cfg = tiny_config(small_dataset, "train.global_batch_size=8", "train.timeline=true",
+                      "train.max_steps=2", "train.eval_iter_start_samples=16",
+                      "train.eval_iter_samples=16", "train.clip_mode=bucket_before",
+                      "data.eval_batch_size=64", "train.bucket_cap_mb=1")
     metrics = tmp_path / "metrics.jsonl"
     trainer = Trainer(cfg, ctx, CallbackList([MetricsWriter(metrics)]))
     trainer.fit()
@@ -307,29 +304,41 @@ def test_timeline_is_recorded_into_metrics_and_drawn(small_dataset, tmp_path, si
 # real ranks
 
 
-def run_case(case: str, ranks: int, data_dir: Path, work: Path, timeout=240):
+def run_cases(cases: str, ranks: int, data_dir: Path, work: Path, timeout=240):
+    """One launch of grad_sync.py running ``cases``: (process, seconds)."""
     start = time.monotonic()
-    proc = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, str(SCRIPT), case,
-                           str(data_dir), str(work)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=_env())
+    proc = run_script(ranks, "grad_sync.py", cases, data_dir, work, timeout=timeout)
     return proc, time.monotonic() - start
 
 
-def _env():
-    from tests.test_dist import _clean_env
-    return _clean_env()
+def results_of(work: Path, case: str) -> dict:
+    return {r["mode"]: r for r in json.loads((work / f"{case}.json").read_text())["results"]}
 
 
-def _results(work: Path) -> dict:
-    return {r["mode"]: r for r in json.loads((work / "result.json").read_text())["results"]}
+TWO_RANK_CASES = "modes,split,accumulation,plan"
 
 
+@pytest.fixture(scope="module")
+def two_ranks(small_dataset, tmp_path_factory) -> Path:
+    """The work directory of one 2-rank launch running every case that must succeed."""
+    work = tmp_path_factory.mktemp("grad_sync2")
+    proc, _ = run_cases(TWO_RANK_CASES, 2, small_dataset, work, timeout=420)
+    assert proc.returncode == 0, tail(proc, 6000)
+    return work
+
+
+@pytest.mark.slow  # mpiexec launches
 @needs_mpiexec
-@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])
-def test_each_clip_mode_matches_the_formula_from_gathered_gradients(ranks, small_dataset, tmp_path):
-    proc, _ = run_case("modes", ranks, small_dataset, tmp_path)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    results = _results(tmp_path)
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_each_clip_mode_matches_the_formula_from_gathered_gradients(ranks, small_dataset, tmp_path,
+                                                                    request):
+    if ranks == 2:
+        work = request.getfixturevalue("two_ranks")
+    else:
+        proc, _ = run_cases("modes", ranks, small_dataset, tmp_path)
+        assert proc.returncode == 0, tail(proc, 6000)
+        work = tmp_path
+    results = results_of(work, "modes")
     assert set(results) == {"global_after", "local_before", "bucket_before", "none"}
     for mode, rec in results.items():
         assert rec["plan_recut"]  # step 2 ran on the plan re-cut in measured order
@@ -352,12 +361,10 @@ def test_each_clip_mode_matches_the_formula_from_gathered_gradients(ranks, small
     assert bb["grad_norm"] <= 0.5 * (1 + 1e-5)  # ‖ĝ‖ ≤ τ holds for the bucket-wise clip
 
 
+@pytest.mark.slow  # 2 ranks under mpiexec
 @needs_mpiexec
-def test_split_tied_embedding_sync_is_exact_and_reduces_the_decoder_share_early(
-        small_dataset, tmp_path):
-    proc, _ = run_case("split", 2, small_dataset, tmp_path)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    results = _results(tmp_path)
+def test_split_tied_embedding_sync_is_exact_and_reduces_the_decoder_share_early(two_ranks):
+    results = results_of(two_ranks, "split")
     assert set(results) == {"global_after+split", "none+split", "global_after+split+accum"}
     for label, rec in results.items():
         for step in rec["steps"]:
@@ -403,36 +410,35 @@ def test_split_plan_keeps_the_tied_parameter_whole_and_alone():
         alone_bucket(BucketPlan.from_cap(order, 8), "emb", 100)
 
 
+@pytest.mark.slow  # 2 ranks under mpiexec
 @needs_mpiexec
-def test_accumulation_reduces_only_on_the_last_micro_step(small_dataset, tmp_path):
-    proc, _ = run_case("accumulation", 2, small_dataset, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    for mode, rec in _results(tmp_path).items():
+def test_accumulation_reduces_only_on_the_last_micro_step(two_ranks):
+    for mode, rec in results_of(two_ranks, "accumulation").items():
         step = rec["steps"][0]
         assert step["max_rel_err"] < 1e-5
         assert step["launches_at_forward"] == [0, 0]  # nothing launched in micro-step 1
         assert step["launches"] == step["buckets"]
 
 
+@pytest.mark.slow  # 2 ranks under mpiexec
 @needs_mpiexec
-def test_explicit_plan_with_a_split_parameter(small_dataset, tmp_path):
-    proc, _ = run_case("plan", 2, small_dataset, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rec = _results(tmp_path)["bucket_before"]
+def test_explicit_plan_with_a_split_parameter(two_ranks):
+    rec = results_of(two_ranks, "plan")["bucket_before"]
     assert not rec["plan_recut"]  # a plan file is never reordered
     for step in rec["steps"]:
         assert step["buckets"] == 4 and step["max_rel_err"] < 1e-5
         assert step["split"] == ["bert.embeddings.word_embeddings.weight"]
 
 
+@pytest.mark.slow  # a 2-rank mpiexec launch each
 @needs_mpiexec
 @pytest.mark.parametrize("case,message", [
     ("plan-differs", "bucket plan (train.bucket_plan / train.bucket_cap_mb) differs between ranks"),
     ("plan-missing", "parameter(s) in no bucket: cls.seq_relationship.bias"),
 ])
 def test_bad_plans_stop_every_rank_at_start(case, message, small_dataset, tmp_path):
-    proc, elapsed = run_case(case, 2, small_dataset, tmp_path, timeout=120)
+    proc, elapsed = run_cases(case, 2, small_dataset, tmp_path, timeout=120)
     assert proc.returncode != 0
     assert message in proc.stderr
     assert elapsed < 60
-    assert not (tmp_path / "result.json").exists()
+    assert not (tmp_path / f"{case}.json").exists()

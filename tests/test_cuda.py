@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from runtime.observe.hostsync import HostSyncs
-from tests.test_trainer import tiny_config
+from tests.support.data import assert_batches_equal
+from tests.support.tiny import tiny_config
 
 pytestmark = pytest.mark.cuda
 
@@ -32,7 +33,10 @@ def cuda_ctx():
 
 def cuda_trainer(data, ctx, *extra):
     from runtime.train.trainer import Trainer
-    cfg = tiny_config(data, "system.device=cuda", "train.log_every_steps=1000", *extra)
+    # The default pairing, as training runs it on a GPU: optim.backend auto (the compiled fused
+    # step), not the tiny config's foreach.
+    cfg = tiny_config(data, "system.device=cuda", "optim.backend=auto",
+                      "train.log_every_steps=1000", *extra)
     trainer = Trainer(cfg, ctx)
     trainer.setup()  # the set-up all-reduce used to be a CPU tensor: NCCL refused it
     return trainer
@@ -107,7 +111,6 @@ def test_dali_gpu_batches_equal_the_torch_loaders(small_dataset):
     pytest.importorskip("nvidia.dali")
     from loaders.dali_pipeline import DaliTrainLoader
     from loaders.dataset import TrainLoader
-    from tests.test_dataset import assert_batches_equal
     with TrainLoader(small_dataset, 0, 1, 8, 7, verify=False) as ld:
         want = [next(ld) for _ in range(6)]
     import inspect

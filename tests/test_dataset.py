@@ -1,16 +1,13 @@
 """loaders.dataset / loaders.collate: shard plan, batches, data position, checksums, eval split.
 
-The synthetic data set here is schema-correct but random text; where the session fixture
-``small_dataset`` (real text, from tests/conftest.py) exists, the exactly-once and resume
-tests run on it too.
+The synthetic data set (tests/support/data.py) is schema-correct but random text; where the
+session fixture ``small_dataset`` (real text, from tests/conftest.py) exists, the exactly-once
+and resume tests run on it too. Two real MPI ranks reading an epoch: slow.
 """
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -21,67 +18,16 @@ import torch
 from loaders.collate import IGNORE_INDEX, Batch, collate
 from loaders.dataset import (STATS_FILE, DataSetInfo, ShardPlan, TrainLoader, eval_rows,
                              load_eval_batches)
-from loaders.shards import (EVAL_FILE, TRAIN_DIR, DataError, Samples, read_shard, shard_name,
-                            write_checksums, write_shard)
+from loaders.shards import EVAL_FILE, TRAIN_DIR, DataError, Samples, read_shard, shard_name
+from tests.support.data import (CLS, MASK, SEP, SEQ_LEN, assert_batches_equal, batch_fingerprints,
+                                build_synthetic, every_row, raw_fingerprint, rewrite_checksums,
+                                shard_rows)
+from tests.support.launch import needs_mpiexec, run_script, tail
 
-REPO = Path(__file__).resolve().parents[1]
-CLS, SEP, MASK = 101, 102, 103
-SEQ_LEN, MAX_PRED = 128, 20
+# synthetic_dataset (module fixture): tests/support/data.py, through tests/conftest.py
 
 
 # ------------------------------------------------------------------------ synthetic data set
-
-def synthetic_samples(first_id: int, count: int, rng: np.random.Generator) -> Samples:
-    """[CLS] A [SEP] B [SEP] with ~15 % masked; token 1 = 1000 + sample id keeps every sample
-    distinct, and is never masked."""
-    cols = {k: [] for k in ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids")}
-    for sample_id in range(first_id, first_id + count):
-        length = int(rng.integers(12, 101))
-        len_a = int(rng.integers(3, length - 5))
-        tokens = rng.integers(1000, 30000, size=length)
-        tokens[0], tokens[1], tokens[len_a], tokens[-1] = CLS, 1000 + sample_id, SEP, SEP
-        segments = np.zeros(length, dtype=np.int64)
-        segments[len_a + 1:] = 1
-        candidates = [i for i in range(2, length - 1) if i != len_a]
-        n_mask = min(MAX_PRED, max(1, round(0.15 * len(candidates))))
-        positions = np.sort(rng.choice(candidates, n_mask, replace=False))
-        ids = tokens[positions].copy()
-        tokens[positions] = MASK
-        for key, value in zip(cols, (tokens, segments, positions, ids)):
-            cols[key].append(np.asarray(value, dtype=np.int16))
-    nsp = rng.integers(0, 2, size=count).astype(np.int8)
-    return Samples(**cols, next_sentence_labels=nsp)
-
-
-def build_synthetic(root: Path, shard_sizes: list[int], eval_size: int = 30, seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
-    (root / TRAIN_DIR).mkdir(parents=True)
-    (root / "eval").mkdir()
-    shards, first = [], 0
-    for i, size in enumerate(shard_sizes):
-        rel = f"{TRAIN_DIR}/{shard_name(i, len(shard_sizes))}"
-        write_shard(root / rel, synthetic_samples(first, size, rng))
-        shards.append({"file": rel, "samples": size})
-        first += size
-    write_shard(root / EVAL_FILE, synthetic_samples(first, eval_size, rng))
-    (root / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
-    stats = {"train_shards": shards, "eval_samples": eval_size,
-             "parameters": {"seq_len": SEQ_LEN, "max_pred": MAX_PRED}}
-    (root / STATS_FILE).write_text(json.dumps(stats, indent=1))
-    rewrite_checksums(root)
-    return root
-
-
-def rewrite_checksums(root: Path) -> None:
-    rels = [s["file"] for s in json.loads((root / STATS_FILE).read_text())["train_shards"]]
-    write_checksums(root, rels + [EVAL_FILE, "vocab.txt", STATS_FILE])
-
-
-@pytest.fixture(scope="module")
-def synthetic_dataset(tmp_path_factory) -> Path:
-    """4 shards × 24 samples: divisible by 2 and 4 ranks and by batch 4."""
-    return build_synthetic(tmp_path_factory.mktemp("synthetic"), [24, 24, 24, 24])
-
 
 def copy_of(root: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(root, tmp_path / "copy"))
@@ -98,33 +44,6 @@ def dataset(request) -> Path:
 
 # ------------------------------------------------------------------------- fingerprints
 
-def raw_fingerprint(s: Samples, row: int) -> tuple:
-    pairs = sorted(zip(s.masked_lm_positions[row].tolist(), s.masked_lm_ids[row].tolist()))
-    return (tuple(s.input_ids[row].tolist()), tuple(s.segment_ids[row].tolist()),
-            tuple(pairs), int(s.next_sentence_labels[row]))
-
-
-def batch_fingerprints(batch: Batch) -> list[tuple]:
-    out = []
-    for i, n in enumerate(batch.attention_mask.sum(1).tolist()):
-        labels = batch.masked_lm_labels[i]
-        where = torch.nonzero(labels != IGNORE_INDEX).flatten().tolist()
-        out.append((tuple(batch.input_ids[i, :n].tolist()),
-                    tuple(batch.token_type_ids[i, :n].tolist()),
-                    tuple((p, int(labels[p])) for p in where),
-                    int(batch.next_sentence_labels[i])))
-    return out
-
-
-def shard_rows(root: Path) -> dict[int, Samples]:
-    info = DataSetInfo.read(root)
-    return {i: read_shard(root / f) for i, f in enumerate(info.train_files)}
-
-
-def every_row(shards: dict[int, Samples]):
-    return ((s, r) for s in shards.values() for r in range(len(s)))
-
-
 def plan_fingerprints(shards: dict[int, Samples], batches: np.ndarray) -> Counter:
     return Counter(raw_fingerprint(shards[s], r) for s, r in batches.reshape(-1, 2).tolist())
 
@@ -135,21 +54,6 @@ def read_epoch(root: Path, rank: int, world: int, batch: int, seed: int = 7, **k
     assert (loader.epoch, loader.step_in_epoch) == (1, 0)
     loader.close()
     return batches
-
-
-def assert_batches_equal(a: list[Batch], b: list[Batch]) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        for name in ("input_ids", "token_type_ids", "attention_mask", "masked_lm_labels",
-                     "next_sentence_labels"):
-            assert torch.equal(getattr(x, name), getattr(y, name)), name
-        assert (x.num_real_tokens, x.num_padded_tokens) == (y.num_real_tokens, y.num_padded_tokens)
-        assert x.sequence_lengths == y.sequence_lengths
-        for name in ("token_index", "cu_seqlens", "token_in_seq", "seq_of_token",
-                     "masked_positions", "masked_tokens"):
-            assert torch.equal(getattr(x.layout, name), getattr(y.layout, name)), name
-        assert (x.layout.lengths, x.layout.max_len, x.layout.min_len) == \
-            (y.layout.lengths, y.layout.max_len, y.layout.min_len)
 
 
 # -------------------------------------------------------------------------------- batches
@@ -470,15 +374,11 @@ def test_eval_split_covers_every_sample_once(synthetic_dataset, world):
 
 # ----------------------------------------------------------------- real multi-process run
 
+@pytest.mark.slow  # a 2-rank mpiexec launch
+@needs_mpiexec
 def test_two_mpi_ranks_read_every_sample_once(synthetic_dataset, tmp_path):
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    if not mpiexec.exists():
-        pytest.skip("no mpiexec next to the interpreter")
-    script = REPO / "tests" / "dist_scripts" / "read_epoch.py"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_"))}
-    subprocess.run([str(mpiexec), "-n", "2", sys.executable, str(script),
-                    str(synthetic_dataset), str(tmp_path)],
-                   check=True, timeout=120, env=env, cwd=REPO)
+    proc = run_script(2, "read_epoch.py", synthetic_dataset, tmp_path, timeout=120)
+    assert proc.returncode == 0, tail(proc)
     per_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [p["world_size"] for p in per_rank] == [2, 2]
     assert per_rank[0]["steps"] == per_rank[1]["steps"]

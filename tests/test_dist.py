@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -24,12 +23,10 @@ import pytest
 from runtime.launch.env import (LaunchError, LaunchInfo, derived_port, discover, first_host,
                                 mpi_launcher_family, parse_tasks_per_node)
 from runtime.launch.env import _vendor_fits
+from tests.support.launch import (MPIEXEC, ROOT, TORCHRUN, clean_env, needs_mpiexec,
+                                  needs_torchrun)
 
-ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist_scripts" / "worker.py"
-BIN = Path(sys.executable).parent
-MPIEXEC = BIN / "mpiexec"
-TORCHRUN = BIN / "torchrun"
 LAUNCH_TIMEOUT_S = 90      # a hang fails here, well before pytest-timeout's 150 s
 FAULT_DEADLINE_S = 60      # the promise: every rank gone within 60 s of a fault
 
@@ -54,8 +51,6 @@ OPENMPI_LIB = next((p for p in ("/usr/lib/x86_64-linux-gnu/libmpi.so.40",
                                 "/usr/lib64/openmpi/lib/libmpi.so.40") if os.path.exists(p)), None)
 needs_openmpi = pytest.mark.skipif(OPENMPI is None, reason="Open MPI's mpirun not installed "
                                    "(apt-get install openmpi-bin)")
-needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (pip mpich)")
-needs_torchrun = pytest.mark.skipif(not TORCHRUN.exists(), reason=f"{TORCHRUN} missing")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,13 +235,13 @@ def _run_py(code: str, env: dict) -> subprocess.CompletedProcess:
 def test_plain_run_never_imports_mpi4py():
     code = ("import sys; from runtime.launch.env import discover; i = discover(); "
             "assert 'mpi4py' not in sys.modules, 'imported'; print(i.launcher)")
-    out = _run_py(code, _clean_env())
+    out = _run_py(code, clean_env())
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "single"
     # Under Open MPI's launcher with pip's MPICH, mpi4py is looked at but MPI is not started.
     code = ("import sys; from runtime.launch.env import discover; i = discover(); "
             "from mpi4py import MPI; assert not MPI.Is_initialized(); print(i.rendezvous)")
-    out = _run_py(code, {**_clean_env(), **OMPI_ENV})
+    out = _run_py(code, {**clean_env(), **OMPI_ENV})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "file"
 
@@ -268,20 +263,7 @@ def test_helpers_before_init_act_as_a_world_of_one():
 
 
 # ---------------------------------------------------------------------------------------------
-# real launchers
-
-
-LAUNCH_VARS = re.compile(r"^(OMPI_|PMI_|PMIX_|SLURM_(?!CONF$)|MPI_LOCAL|HYDRA_|TORCHELASTIC_|PRESTO_MPI$|"
-                         r"MPI4PY_|RANK$|LOCAL_RANK$|WORLD_SIZE$|LOCAL_WORLD_SIZE$|GROUP_RANK$|"
-                         r"MASTER_ADDR$|MASTER_PORT$)")
-
-
-def _clean_env(**extra) -> dict:
-    """This process's environment without any launcher's variables (pytest may itself run
-    under one), one thread per rank (2 cores), and the repo importable."""
-    env = {k: v for k, v in os.environ.items() if not LAUNCH_VARS.match(k)}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **extra)
-    return env
+# real launchers (slow: each test starts ranks)
 
 
 def _cmd(launcher: str, mode: str, timeout_s: float, tag: str, out_dir: str,
@@ -306,7 +288,7 @@ def _cmd(launcher: str, mode: str, timeout_s: float, tag: str, out_dir: str,
 
 
 def _start(launcher, mode, timeout_s=20.0, extra_env=None):
-    env = _clean_env(**(extra_env or {}))
+    env = clean_env(**(extra_env or {}))
     tag = f"presto-test-{os.getpid()}-{time.monotonic_ns()}"
     out_dir = tempfile.mkdtemp(prefix="presto-dist-")
     proc = subprocess.Popen(_cmd(launcher, mode, timeout_s, tag, out_dir, extra_env), env=env,
@@ -370,7 +352,7 @@ def _assert_allreduce_ok(rc, out, elapsed, res, launcher, rendezvous):
 
 @pytest.mark.timeout(60)
 def test_single_process_joins_a_world_of_one():
-    proc = subprocess.run([sys.executable, str(WORKER), "allreduce"], env=_clean_env(),
+    proc = subprocess.run([sys.executable, str(WORKER), "allreduce"], env=clean_env(),
                           cwd=ROOT, capture_output=True, text=True, timeout=50)
     assert proc.returncode == 0, proc.stderr
     (r,) = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines()
@@ -378,6 +360,7 @@ def test_single_process_joins_a_world_of_one():
     assert (r["world_size"], r["launcher"], r["rendezvous"], r["sum"]) == (1, "single", "local", 1.0)
 
 
+@pytest.mark.slow
 @needs_mpiexec
 @pytest.mark.timeout(150)
 def test_mpiexec_two_jobs_at_once():
@@ -387,6 +370,7 @@ def test_mpiexec_two_jobs_at_once():
         _assert_allreduce_ok(*_finish(*job), launcher="mpi", rendezvous="mpi")
 
 
+@pytest.mark.slow
 @needs_torchrun
 @pytest.mark.timeout(150)
 def test_torchrun_two_jobs_at_once():
@@ -395,6 +379,7 @@ def test_torchrun_two_jobs_at_once():
         _assert_allreduce_ok(*_finish(*job), launcher="torchrun", rendezvous="tcp")
 
 
+@pytest.mark.slow
 @needs_openmpi
 @pytest.mark.timeout(150)
 def test_openmpi_without_matching_mpi4py_uses_its_env():
@@ -404,6 +389,7 @@ def test_openmpi_without_matching_mpi4py_uses_its_env():
         _assert_allreduce_ok(*_finish(*job), launcher="mpi", rendezvous="file")
 
 
+@pytest.mark.slow
 @needs_openmpi
 @pytest.mark.skipif(OPENMPI_LIB is None, reason="Open MPI's libmpi.so.40 not found")
 @pytest.mark.timeout(120)
@@ -412,6 +398,7 @@ def test_openmpi_with_mpi4py_on_openmpi_lib():
                          launcher="mpi", rendezvous="mpi")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,mpi", [("allreduce", "none"), ("allreduce", "pmi2"),
                                       ("raise", "none"), ("kill", "pmi2")])
 @pytest.mark.timeout(150)
@@ -431,6 +418,7 @@ LAUNCHERS = [pytest.param("mpiexec", marks=needs_mpiexec),
              pytest.param("openmpi", marks=needs_openmpi)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.timeout(120)
 def test_ranks_that_disagree_on_the_config_both_fail(launcher):
@@ -441,6 +429,7 @@ def test_ranks_that_disagree_on_the_config_both_fail(launcher):
     assert elapsed < FAULT_DEADLINE_S
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["raise", "kill"])
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.timeout(150)
@@ -454,6 +443,7 @@ def test_a_failing_rank_ends_the_job(launcher, mode):
         assert "[rank 1]" in out and "injected failure on rank 1" in out, out[-4000:]
 
 
+@pytest.mark.slow
 @needs_mpiexec
 @pytest.mark.timeout(120)
 def test_a_hung_rank_times_out_the_others():

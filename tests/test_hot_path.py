@@ -3,43 +3,42 @@ optimizer share one gradient buffer and equal the reference; an ordinary step is
 collective but the gradient allreduces, reads nothing back to the host and allocates or copies
 no gradient-sized buffer; metrics are reduced at logging points only; fp16 skips stay exact.
 
-The distributed cases run real ranks with the venv's mpiexec on tests/dist_scripts/hot_path.py.
+The distributed cases run real ranks with the venv's mpiexec on tests/dist_scripts/hot_path.py:
+both 2-rank cases in one launch (a module fixture), the world of one alone. They and the
+in-process test here run the default pairing - optim.backend auto, the compiled fused step -
+not the foreach step of the tiny config (tests/support/tiny.py).
 """
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from runtime.optim.grad_scale import DynamicLossScale, step_multiplier
-from tests.test_trainer import tiny_config
 from runtime.train.trainer import Trainer
-
-ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
-SCRIPT = ROOT / "tests" / "dist_scripts" / "hot_path.py"
-needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (pip mpich)")
+from tests.support.launch import needs_mpiexec, run_script, tail
+from tests.support.tiny import tiny_config
 
 
-def run_case(case: str, ranks: int, data_dir: Path, work: Path):
-    from tests.test_dist import _clean_env
-    cmd = [sys.executable, str(SCRIPT), case, str(data_dir), str(work)]
-    if ranks > 1:
-        cmd = [str(MPIEXEC), "-n", str(ranks), *cmd]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=_clean_env())
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads((work / "result.json").read_text())
+def run_cases(cases: str, ranks: int, data_dir: Path, work: Path) -> dict:
+    """{case: rank 0's result} of one launch of hot_path.py running ``cases``."""
+    proc = run_script(ranks, "hot_path.py", cases, data_dir, work, timeout=300)
+    assert proc.returncode == 0, tail(proc, 6000)
+    return {case: json.loads((work / f"{case}.json").read_text()) for case in cases.split(",")}
 
 
+@pytest.fixture(scope="module")
+def two_ranks(small_dataset, tmp_path_factory) -> dict:
+    """The equal and count cases on 2 ranks, one launch."""
+    return run_cases("equal,count", 2, small_dataset, tmp_path_factory.mktemp("hot_path"))
+
+
+@pytest.mark.slow  # 2 ranks under mpiexec
 @needs_mpiexec
-def test_default_pairing_shares_one_gradient_buffer_and_equals_the_reference(
-        small_dataset, tmp_path):
-    results = run_case("equal", 2, small_dataset, tmp_path)
+def test_default_pairing_shares_one_gradient_buffer_and_equals_the_reference(two_ranks):
+    results = two_ranks["equal"]
     assert {(r["accum"], r["split"]) for r in results} == {(1, True), (2, True), (1, False),
                                                           (2, False)}
     for r in results:
@@ -51,10 +50,15 @@ def test_default_pairing_shares_one_gradient_buffer_and_equals_the_reference(
         assert r["recut"] == 2, r    # the buffer was laid out again after step 1 ...
 
 
+@pytest.mark.slow  # a rank script (alone, or 2 ranks under mpiexec), compiling the fused step
 @needs_mpiexec
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_an_ordinary_step_syncs_nothing_but_the_gradients(ranks, small_dataset, tmp_path):
-    out = run_case("count", ranks, small_dataset, tmp_path)
+def test_an_ordinary_step_syncs_nothing_but_the_gradients(ranks, small_dataset, tmp_path,
+                                                          request):
+    if ranks == 1:
+        out = run_cases("count", 1, small_dataset, tmp_path)["count"]
+    else:
+        out = request.getfixturevalue("two_ranks")["count"]
     if ranks == 1:
         want = {}  # a world of one reduces nothing
     else:
@@ -99,7 +103,8 @@ def assert_gpu_ready(out: dict, name: str) -> None:
 
 
 def test_fp16_skips_stay_exact_when_logged_later(small_dataset, single_ctx):
-    trainer = Trainer(tiny_config(small_dataset, "train.log_every_steps=100"), single_ctx)
+    trainer = Trainer(tiny_config(small_dataset, "optim.backend=auto",
+                                  "train.log_every_steps=100"), single_ctx)
     trainer.setup()
     trainer.loss_scale = DynamicLossScale(1024.0)  # as with precision=fp16
     poison = trainer.model.bert.encoder.layer[0].output.dense.weight

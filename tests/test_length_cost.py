@@ -11,6 +11,8 @@ import pytest
 from loaders import length_cost as lc
 from loaders.collate import collate_packed
 from loaders.shards import Samples
+from tests.support.tiny import SHAPE as TINY_SHAPE
+from tests.support.tiny import as_overrides
 
 SHAPE = dict(vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
              intermediate_size=512)
@@ -158,19 +160,19 @@ def test_a_batch_is_priced_like_its_rows():
 
 
 def test_measuring_command_writes_a_fitted_file(small_dataset, tmp_path):
-    """python -m runtime.calibrate.length_cost on a tiny model: a file ``load`` reads, for the model's
-    shape, with the fit over every design and a held-out error (the numbers themselves are a
-    benchmark's business)."""
+    """python -m runtime.calibrate.length_cost on the tiny model of tests/support/tiny.py: a
+    file ``load`` reads, for the model's shape, with the fit over every design and a held-out
+    error (the numbers themselves are a benchmark's business)."""
     from runtime.calibrate.length_cost import designs, main
     out = tmp_path / "cost.json"
     assert main(["--layout", "padded", "--data", str(small_dataset), "--max-len", "64",
                  "--repeat", "1", "--budget", "0", "--held-out", "1", "--fit-random", "1",
                  "--out", str(out),
-                 "--set", "model.num_hidden_layers=1", "--set", "model.hidden_size=32",
-                 "--set", "model.intermediate_size=64"]) == 0
+                 *[a for s in as_overrides(TINY_SHAPE) for a in ("--set", s)]]) == 0
     cost = lc.load(out)
     record = json.loads(out.read_text())
-    assert cost.layout == "padded" and dict(cost.shape)["hidden_size"] == 32
+    assert cost.layout == "padded"
+    assert dict(cost.shape)["hidden_size"] == TINY_SHAPE["model.hidden_size"]
     assert dict(cost.fit_error)["points"] == len(designs("padded", 64)) + 6
     assert record["held_out_error"]["points"] == 6  # 8/16/32 random, unpacked and packed
     assert (cost.vector >= 0).all() and cost.vector.sum() > 0

@@ -1,5 +1,6 @@
-"""submission.mllog_callback: a synthetic run through the callback, judged by the REAL MLPerf
-compliance checker (``python -m mlperf_logging.compliance_checker``, run as a subprocess).
+"""submission.mllog_callback: a synthetic run through the callback (``simulate``,
+tests/support/mllog.py), judged by the REAL MLPerf compliance checker
+(``python -m mlperf_logging.compliance_checker``, run as a subprocess).
 
 Ruleset: 5.0.0. It is the last one whose ``*_common.yaml`` accepts ``submission_benchmark`` =
 "bert"; 5.1.0 ships the very same ``closed_bert.yaml``/``open_bert.yaml`` but dropped "bert" from
@@ -19,11 +20,11 @@ import yaml
 
 import mlperf_logging
 from runtime.config import load_config
-from runtime.events import CallbackList, Event, RunState, StepMetrics
+from runtime.events import Event, RunState
 from submission.mllog_callback import COMPLIANCE_RULESET, MLPerfLogger, hyperparameters
+from tests.support.mllog import CLOSED_ACCS, DGX_1NODE, PROXY, TRAIN_SAMPLES, simulate
+from tests.support.mllog import mllog_events as parse
 
-REPO = Path(__file__).resolve().parents[1]
-DGX_1NODE = REPO / "submission" / "configs" / "config_DGXA100_1x8x56x1.toml"
 RULES = Path(mlperf_logging.__file__).parent / "compliance_checker"
 
 
@@ -63,67 +64,6 @@ def check(log: Path, ruleset: str = COMPLIANCE_RULESET, config: str | None = Non
     failed = {m.group(1) for p in _FAIL_PATTERNS for m in p.finditer(out)}
     configs = re.findall(r"Compliance checks: (\S+)", out)
     return CheckResult(proc.returncode, passed, configs, failed, out)
-
-
-# ------------------------------------------------------------------ a synthetic run
-
-TRAIN_SAMPLES = 156_725_653   # samples in one pass over the MLPerf training set (any > 0 works)
-
-
-def simulate(log: Path, accuracies, overrides=(), status="success", derived=None,
-             world_size=8, drop: tuple[str, ...] = (), **logger_kw) -> Path:
-    """Fire a realistic event sequence at the callback: init, blocks of eval_iter_samples
-    samples with a STEP per optimizer step and a LOG of the steps since the last one every
-    log_every_steps steps and before each block's end, an eval after each block, run_stop."""
-    cfg = load_config(DGX_1NODE, list(overrides))
-    gbs = cfg.train.global_batch_size
-    _, every = cfg.train.eval_cadence()
-    state = RunState(config=cfg, rank=0, world_size=world_size,
-                     derived=dict(derived or {}), train_samples=TRAIN_SAMPLES, eval_samples=10_000)
-    cb = CallbackList([MLPerfLogger(log, is_main=True, **logger_kw)])
-    cb.fire(Event.INIT_START, state)
-    cb.fire(Event.INIT_STOP, state)
-    cb.fire(Event.RUN_START, state)
-    for acc in accuracies:
-        steps = -(-every // gbs)
-        state.block_start_samples, state.block_samples = state.samples, steps * gbs
-        cb.fire(Event.BLOCK_START, state)
-        pending = []
-        for _ in range(steps):
-            state.step += 1
-            state.samples += gbs
-            pending.append(StepMetrics(step=state.step, samples=state.samples, loss=2.5,
-                                       mlm_loss=2.2, nsp_loss=0.3, lr=4e-4, grad_norm=0.9,
-                                       clip_coef=1.0, step_time_s=0.3, real_tokens=20_000,
-                                       computed_tokens=28_672))
-            cb.fire(Event.STEP, state)
-            if state.step % cfg.train.log_every_steps == 0:
-                state.logged_steps, state.last_step, pending = pending, pending[-1], []
-                cb.fire(Event.LOG, state)
-        if pending:
-            state.logged_steps, state.last_step = pending, pending[-1]
-            cb.fire(Event.LOG, state)
-        cb.fire(Event.BLOCK_STOP, state)
-        cb.fire(Event.EVAL_START, state)
-        state.eval_accuracy = acc
-        cb.fire(Event.EVAL_STOP, state)
-    state.status = status
-    cb.fire(Event.RUN_STOP, state)
-    if drop:
-        lines = [ln for ln in log.read_text().splitlines()
-                 if not any(f'"key": "{k}"' in ln for k in drop)]
-        log.write_text("\n".join(lines) + "\n")
-    return log
-
-
-CLOSED_ACCS = [0.36, 0.52, 0.64, 0.70, 0.716, 0.721]
-PROXY = ["submission.division=open", "train.target_mlm_accuracy=0.45"]
-
-
-def parse(log: Path) -> list[dict]:
-    import json
-    return [json.loads(ln.split(":::MLLOG ", 1)[1]) for ln in log.read_text().splitlines()
-            if ":::MLLOG " in ln]
 
 
 # ------------------------------------------------------------------ compliance

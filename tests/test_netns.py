@@ -3,7 +3,8 @@
 Real namespaces, a real veth pair, a real tc rate limit: the allreduce between the two ranks
 must take as long as the limit says, everything the test bed made must be gone afterwards
 (normal exit, a failing rank, SIGTERM), and bench.overlap must produce its record. Needs root
-and iproute2; skipped, with the reason, only where ``ip netns`` is impossible.
+and iproute2; skipped, with the reason, only where ``ip netns`` is impossible. Slow, all of it:
+every test starts ranks (or the test bed's processes) in real namespaces.
 """
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ from pathlib import Path
 import pytest
 
 from bench.netns import ADDRS, Testbed, unavailable
+from tests.support.tiny import TINY, as_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "dist_scripts" / "netns_allreduce.py"
 WHY = unavailable()
-pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no network namespaces here: {WHY}")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(WHY is not None, reason=f"no network namespaces here: {WHY}")]
 
 
 def _namespaces() -> set[str]:
@@ -77,12 +80,10 @@ def test_sigterm_tears_the_bed_down():
     assert f"pv{proc.pid}a" not in links
 
 
-@pytest.mark.slow
 def test_overlap_benchmark_writes_its_record(small_dataset, tmp_path):
     out = tmp_path / "overlap.json"
-    tiny = ["model.num_hidden_layers=1", "model.hidden_size=64", "model.num_attention_heads=2",
-            "model.intermediate_size=128", "train.global_batch_size=16",
-            f'data.data_dir="{small_dataset}"', "data.eval_batch_size=64", "train.bucket_cap_mb=1"]
+    tiny = [*as_overrides(TINY), f'data.data_dir="{small_dataset}"', "data.eval_batch_size=64",
+            "train.bucket_cap_mb=1"]
     cmd = [sys.executable, "-m", "bench.overlap", "--rate-mbit", "200", "--steps", "2",
            "--warmup", "2", "--repeat", "2", "--out", str(out), "--workdir", str(tmp_path),
            "--variants", "after_backward,ddp,buckets/global_after,buckets/bucket_before,"

@@ -20,6 +20,7 @@ from kernels import optim_apex, optim_flat
 from kernels.optim_flat import FlatLayout
 from runtime.optim import optimizers as optim
 from runtime.optim.optimizers import build_optimizer
+from tests.support.memory import MEMORY_SHAPES
 
 CUDA = pytest.mark.cuda  # skipped without a GPU (conftest)
 
@@ -292,48 +293,14 @@ def test_apex_not_offered_without_apex():
 
 # ----------------------------------------------------------------------------- memory
 
-def _peak_growth_bytes(fn) -> int:
-    """Resident-set peak during fn above the resident set before it (Linux /proc)."""
-    def field(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-        raise KeyError(key)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current resident set
-    before = field("VmRSS")
-    fn()
-    return field("VmHWM") - before
-
-
-MEMORY_SHAPES = [(3000, 3000), (1024,)]  # 9M elements: 34 MiB per buffer
-
-
-def memory_growth(name: str) -> dict:
-    """Peak resident growth of one step per backend. Run in a fresh process (the test does):
-    the heap a long test process has built up can hide the control's temporaries."""
-    gen = torch.Generator().manual_seed(7)
-    growth = {}
-    for backend in ("foreach", "fused"):
-        named = [(f"l{i}.weight", torch.randn(s, generator=gen).requires_grad_())
-                 for i, s in enumerate(MEMORY_SHAPES)]
-        opt = build_optimizer(name, named, lr=1e-3, backend=backend)
-        for _, p in named:
-            p.grad = torch.randn(p.shape, generator=gen)
-        opt.step(grad_scale=0.5)  # state allocated, compiled
-        growth[backend] = _peak_growth_bytes(lambda: opt.step(grad_scale=0.5))
-        del opt, named
-    return growth
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
 @pytest.mark.parametrize("name", ["lamb", "adamw", "lars"])
 def test_fused_step_allocates_no_model_sized_temporaries(name):
     # One tensor above glibc's largest mmap threshold (32 MiB): its temporaries are always
     # fresh pages, so the foreach control cannot hide them in a reused heap.
     root = Path(__file__).resolve().parents[1]
-    code = ("import json, tests.test_optim_backends as t; "
-            f"print(json.dumps(t.memory_growth({name!r})))")
+    code = ("import json, tests.support.memory as m; "
+            f"print(json.dumps(m.memory_growth({name!r})))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(root)))
     assert proc.returncode == 0, proc.stderr[-3000:]

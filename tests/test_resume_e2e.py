@@ -12,9 +12,13 @@
   since are trained again) and ends equal to the uninterrupted run;
 * the checkpoint of 2 ranks (the reference run's) resumed on 1: it works and says that the
   data order changes;
+* the reference run itself, which its step budget ends: exit 1, aborted in the MLPerf log, no
+  RESULT line, and the log passes the compliance checker (aborted runs are valid logs);
 * results are never overwritten: a directory holding a finished run is refused (exit 2, the
-  log untouched), two runs started in the same second get two directories, and
-  ``-- train.output_dir`` is the run directory run_and_time.sh reports.
+  log untouched), and so are RUN_DIR and ``-- train.output_dir`` naming two places.
+
+Every run is the tiny model of tests/support/tiny.py; the uninterrupted run they are compared
+with is the session fixture ``reference_run`` (tests/support/runs.py), trained once.
 """
 from __future__ import annotations
 
@@ -22,106 +26,33 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from test_train_e2e import CPU_CONFIG, ROOT, compliance, mllog_events
+from tests.support.launch import needs_mpiexec
+from tests.support.mllog import compliance, mllog_events
+from tests.support.runs import (STEPS, evals, finish, ranks_left, run, run_and_time, start,
+                                steps, wait_for_step)
+from tests.support.runs import resume_overrides as overrides
 
-pytestmark = pytest.mark.skipif(not (Path(sys.executable).parent / "mpiexec").exists(),
-                                reason="pip mpich's mpiexec missing")
-
-EVERY = 80   # samples between checkpoints: every 5 steps of 16
-STEPS = 25   # evaluations at steps 10, 20 and 25 (the budget)
-
-
-def overrides(data_dir: Path, **extra) -> list[str]:
-    values = {
-        "data.data_dir": f'"{data_dir}"', "model.num_hidden_layers": 1,
-        "model.hidden_size": 64, "model.num_attention_heads": 2, "model.intermediate_size": 128,
-        "train.global_batch_size": 16, "train.gradient_accumulation_steps": 2,
-        "data.balance": '"local"', "train.eval_iter_start_samples": 160,
-        "train.eval_iter_samples": 160, "train.max_steps": STEPS, "train.log_every_steps": 5,
-        "data.eval_batch_size": 32, "schedule.warmup_steps": 5, "schedule.total_steps": 200,
-        "train.target_mlm_accuracy": 0.99, "train.checkpoint_every_samples": EVERY,
-        "system.dist_timeout_s": 30,
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
+pytestmark = needs_mpiexec
 
 
-def start(run_dir: Path, extra: list[str], **env_extra) -> subprocess.Popen:
-    env = dict(os.environ, CONFIG=str(CPU_CONFIG), SEED="7", RUN_DIR=str(run_dir), **env_extra)
-    return subprocess.Popen(["bash", str(ROOT / "run_and_time.sh"), "--", *extra], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-
-
-def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"run_and_time.sh hung:\n{out[-3000:]}\n{err[-3000:]}")
-    return proc.returncode, out, err
-
-
-def run(run_dir: Path, extra: list[str], **env_extra) -> tuple[int, str, str]:
-    return finish(start(run_dir, extra, **env_extra))
-
-
-def steps(run_dir: Path) -> dict[int, tuple]:
-    """step -> (loss, grad_norm) from metrics.jsonl; a step trained twice keeps its last
-    record (the resumed attempt's)."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r["kind"] == "step":
-            out[r["step"]] = (r["loss"], r["grad_norm"])
-    return out
-
-
-def evals(run_dir: Path) -> list[tuple]:
-    return [(r["samples"], r["eval_accuracy"]) for r in map(json.loads,
-            (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
-
-
-def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 180) -> int:
-    deadline = time.time() + timeout
-    path = run_dir / "metrics.jsonl"
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended early: {proc.communicate()}")
-        if path.exists():
-            done = [json.loads(x)["step"] for x in path.read_text().splitlines()
-                    if '"kind": "step"' in x]
-            if done and max(done) >= step:
-                return max(done)
-        time.sleep(0.2)
-    pytest.fail(f"step {step} not reached in {timeout} s")
-
-
-def ranks_left(run_dir: Path) -> list[str]:
-    return subprocess.run(["pgrep", "-f", f"submission.train.*{run_dir}"], capture_output=True,
-                          text=True).stdout.split()
-
-
-@pytest.fixture(scope="module")
-def reference(small_dataset, tmp_path_factory):
-    """The uninterrupted run."""
-    run_dir = tmp_path_factory.mktemp("ref") / "run"
-    rc, out, err = run(run_dir, overrides(small_dataset))
-    assert rc == 1, out[-3000:] + err[-3000:]     # 25 steps, target 0.99: the budget ends it
-    return run_dir
+@pytest.mark.slow
+def test_the_budget_ends_the_reference_run_aborted_without_result_line(reference_run):
+    """25 steps, target 0.99: the run stops at its budget - exit 1 (asserted by the fixture),
+    status aborted, no RESULT line - and the log is a valid one."""
+    assert reference_run.rc == 1
+    assert "RESULT," not in reference_run.out
+    events = mllog_events(reference_run.dir / "mlperf_bert.log")
+    assert [e["metadata"]["status"] for e in events if e["key"] == "run_stop"] == ["aborted"]
+    assert compliance(reference_run.dir / "mlperf_bert.log").returncode == 0
 
 
 @pytest.mark.slow
 def test_sigterm_checkpoints_every_rank_and_the_rerun_continues_exactly(small_dataset,
-                                                                       reference, tmp_path):
+                                                                       reference_run, tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, overrides(small_dataset))
     wait_for_step(run_dir, 12, proc)
@@ -142,10 +73,10 @@ def test_sigterm_checkpoints_every_rank_and_the_rerun_continues_exactly(small_da
     rc, out, err = run(run_dir, overrides(small_dataset))   # the same command again
     assert rc == 1, out[-3000:] + err[-3000:]
     assert f"resuming from {run_dir / 'checkpoints'}" in out
-    want, got = steps(reference), steps(run_dir)
+    want, got = steps(reference_run.dir), steps(run_dir)
     assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
     assert got == want                                    # every step, bit for bit
-    assert evals(run_dir) == evals(reference)
+    assert evals(run_dir) == evals(reference_run.dir)
     keys = [e["key"] for e in mllog_events(run_dir / "mlperf_bert.log")]
     assert keys.count("run_start") == keys.count("run_stop") == keys.count("init_start") == 1
     assert keys.index("presto_interrupted") < keys.index("presto_resumed")
@@ -157,8 +88,8 @@ def test_sigterm_checkpoints_every_rank_and_the_rerun_continues_exactly(small_da
 
 
 @pytest.mark.slow
-def test_sigterm_through_torchrun_checkpoints_and_the_rerun_continues_exactly(small_dataset,
-                                                                             reference, tmp_path):
+def test_sigterm_through_torchrun_checkpoints_and_the_rerun_continues_exactly(
+        small_dataset, reference_run, tmp_path):
     """The torchrun path: run_and_time.sh passes SIGTERM to torchrun's agent, which sends it
     to its workers and waits for them; both ranks checkpoint and exit 4, and although torchrun
     itself reports 1 for a stopped run, run_and_time.sh exits 4 (from the ranks' records). The
@@ -180,12 +111,16 @@ def test_sigterm_through_torchrun_checkpoints_and_the_rerun_continues_exactly(sm
     rc, out, err = run(run_dir, overrides(small_dataset))
     assert rc == 1, out[-3000:] + err[-3000:]
     assert f"resuming from {run_dir / 'checkpoints'}" in out
+    reference = reference_run.dir
     assert steps(run_dir) == steps(reference) and evals(run_dir) == evals(reference)
+    # the log begun under torchrun and finished under mpiexec is one valid run
+    check = compliance(run_dir / "mlperf_bert.log")
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
 
 
 @pytest.mark.slow
 def test_a_killed_rank_is_named_and_the_rerun_resumes_from_the_last_checkpoint(
-        small_dataset, reference, tmp_path):
+        small_dataset, reference_run, tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, overrides(small_dataset))
     wait_for_step(run_dir, 13, proc)
@@ -204,16 +139,17 @@ def test_a_killed_rank_is_named_and_the_rerun_resumes_from_the_last_checkpoint(
     resumed = next(e for e in mllog_events(run_dir / "mlperf_bert.log")
                    if e["key"] == "presto_resumed")["metadata"]
     assert resumed["step"] % 5 == 0 and resumed["step"] <= lost_from  # the last checkpoint
+    reference = reference_run.dir
     assert steps(run_dir) == steps(reference) and evals(run_dir)[-1] == evals(reference)[-1]
 
 
 @pytest.mark.slow
 def test_resuming_on_another_world_size_works_and_says_the_order_changes(small_dataset,
-                                                                       reference, tmp_path):
+                                                                       reference_run, tmp_path):
     """The 2-rank reference run's checkpoint of step 20, continued on 1 rank."""
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
-    shutil.copytree(reference / "checkpoints" / "step_00000020",
+    shutil.copytree(reference_run.dir / "checkpoints" / "step_00000020",
                     run_dir / "checkpoints" / "step_00000020")
     rc, out, err = run(run_dir, overrides(small_dataset, **{"system.ranks_per_node": 1,
                                                             "data.balance": '"random"'}))
@@ -225,9 +161,11 @@ def test_resuming_on_another_world_size_works_and_says_the_order_changes(small_d
 
 
 def test_results_are_never_overwritten(small_dataset, tmp_path):
-    """A finished run's directory is refused before anything is written; run_and_time.sh
-    makes distinct directories for runs started in the same second; `-- train.output_dir` is
-    the run directory (not silently replaced)."""
+    """A finished run's directory is refused before anything is written; RUN_DIR and
+    `-- train.output_dir` naming two places is refused. Not slow: run_and_time.sh refuses both
+    before any rank starts. (Distinct directories for runs started in the same second:
+    tests/test_run_and_time.py; `-- train.output_dir=X` is the run directory of a real run -
+    run_and_time.sh says X and the ranks write there: the short run of tests/test_train_e2e.py.)"""
     done = tmp_path / "done"
     done.mkdir()
     log = done / "mlperf_bert.log"
@@ -238,16 +176,7 @@ def test_results_are_never_overwritten(small_dataset, tmp_path):
     assert rc == 2, out[-2000:] + err[-2000:]
     assert "holds a finished run" in err and log.read_bytes() == before
     assert not (done / "metrics.jsonl").exists()
-    # -- train.output_dir=X: run_and_time.sh says X and the ranks write there.
     target = tmp_path / "chosen"
-    env = dict(os.environ, CONFIG=str(CPU_CONFIG), SEED="7")
-    proc = subprocess.run(["bash", str(ROOT / "run_and_time.sh"), "--",
-                           *overrides(small_dataset, **{"train.max_steps": 2}),
-                           f"train.output_dir={target}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=240)
-    assert f"output {target}" in proc.stderr and (target / "mlperf_bert.log").is_file()
-    both = subprocess.run(["bash", str(ROOT / "run_and_time.sh"), "--",
-                           f"train.output_dir={target}"], cwd=ROOT,
-                          env=dict(env, RUN_DIR=str(tmp_path / "other")),
-                          capture_output=True, text=True, timeout=60)
+    both = run_and_time([f"train.output_dir={target}"], timeout=60,
+                        env_extra={"RUN_DIR": str(tmp_path / "other")})
     assert both.returncode == 2 and "two places for one run" in both.stderr

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import default_stop_signals
+from tests.support.launch import default_stop_signals
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "run_and_time.sh"

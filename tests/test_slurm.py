@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from test_train_e2e import CPU_CONFIG, compliance, mllog_events, tiny_overrides
+from tests.support.mllog import compliance, mllog_events
+from tests.support.runs import CPU_CONFIG
+from tests.support.tiny import run_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = 200
@@ -54,7 +56,7 @@ def job_output(logs: Path, job: str) -> str:
 def test_submit_status_report_package_on_a_real_cluster(slurm_cluster, small_dataset, tmp_path):
     logs, registry = tmp_path / "logs", tmp_path / "jobs.jsonl"
     hostile = f"Presto $(touch {tmp_path}/PWNED1); `touch {tmp_path}/PWNED2` 'q' \"dq\""
-    overrides = [o for o in tiny_overrides(small_dataset, tmp_path)
+    overrides = [o for o in run_overrides(small_dataset, tmp_path)
                  if not o.startswith("train.output_dir=")]   # run.sub sets it per experiment
     overrides += ["system.launcher=srun", "system.walltime_minutes=3",
                   f"submission.org={hostile}"]

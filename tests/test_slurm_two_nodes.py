@@ -32,7 +32,9 @@ import pytest
 
 from slurm_two_nodes import slurm_two_nodes  # noqa: F401 - the fixture
 from slurm_two_nodes import NODES, unavailable
-from test_train_e2e import CPU_CONFIG, compliance, mllog_events, tiny_overrides
+from tests.support.mllog import compliance, mllog_events
+from tests.support.runs import CPU_CONFIG
+from tests.support.tiny import run_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINT_EVERY = 160        # samples: every 10 steps of 16
@@ -46,10 +48,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _overrides(data: Path) -> list[str]:
-    """The tiny BERT of test_train_e2e on 2 nodes x 1 rank, a checkpoint every 10 steps, and a
-    target (0.075) its accuracy curve crosses at step ~130 with seed 42 - well after the kill
-    (it stays below 0.071 up to step 120), well before max_steps."""
-    values = tiny_overrides(data, Path("unused"), **{
+    """The tiny BERT of tests/support/tiny.py on 2 nodes x 1 rank, a checkpoint every 10 steps,
+    and a target (0.075) its accuracy curve crosses at step ~130 with seed 42 - well after the
+    kill (it stays below 0.071 up to step 120), well before max_steps."""
+    values = run_overrides(data, Path("unused"), **{
         "train.max_steps": 400, "schedule.total_steps": 600,
         "train.target_mlm_accuracy": 0.075,
         "train.checkpoint_every_samples": CHECKPOINT_EVERY, "train.checkpoint_keep": 2,

@@ -24,8 +24,8 @@ from runtime.launch.env import LaunchError, cache_cleared
 from submission import report as rep
 from submission import slurm
 from submission.sysinfo import collect, system_description
-from conftest import default_stop_signals
-from test_mllog import CLOSED_ACCS, PROXY, simulate
+from tests.support.launch import default_stop_signals
+from tests.support.mllog import CLOSED_ACCS, PROXY, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_CONFIG = ROOT / "submission" / "configs" / "config_CPU_1x2x32x1.toml"

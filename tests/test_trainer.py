@@ -1,12 +1,12 @@
 """Trainer pieces: eval accuracy aggregated across ranks, fp16 loss scaling and skipped
-steps, gradient accumulation, the stopping rule and the eval cadence."""
+steps, gradient accumulation, the stopping rule and the eval cadence.
+
+The tiny model of tests/support/tiny.py; the eval counts also on 2 and 4 real ranks (slow:
+mpiexec on tests/dist_scripts/eval_counts.py)."""
 from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,41 +17,55 @@ from runtime.config import load_config
 from runtime.events import CallbackList, Event
 from runtime.optim.grad_scale import DynamicLossScale
 from runtime.train.trainer import Trainer
+from tests.support.launch import needs_mpiexec, run_script, tail
+from tests.support.tiny import tiny_config
 
-ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
 THE = 1996  # "the" in the uncased BERT vocab
 
 
-def tiny_config(data_dir, *extra):
-    return load_config(None, [f'data.data_dir="{data_dir}"', "model.num_hidden_layers=1",
-                              "model.hidden_size=64", "model.num_attention_heads=2",
-                              "model.intermediate_size=128", "train.global_batch_size=16",
-                              "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0",
-                              "system.device=cpu", *extra])
-
-
-def eval_counts(data_dir, tmp_path, ranks: int) -> dict:
-    out = tmp_path / f"counts{ranks}.json"
-    cmd = [sys.executable, str(ROOT / "tests/dist_scripts/eval_counts.py"), str(data_dir), str(out)]
-    if ranks > 1:
-        cmd = [str(MPIEXEC), "-n", str(ranks), *cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
-
-
-def test_eval_accuracy_is_sum_correct_over_sum_masked_across_ranks(small_dataset, tmp_path):
-    # Independent truth from the eval file: the model is biased to always predict "the".
+@pytest.fixture(scope="module")
+def eval_truth(small_dataset) -> dict:
+    """Independent truth from the eval file: the model is biased to always predict "the"."""
     ev = read_shard(small_dataset / EVAL_FILE)
     masked = np.concatenate(ev.masked_lm_ids)
-    want = {"count": int(masked.size), "correct": int((masked == THE).sum())}
+    want = {"count": int(masked.size), "correct": int((masked == THE).sum()),
+            "eval_samples": len(ev)}
     assert want["correct"] > 0
-    for ranks in (1, 2, 4):
-        got = eval_counts(small_dataset, tmp_path, ranks)
-        assert {k: got[k] for k in want} == want, (ranks, got)
-        assert got["eval_samples"] == len(ev)
-        assert got["accuracy"] == pytest.approx(want["correct"] / want["count"])
+    return want
+
+
+def assert_eval_counts(got: dict, want: dict, ranks: int) -> None:
+    assert {k: got[k] for k in ("count", "correct")} == \
+        {k: want[k] for k in ("count", "correct")}, (ranks, got)
+    assert got["eval_samples"] == want["eval_samples"]
+    assert got["accuracy"] == pytest.approx(want["correct"] / want["count"])
+
+
+def test_eval_accuracy_is_sum_correct_over_sum_masked_in_a_world_of_one(small_dataset, single_ctx,
+                                                                       eval_truth):
+    """tests/dist_scripts/eval_counts.py's work in this process: the truth on one rank."""
+    trainer = Trainer(tiny_config(small_dataset, "data.eval_batch_size=7"), single_ctx)
+    trainer.setup()
+    with torch.no_grad():  # an untrained model predicts nothing right; make it say "the"
+        trainer.model.cls.predictions.bias[THE] += 20.0
+    result = trainer.evaluate()
+    got = {"correct": result.correct, "count": result.count, "accuracy": result.accuracy,
+           "eval_samples": trainer.state.eval_samples}
+    trainer.close()
+    assert_eval_counts(got, eval_truth, 1)
+
+
+@pytest.mark.slow  # mpiexec launches
+@needs_mpiexec
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_eval_accuracy_is_sum_correct_over_sum_masked_across_ranks(small_dataset, tmp_path,
+                                                                   eval_truth, ranks):
+    out = tmp_path / f"counts{ranks}.json"
+    proc = run_script(ranks, "eval_counts.py", small_dataset, out, timeout=180)
+    assert proc.returncode == 0, tail(proc)
+    got = json.loads(out.read_text())
+    assert got["world"] == ranks
+    assert_eval_counts(got, eval_truth, ranks)
 
 
 def test_dynamic_loss_scale_halves_on_overflow_and_grows_after_good_steps():

@@ -8,7 +8,6 @@ import math
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,10 +17,8 @@ from runtime.calibrate.tune.costmodel import CommModel, SweepError, check_sweep,
 from runtime.calibrate.tune.fabric import Fabric, FabricError, load_fabric
 from runtime.calibrate.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
 from runtime.calibrate.tune.solve import brute_force, compare, solve
-
-ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
-needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (pip mpich)")
+from tests.support.launch import ROOT, clean_env, needs_mpiexec, run_ranks, run_script
+from tests.support.tiny import tiny_overrides
 
 
 def random_instance(rng: random.Random):
@@ -302,44 +299,35 @@ def test_projection_runs_and_compares_with_published(tmp_path):
 # the command on real ranks
 
 
-def _env():
-    from tests.test_dist import _clean_env
-    return _clean_env()
-
-
 def test_a_world_of_one_has_nothing_to_tune():
     proc = subprocess.run([sys.executable, "-m", "runtime.calibrate.tune", "--config",
                            str(ROOT / "submission/configs/config_CPU_1x2x32x1.toml")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=_env())
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=clean_env())
     assert proc.returncode == 0, proc.stderr
     assert "nothing to tune" in proc.stdout
 
 
 @needs_mpiexec
-@pytest.mark.slow  # ~26 s: two real commands on 2 ranks (CI runs slow tests too)
+@pytest.mark.slow  # two real commands on 2 ranks (CI runs slow tests too)
 def test_real_tune_on_two_ranks_and_the_trainer_runs_its_plan(small_dataset, tmp_path):
     out = tmp_path / "tune"
-    sets = [f'data.data_dir="{small_dataset}"', "model.num_hidden_layers=1",
-            "model.hidden_size=64", "model.num_attention_heads=2", "model.intermediate_size=128",
-            "train.global_batch_size=8", "data.verify_checksums=false", "system.device=cpu",
-            "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"]
-    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "runtime.calibrate.tune", "--config",
-           str(ROOT / "submission/configs/config_CPU_1x2x32x1.toml"), "--out", str(out),
+    sets = tiny_overrides(small_dataset, "train.global_batch_size=8",
+                          "data.verify_checksums=false")
+    cmd = [sys.executable, "-m", "runtime.calibrate.tune", "--config",
+           ROOT / "submission/configs/config_CPU_1x2x32x1.toml", "--out", out,
            "--steps", "2", "--warmup", "1", "--repeats", "1", "--sizes", "5",
            "--contention-steps", "1", "--no-png"]
     for s in sets:
         cmd += ["--set", s]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, env=_env())
+    proc = run_ranks(2, *cmd, timeout=180)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "| **tuned** |" in proc.stdout and "use it:" in proc.stdout
     rec = json.loads((out / "tune.json").read_text())
     assert rec["world_size"] == 2 and len(rec["sweep"]["bytes"]) == 5
     assert all(g[2] >= 0 for g in rec["profile"]["grads"])
     # the trainer runs the written plan and reaches the same gradient as a size-cap plan
-    script = ROOT / "tests" / "dist_scripts" / "tune_plan.py"
-    proc = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(script),
-                           str(out / "bucket_plan.json"), str(tmp_path / "result.json"), *sets],
-                          cwd=ROOT, capture_output=True, text=True, timeout=180, env=_env())
+    proc = run_script(2, "tune_plan.py", out / "bucket_plan.json", tmp_path / "result.json",
+                      *sets, timeout=180)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     res = json.loads((tmp_path / "result.json").read_text())
     assert res["buckets"] == len(json.loads((out / "bucket_plan.json").read_text())["buckets"])

@@ -1,6 +1,6 @@
 """Train a tiny model for a few steps with data.balance=BALANCE on this rank and write what
 the balance meter saw: OUT/rank<r>.json has this rank's per-step counts and the reduced
-``extra`` metrics. Launch under mpiexec -n N or alone.
+``extra`` metrics. Launch under mpiexec -n N or alone. The tiny model of tests/support/tiny.py.
 
     python tests/dist_scripts/balance_steps.py DATA_DIR OUT BALANCE ATTENTION
 """
@@ -12,19 +12,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from runtime.config import load_config  # noqa: E402
 from runtime.launch.dist import init_distributed, shutdown  # noqa: E402
 from runtime.launch.env import discover  # noqa: E402
 from runtime.train.trainer import Trainer  # noqa: E402
+from tests.support.tiny import tiny_config  # noqa: E402
 
 
 def main() -> None:
     data_dir, out, balance, attention = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
-    cfg = load_config(None, [f'data.data_dir="{data_dir}"', "model.num_hidden_layers=1",
-                             "model.hidden_size=64", "model.num_attention_heads=2",
-                             "model.intermediate_size=128", "train.global_batch_size=16",
-                             f"data.balance={balance}", f"model.attention={attention}",
-                             "system.device=cpu"])
+    cfg = tiny_config(data_dir, f"data.balance={balance}", f"model.attention={attention}")
     ctx = init_distributed(discover(), device="cpu", timeout_s=60)
     torch.set_num_threads(1)
     trainer = Trainer(cfg, ctx)

@@ -1,5 +1,7 @@
 """Build the trainer on this rank, evaluate the untrained model once, write the all-reduced
 eval counts (rank 0) to OUT. Launch under mpiexec -n N or alone; the counts must not depend on N.
+The tiny model of tests/support/tiny.py; tests/test_trainer.py does the same in its own process
+for a world of one.
 
     python tests/dist_scripts/eval_counts.py DATA_DIR OUT
 """
@@ -11,18 +13,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from runtime.config import load_config  # noqa: E402
 from runtime.launch.dist import init_distributed, run_guarded, shutdown  # noqa: E402
 from runtime.launch.env import discover  # noqa: E402
 from runtime.train.trainer import Trainer  # noqa: E402
+from tests.support.tiny import tiny_config  # noqa: E402
 
 
 def main() -> None:
     data_dir, out = sys.argv[1], Path(sys.argv[2])
-    cfg = load_config(None, [f'data.data_dir="{data_dir}"', "model.num_hidden_layers=1",
-                             "model.hidden_size=64", "model.num_attention_heads=2",
-                             "model.intermediate_size=128", "train.global_batch_size=16",
-                             "data.eval_batch_size=7", "system.device=cpu"])
+    cfg = tiny_config(data_dir, "data.eval_batch_size=7")
     info = discover()
     ctx = init_distributed(info, device="cpu", timeout_s=30)
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """One rank of the gradient-bucket tests (tests/test_buckets.py), under ``mpiexec -n P``:
 
-    python tests/dist_scripts/grad_sync.py CASE DATA_DIR WORK_DIR
+    python tests/dist_scripts/grad_sync.py CASE[,CASE...] DATA_DIR WORK_DIR
 
 Every rank builds the trainer on a tiny BERT (real tied 30522-row word embedding, so the
 size-cap plan splits it), takes its own batches, and computes its *local* gradient on an
@@ -9,6 +9,9 @@ gradients are all-gathered, and the gradient the optimizer receives (``p.grad`` 
 ``grad_scale`` passed to ``optimizer.step``) must equal the formula for the
 clip mode (docs/REFERENCES.md §5), computed here from the gathered gradients. Two steps per mode: the second runs on
 the plan re-cut in measured production order.
+
+Several cases run one after the other in one launch (the 2-rank ones of tests/test_buckets.py
+share one start-up).
 
 CASE:
   modes        the four clip modes, bucket_cap_mb=1 (the embedding split in 8 pieces), timeline
@@ -24,7 +27,7 @@ CASE:
   plan-differs each rank reads a different plan file: every rank must stop with an error
   plan-missing rank 1's plan misses a parameter: the job must stop with an error
 
-Rank 0 writes WORK_DIR/result.json: what was checked, per mode.
+Rank 0 writes WORK_DIR/CASE.json for each case: what was checked, per mode.
 """
 import json
 import math
@@ -37,10 +40,10 @@ import torch  # noqa: E402
 import torch.distributed as torch_dist  # noqa: E402
 
 from runtime.grad_sync import reverse_registration_order  # noqa: E402
-from runtime.config import load_config  # noqa: E402
 from runtime.launch.dist import init_distributed, run_guarded, shutdown  # noqa: E402
 from runtime.launch.env import discover  # noqa: E402
 from runtime.train.trainer import Trainer, build_model  # noqa: E402
+from tests.support.tiny import tiny_config as support_tiny_config  # noqa: E402
 
 TAU = 0.5
 EPS = 1e-6  # kernels.optim_reference.CLIP_EPS, the ε of every clip coefficient
@@ -48,12 +51,11 @@ EMB = "bert.embeddings.word_embeddings.weight"
 
 
 def tiny_config(data_dir, *extra):
-    return load_config(None, [
-        f'data.data_dir="{data_dir}"', "model.num_hidden_layers=1", "model.hidden_size=64",
-        "model.num_attention_heads=2", "model.intermediate_size=128",
-        "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0",
-        "train.global_batch_size=16", f"train.max_grad_norm={TAU}", "train.bucket_cap_mb=1",
-        "system.device=cpu", "train.timeline=true", "train.tied_embedding_sync=dense", *extra])
+    """The tiny model of tests/support/tiny.py (dropout off: the reference gradient must be the
+    same computation), clipped at TAU, 1 MB buckets, the timeline on, the tied embedding in the
+    dense buckets unless a case asks for split."""
+    return support_tiny_config(data_dir, f"train.max_grad_norm={TAU}", "train.bucket_cap_mb=1",
+                               "train.timeline=true", "train.tied_embedding_sync=dense", *extra)
 
 
 def local_gradient(ref, batches, accum):
@@ -131,6 +133,7 @@ class LaunchCounter:
         import runtime.grad_sync.buckets as rb
         import runtime.grad_sync.tied as rt
         self.calls, self.at_forward = 0, []
+        self._modules = (rb, rt)
         counter = self
 
         class Counting:
@@ -142,6 +145,12 @@ class LaunchCounter:
                 return getattr(torch_dist, name)
         rb.torch_dist = rt.torch_dist = Counting()
         trainer.model.register_forward_pre_hook(lambda *_: self.at_forward.append(self.calls))
+
+    def restore(self):
+        """The modules' own torch.distributed again (the next case of this launch counts
+        with a counter of its own, or not at all)."""
+        for module in self._modules:
+            module.torch_dist = torch_dist
 
 
 def check_close(got: dict, want: dict, what: str) -> float:
@@ -207,6 +216,8 @@ def run_mode(ctx, data_dir, mode, *extra, accum=1, steps=2, counter=False):
     rec["plan_recut"] = trainer.grad_sync.flat is not flat
     rec["measured_order_head"] = trainer.grad_sync.measured_order[:3]
     trainer.close()
+    if launches:
+        launches.restore()
     return rec
 
 
@@ -222,10 +233,7 @@ def write_plan(path: Path, model, emb_cuts=(123457, 1000003), shift=0):
     return path
 
 
-def main() -> None:
-    case, data_dir, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    ctx = init_distributed(discover(), device="cpu", timeout_s=30)
-    torch.set_num_threads(1)
+def run_case(ctx, case, data_dir, work) -> list[dict]:
     rank = ctx.rank
     results = []
     if case == "modes":
@@ -256,11 +264,24 @@ def main() -> None:
                 data["buckets"][0] = data["buckets"][0][1:]  # drops a parameter
                 path.write_text(json.dumps(data))
         results.append(run_mode(ctx, data_dir, "bucket_before", f'train.bucket_plan="{path}"'))
-    else:
-        raise SystemExit(f"unknown case {case}")
-    if rank == 0:
-        (work / "result.json").write_text(json.dumps({"world": ctx.world_size,
-                                                      "results": results}, indent=1))
+    return results
+
+
+CASES = ("modes", "split", "accumulation", "plan", "plan-differs", "plan-missing")
+
+
+def main() -> None:
+    cases, data_dir, work = sys.argv[1].split(","), sys.argv[2], Path(sys.argv[3])
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
+    ctx = init_distributed(discover(), device="cpu", timeout_s=30)
+    torch.set_num_threads(1)
+    for case in cases:
+        results = run_case(ctx, case, data_dir, work)
+        if ctx.rank == 0:
+            (work / f"{case}.json").write_text(json.dumps({"world": ctx.world_size,
+                                                           "results": results}, indent=1))
     shutdown()
 
 

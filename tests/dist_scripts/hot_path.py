@@ -1,6 +1,8 @@
 """One rank of tests/test_hot_path.py, under ``mpiexec -n P`` (or alone):
 
-    python tests/dist_scripts/hot_path.py CASE DATA_DIR WORK_DIR
+    python tests/dist_scripts/hot_path.py CASE[,CASE...] DATA_DIR WORK_DIR
+
+Several cases run one after the other in one launch (one start-up and one compile for all).
 
 CASE:
   equal   the default pairing - bucket engine + fused optimizer on one shared gradient buffer
@@ -19,7 +21,7 @@ CASE:
           GPU - host syncs (nonzero, reads, blocking copies) and host tensors in collectives -
           from set-up to evaluation, for the padded, unpadded and packed paths.
 
-Rank 0 writes WORK_DIR/result.json.
+Rank 0 writes WORK_DIR/CASE.json for each case.
 """
 import dataclasses
 import json
@@ -34,7 +36,6 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from kernels.optim_reference import clip_coefficient  # noqa: E402
-from runtime.config import load_config  # noqa: E402
 from runtime.launch import dist as dist_module  # noqa: E402
 from runtime.launch.dist import init_distributed, run_guarded, shutdown  # noqa: E402
 from runtime.observe.hostsync import SIM_DEVICE, HostSyncs  # noqa: E402
@@ -42,6 +43,7 @@ from runtime.launch.env import discover  # noqa: E402
 from runtime.optim.optimizers import build_optimizer  # noqa: E402
 from runtime.train.build import optimizer_hparams  # noqa: E402
 from runtime.train.trainer import Trainer, build_model  # noqa: E402
+from tests.support.tiny import tiny_config as support_tiny_config  # noqa: E402
 
 TAU = 0.5
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
@@ -52,12 +54,10 @@ READS = ("item", "tolist", "__float__", "__int__", "__bool__", "numpy", "__index
 
 
 def tiny_config(data_dir, *extra):
-    return load_config(None, [
-        f'data.data_dir="{data_dir}"', "model.num_hidden_layers=2", "model.hidden_size=64",
-        "model.num_attention_heads=2", "model.intermediate_size=128",
-        "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0",
-        "train.global_batch_size=16", f"train.max_grad_norm={TAU}", "train.bucket_cap_mb=1",
-        "system.device=cpu", "optim.lr=0.02", *extra])
+    """The tiny model of tests/support/tiny.py on the default pairing (optim.backend auto: the
+    compiled fused step; grad_sync buckets), clipped at TAU, 1 MB buckets (the embedding split)."""
+    return support_tiny_config(data_dir, "optim.backend=auto", f"train.max_grad_norm={TAU}",
+                               "train.bucket_cap_mb=1", "optim.lr=0.02", *extra)
 
 
 def reference_step(ref, opt, batches, accum, world, lr):
@@ -295,13 +295,22 @@ def count_path(ctx, data_dir, syncs, *extra):
     return out
 
 
+CASES = {"equal": case_equal, "count": case_count}
+
+
 def main() -> None:
-    case, data_dir, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    cases, data_dir, work = sys.argv[1].split(","), sys.argv[2], Path(sys.argv[3])
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
+    if "count" in cases:  # it puts the rank on the simulated device: after every other case
+        cases = [c for c in cases if c != "count"] + ["count"]
     ctx = init_distributed(discover(), device="cpu", timeout_s=60)
     torch.set_num_threads(1)
-    result = case_equal(ctx, data_dir) if case == "equal" else case_count(ctx, data_dir)
-    if ctx.rank == 0:
-        (work / "result.json").write_text(json.dumps(result, indent=1))
+    for case in cases:
+        result = CASES[case](ctx, data_dir)
+        if ctx.rank == 0:
+            (work / f"{case}.json").write_text(json.dumps(result, indent=1))
     shutdown()
 
 
