@@ -79,8 +79,14 @@ def test_an_ordinary_step_syncs_nothing_but_the_gradients(ranks, small_dataset, 
                                                      0.05 * out["grad_elements"]), step
     flush = out["flush"]
     assert flush["logged"] == 4 and all(x > 0 for x in flush["losses"])
-    if ranks > 1:  # losses [steps x 3] once, the balance meter's sum and max once each
+    if ranks > 1:  # losses and the noise scale's local norms [steps x 4] once, the balance
+        # meter's sum and max once each: the gradient noise scale adds no collective
         assert flush["collectives"] == {"all_reduce": 3}, flush
+        assert all(n["grad_sq_true"] is not None and n["grad_trace_cov"] is not None
+                   for n in flush["noise"]), flush["noise"]  # figures at every logged step
+    else:  # one rank: no second batch size, the noise scale is unavailable
+        assert all(n["noise_scale"] is None and n["grad_sq_true"] is None
+                   for n in flush["noise"]), flush["noise"]
     assert flush["reads"] > 0
     assert_gpu_ready(out, "padded")
     for name, path in out["paths"].items():

@@ -257,7 +257,9 @@ def count_default_step(ctx, data_dir, syncs):
     with reads:
         logged = trainer.step_log.flush()
     flush = {"collectives": dict(coll.calls), "reads": len(reads.reads), "logged": len(logged),
-             "losses": [m.loss for m in logged], "syncs": events(syncs, n)}
+             "losses": [m.loss for m in logged], "syncs": events(syncs, n),
+             "noise": [{k: m.extra.get(k) for k in ("noise_scale", "grad_sq_true",
+                                                   "grad_trace_cov")} for m in logged]}
     n = len(syncs.events)
     trainer.evaluate()
     tied = sync.tied
