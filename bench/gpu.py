@@ -29,8 +29,9 @@ Writes to ``--out`` (at most 4 files, as few as a lent machine sends back):
   summary.txt                the goals, each met or missed, with the figures
   stages.log                 every stage's output
   cuda_tests.xml             the CUDA tests' JUnit report
-Exit 0 when every stage ran to the end (a missed goal is a result), 1 when one failed or ran
-out of time, 2 on bad arguments.
+Exit 0 when every stage ran to the end (a missed goal is a result), 1 when one failed, ran
+out of time or ran with a part failed (status ``partial``: one path or batch of it broke),
+2 on bad arguments.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import Any
 from pathlib import Path
 from typing import Any, Optional
 
@@ -140,12 +142,24 @@ def run_stage_child(name: str, work: Path, smoke: bool, fail: set) -> int:
         result, status = STAGES[name](Run(work=work, smoke=smoke)), "ok"
         if isinstance(result, dict) and "skipped" in result and len(result) == 1:
             status = "skipped"
+        elif part_errors(result):
+            status = "partial"
     except BaseException as e:  # noqa: BLE001 - the record says what broke
         traceback.print_exc()
         result, status = {"error": f"{type(e).__name__}: {e}"[:2000]}, "failed"
     rec = {"status": status, "seconds": round(time.perf_counter() - t0, 1), "result": result}
+    if status == "partial":
+        rec["why"] = "these parts failed: " + ", ".join(part_errors(result))
     (work / f"stage_{name}.json").write_text(json.dumps(rec, indent=1, default=str))
     return 0 if status != "failed" else 1
+
+
+def part_errors(result: Any) -> list[str]:
+    """The parts of a stage's result that failed (a sub-record holding ``error``): a stage
+    whose combinations are caught one by one still ran, but it did not fully succeed."""
+    if not isinstance(result, dict):
+        return []
+    return [k for k, v in result.items() if isinstance(v, dict) and isinstance(v.get("error"), str)]
 
 
 def run_all(args, stages: list[str]) -> int:
@@ -195,7 +209,8 @@ def run_all(args, stages: list[str]) -> int:
         **{k: record[k] for k in ("benchmark", "commit", "date", "smoke", "wall_s")},
         "stages": {n: s["status"] for n, s in record["stages"].items()},
         "goals": {n: g["met"] for n, g in record["goals"].items()}})
-    failed = [n for n, s in record["stages"].items() if s["status"] in ("failed", "timeout")]
+    failed = [n for n, s in record["stages"].items()
+              if s["status"] in ("failed", "timeout", "partial")]
     return 1 if failed else 0
 
 
@@ -253,7 +268,7 @@ def _save(record: dict, out: Path) -> Path:
 
 def _result(record: dict, stage: str) -> dict:
     s = record["stages"].get(stage, {})
-    return s.get("result", {}) if s.get("status") == "ok" else {}
+    return s.get("result", {}) if s.get("status") in ("ok", "partial") else {}
 
 
 def goals(record: dict) -> dict:

@@ -94,3 +94,12 @@ def test_goals_are_met_missed_or_not_measured():
 def test_bad_arguments_exit_2(tmp_path):
     assert gpu.main(["--out", str(tmp_path), "--stages", "env,warp"]) == 2
     assert gpu.main([]) == 2
+
+
+def test_a_stage_with_a_failed_part_is_partial():
+    """The first H100 run recorded the throughput stage "ok" with both packed runs broken and
+    tune_profile "ok" with all three batches broken: a part's error now marks the stage."""
+    assert gpu.part_errors({"model": "bert-large", "padded_bf16": {"sequences_per_s": 1.0},
+                            "packed_bf16": {"error": "DataError: ..."}}) == ["packed_bf16"]
+    assert gpu.part_errors({"counts": {"passed": 3, "failed": 0, "error": 0}}) == []
+    assert gpu.part_errors({"error": "top-level"}) == []  # a failed stage, not a part

@@ -156,6 +156,17 @@ def caller(skip_torch: bool = True) -> str:
 
 # ---------------------------------------------------------------------------------- CUDA
 
+# What torch's sync debug mode warns at each synchronising call (c10/cuda/CUDAFunctions.cpp);
+# its other warning, once per process on the first set_sync_debug_mode ("Synchronization debug
+# mode is a prototype feature and does not detect all synchronizing operations"), is no sync.
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def is_sync_warning(text: str) -> bool:
+    """Whether a warning's text is torch's report of one synchronising call."""
+    return SYNC_WARNING in text
+
+
 class _CudaSyncDebug:
     """torch.cuda.set_sync_debug_mode("warn"), each warning recorded as a ``sync`` event."""
 
@@ -172,7 +183,7 @@ class _CudaSyncDebug:
 
         def show(message, category, filename, lineno, file=None, line=None):
             text = str(message)
-            if "synchronizing" in text or "synchronize" in text:
+            if is_sync_warning(text):
                 syncs.add("sync", text.split(".")[0][:60], caller())
             else:
                 self._show(message, category, filename, lineno, file, line)
