@@ -56,7 +56,7 @@ STAGE_NAMES = ("env", "data", "cuda_tests", "checks", "throughput", "plain", "op
                "tune_profile", "short_runs")
 # Seconds each stage may take on one H100 (most need far less); the run's deadline caps all.
 BUDGET_S = {"env": 30, "data": 90, "cuda_tests": 150, "checks": 90, "throughput": 200,
-            "plain": 90, "optimizer": 60, "tune_profile": 90, "short_runs": 120}
+            "plain": 90, "optimizer": 75, "tune_profile": 240, "short_runs": 120}
 SMOKE_BUDGET_S = 120
 NEEDS_DATA = {"cuda_tests", "checks", "throughput", "plain", "tune_profile", "short_runs"}
 # What a bare GPU machine lacks, as wheels (pure Python, or built for its Python 3.12).

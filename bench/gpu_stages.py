@@ -556,21 +556,17 @@ def stage_optimizer(run: Run) -> dict:
                     p.grad = torch.empty_like(p)
                 p.grad.normal_()
             opt.step(**kwargs)
-            times = []
-            for _ in range(3 if run.smoke else 10):
-                _synchronize()
-                t0 = time.perf_counter()
-                opt.step(**kwargs)
-                _synchronize()
-                times.append(time.perf_counter() - t0)
-            step = statistics.median(times)
+            step, isolated, host = _optimizer_times(lambda: opt.step(**kwargs), run.smoke)
             limit = out["elements"] * BYTES_PER_ELEMENT[optimizer] / (bw * 1e9)
-            out[key] = {"step_s": step, "limit_s": limit, "ratio_to_limit": step / limit}
+            out[key] = {"step_s": step, "limit_s": limit, "ratio_to_limit": step / limit,
+                        "isolated_step_s": isolated, "host_s": host}
             if impl == "presto:fused":
                 out[key]["compiled"] = opt.flat_binding.compiled
                 out[key]["compile_s"] = round(opt.compile_seconds, 2)
             if impl in ("presto:fused", "torch:fused"):
-                out[key]["kernels"] = _kernel_table(run, lambda: opt.step(**kwargs))
+                table = _kernel_table(run, lambda: opt.step(**kwargs))
+                out[key]["kernels"] = table
+                out[key]["device_s"] = sum(r["us"] for r in table) / 1e6
             del opt, named
         except Exception as e:  # noqa: BLE001
             out[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
@@ -579,6 +575,34 @@ def stage_optimizer(run: Run) -> dict:
     out["goal_lamb_within_1_5x"] = {"goal": 1.5, "ratio": lamb,
                                     "met": lamb is not None and lamb <= 1.5}
     return out
+
+
+def _optimizer_times(step: Callable[[], Any], smoke: bool) -> tuple[float, float, float]:
+    """(back-to-back, isolated, host) seconds per step, each the median of repeats.
+
+    Back-to-back: 10 steps enqueued with one synchronisation at the end, as training runs
+    them (the host enqueues the next kernels while the device works): the device-bound time
+    the bandwidth goal is about. Isolated: a synchronisation before and after each step, so
+    the host's enqueue time adds to the device's. Host: the time ``step()`` takes to return
+    after a synchronisation - what the host spends per step, hidden when the device is busier."""
+    n, reps = (3, 3) if smoke else (10, 5)
+    chained, isolated, host = [], [], []
+    for _ in range(reps):
+        _synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+        _synchronize()
+        chained.append((time.perf_counter() - t0) / n)
+        for _ in range(2):
+            _synchronize()
+            t0 = time.perf_counter()
+            step()
+            t1 = time.perf_counter()
+            _synchronize()
+            host.append(t1 - t0)
+            isolated.append(time.perf_counter() - t0)
+    return statistics.median(chained), statistics.median(isolated), statistics.median(host)
 
 
 def _kernel_table(run: Run, fn: Callable[[], Any], top: int = 8) -> list[dict]:
@@ -615,6 +639,7 @@ def stage_tune_profile(run: Run) -> dict:
     uses (3, 4 and 16 sequences: 3,072, 4,096 and 16,384 over 1,024 GPUs), so its per-GPU
     profile can come from a measurement instead of published throughput."""
     batches = (2,) if run.smoke else (3, 4, 16)
+    per_batch_s = 100 if run.smoke else 75
     shape = TINY if run.smoke else [f"model.{k}={v}" for k, v in LARGE_SHAPE.items()]
     out: dict[str, Any] = {"batches": list(batches)}
     for b in batches:
@@ -628,13 +653,25 @@ def stage_tune_profile(run: Run) -> dict:
                   f"data.max_seq_length={_seq(run)}",
                   f"data.max_predictions_per_seq={_max_pred(run)}", *shape]:
             cmd += ["--set", o]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        t0 = time.perf_counter()
+        try:  # each batch its own time limit: one hang leaves the others measured
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                                  timeout=per_batch_s)
+        except subprocess.TimeoutExpired as e:
+            tail = e.stderr or e.stdout or b""
+            tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+            out[f"b{b}"] = {"error": f"ran past {per_batch_s} s: {tail.strip()[-500:]}"}
+            print(f"tune_profile b{b}: ran past {per_batch_s} s", flush=True)
+            continue
+        seconds = round(time.perf_counter() - t0, 1)
+        print(f"tune_profile b{b}: exit {proc.returncode} after {seconds} s", flush=True)
         if proc.returncode != 0 or not path.is_file():
             out[f"b{b}"] = {"error": (proc.stderr or proc.stdout).strip()[-600:]}
             continue
         prof = json.loads(path.read_text())["profile"]
         compute = prof["forward_s"] + prof["backward_s"]
-        out[f"b{b}"] = {"forward_s": prof["forward_s"], "backward_s": prof["backward_s"],
+        out[f"b{b}"] = {"seconds": seconds,
+                        "forward_s": prof["forward_s"], "backward_s": prof["backward_s"],
                         "optimizer_s": prof["optimizer_s"],
                         "sequences_per_s": b / compute if compute > 0 else None,
                         "profile": prof}
