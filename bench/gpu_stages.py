@@ -675,6 +675,67 @@ def stage_tune_profile(run: Run) -> dict:
                         "optimizer_s": prof["optimizer_s"],
                         "sequences_per_s": b / compute if compute > 0 else None,
                         "profile": prof}
+    try:
+        out["presto_step"] = _small_batch_steps(run, batches, shape)
+    except Exception as e:  # noqa: BLE001 - the profiles above stand on their own
+        out["presto_step"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    return out
+
+
+def _small_batch_steps(run: Run, batches, shape: list[str]) -> dict:
+    """Presto's own step at the projection's small local batches, timed as training runs it
+    (steps enqueued back to back, one synchronisation at the end) beside the host's time to
+    enqueue one step (``train_step`` never waits for the device, so its return time is the
+    host's work) and the host functions that take it (cProfile of one step): where the host
+    is slower than the device, a step costs the host's time, whatever the GPU."""
+    import cProfile
+    import io
+    import pstats
+    from loaders.dataset import TrainLoader
+    from runtime.train.trainer import Trainer
+
+    ctx = _world_of_one(run.device)
+    cfg = _config(run, DGX_CONFIG if not run.smoke else CPU_CONFIG,
+                  f"data.data_dir={run.data('seq512')}", *shape, "train.global_batch_size=8",
+                  "system.nodes=1", "system.ranks_per_node=1", f"system.device={run.device}",
+                  "data.balance=random", f"data.max_seq_length={_seq(run)}",
+                  f"data.max_predictions_per_seq={_max_pred(run)}",
+                  "train.log_every_steps=100000")
+    trainer = Trainer(cfg, ctx)
+    trainer.setup()
+    out: dict[str, Any] = {"attention": cfg.model.attention, "precision": cfg.train.precision}
+    try:
+        for b in batches:
+            loader = TrainLoader(cfg.data.data_dir, 0, 1, b, 11, verify=False)
+            it = iter(loader)
+            try:
+                for _ in range(3):
+                    trainer.train_step(it)
+                n, host = (3 if run.smoke else 10), []
+                _synchronize()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    h = time.perf_counter()
+                    trainer.train_step(it)
+                    host.append(time.perf_counter() - h)
+                _synchronize()
+                chained = (time.perf_counter() - t0) / n
+                prof = cProfile.Profile()
+                prof.enable()
+                trainer.train_step(it)
+                prof.disable()
+                _synchronize()
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
+                top = [ln.strip() for ln in text.getvalue().splitlines()
+                       if ln.strip() and ln.strip()[0].isdigit()][:12]
+                out[f"b{b}"] = {"step_s": chained, "host_s": statistics.median(host),
+                                "sequences_per_s": b / chained, "host_top": top}
+            finally:
+                loader.close()
+                trainer.step_log.flush()
+    finally:
+        trainer.close()
     return out
 
 

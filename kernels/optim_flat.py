@@ -202,6 +202,13 @@ def _per_tensor(value, n: int, name: str) -> list:
     return list(value)
 
 
+def _one_minus(beta, n: int):
+    """1 − β per tensor, a scalar kept a scalar (the common case costs no per-tensor list)."""
+    if isinstance(beta, (int, float)):
+        return 1.0 - beta
+    return [1.0 - a for a in _per_tensor(beta, n, "beta")]
+
+
 # --------------------------------------------------------------------------- compile
 
 _COMPILED: dict[Callable, Callable] = {}
@@ -346,6 +353,19 @@ class _FusedStep:
         dtype = dtype or b.math_dtype
         if isinstance(values, torch.Tensor):
             return values.to(b.device, dtype).expand(self.n)
+        if isinstance(values, (int, float)):  # one value for all: no per-tensor Python
+            if per_step:
+                one = _to_device(torch.tensor([float(values)], dtype=torch.float64), b.device,
+                                 dtype)
+                return one.expand(self.n)
+            key = (name, dtype, float(values))
+            cached = self._constants.get(key)
+            if cached is None:
+                if len(self._constants) > 256:
+                    self._constants.clear()
+                cached = torch.full((self.n,), float(values), dtype=dtype, device=b.device)
+                self._constants[key] = cached
+            return cached
         vals = _per_tensor(values, self.n, name)
         if any(isinstance(x, torch.Tensor) for x in vals):
             return torch.stack([torch.as_tensor(x, dtype=dtype).to(b.device) for x in vals])
@@ -368,6 +388,14 @@ class _FusedStep:
     def _flags(self, values, name: str) -> torch.Tensor:
         if isinstance(values, torch.Tensor):
             return values.to(self.buffers.device, torch.bool).expand(self.n)
+        if isinstance(values, (bool, int)):  # one flag for all
+            key = (name, bool(values))
+            cached = self._constants.get(key)
+            if cached is None:
+                cached = torch.full((self.n,), bool(values), dtype=torch.bool,
+                                    device=self.buffers.device)
+                self._constants[key] = cached
+            return cached
         flags = tuple(bool(x) for x in _per_tensor(values, self.n, name))
         key = (name, flags)
         cached = self._constants.get(key)
@@ -416,12 +444,10 @@ class _FusedStep:
     def _adam_table(self, *, steps, beta1, beta2, eps, weight_decays, bias_correction,
                     extra=()) -> torch.Tensor:
         bc1, bc2 = self._bias_corrections(steps, beta1, beta2, bias_correction)
-        b1 = _per_tensor(beta1, self.n, "beta1")
-        b2 = _per_tensor(beta2, self.n, "beta2")
         v = self._vector
-        return self._table(v(weight_decays, "weight_decays"), v(b1, "beta1"),
-                           v([1.0 - a for a in b1], "1-beta1"), v(b2, "beta2"),
-                           v([1.0 - a for a in b2], "1-beta2"), bc1, bc2,
+        return self._table(v(weight_decays, "weight_decays"), v(beta1, "beta1"),
+                           v(_one_minus(beta1, self.n), "1-beta1"), v(beta2, "beta2"),
+                           v(_one_minus(beta2, self.n), "1-beta2"), bc1, bc2,
                            v(eps, "eps"), *extra)
 
     def grad_norm(self) -> torch.Tensor:
@@ -463,8 +489,11 @@ class FusedLamb(_FusedStep):
         x2, u2 = self.kernels["lamb_pass1"](P, G, M, V, keep, t, seg,
                                             self._grad_scale(grad_scale))
         w, u = self._segment_norms(x2), self._segment_norms(u2)
-        clamps = [math.inf if c is None else c
-                  for c in _per_tensor(trust_clamp, self.n, "trust_clamp")]
+        if isinstance(trust_clamp, (list, tuple)):
+            clamps = [math.inf if c is None else c
+                      for c in _per_tensor(trust_clamp, self.n, "trust_clamp")]
+        else:
+            clamps = math.inf if trust_clamp is None else trust_clamp
         phi = torch.minimum(w, self._vector(clamps, "trust_clamp"))
         ratio = torch.where(self._flags(adapt_flags, "adapt_flags"),
                             _trust_ratio(w, u, phi, u), torch.ones_like(w))

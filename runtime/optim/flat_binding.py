@@ -193,8 +193,7 @@ class FlatBinding:
         return torch.stack([n.to(device) for n in norms]).square().sum().sqrt()
 
     # ------------------------------------------------------------------ step
-    @torch.no_grad()
-    def _active(self, part: _Part, i: int) -> bool:
+    def _active(self, part: _Part, i: int) -> bool:  # (callers hold no_grad)
         """Whether tensor i has a gradient; copies a replaced .data / .grad into the buffer."""
         p, data, grad = part.params[i], part.data_views[i], part.grad_views[i]
         if p.data_ptr() != data.data_ptr():
@@ -217,16 +216,16 @@ class FlatBinding:
         ``found_inf`` (0-dim bool, on the device) skips the update without a host read."""
         group_of = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
         for part in self.parts:
-            active, per_group = [], {}
-            columns: dict[str, list] = {}
-            for i, p in enumerate(part.params):
+            per_group: dict[int, dict] = {}
+            keys = []
+            for p in part.params:
                 group = group_of[id(p)]
                 key = id(group)
                 if key not in per_group:
                     per_group[key] = hparams_of(group)
-                for name, value in per_group[key].items():
-                    columns.setdefault(name, []).append(value)
-                active.append(self._active(part, i))
+                keys.append(key)
+            columns = _columns(per_group, keys)
+            active = [self._active(part, i) for i in range(len(part.params))]
             if not any(active):
                 continue
             keep = part.engine._keep(active)
@@ -237,3 +236,26 @@ class FlatBinding:
             if self.step_class.takes_steps:
                 kwargs["steps"] = part.steps.clamp(min=1.0)
             part.engine.step(**kwargs)
+
+
+def _columns(per_group: dict[int, dict], keys: list[int]) -> dict[str, object]:
+    """The step's per-tensor keyword arguments: a value every group shares stays one value
+    (the fused step broadcasts it with no per-tensor Python: the host's time per step is
+    what bounds a step of 336M parameters on an H100), a value that differs between groups
+    becomes one per tensor, in the binding's order (``keys``: each tensor's group)."""
+    first = next(iter(per_group.values()))
+    out: dict[str, object] = {}
+    for name in first:
+        values = [hp[name] for hp in per_group.values()]
+        if all(_same(v, values[0]) for v in values[1:]):
+            out[name] = values[0]
+        else:
+            out[name] = tuple(per_group[k][name] for k in keys)
+    return out
+
+
+def _same(a, b) -> bool:
+    """Equal plain values (tensors are never taken as equal: no device read)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    return type(a) is type(b) and a == b
