@@ -14,9 +14,13 @@ returning [T, heads, d], with attention confined to each sequence:
                    counter-example; see docs/BENCHMARKS.md).
 ``jagged``         nested (jagged) tensors into SDPA with the layout's min/max lengths, on
                    any device (CPU: torch's math path, one sequence at a time).
-``cuda_varlen``    ``jagged`` on CUDA, where SDPA dispatches to the flash / memory-efficient
-                   varlen kernels, with dropout and backward. Its conversions are tested on
-                   CPU through ``jagged``; the CUDA kernels by the cuda-marked tests.
+``flash_varlen``   CUDA, bf16/fp16: FlashAttention-2's varlen kernel called directly with
+                   cu_seqlens (aten._flash_attention_forward, differentiable) - no nested
+                   tensors, whose Python dispatch made the step host-bound on an H100.
+``cuda_varlen``    ``flash_varlen`` where it fits, else ``jagged`` on CUDA (fp32, odd head
+                   sizes), with dropout and backward. The plumbing is tested on CPU (a
+                   stand-in for the flash op, and ``jagged``); the CUDA kernels by the
+                   cuda-marked tests.
 
 ``varlen_attention(..., kernel="auto")`` picks ``cuda_varlen`` on CUDA and ``repad`` on CPU
 (the fastest CPU path measured by ``python -m bench.balance --attention``).
@@ -32,7 +36,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-KERNELS = ("auto", "per_sequence", "repad", "block_diagonal", "jagged", "cuda_varlen")
+KERNELS = ("auto", "per_sequence", "repad", "block_diagonal", "jagged", "flash_varlen",
+           "cuda_varlen")
 
 
 @dataclass
@@ -146,16 +151,48 @@ def jagged(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
     return out.transpose(1, 2).values()
 
 
+# FlashAttention-2's variable-length kernel as torch ships it (differentiable: its backward is
+# aten._flash_attention_backward). Looked up at call time, so CPU tests can stand in for it.
+_FLASH_OPS = torch.ops.aten
+
+
+def flash_varlen(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
+    """CUDA, fp16/bf16, head size a multiple of 8 up to 256: the flash varlen kernel called
+    directly on the concatenated tokens with the layout's cu_seqlens and host-known longest
+    sequence - one kernel per layer forward and one backward, no Python per op.
+
+    Why not ``jagged`` on CUDA: nested tensors dispatch every op through Python
+    (``__torch_function__``/``__torch_dispatch__``, schema checks, 576 nested-tensor
+    constructions a step for BERT-large); on an H100 that host work was ~350 ms a step at
+    any local batch (bench.gpu ``small_batches``), far above the device's time for the step
+    at the small local batches of a 1,024-GPU run."""
+    out = _FLASH_OPS._flash_attention_forward(
+        q.contiguous(), k.contiguous(), v.contiguous(), varlen.cu_seqlens, varlen.cu_seqlens,
+        varlen.max_len, varlen.max_len, dropout_p, False, False)
+    return out[0]
+
+
+def flash_varlen_fits(q: torch.Tensor) -> bool:
+    """Whether ``flash_varlen`` takes these tokens: CUDA, half precision, head size 8k ≤ 256."""
+    d = q.shape[-1]
+    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0
+            and d <= 256)
+
+
 def cuda_varlen(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
-    """CUDA: ``jagged`` with SDPA's flash / memory-efficient varlen kernels (which kernel
-    ran is a named check of ``python -m bench.gpu``); ``per_sequence`` is its reference."""
+    """CUDA: ``flash_varlen`` where it fits (training in bf16/fp16), else ``jagged`` (SDPA
+    over nested tensors picks flash, memory-efficient or math; fp32 goes there). Which
+    kernel ran is a named check of ``python -m bench.gpu``; ``per_sequence`` is the
+    reference."""
     if not q.is_cuda:
         raise RuntimeError("cuda_varlen needs CUDA tensors; use kernel='repad' on CPU")
+    if flash_varlen_fits(q):
+        return flash_varlen(q, k, v, varlen, dropout_p)
     return jagged(q, k, v, varlen, dropout_p)
 
 
 _BY_NAME = {"per_sequence": per_sequence, "repad": repad, "block_diagonal": block_diagonal,
-            "jagged": jagged, "cuda_varlen": cuda_varlen}
+            "jagged": jagged, "flash_varlen": flash_varlen, "cuda_varlen": cuda_varlen}
 
 
 def varlen_attention(q, k, v, varlen: Varlen, dropout_p: float = 0.0,

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import (KERNELS, Varlen, block_diagonal, cuda_varlen, jagged,
-                               per_sequence, repad, varlen_attention)
+import kernels.attention as attention
+from kernels.attention import (KERNELS, Varlen, block_diagonal, cuda_varlen, flash_varlen,
+                               flash_varlen_fits, jagged, per_sequence, repad, varlen_attention)
 
 LENGTHS = [7, 1, 12, 5, 12]
 
@@ -80,6 +81,46 @@ def test_cuda_varlen_refuses_cpu_tensors():
         varlen_attention(q, k, v, layout, kernel="cuda_varlen")
 
 
+class _FlashStandIn:
+    """aten._flash_attention_forward's calling convention on CPU: the tokens, cu_seqlens for
+    queries and keys, the longest sequence as host ints, dropout, causal, debug mask; returns
+    (output, logsumexp, rng_state, unused, debug mask). Computes the reference."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _flash_attention_forward(self, q, k, v, cu_q, cu_k, max_q, max_k, dropout_p,
+                                 is_causal, debug):
+        self.calls.append((cu_q, cu_k, max_q, max_k, dropout_p, is_causal, debug))
+        assert isinstance(max_q, int) and isinstance(max_k, int)  # host ints: no device read
+        lengths = (cu_q[1:] - cu_q[:-1]).tolist()
+        out = per_sequence(q, k, v, Varlen.from_lengths(torch.tensor(lengths)), dropout_p)
+        return out, None, None, None, None
+
+
+def test_flash_varlen_hands_the_layout_to_the_kernel(monkeypatch):
+    """The direct flash call (what training runs on CUDA in bf16) gets the layout's own
+    cu_seqlens and host-known longest length, and its output is the kernel's first result."""
+    stand_in = _FlashStandIn()
+    monkeypatch.setattr(attention, "_FLASH_OPS", stand_in)
+    (q, k, v), layout = varlen_inputs()
+    host = Varlen.from_host(layout.cu_seqlens, layout.token_in_seq, layout.seq_of_token,
+                            layout.max_len, layout.min_len)
+    got = flash_varlen(q, k, v, host, dropout_p=0.0)
+    torch.testing.assert_close(got, per_sequence(q, k, v, layout))
+    (cu_q, cu_k, max_q, max_k, p, causal, debug), = stand_in.calls
+    assert cu_q is host.cu_seqlens and cu_k is host.cu_seqlens and cu_q.dtype == torch.int32
+    assert (max_q, max_k, p, causal, debug) == (12, 12, 0.0, False, False)
+    got.sum().backward()  # gradients flow through whatever the op returns
+    assert q.grad is not None
+
+
+def test_flash_varlen_takes_half_precision_cuda_tokens_only():
+    assert not flash_varlen_fits(torch.zeros(4, 2, 64, dtype=torch.bfloat16))  # CPU
+    meta = torch.zeros(4, 2, 64, dtype=torch.bfloat16, device="meta")
+    assert not flash_varlen_fits(meta)  # not CUDA either
+
+
 # ---- CUDA: what training runs (bf16, dropout, backward); skipped without a GPU --------------
 
 @pytest.mark.cuda
@@ -133,3 +174,13 @@ def test_cuda_varlen_runs_on_flash_with_dropout_and_no_host_sync():
         outs.append(out.detach())
         assert all(torch.isfinite(t.grad).all() for t in qkv)
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)  # same seed, same masks
+
+
+@pytest.mark.cuda
+def test_flash_varlen_fits_training_shapes_only():
+    def t(dtype, d=64):
+        return torch.zeros(4, 2, d, dtype=dtype, device="cuda")
+    assert flash_varlen_fits(t(torch.bfloat16)) and flash_varlen_fits(t(torch.float16))
+    assert not flash_varlen_fits(t(torch.float32))  # fp32 goes through jagged SDPA
+    assert not flash_varlen_fits(t(torch.bfloat16, d=60)) and not flash_varlen_fits(
+        t(torch.bfloat16, d=320))
