@@ -74,7 +74,7 @@ def parse_args(argv):
     ap.add_argument("--stages", default=",".join(STAGE_NAMES),
                     help=f"comma-separated subset of {','.join(STAGE_NAMES)}")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes (CI)")
-    ap.add_argument("--deadline", type=float, default=540.0, help="seconds for all stages")
+    ap.add_argument("--deadline", type=float, default=575.0, help="seconds for all stages")
     ap.add_argument("--work", type=Path, default=None, help="work folder (data sets, stage "
                     "files; default: a temporary one)")
     ap.add_argument("--bundle", type=Path, default=None, help="with --out: a bundle made here "
