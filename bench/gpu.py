@@ -46,7 +46,6 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any
 from pathlib import Path
 from typing import Any, Optional
 

@@ -358,26 +358,23 @@ class _FusedStep:
                 one = _to_device(torch.tensor([float(values)], dtype=torch.float64), b.device,
                                  dtype)
                 return one.expand(self.n)
-            key = (name, dtype, float(values))
-            cached = self._constants.get(key)
-            if cached is None:
-                if len(self._constants) > 256:
-                    self._constants.clear()
-                cached = torch.full((self.n,), float(values), dtype=dtype, device=b.device)
-                self._constants[key] = cached
-            return cached
+            return self._constant((name, dtype, float(values)), lambda: torch.full(
+                (self.n,), float(values), dtype=dtype, device=b.device))
         vals = _per_tensor(values, self.n, name)
         if any(isinstance(x, torch.Tensor) for x in vals):
             return torch.stack([torch.as_tensor(x, dtype=dtype).to(b.device) for x in vals])
         if per_step:
             return _to_device(torch.tensor(vals, dtype=torch.float64), b.device, dtype)
-        key = (name, dtype, tuple(vals))
+        return self._constant((name, dtype, tuple(vals)), lambda: _to_device(
+            torch.tensor(vals, dtype=torch.float64), b.device, dtype))
+
+    def _constant(self, key, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """A device vector cached by ``key`` (made once by ``make``, no host sync after)."""
         cached = self._constants.get(key)
         if cached is None:
             if len(self._constants) > 256:  # values that keep changing: do not grow forever
                 self._constants.clear()
-            cached = _to_device(torch.tensor(vals, dtype=torch.float64), b.device, dtype)
-            self._constants[key] = cached
+            cached = self._constants[key] = make()
         return cached
 
     @staticmethod
@@ -388,22 +385,13 @@ class _FusedStep:
     def _flags(self, values, name: str) -> torch.Tensor:
         if isinstance(values, torch.Tensor):
             return values.to(self.buffers.device, torch.bool).expand(self.n)
+        device = self.buffers.device
         if isinstance(values, (bool, int)):  # one flag for all
-            key = (name, bool(values))
-            cached = self._constants.get(key)
-            if cached is None:
-                cached = torch.full((self.n,), bool(values), dtype=torch.bool,
-                                    device=self.buffers.device)
-                self._constants[key] = cached
-            return cached
+            return self._constant((name, bool(values)), lambda: torch.full(
+                (self.n,), bool(values), dtype=torch.bool, device=device))
         flags = tuple(bool(x) for x in _per_tensor(values, self.n, name))
-        key = (name, flags)
-        cached = self._constants.get(key)
-        if cached is None:
-            cached = _to_device(torch.tensor(flags, dtype=torch.bool), self.buffers.device,
-                                torch.bool)
-            self._constants[key] = cached
-        return cached
+        return self._constant((name, flags), lambda: _to_device(
+            torch.tensor(flags, dtype=torch.bool), device, torch.bool))
 
     def _keep(self, active) -> torch.Tensor:
         """Per-tensor update mask: bools, or a device bool tensor (the binding folds the
