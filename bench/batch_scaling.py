@@ -18,6 +18,9 @@ the base learning rate tuned at ``--base-batch`` B0 (``--calibrate`` sweeps it):
            steps (You et al., arXiv 1901.08256).
 The schedule decays over the same number of samples at every batch (poly, total steps =
 ``decay_samples``/B), so a batch changes the step count, not the schedule's shape in samples.
+Each run's budget is 4× its expected samples, at most ``--max-samples-factor`` (6) × its
+optimizer's samples at the base batch: a run short of the target by then counts as not
+reaching it (a batch needing 6× the samples of the base batch is far past the knee).
 Each run evaluates every ~7 % of its expected samples to target (never less than a step),
 and samples/steps to target are read at the eval where the accuracy first reaches the target,
 linearly interpolated between it and the eval before (``resolution`` says how fine).
@@ -34,8 +37,11 @@ B_crit = E_min/S_min. Beside it, B_simple: the noise scale the runs reported
 Writes the record (with ``samples_table``: global batch → samples, the best rule per
 optimizer, which ``python -m runtime.calibrate.tune --simulate --samples`` reads), a table
 and a log-log plot (samples against steps to target per optimizer and rule, the perfect
-scaling line, B_crit and B_simple marked). A benchmark: run it alone on the machine
-(``flock -x /tmp/presto_cpu.lock ...``); about 3 hours for the default grid.
+scaling line, B_crit and B_simple marked). The record is rewritten after every run
+(``complete: false`` until the end); ``--reuse RECORD`` takes the runs an earlier record
+already has (same overrides, an outcome the budget would not change), so an interrupted study
+resumes by rerunning its command with ``--reuse`` of its own record. About 3 hours for the
+default grid (44 runs); samples and steps do not depend on the machine's load, wall times do.
 """
 from __future__ import annotations
 
@@ -48,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from bench.common import REPO, finish, record, run_runtime
+from bench.common import REPO, finish, record, run_runtime, write
 
 CONFIG = REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
 DATA = REPO / "data" / "scaling64"
@@ -71,9 +77,15 @@ def ensure_data(path: Path) -> None:
           log=lambda msg: print(msg, flush=True))
 
 
+BUDGET_KEYS = ("train.max_steps=", "train.max_samples_termination=")
+
+
 def run_plan(optimizer: str, rule: str, batch: int, base_batch: int, base_lr: float,
-             expected: float, target: float, decay_samples: int) -> list[str]:
-    """The overrides of one run: lr scaled by the rule, warm-up, accumulation, cadence."""
+             expected: float, target: float, decay_samples: int,
+             cap: Optional[float] = None) -> list[str]:
+    """The overrides of one run: lr scaled by the rule, warm-up, accumulation, cadence, and
+    the budget: 4× the expected samples, at most ``cap`` samples (a run that has not reached
+    the target by then is censored: "not reached within the budget")."""
     k = batch / base_batch
     lr = base_lr * (k if rule == "linear" else math.sqrt(k))
     warmup = (max(1, round(WARMUP_STEPS / k)) if rule == "linear" else WARMUP_STEPS)
@@ -81,7 +93,7 @@ def run_plan(optimizer: str, rule: str, batch: int, base_batch: int, base_lr: fl
     if batch % (RANKS * accum):
         raise ValueError(f"batch {batch} does not split into {RANKS} ranks x {accum} micro-steps")
     every = max(batch, int(0.07 * expected) // batch * batch)
-    budget = int(4 * expected) // batch * batch + batch  # a run stuck short of the target ends here
+    budget = int(min(4 * expected, cap or math.inf)) // batch * batch + batch
     return [f"optim.name={optimizer}", f"optim.lr={lr:.6g}", f"train.global_batch_size={batch}",
             f"train.gradient_accumulation_steps={accum}", f"schedule.warmup_steps={warmup}",
             f"schedule.total_steps={max(1, decay_samples // batch)}",
@@ -141,8 +153,43 @@ def fit_tradeoff(points: list[tuple[int, float]]) -> Optional[dict]:
     return out
 
 
-def study(args, workdir: Path) -> dict:
+def reusable(old: dict, over: list[str]) -> bool:
+    """Whether an earlier run (a row of a record) answers for the planned run ``over``: the
+    same overrides but for the budget, and an outcome the new budget would not change - it
+    reached the target within the new budget, or it did not within a budget at least as
+    large."""
+    def split(o):
+        keep = [x for x in o if not x.startswith(BUDGET_KEYS)]
+        cap = [int(x.split("=")[1]) for x in o if x.startswith(BUDGET_KEYS[1])]
+        return keep, (cap[0] if cap else None)
+    (a, old_cap), (b, new_cap) = split(old["overrides"]), split(over)
+    if a != b or old_cap is None or new_cap is None or old["status"] not in ("success", "aborted"):
+        return False
+    if old["samples_to_target"] is not None:
+        return old["samples_to_target"] <= new_cap
+    return old_cap >= new_cap
+
+
+def load_reuse(path: Optional[Path], rec: dict) -> list[dict]:
+    """The runs of an earlier record of the same study (same target, proxy, base batch and
+    decay), to be taken instead of rerun; a record of another study is refused."""
+    if path is None:
+        return []
+    try:
+        old = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--reuse {path}: cannot read the record ({e}); name a JSON record "
+                         "that bench.batch_scaling wrote")
+    for key in ("target", "base_batch", "proxy", "decay_samples", "ranks"):
+        if old.get(key) != rec.get(key):
+            raise SystemExit(f"--reuse {path}: its {key} is {old.get(key)!r}, this study's is "
+                             f"{rec.get(key)!r}; its runs do not answer for this study")
+    return list(old.get("runs") or [])
+
+
+def study(args, workdir: Path, rec: dict) -> dict:
     expected = dict(args.expected)  # optimizer -> samples to target at the base batch
+    earlier = load_reuse(args.reuse, rec)
     runs = []
     for seed in args.seeds:
         for optimizer in args.optimizers:
@@ -153,8 +200,16 @@ def study(args, workdir: Path) -> dict:
                     e_guess = expected[optimizer] * (1 + batch / 512)
                     over = run_plan(optimizer, rule, batch, args.base_batch,
                                     args.base_lr[optimizer], e_guess, args.target,
-                                    args.decay_samples)
+                                    args.decay_samples,
+                                    cap=args.max_samples_factor * expected[optimizer])
                     name = f"{optimizer}_{rule}_b{batch}"
+                    old = next((r for r in earlier if r["seed"] == seed
+                                and r["optimizer"] == optimizer and r["rule"] == rule
+                                and r["batch"] == batch and reusable(r, over)), None)
+                    if old is not None:
+                        runs.append({**old, "overrides": over, "reused": True})
+                        print(f"  {name} seed {seed}: reused from {args.reuse}", flush=True)
+                        continue
                     t0 = time.perf_counter()
                     r = run_runtime(CONFIG, seed, [f"data.data_dir={args.data}", *PROXY, *over],
                                     workdir, timeout=args.run_timeout, name=name)
@@ -174,7 +229,8 @@ def study(args, workdir: Path) -> dict:
                           f"({_f(row['steps_to_target'], '.1f')} steps), B_noise "
                           f"{_f(row['noise_scale_at_target'], '.0f')}, {row['wall_s']} s",
                           flush=True)
-    return {"runs": runs, **summarise(runs, args)}
+                    write(dict(rec, runs=runs, complete=False), args.out)  # nothing is lost
+    return {"runs": runs, "complete": True, **summarise(runs, args)}
 
 
 def summarise(runs: list[dict], args) -> dict:
@@ -315,6 +371,13 @@ def parse_args(argv):
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--calibrate", action="store_true", help="sweep the base lr at the base "
                     "batch instead of running the study")
+    ap.add_argument("--max-samples-factor", type=float, default=6.0,
+                    help="no run trains past this many times its optimizer's --expected samples "
+                    "(a run short of the target by then counts as not reaching it)")
+    ap.add_argument("--reuse", type=Path, default=None,
+                    help="an earlier record of this study: its runs with the same overrides "
+                    "(and an outcome the budget would not change) are taken, not rerun; the "
+                    "record is rewritten after every run, so an interrupted study resumes so")
     ap.add_argument("--run-timeout", type=float, default=1800)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "batch_scaling.json")
@@ -344,7 +407,7 @@ def main(argv=None) -> int:
     if args.calibrate:
         rec["calibration"] = calibrate(args, workdir)
     else:
-        rec.update(study(args, workdir))
+        rec.update(study(args, workdir, rec))
         print_table(rec)
         if args.png:
             plot(rec, args.png)

@@ -1,13 +1,15 @@
 """bench.batch_scaling's arithmetic: the learning-rate rules (linear; √ with LEGW warm-up),
 the crossing of the target read between evaluations, McCandlish's trade-off fitted back from
-points made by it, and the samples table the projection reads."""
+points made by it, the samples table the projection reads, the budget cap and which earlier
+runs answer for a planned one."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from bench.batch_scaling import WARMUP_STEPS, best_samples_table, crossing, fit_tradeoff, run_plan
+from bench.batch_scaling import (WARMUP_STEPS, best_samples_table, crossing, fit_tradeoff,
+                                 load_reuse, reusable, run_plan)
 
 
 def _value(over: list[str], key: str) -> str:
@@ -55,3 +57,34 @@ def test_the_samples_table_takes_the_best_rule_that_always_reached_the_target():
              {"batch": 256, "samples": None, "reached": 0, "runs": 2}]
     assert best_samples_table(table) == [[64, 10000.0], [128, 11000.0]]
     assert math.isfinite(best_samples_table(table)[0][1])
+
+
+def test_the_budget_is_capped_and_an_earlier_run_is_reused_only_when_its_outcome_holds():
+    plan = run_plan("lamb", "sqrt", 1024, 32, 1e-2, 30000, 0.1, 400_000)
+    capped = run_plan("lamb", "sqrt", 1024, 32, 1e-2, 30000, 0.1, 400_000, cap=60000)
+    assert int(_value(plan, "train.max_samples_termination")) == 120000 // 1024 * 1024 + 1024
+    budget = int(_value(capped, "train.max_samples_termination"))
+    assert budget == 60000 // 1024 * 1024 + 1024
+    assert int(_value(capped, "train.max_steps")) == budget // 1024 + 1
+    same = [o for o in plan if not o.startswith(("train.max_steps", "train.max_samples"))]
+    assert same == [o for o in capped if not o.startswith(("train.max_steps", "train.max_sam"))]
+    missed = {"overrides": plan, "status": "aborted", "samples_to_target": None}
+    assert reusable(missed, capped)          # not reached within a larger budget
+    assert not reusable({**missed, "overrides": capped}, plan)  # might reach with more
+    hit = {"overrides": plan, "status": "success", "samples_to_target": 50000.0}
+    assert reusable(hit, capped)
+    assert not reusable({**hit, "samples_to_target": 90000.0}, capped)  # past the new cap
+    assert not reusable({**hit, "status": "failed"}, capped)
+    other_lr = [o if not o.startswith("optim.lr=") else "optim.lr=0.5" for o in plan]
+    assert not reusable(hit, other_lr)
+
+
+def test_a_record_of_another_study_is_refused_by_name(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text('{"target": 0.2, "runs": []}')
+    with pytest.raises(SystemExit, match=r"old.json: its target is 0.2"):
+        load_reuse(path, {"target": 0.1})
+    path.write_text("{not json")
+    with pytest.raises(SystemExit, match="cannot read the record"):
+        load_reuse(path, {"target": 0.1})
+    assert load_reuse(None, {}) == []
