@@ -1,16 +1,17 @@
 """``python -m submission``: submit MLPerf BERT experiments to Slurm, follow them, score them,
-package them.
+package them; search the optimizer's hyperparameters for a batch.
 
     python -m submission submit  --config C --nexp N [--partition P] [--dry-run] [--set k=v ...]
     python -m submission status  [JOB] [--logs DIR]
     python -m submission report  --logs DIR [--json FILE|-]
     python -m submission package --logs DIR --org ORG --system SYS --out DIR
+    python -m submission hpo     --config C --space S.toml --trials N [--workers W] [--slurm]
 
 Owns: the command line, and turning errors into messages and exit statuses: 0 done (report:
 every run converged and complies; package: no check failed), 1 a run or check failed, 2 bad
 input (nothing was submitted or written). The work is in submission.slurm (submit, status),
 submission.report (report) and submission.package (package); docs/SLURM.md walks through
-all four.
+all four; submission.hpo does hpo (docs/HPO.md).
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import json
 import sys
 from pathlib import Path
 
+from runtime.config import ConfigError
+from submission import hpo
 from submission import package as pkg
 from submission import report as rep
 from submission import slurm
@@ -68,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", type=Path, required=True, help="the package goes to OUT/ORG")
     s.add_argument("--impl", default="presto_pytorch", help="implementation directory name")
     s.add_argument("--config", type=Path, help="config, when LOGS has no job.json")
+
+    s = sub.add_parser("hpo", help="search hyperparameters with Optuna, each trial a real run")
+    hpo.add_arguments(s)
+    s = sub.add_parser("hpo-worker", help="one worker of an existing study (a Slurm array "
+                       "task runs this)")
+    s.add_argument("--dir", type=Path, required=True, help="the study directory")
+    s.add_argument("--worker", type=int, help="worker index (default SLURM_ARRAY_TASK_ID)")
     return ap
 
 
@@ -157,13 +167,19 @@ def cmd_package(a) -> int:
     return 1 if any(c["verdict"] == "fail" for c in result["checks"]) else 0
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"submit": cmd_submit, "status": cmd_status, "report": cmd_report,
-               "package": cmd_package}[args.command]
+               "package": cmd_package, "hpo": lambda a: hpo.run_command(a, out=_say),
+               "hpo-worker": lambda a: hpo.worker_command(a, out=_say)}[args.command]
     try:
         return handler(args)
-    except (slurm.SubmitError, pkg.PackageError, FileNotFoundError) as e:
+    except (slurm.SubmitError, pkg.PackageError, hpo.HpoError, ConfigError,
+            FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,214 @@
+"""``python -m submission hpo`` without training: the search space's checks (exit 2 naming
+the key, nothing written), the study directory's identity, the storage URL's password, the
+typed overrides and the best config, and the worker's bookkeeping - the budget, a killed
+worker's stale trial failed and retried once, a signalled worker's trial retried, a stale
+journal lock broken - with ``run_trial`` replaced by a stand-in that answers at once (the real
+runs are in tests/test_hpo_e2e.py)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from optuna.distributions import FloatDistribution
+
+from runtime.config import load_config
+from submission import hpo
+from submission.__main__ import main as submission_main
+from tests.support.runs import CPU_CONFIG
+
+SPACE = """
+[params."optim.lr"]
+low = 1e-4
+high = 3e-2
+log = true
+
+[params."optim.name"]
+choices = ["lamb", "adamw"]
+"""
+
+
+def _space(tmp_path: Path, text: str = SPACE) -> Path:
+    path = tmp_path / "space.toml"
+    path.write_text(text)
+    return path
+
+
+def _args(tmp_path, *extra, space=None, d=None):
+    return ["hpo", "--config", str(CPU_CONFIG), "--space", str(space or _space(tmp_path)),
+            "--trials", "4", "--dir", str(d or tmp_path / "study"), *extra]
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('[params."optim.lrr"]\nlow = 1\nhigh = 2\n', "unknown config key optim.lrr"),
+    ('[params."optim.lr"]\nlow = 0.01\nhigh = 0.001\n', "[0.01, 0.001] is empty"),
+    ('[params."optim.lr"]\nlow = 0.0\nhigh = 0.1\nlog = true\n', "a log scale needs low > 0"),
+    ('[params."optim.lr"]\nlow = 1e-4\nhigh = 1e-2\nscale = "log"\n', "unknown field(s) ['scale']"),
+    ('[params."optim.name"]\nchoices = []\n', "choices is empty"),
+    ('[params."optim.name"]\nchoices = ["lamb", "sgd"]\n', "'sgd' is not a value the config"),
+    ('[params."optim.beta1"]\nlow = 0.5\nhigh = 1.5\n', "[params.\"optim.beta1\"]: 1.5"),
+    ('[params."train.global_batch_size"]\nlow = 32\nhigh = 64\n', "is not searched here"),
+    ('[params."schedule.warmup_steps"]\nlow = 0.5\nhigh = 10\n', "must be integers"),
+    ('[params."optim.lr"]\nlow = 1e-4\n', "needs both low and high"),
+    ('[search]\nx = 1\n', "unknown table(s) ['search']"),
+])
+def test_a_bad_search_space_is_refused_with_exit_2_naming_the_key(tmp_path, capsys, text,
+                                                                  needle):
+    code = submission_main(_args(tmp_path, space=_space(tmp_path, text)))
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "space.toml" in err, err
+    assert not (tmp_path / "study").exists()   # nothing written
+
+
+def test_a_directory_holding_another_study_or_something_else_is_refused(tmp_path, capsys):
+    hpo.prepare(hpo_args(tmp_path))   # claims the directory
+    held = json.loads((tmp_path / "study" / "study.json").read_text())
+    other = tmp_path / "other_space.toml"
+    other.write_text(SPACE.replace("3e-2", "2e-2"))
+    code = submission_main(_args(tmp_path, space=other))
+    err = capsys.readouterr().err
+    assert code == 2 and "holds another study (space_sha256" in err, err
+    assert json.loads((tmp_path / "study" / "study.json").read_text()) == held  # untouched
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("mine")
+    code = submission_main(_args(tmp_path, d=tmp_path / "junk"))
+    assert code == 2 and "is not a study directory" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "junk").iterdir()) == ["notes.txt"]
+
+
+def test_a_storage_password_is_never_printed_or_written(tmp_path, capsys):
+    url = "postgresql://presto:s3cr3t-pw@127.0.0.1:9/hpo"
+    code = submission_main(_args(tmp_path, "--storage", url))
+    out = capsys.readouterr()
+    assert code == 2 and "cannot open it" in out.err, out
+    assert "s3cr3t-pw" not in out.out + out.err and "presto:***@" in out.err
+    assert "s3cr3t-pw" not in (tmp_path / "study" / "study.json").read_text()
+    assert hpo.redact(url) == "postgresql://presto:***@127.0.0.1:9/hpo"
+
+
+def test_values_reach_the_run_as_typed_overrides_and_the_best_config_loads(tmp_path):
+    assert hpo.trial_overrides({"optim.lr": 3.93e-4, "optim.name": "adamw",
+                                "schedule.warmup_steps": 82}) == \
+        ["optim.lr=0.000393", 'optim.name="adamw"', "schedule.warmup_steps=82"]
+    assert hpo.toml_literal('a "q" $(x)') == '"a \\"q\\" $(x)"'
+    a = hpo_args(tmp_path, "--set", "train.max_steps=7")
+    study, *_ = hpo.prepare(a)
+    best = {"number": 3, "value": 1234.0, "censored": False,
+            "params": {"optim.lr": 0.00123, "optim.name": "adamw"}}
+    text = hpo.best_config_text(study, best, [best] * 4)
+    path = tmp_path / "best.toml"
+    path.write_text(text)
+    cfg = load_config(path)
+    assert (cfg.optim.lr, cfg.optim.name, cfg.train.max_steps) == (0.00123, "adamw", 7)
+    assert text.startswith("# Searched by `python -m submission hpo`") and "trial 3" in text
+    base = load_config(CPU_CONFIG)
+    assert cfg.model.hidden_size == base.model.hidden_size and cfg.data == base.data
+
+
+def hpo_args(tmp_path, *extra):
+    import argparse
+    ap = argparse.ArgumentParser()
+    hpo.add_arguments(ap)
+    return ap.parse_args(_args(tmp_path, *extra)[1:])
+
+
+class FakeRuns:
+    """run_trial's stand-in: a value from the parameters at once; ``stop_on`` trial numbers
+    behave as a worker signalled mid-run (exit 4)."""
+
+    def __init__(self, stop_on=()):
+        self.seen: list[tuple[int, dict]] = []
+        self.stop_on = set(stop_on)
+
+    def __call__(self, study, trial, target, stop, env_extra=None):
+        self.seen.append((trial.number, dict(trial.params)))
+        if trial.number in self.stop_on:
+            stop.signum = 15
+            return hpo.Outcome("retry", attrs={"exit_code": 4}, message="stopped (exit 4)")
+        trial.report(0.05, step=100)
+        lr = trial.params["optim.lr"]
+        return hpo.Outcome("complete", 1000 + abs(lr - 0.01) * 1e5,
+                           {"samples_to_target": 1000})
+
+
+def _states(study):
+    ostudy = hpo.open_study(study)
+    return [(t.number, t.state.name, t.user_attrs.get("retry_of")) for t in ostudy.trials]
+
+
+def test_the_worker_spends_the_budget_baseline_first_and_writes_the_outputs(tmp_path,
+                                                                              monkeypatch):
+    fake = FakeRuns()
+    monkeypatch.setattr(hpo, "run_trial", fake)
+    lines = []
+    code = hpo.run_command(hpo_args(tmp_path, "--enqueue", "optim.lr=0.02,optim.name=adamw"),
+                           out=lines.append)
+    assert code == 0, lines
+    study = hpo.read_study(tmp_path / "study")
+    assert [s for _, s, _ in _states(study)] == ["COMPLETE"] * 4
+    assert fake.seen[0][1] == {"optim.lr": 0.01, "optim.name": "lamb"}   # the config's own
+    assert fake.seen[1][1] == {"optim.lr": 0.02, "optim.name": "adamw"}  # --enqueue
+    rows = json.loads((tmp_path / "study" / "trials.json").read_text())
+    assert rows[0]["origin"] == "baseline" and rows[0]["value"] == 1000.0
+    best = load_config(tmp_path / "study" / f"{CPU_CONFIG.stem}_hpo.toml")
+    assert best.optim.lr == 0.01 and best.optim.name == "lamb"
+    assert (tmp_path / "study" / "history.png").stat().st_size > 1000
+    assert (tmp_path / "study" / "slices.png").stat().st_size > 1000
+    assert any("best trial 0" in line for line in lines), lines
+    # Rerunning the finished study's command runs nothing more and writes the same answer.
+    code = hpo.run_command(hpo_args(tmp_path), out=lines.append)
+    assert code == 0 and len(fake.seen) == 4
+
+
+def test_a_killed_workers_trial_is_failed_and_retried_once(tmp_path, monkeypatch):
+    a = hpo_args(tmp_path, "--trials", "2", "--heartbeat", "1", "--heartbeat-grace", "5")
+    study, *_ = hpo.prepare(a)
+    ostudy = hpo.open_study(study)
+    orphan = ostudy.ask({"optim.lr": FloatDistribution(1e-4, 3e-2, log=True)})  # a worker ...
+    hb = hpo._heartbeat(study, orphan.number)
+    hb.write_text("gone\n")
+    os.utime(hb, (time.time() - 60, time.time() - 60))                        # ... killed
+    lr = orphan.params["optim.lr"]
+    fresh = ostudy.ask()                    # another worker's live trial: not touched
+    hpo._heartbeat(study, fresh.number).write_text("alive\n")
+    with hpo.bookkeeping_lock(study):
+        assert hpo.reap_stale(study, ostudy) == [orphan.number]
+        assert hpo.reap_stale(study, ostudy, now=time.time()) == []          # once only
+    ostudy.tell(fresh, 5000.0)
+    fake = FakeRuns()
+    monkeypatch.setattr(hpo, "run_trial", fake)
+    assert hpo.work(study, out=lambda m: None) == 0
+    states = _states(study)
+    assert states[:2] == [(0, "FAIL", None), (1, "COMPLETE", None)]
+    assert states[2] == (2, "COMPLETE", 0) and len(states) == 2 + 1
+    assert fake.seen == [(2, {"optim.lr": lr, "optim.name": fake.seen[0][1]["optim.name"]})]
+
+
+def test_a_signalled_worker_fails_its_trial_and_a_rerun_retries_it(tmp_path, monkeypatch):
+    fake = FakeRuns(stop_on={1})
+    monkeypatch.setattr(hpo, "run_trial", fake)
+    code = hpo.run_command(hpo_args(tmp_path, "--trials", "3"), out=lambda m: None)
+    assert code == 4
+    study = hpo.read_study(tmp_path / "study")
+    assert _states(study) == [(0, "COMPLETE", None), (1, "FAIL", None), (2, "WAITING", 1)]
+    fake.stop_on.clear()
+    assert hpo.run_command(hpo_args(tmp_path, "--trials", "3"), out=lambda m: None) == 0
+    states = _states(study)
+    assert [s for _, s, _ in states] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]
+    assert fake.seen[2][1] == fake.seen[1][1]            # the retry: the same parameters
+    done = [json.dumps(p, sort_keys=True) for n, p in fake.seen if n != 1]
+    assert len(done) == len(set(done)) == 3              # nothing completed twice
+
+
+def test_a_stale_journal_lock_does_not_hang_the_study(tmp_path, monkeypatch):
+    monkeypatch.setattr(hpo, "run_trial", FakeRuns())
+    a = hpo_args(tmp_path, "--trials", "1", "--lock-grace", "3")
+    study, *_ = hpo.prepare(a)
+    for name in ("journal.log.lock", "bookkeeping.lock"):   # left by a killed worker
+        (tmp_path / "study" / name).write_text("")
+    t0 = time.monotonic()
+    assert hpo.run_command(a, out=lambda m: None) == 0
+    assert time.monotonic() - t0 < 30
+    assert [s for _, s, _ in _states(study)] == ["COMPLETE"]
