@@ -523,9 +523,11 @@ def _kill_leftovers(pgid: int) -> bool:
 
 
 def run_trial(study: Study, trial, target: float, stop: _Stop,
-              env_extra: Optional[dict] = None) -> Outcome:
+              env_extra: Optional[dict] = None, on_stop=lambda: None) -> Outcome:
     """Run the trial's training with run_and_time.sh, report its evaluations, prune it when
-    the pruner says so; the outcome from its exit status, summary and MLPerf log."""
+    the pruner says so; the outcome from its exit status, summary and MLPerf log. When the
+    worker is asked to stop, ``on_stop`` runs at once (Slurm kills a cancelled task a few
+    seconds after its SIGTERM: the trial's fate must be written before the run has ended)."""
     run_dir = study.path / "trials" / f"trial_{trial.number}"
     if run_dir.exists():  # an earlier attempt of this number cannot be (results never overwritten)
         run_dir = run_dir.with_name(f"{run_dir.name}_{int(time.time())}")
@@ -549,10 +551,13 @@ def run_trial(study: Study, trial, target: float, stop: _Stop,
                 os.utime(hb)
     beater = threading.Thread(target=beat, daemon=True)
     beater.start()
-    offset, best_acc, pruned_at = 0, 0.0, None
+    offset, best_acc, pruned_at, stop_told = 0, 0.0, None, False
     metrics = run_dir / "metrics.jsonl"
     try:
         while True:
+            if stop.signum is not None and not stop_told:
+                stop_told = True
+                on_stop()
             done = proc.poll() is not None
             evals, offset = _read_evals(metrics, offset)
             for e in evals:
@@ -647,21 +652,27 @@ def work(study: Study, url: Optional[str] = None, worker: int = 0,
             out(f"hpo: trial {trial.number} ({origin}"
                 f"{f', retry of {retry}' if retry is not None else ''}): "
                 + " ".join(trial_overrides(trial.params)))
-            o = run_trial(study, trial, target, stop, env_extra)
-            for k, v in o.attrs.items():
-                trial.set_user_attr(k, v)
-            frozen = next(t for t in ostudy.get_trials(deepcopy=False)
-                          if t.number == trial.number)
-            if o.state == "complete":
-                ostudy.tell(trial, o.value)
-            elif o.state == "pruned":
-                ostudy.tell(trial, state=TrialState.PRUNED)
+            def give_back(trial=trial):
+                with bookkeeping_lock(study):
+                    fail_and_retry(ostudy, ostudy._storage.get_trial(trial._trial_id),
+                                   f"worker stopped by a signal ({stop.signum})")
+            o = run_trial(study, trial, target, stop, env_extra, on_stop=give_back)
+            frozen = ostudy._storage.get_trial(trial._trial_id)
+            if frozen.state != TrialState.RUNNING:   # failed already: a stop, or reaped
+                o = Outcome("retry", message=frozen.user_attrs.get("fail_reason", ""))
             elif o.state == "retry":
                 with bookkeeping_lock(study):
                     fail_and_retry(ostudy, frozen, o.message)
             else:
-                trial.set_user_attr("fail_reason", o.message[-500:])
-                ostudy.tell(trial, state=TrialState.FAIL)
+                for k, v in o.attrs.items():
+                    trial.set_user_attr(k, v)
+                if o.state == "complete":
+                    ostudy.tell(trial, o.value)
+                elif o.state == "pruned":
+                    ostudy.tell(trial, state=TrialState.PRUNED)
+                else:
+                    trial.set_user_attr("fail_reason", o.message[-500:])
+                    ostudy.tell(trial, state=TrialState.FAIL)
             with contextlib.suppress(FileNotFoundError):
                 _heartbeat(study, trial.number).unlink()
             out(f"hpo: trial {trial.number}: {o.state}"

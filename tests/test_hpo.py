@@ -122,10 +122,11 @@ class FakeRuns:
         self.seen: list[tuple[int, dict]] = []
         self.stop_on = set(stop_on)
 
-    def __call__(self, study, trial, target, stop, env_extra=None):
+    def __call__(self, study, trial, target, stop, env_extra=None, on_stop=lambda: None):
         self.seen.append((trial.number, dict(trial.params)))
         if trial.number in self.stop_on:
             stop.signum = 15
+            on_stop()    # as run_trial does when the worker is signalled
             return hpo.Outcome("retry", attrs={"exit_code": 4}, message="stopped (exit 4)")
         trial.report(0.05, step=100)
         lr = trial.params["optim.lr"]
