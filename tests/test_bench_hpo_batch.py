@@ -1,0 +1,40 @@
+"""bench.hpo_batch's pieces: its search space is one `python -m submission hpo` accepts with
+the study's default as the first trial, the first trial that beat that default, and the
+answer read from the confirmation table."""
+from __future__ import annotations
+
+from bench.batch_scaling import CONFIG, PROXY
+from bench.hpo_batch import answer, first_beating, plan, space_text
+from runtime.config import load_config
+from submission.hpo import load_space
+
+
+def test_the_space_is_valid_and_holds_the_scaled_default(tmp_path):
+    for opt in ("lamb", "adamw"):
+        space = tmp_path / f"{opt}.toml"
+        space.write_text(space_text(opt))
+        over = ["data.data_dir=data/scaling64", *PROXY, *plan(opt, "sqrt", 1024, 0.1)]
+        params = load_space(space, CONFIG, over)
+        cfg = load_config(CONFIG, over)
+        for p in params:   # the baseline trial is the √-rule default: inside the space
+            section, key = p.key.split(".")
+            assert p.contains(getattr(getattr(cfg, section), key)), p
+
+
+def test_first_beating_and_the_answer():
+    rows = [{"number": 0, "origin": "baseline", "value": 100.0, "state": "COMPLETE"},
+            {"number": 1, "origin": "sampled", "value": 120.0, "state": "COMPLETE"},
+            {"number": 2, "origin": "sampled", "value": None, "state": "PRUNED"},
+            {"number": 3, "origin": "sampled", "value": 90.0, "state": "COMPLETE"}]
+    assert first_beating(rows) == 3
+    assert first_beating(rows[:3]) is None
+    row = lambda o, s, reached, mean: {"optimizer": o, "setting": s, "runs": 3,
+                                       "reached": reached, "mean_samples": mean}
+    assert answer([row("adamw", "searched", 3, 5e4), row("lamb", "searched", 3, 6e4)]) \
+        .startswith("yes")
+    assert answer([row("adamw", "searched", 3, 7e4), row("lamb", "searched", 3, 6e4)]) \
+        .startswith("no:")
+    assert answer([row("adamw", "searched", 3, 7e4), row("lamb", "searched", 1, 6e4)]) \
+        .startswith("yes")
+    assert answer([row("adamw", "searched", 0, None), row("lamb", "searched", 2, 6e4)]) \
+        .startswith("neither")
