@@ -28,7 +28,8 @@ What is logged where (docs/MLPERF_LOGGING.md has the full table):
 A resumed run (``state.resume``, runtime.train.checkpoint) continues the same log instead of starting
 one: nothing of INIT_START, INIT_STOP or RUN_START is logged again (every key the rules want
 once stays once), a ``presto_resumed`` event says from which checkpoint, step and samples it
-continues and how long it was down, and its blocks, evals and run_stop follow. An attempt that
+continues, how long it was down and which config values this attempt changed (only keys
+runtime.train.resume_rules lets change; the rest are refused before the log is touched), and its blocks, evals and run_stop follow. An attempt that
 ends as ``interrupted`` (a stop signal, or a failure with a checkpoint to continue from) logs
 ``presto_interrupted`` {reason, step, samples} instead of run_stop. So the checker sees one run:
 one run_start, one run_stop, and a time-to-train (run_start -> run_stop) that includes the
@@ -207,7 +208,9 @@ class MLPerfLogger:
                 "checkpoint": r["checkpoint"], "step": int(r["step"]),
                 C.SAMPLES_COUNT: int(r["samples"]), "world_size": int(r["world_size"]),
                 "world_size_now": int(state.world_size), "checkpoint_time": r.get("time"),
-                "log_continued": self.continuing})
+                "log_continued": self.continuing,
+                # what this attempt changed (runtime.train.resume_rules: keys that may change)
+                "config_changes": list(r.get("config_changes") or [])})
 
     def _on_block_start(self, state: RunState) -> None:
         meta: dict[str, Any] = {C.FIRST_EPOCH_NUM: int(state.block_start_samples)}

@@ -12,6 +12,9 @@
   since are trained again) and ends equal to the uninterrupted run;
 * the checkpoint of 2 ranks (the reference run's) resumed on 1: it works and says that the
   data order changes;
+* a resume that changes a key that must match (the optimizer: AdamW or LARS on LAMB's state)
+  is refused with exit 2 before anything is trained or logged; one that changes a key that
+  may change (the step budget) resumes and records the change in both logs;
 * the reference run itself, which its step budget ends: exit 1, aborted in the MLPerf log, no
   RESULT line, and the log passes the compliance checker (aborted runs are valid logs);
 * results are never overwritten: a directory holding a finished run is refused (exit 2, the
@@ -151,13 +154,44 @@ def test_resuming_on_another_world_size_works_and_says_the_order_changes(small_d
     (run_dir / "checkpoints").mkdir(parents=True)
     shutil.copytree(reference_run.dir / "checkpoints" / "step_00000020",
                     run_dir / "checkpoints" / "step_00000020")
-    rc, out, err = run(run_dir, overrides(small_dataset, **{"system.ranks_per_node": 1,
-                                                            "data.balance": '"random"'}))
+    rc, out, err = run(run_dir, overrides(small_dataset, **{"system.ranks_per_node": 1}))
     assert rc == 1, out[-3000:] + err[-3000:]
     assert "world size 1 instead of the checkpoint's 2" in out
     assert "data order differs" in out
     assert "resuming from" in out and "step 20" in out
     assert min(steps(run_dir)) == 21 and max(steps(run_dir)) == STEPS
+
+
+@pytest.mark.slow
+def test_a_resume_that_swaps_the_optimizer_is_refused_and_a_budget_change_is_recorded(
+        small_dataset, reference_run, tmp_path):
+    """The reference run's LAMB checkpoint of step 20, resumed with AdamW and with LARS (which
+    once loaded LAMB's moments and trained on, and crashed with KeyError 'momentum'): exit 2
+    naming optim.name with both values, nothing trained or logged. Then with a smaller step
+    budget - a key that may change: it resumes, and the change is in the MLPerf log's
+    presto_resumed event and the metrics' resume record."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copytree(reference_run.dir / "checkpoints" / "step_00000020",
+                    run_dir / "checkpoints" / "step_00000020")
+    for other in ("adamw", "lars"):
+        rc, out, err = run(run_dir, overrides(small_dataset, **{"optim.name": f'"{other}"'}))
+        assert rc == 2, out[-3000:] + err[-3000:]
+        assert f"optim.name: the checkpoint has 'lamb', this run '{other}'" in out + err
+        assert 'resume with the checkpoint\'s values (optim.name="lamb")' in out + err
+        assert not (run_dir / "metrics.jsonl").exists()
+        assert not (run_dir / "mlperf_bert.log").exists()
+    rc, out, err = run(run_dir, overrides(small_dataset, **{"train.max_steps": 22}))
+    assert rc == 1, out[-3000:] + err[-3000:]
+    assert "resume: the config differs from the checkpoint's: train.max_steps: 25 -> 22" in out
+    assert sorted(steps(run_dir)) == [21, 22]
+    resumed = [e for e in mllog_events(run_dir / "mlperf_bert.log")
+               if e["key"] == "presto_resumed"]
+    changes = resumed[0]["metadata"]["config_changes"]   # the copy's directory changed too
+    assert changes == ["train.max_steps: 25 -> 22", f"train.output_dir: "
+                       f"{str(reference_run.dir)!r} -> {str(run_dir)!r}"]
+    record = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][0]
+    assert record["kind"] == "resume" and record["config_changes"] == changes
 
 
 def test_results_are_never_overwritten(small_dataset, tmp_path):

@@ -2,9 +2,9 @@
 control's state (checkpoint position, divergence guard), the bucket plan in use and the
 resolved config.
 
-Owns: what of the trainer a checkpoint keeps and a resume restores, and the list of config
-values that differ from the checkpoint's (``config_changes``: said, never silently applied).
-Never: writes files (runtime.train.checkpoint) or decides anything.
+Owns: what of the trainer a checkpoint keeps and a resume restores.
+Never: writes files (runtime.train.checkpoint) or decides anything - which config changes a
+resume accepts is runtime.train.resume_rules' (the trainer asks it before building).
 """
 from __future__ import annotations
 
@@ -38,10 +38,3 @@ class Progress:
         t.control.load_state_dict(state)
         if t.noise is not None and state.get("noise_scale"):
             t.noise.load_state_dict(state["noise_scale"])
-        saved = json.loads(state["config"])
-        t.config_changes = sorted(
-            f"{section}.{key}: {value!r} -> {getattr(getattr(t.cfg, section), key)!r}"
-            for section, table in saved.items() if hasattr(t.cfg, section)
-            for key, value in table.items()
-            if hasattr(getattr(t.cfg, section), key)
-            and json.loads(json.dumps(getattr(getattr(t.cfg, section), key))) != value)

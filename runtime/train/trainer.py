@@ -48,7 +48,8 @@ from runtime.observe.step_log import StepLog, StepRecord
 from runtime.optim.grad_scale import step_multiplier
 from runtime.optim.optimizers import set_lr
 from runtime.train.build import InitCheckpointError, Parts, build_model, build_parts, describe
-from runtime.train.checkpoint import CheckpointManager
+from runtime.train import resume_rules
+from runtime.train.checkpoint import CheckpointError, CheckpointManager
 from runtime.train.progress import Progress
 from runtime.train.run_control import RunControl
 
@@ -100,6 +101,7 @@ class Trainer:
             self.resume_from = self.control.resumed_from = self.checkpoints.latest()
         if self.resume_from is not None:
             ck = self.resume_from
+            self._check_resume(ck)   # before anything is built, logged or trained
             self.state.resume = {"checkpoint": str(ck.path), "step": ck.step,
                                  "samples": ck.samples, "world_size": ck.world_size,
                                  "time": ck.manifest.get("time")}
@@ -140,6 +142,18 @@ class Trainer:
                                files={"bucket_plan.json": self._plan_file})
         if self.resume_from is not None:  # last: the RNG states are restored here
             self._resume()
+
+    def _check_resume(self, ck) -> None:
+        """Refuse a resume that changes a key that must match (runtime.train.resume_rules);
+        keep the changes that may happen, for the record (console, MLPerf log, metrics)."""
+        saved = ck.train_state().get("progress", {}).get("config")
+        if saved is None:
+            return
+        refused, recorded = resume_rules.compare(json.loads(saved), self.cfg.to_dict())
+        if refused:
+            raise CheckpointError(resume_rules.refusal(str(ck.path), refused,
+                                                       self.cfg.train.output_dir))
+        self.config_changes = [d.text() for d in recorded]
 
     def _plan_file(self) -> bytes | None:
         plan = self.grad_sync.plan_json()
