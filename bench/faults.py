@@ -1,7 +1,8 @@
 """Faults, injected and timed: is each one detected, how fast, what is lost, and does a resumed
 run end where the uninterrupted one does.
 
-    python -m bench.faults [--runs 3] [--data data/cpu128] [--faults kill,sigterm,corrupt,nan,fp16]
+    python -m bench.faults [--runs 3] [--data data/cpu128]
+                           [--faults kill,sigterm,corrupt,nan,fp16,swap]
                            [--out bench/results/faults.json]
 
 A tiny BERT (1 layer, hidden 64) on 2 MPI ranks, launched by run_and_time.sh as a user would,
@@ -16,14 +17,19 @@ steps. First one uninterrupted reference run (its checkpoints all kept); then pe
   nan      NaN activations from step 23 on rank 0 (bench.fault_rank): a NaN storm in fp32
   fp16     fp16 loss scaling (simulated on CPU) with inf gradients from step 23 on rank 0: an
            overflow storm the loss scaler cannot end
+  swap     SIGTERM at step 13 (a checkpoint), then the rerun with ``optim.name=adamw`` on LAMB's
+           checkpoint (a careless resume: it once loaded LAMB's moments into AdamW and trained
+           on); then the unchanged command
 
-For each: detected (the exit status the fault must give - 3, 4, 2, 3, 3 - and the message
+For each: detected (the exit status the fault must give - 3, 4, 2, 3, 3, 2 - and the message
 naming the rank, the file or the divergence), seconds from the fault to the end of the run,
 samples lost (trained but not in the checkpoint the run continues from, or, for the storms,
 since the checkpoint kept), and whether the result equals the uninterrupted run: for kill and
 sigterm every step's loss and gradient norm and every evaluation of the resumed run, bit for
 bit; for the storms the checkpoint kept equals the reference's at that step (its model and
-optimizer files hash the same); corrupt trains nothing, so n/a.
+optimizer files hash the same); corrupt trains nothing, so n/a; swap must train and log
+nothing (its step records and MLPerf log unchanged), and the unchanged command then resumes
+equal to the uninterrupted run.
 
 Not a test: run it under the CPU lock (``flock -x /tmp/presto_cpu.lock python -m
 bench.faults``). Prints a table and a final JSON line; writes the record to ``--out``.
@@ -46,8 +52,8 @@ from bench.common import finish, record
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
-FAULTS = ("kill", "sigterm", "corrupt", "nan", "fp16")
-EXPECT = {"kill": 3, "sigterm": 4, "corrupt": 2, "nan": 3, "fp16": 3}
+FAULTS = ("kill", "sigterm", "corrupt", "nan", "fp16", "swap")
+EXPECT = {"kill": 3, "sigterm": 4, "corrupt": 2, "nan": 3, "fp16": 3, "swap": 2}
 GBS, EVERY, HIT, STORM = 16, 80, 13, 23
 
 
@@ -185,6 +191,26 @@ def fault_corrupt(work: Path, data: Path) -> dict:
             "since_checkpoint": 0, "equal": None, "note": "found at start-up, nothing trained"}
 
 
+def fault_swap(work: Path, data: Path, ref: Path) -> dict:
+    run_dir = work / "run"
+    proc = launch(run_dir, [], data)
+    wait_for_step(run_dir, HIT, proc)
+    proc.send_signal(signal.SIGTERM)
+    wait(proc)
+    before = (len(step_records(run_dir)), (run_dir / "mlperf_bert.log").read_bytes())
+    t0 = time.time()
+    rc, text, t1 = wait(launch(run_dir, ["optim.name=adamw"], data))
+    after = (len(step_records(run_dir)), (run_dir / "mlperf_bert.log").read_bytes())
+    named = "optim.name: the checkpoint has 'lamb', this run 'adamw'" in text
+    rc2, _, _ = wait(launch(run_dir, [], data))
+    equal = rc2 == 1 and trajectory(run_dir) == trajectory(ref)
+    return {"detected": rc == EXPECT["swap"] and named and after == before, "exit": rc,
+            "seconds": t1 - t0, "samples_lost": 0, "since_checkpoint": 0,
+            "resumed_exit": rc2, "equal": equal,
+            "note": "refused before any rank trained" + ("" if after == before else
+                                                          " - BUT the run directory changed")}
+
+
 def fault_storm(kind: str, work: Path, data: Path, ref: Path) -> dict:
     run_dir = work / "run"
     rc, text, t1 = wait(launch_faulty(run_dir, kind, data))
@@ -235,6 +261,8 @@ def main(argv=None) -> int:
                     res = fault_interrupt(f, work, data, ref)
                 elif f == "corrupt":
                     res = fault_corrupt(work, data)
+                elif f == "swap":
+                    res = fault_swap(work, data, ref)
                 else:
                     res = fault_storm(f, work, data, ref)
                 results[f].append(res)
