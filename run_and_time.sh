@@ -11,7 +11,9 @@
 #   RUN_DIR    this run's train.output_dir (the MLPerf log is RUN_DIR/mlperf_bert.log); the
 #              same as `-- train.output_dir=DIR` (giving both, different, is an error).
 #              Default: the newest LOGDIR/<config name>_seed<SEED>_* holding an interrupted
-#              run with a checkpoint (it resumes; RESUME=0 skips this), else a new
+#              run with a checkpoint (it resumes; RESUME=0 skips this) - with
+#              train.checkpoint_dir set, the interrupted run whose checkpoints it holds (its
+#              run.json names the run directory) -, else a new
 #              LOGDIR/<config name>_seed<SEED>_<date>[_N] (_N: two runs in one second get
 #              two directories); LOGDIR/<config name>_seed<SEED>_job<id>.<step> under srun
 #   RESUME     1 (default) | 0: whether the default RUN_DIR may be an interrupted run
@@ -129,6 +131,18 @@ resumable() {   # the newest LOGDIR/$1_* holding an interrupted run with a check
         printf '%s\n' "$d"; return 0
     done < <(ls -1dt "$LOGDIR/$1"_* 2>/dev/null)
 }
+owner_run() {   # the interrupted run that checkpoint directory $1 belongs to (its run.json), if any
+    local d
+    [[ -f "$1/run.json" ]] || return 0
+    d="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["run_dir"])' "$1/run.json" 2>/dev/null)" || return 0
+    [[ -n "$d" && -f "$d/mlperf_bert.log" ]] || return 0
+    grep -qs '"key": "run_stop"' "$d/mlperf_bert.log" && return 0
+    compgen -G "$1/step_*/checkpoint.json" >/dev/null || return 0
+    if command -v flock >/dev/null && [[ -f "$d/.lock" ]]; then
+        flock -n "$d/.lock" true || return 0   # a live run holds it
+    fi
+    printf '%s\n' "$d"
+}
 fresh_dir() {   # mkdir is atomic: two runs started in the same second get _2, _3 ...
     local base="$1" d="$1" n=1
     mkdir -p "$(dirname "$base")"
@@ -147,6 +161,9 @@ if [[ -z "${RUN_DIR:-}" ]]; then
         if [[ "$MODE" == train && "${RESUME:-1}" != 0 && -z "$CKPT_DIR" ]]; then
             RUN_DIR="$(resumable "$NAME")"
             [[ -n "$RUN_DIR" ]] && printf 'run_and_time.sh: resuming the interrupted run in %s (RESUME=0 starts a new one)\n' "$RUN_DIR" >&2
+        elif [[ "$MODE" == train && "${RESUME:-1}" != 0 ]]; then
+            RUN_DIR="$(owner_run "$CKPT_DIR")"
+            [[ -n "$RUN_DIR" ]] && printf 'run_and_time.sh: resuming the interrupted run in %s, whose checkpoints train.checkpoint_dir %s holds (RESUME=0 starts a new one)\n' "$RUN_DIR" "$CKPT_DIR" >&2
         fi
         [[ -n "${RUN_DIR:-}" ]] || RUN_DIR="$(fresh_dir "$LOGDIR/${NAME}_$(date +%Y%m%d_%H%M%S)")"
     fi

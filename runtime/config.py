@@ -256,7 +256,15 @@ class TrainConfig:
     checkpoint_keep: int = _doc("how many of the newest complete checkpoints to keep (>= 1); "
                                 "older ones are deleted after a new one is complete", 2)
     checkpoint_dir: str = _doc("where checkpoints go; '' = <train.output_dir>/checkpoints. On "
-                               "several nodes it must be a directory every node sees", "")
+                               "several nodes it must be a directory every node sees. It "
+                               "belongs to one run (its run.json names the run directory): "
+                               "run_and_time.sh resumes into that run, and another run "
+                               "directory is refused its checkpoints unless "
+                               "train.adopt_checkpoints", "")
+    adopt_checkpoints: bool = _doc("continue another run's checkpoints (train.checkpoint_dir "
+                                   "of another run directory) in this run's new MLPerf log, "
+                                   "which says so (presto_resumed adopted_from_run); off: "
+                                   "refused, exit 2", False)
     max_nonfinite_steps: int = _doc(
         "divergence guard: stop the run (status aborted, exit 3) when more than this many "
         "consecutive steps had a non-finite loss or gradient; fp16 overflow skips count only "

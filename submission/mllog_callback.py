@@ -210,7 +210,9 @@ class MLPerfLogger:
                 "world_size_now": int(state.world_size), "checkpoint_time": r.get("time"),
                 "log_continued": self.continuing,
                 # what this attempt changed (runtime.train.resume_rules: keys that may change)
-                "config_changes": list(r.get("config_changes") or [])})
+                "config_changes": list(r.get("config_changes") or []),
+                # another run directory's checkpoints, continued on request (adopt_checkpoints)
+                "adopted_from_run": r.get("adopted_from_run")})
 
     def _on_block_start(self, state: RunState) -> None:
         meta: dict[str, Any] = {C.FIRST_EPOCH_NUM: int(state.block_start_samples)}

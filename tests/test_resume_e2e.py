@@ -17,6 +17,8 @@
   may change (the step budget) resumes and records the change in both logs;
 * the reference run itself, which its step budget ends: exit 1, aborted in the MLPerf log, no
   RESULT line, and the log passes the compliance checker (aborted runs are valid logs);
+* a checkpoint directory outside the run directory belongs to one run: the rerun resumes into
+  it, another run directory is refused its checkpoints unless it adopts them (and says so);
 * results are never overwritten: a directory holding a finished run is refused (exit 2, the
   log untouched), and so are RUN_DIR and ``-- train.output_dir`` naming two places.
 
@@ -29,14 +31,15 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import time
 
 import pytest
 
-from tests.support.launch import needs_mpiexec
+from tests.support.launch import ROOT, needs_mpiexec
 from tests.support.mllog import compliance, mllog_events
-from tests.support.runs import (STEPS, evals, finish, ranks_left, run, run_and_time, start,
-                                steps, wait_for_step)
+from tests.support.runs import (CPU_CONFIG, SEED, STEPS, evals, finish, ranks_left, run,
+                                run_and_time, start, steps, wait_for_step)
 from tests.support.runs import resume_overrides as overrides
 
 pytestmark = needs_mpiexec
@@ -192,6 +195,50 @@ def test_a_resume_that_swaps_the_optimizer_is_refused_and_a_budget_change_is_rec
                        f"{str(reference_run.dir)!r} -> {str(run_dir)!r}"]
     record = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][0]
     assert record["kind"] == "resume" and record["config_changes"] == changes
+
+
+@pytest.mark.slow
+def test_a_checkpoint_dir_belongs_to_one_run_and_the_rerun_finds_it(small_dataset, tmp_path):
+    """train.checkpoint_dir outside the run directory: the rerun of the same command (no
+    RUN_DIR) resumes into the run the checkpoints belong to - one run, one MLPerf log; a new run
+    directory is refused them (exit 2, naming both) unless train.adopt_checkpoints, and then
+    its new log says whose they were."""
+    logdir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    extra = overrides(small_dataset, **{"train.checkpoint_dir": f'"{ckpt}"',
+                                        "train.max_steps": 15})
+    env = dict(os.environ, CONFIG=str(CPU_CONFIG), SEED=SEED, LOGDIR=str(logdir))
+    cmd = ["bash", str(ROOT / "run_and_time.sh"), "--", *extra]
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 180
+    while not list(ckpt.glob("step_*/checkpoint.json")) and time.time() < deadline:
+        time.sleep(0.2)
+    first.send_signal(signal.SIGTERM)
+    rc, out, err = finish(first)
+    assert rc == 4, out[-3000:] + err[-3000:]
+    (run_a,) = list(logdir.iterdir())
+    assert json.loads((ckpt / "run.json").read_text())["run_dir"] == str(run_a)
+
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"resuming the interrupted run in {run_a}" in again.stderr
+    assert list(logdir.iterdir()) == [run_a]
+    keys = [e["key"] for e in mllog_events(run_a / "mlperf_bert.log")]
+    assert keys.count("run_start") == 1 and keys.count("run_stop") == 1
+    assert max(steps(run_a)) == 15
+
+    run_b = tmp_path / "b"
+    rc, out, err = run(run_b, extra)
+    assert rc == 2, out[-3000:] + err[-3000:]
+    assert f"holds the checkpoints of {run_a}, not of this run ({run_b})" in out + err
+    assert not (run_b / "mlperf_bert.log").exists() and not (run_b / "metrics.jsonl").exists()
+    rc, out, err = run(run_b, [*extra, "train.adopt_checkpoints=true"])
+    assert rc == 1, out[-3000:] + err[-3000:]
+    events = mllog_events(run_b / "mlperf_bert.log")
+    resumed = [e for e in events if e["key"] == "presto_resumed"]
+    assert [e["key"] for e in events].count("run_start") == 1
+    assert resumed[0]["metadata"]["adopted_from_run"] == str(run_a)
+    assert json.loads((ckpt / "run.json").read_text())["run_dir"] == str(run_b)
 
 
 def test_results_are_never_overwritten(small_dataset, tmp_path):

@@ -66,6 +66,7 @@ import torch
 FORMAT = "presto-checkpoint/1"
 MANIFEST = "checkpoint.json"
 MODEL_FILE = "model.safetensors"
+OWNER_FILE = "run.json"   # in the checkpoint directory: the run directory it belongs to
 HF_CONFIG_FILE = "config.json"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "train_state.pt"
@@ -298,6 +299,53 @@ class CheckpointManager:
         self.states, self.files = dict(states), dict(files or {})
 
     # -- finding ---------------------------------------------------------------------------
+    def claim(self, run_dir: str | Path, adopt: bool) -> Optional[str]:
+        """Make this run directory the owner of the checkpoint directory (``run.json``), once
+        every rank agrees it may be: refused (CheckpointError, on every rank) when complete
+        checkpoints there belong to another run directory - or to none recorded - unless
+        ``adopt``; then returns that other run directory (the new log says so), else None."""
+        decision = None
+        if self.rank == 0:
+            decision = self._claim(Path(run_dir).resolve(), adopt)
+        decision = self._broadcast(decision)
+        if decision and decision[0] == "refused":
+            raise CheckpointError(decision[1])
+        return decision[1] if decision else None
+
+    def _claim(self, run_dir: Path, adopt: bool) -> Optional[tuple[str, str]]:
+        owner_file = self.directory / OWNER_FILE
+        owner = None
+        if owner_file.is_file():
+            try:
+                owner = json.loads(owner_file.read_text()).get("run_dir")
+            except (OSError, ValueError, AttributeError):
+                owner = "<unreadable run.json>"
+        if owner is None and self.directory.resolve() == run_dir / "checkpoints":
+            owner = str(run_dir)   # the default place, inside the run directory: its own
+        has = find_latest(self.directory, warn=lambda m: None) is not None
+        adopted = None
+        if has and owner != str(run_dir):
+            other = owner or "a run that recorded no run directory"
+            if not adopt:
+                return ("refused",
+                        f"train.checkpoint_dir {self.directory} holds the checkpoints of "
+                        f"{other}, not of this run ({run_dir}): continuing them here would "
+                        f"make one run with two MLPerf logs. To continue that run, rerun it "
+                        f"in its own directory (run_and_time.sh does so by itself when neither "
+                        f"RUN_DIR nor -- train.output_dir is given); for a new run, choose "
+                        f"another train.checkpoint_dir; to continue these checkpoints in this "
+                        f"new log, which then says where they came from, set "
+                        f"train.adopt_checkpoints=true")
+            adopted = other
+        if owner != str(run_dir):
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tmp = owner_file.with_name(OWNER_FILE + ".tmp")
+            tmp.write_text(json.dumps({"run_dir": str(run_dir), "adopted_from": adopted,
+                                       "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+                                      indent=1) + "\n")
+            os.replace(tmp, owner_file)
+        return ("adopted", adopted) if adopted else None
+
     def latest(self) -> Optional[Checkpoint]:
         """The newest complete checkpoint, the same on every rank (rank 0 checks the files and
         says which), or None."""

@@ -94,6 +94,7 @@ RULES: dict[str, tuple[str, str]] = {
     "train.checkpoint_every_samples": (RECORD, "the checkpoint cadence"),
     "train.checkpoint_keep": (RECORD, "the checkpoints kept"),
     "train.checkpoint_dir": (RECORD, "where checkpoints go"),
+    "train.adopt_checkpoints": (RECORD, "whether another run's checkpoints may be continued"),
     "train.max_nonfinite_steps": (RECORD, "the divergence guard"),
 }
 # [system] and [submission]: where and how the ranks run, and the log's labels.

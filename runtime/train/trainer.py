@@ -96,15 +96,18 @@ class Trainer:
         check_data_set(DataSetInfo.read(cfg.data.data_dir), max_seq_length=cfg.data.max_seq_length,
                        max_predictions_per_seq=cfg.data.max_predictions_per_seq,
                        vocab_size=cfg.model.vocab_size)
-        # Resume only where checkpoints are on: a run that writes none never picks one up.
+        # Resume only where checkpoints are on: a run that writes none never picks one up;
+        # and only from checkpoints of this run (or adopted explicitly: one run, one log).
+        adopted = None
         if self.control.checkpointing:
+            adopted = self.checkpoints.claim(cfg.train.output_dir, cfg.train.adopt_checkpoints)
             self.resume_from = self.control.resumed_from = self.checkpoints.latest()
         if self.resume_from is not None:
             ck = self.resume_from
             self._check_resume(ck)   # before anything is built, logged or trained
             self.state.resume = {"checkpoint": str(ck.path), "step": ck.step,
                                  "samples": ck.samples, "world_size": ck.world_size,
-                                 "time": ck.manifest.get("time")}
+                                 "time": ck.manifest.get("time"), "adopted_from_run": adopted}
         self.callbacks.fire(Event.INIT_START, self.state)
         if parts is None:
             plan = self.resume_from.path / "bucket_plan.json" if self.resume_from else None
