@@ -10,6 +10,7 @@ rank) are in tests/test_resume_e2e.py.
 from __future__ import annotations
 
 import json
+import os
 import math
 import random
 import shutil
@@ -315,3 +316,85 @@ def test_init_checkpoint_with_nan_is_refused_naming_the_tensors(small_dataset, t
     assert "bad.safetensors" in text
     from submission.train import exit_code_of
     assert exit_code_of(e.value) == 2
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("missing", "no such weight file"),
+    ("empty_dir", "no model.safetensors or pytorch_model.bin"),
+    ("text_pt", "not a readable weight file"),
+    ("random_safetensors", "not a readable weight file"),
+    ("truncated", "not a readable weight file"),
+    ("not_a_state_dict", "holds a list"),
+    ("wrong_shape", "does not fit this model"),
+])
+def test_every_unreadable_model_init_is_exit_2_naming_the_file(small_dataset, tmp_path, case,
+                                                               needle):
+    """model.init naming a file that cannot give this model's weights - missing, a directory
+    without weights, text or random bytes under a weight file's name, a truncated safetensors,
+    a tensor list, another model's shape - fails at set-up with exit 2 and the file's name."""
+    from safetensors.torch import save_file
+    good = {k: v.clone().contiguous() for k, v in
+            build_model(tiny(small_dataset, tmp_path / "run")).state_dict().items()}
+    path = {"missing": tmp_path / "nope.safetensors", "empty_dir": tmp_path / "weights",
+            "text_pt": tmp_path / "x.pt", "random_safetensors": tmp_path / "x.safetensors",
+            "truncated": tmp_path / "cut.safetensors", "not_a_state_dict": tmp_path / "list.pt",
+            "wrong_shape": tmp_path / "other.safetensors"}[case]
+    if case == "empty_dir":
+        path.mkdir()
+    elif case == "text_pt":
+        path.write_text("these are not weights\n" * 50)
+    elif case == "random_safetensors":
+        path.write_bytes(bytes(range(256)) * 64)
+    elif case == "truncated":
+        save_file(good, str(path))
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif case == "not_a_state_dict":
+        torch.save([torch.zeros(3)], path)
+    elif case == "wrong_shape":
+        other = build_model(tiny(small_dataset, tmp_path / "run", "model.hidden_size=32",
+                                 "model.intermediate_size=64"))
+        save_file({k: v.clone().contiguous() for k, v in other.state_dict().items()}, str(path))
+    cfg = tiny(small_dataset, tmp_path / "run", f'model.init="{path}"')
+    with pytest.raises(InitCheckpointError) as e:
+        build_model(cfg)
+    from submission.train import exit_code_of
+    assert str(path) in str(e.value) and needle in str(e.value), str(e.value)
+    assert exit_code_of(e.value) == 2
+
+
+def _remanifest(ckpt: Path) -> None:
+    """Rewrite a checkpoint's manifest to match its (tampered) files, as an attacker would."""
+    import hashlib
+    m = json.loads((ckpt / MANIFEST).read_text())
+    for name in m["files"]:
+        data = (ckpt / name).read_bytes()
+        m["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / MANIFEST).write_text(json.dumps(m))
+
+
+def test_files_past_the_manifest_check_are_named_when_they_cannot_be_restored(
+        small_dataset, single_ctx, tmp_path):
+    """A damaged model.safetensors, or a pickle planted as optimizer.pt, under a manifest
+    that matches them: restoring names the file and says to fall back to the checkpoint
+    before (CheckpointError: exit 2), with no hint to change the optimizer."""
+    import pickle
+    cfg = tiny(small_dataset, tmp_path / "run", "train.checkpoint_every_samples=32",
+               "train.max_steps=2")
+    _, _, trainer = fit(cfg, single_ctx)
+    src = tmp_path / "run" / "checkpoints" / "step_00000002"
+    for name in ("model.safetensors", "optimizer.pt"):
+        bad = tmp_path / f"bad_{name}"
+        shutil.copytree(src, bad)
+        if name == "model.safetensors":
+            (bad / name).write_bytes((bad / name).read_bytes()[:200] + b"\0" * 64)
+        else:
+            (bad / name).write_bytes(pickle.dumps(os.system))
+        _remanifest(bad)
+        ckpt = Checkpoint.open(bad)          # the manifest check passes
+        with pytest.raises(CheckpointError) as e:
+            trainer.checkpoints.restore(ckpt)
+        text = str(e.value)
+        assert str(bad / name) in text and f"delete {bad}" in text, text
+        assert "optim.name" not in text
+        from submission.train import exit_code_of
+        assert exit_code_of(e.value) == 2

@@ -112,9 +112,26 @@ def build_model(cfg: Config) -> BertForPreTraining:
                                packed=cfg.data.balance in PACKED_MODES)
     if m.init != "scratch":
         path = minilm_path() if m.init == "minilm" else m.init
-        state = read_state_dict(path)
-        check_finite(state, f"model.init = {m.init!r} ({path})")
-        load_hf_state_dict(model, state)
+        where = f"model.init = {m.init!r}" + (f" ({path})" if str(path) != m.init else "")
+        try:
+            state = read_state_dict(path)
+        except FileNotFoundError as e:
+            raise InitCheckpointError(f"{where}: {e} - name a weight file (.safetensors, .bin, "
+                                      f".pt), a directory holding model.safetensors, a "
+                                      f"checkpoint directory, or 'scratch'") from None
+        except Exception as e:  # noqa: BLE001 - torch.load/safetensors name no file
+            raise InitCheckpointError(
+                f"{where}: not a readable weight file ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}) - is it truncated, or another "
+                f"kind of file? Name a .safetensors or a torch state dict of tensors") from None
+        if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+            raise InitCheckpointError(f"{where}: holds no state dict of tensors")
+        check_finite(state, where)
+        try:
+            load_hf_state_dict(model, state)
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise InitCheckpointError(f"{where}: does not fit this model ({e}) - set the "
+                                      f"[model] keys to the checkpoint's shape") from None
     return model
 
 

@@ -197,7 +197,13 @@ class Checkpoint:
 
     def model_state(self) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
-        return load_file(str(self.path / MODEL_FILE))
+        path = self.path / MODEL_FILE
+        try:
+            return load_file(str(path))
+        except Exception as e:  # noqa: BLE001 - safetensors' own errors name no file
+            raise CheckpointError(f"{path}: not a readable safetensors file "
+                                  f"({type(e).__name__}: {e}); the checkpoint is damaged - "
+                                  f"delete {self.path} to resume from the one before") from e
 
     def optimizer_state(self) -> dict:
         return self._load(OPTIMIZER_FILE)
@@ -430,11 +436,14 @@ class CheckpointManager:
             load_hf_state_dict(self.model, ckpt.model_state())
         except (ValueError, OSError) as e:
             raise CheckpointError(f"{ckpt.path / MODEL_FILE}: does not fit this model ({e})") from e
+        state = ckpt.optimizer_state()   # a file that cannot be read: CheckpointError, named
         try:
-            self.optimizer.load_state_dict(ckpt.optimizer_state())
-        except (ValueError, KeyError, RuntimeError) as e:
-            raise CheckpointError(f"{ckpt.path / OPTIMIZER_FILE}: does not fit this optimizer "
-                                  f"({e}); resume with the checkpoint's optim.name") from e
+            self.optimizer.load_state_dict(state)
+        except Exception as e:  # noqa: BLE001 - the name was checked (resume_rules): damaged
+            raise CheckpointError(f"{ckpt.path / OPTIMIZER_FILE}: does not fit this "
+                                  f"{type(self.optimizer).__name__} ({type(e).__name__}: {e}); "
+                                  f"the file does not hold what its manifest says - delete "
+                                  f"{ckpt.path} to resume from the one before") from e
         saved = ckpt.train_state()
         for name, part in self.states.items():
             if name not in saved:
