@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from runtime.grad_sync.plan import BucketPlan, GradLayout, Piece, PlanError
+from runtime.grad_sync.plan import BucketPlan, GradLayout, Piece, PlanError, production_order
 from runtime.calibrate.tune.costmodel import CommModel, SweepError, check_sweep, fit, fit_affine
 from runtime.calibrate.tune.fabric import Fabric, FabricError, load_fabric
 from runtime.calibrate.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
@@ -154,6 +154,60 @@ def test_simulator_models_the_split_tied_embedding_and_slowed_communication():
     assert lanes["b2 row mask"].end == pytest.approx(0.4005)
     assert lanes["touched rows"].end == pytest.approx(0.4055)
     assert inst.chain_end(inst.cuts_from_plan(plan)) == pytest.approx(0.4055)
+
+
+def test_a_bucket_waits_for_every_gradient_before_its_end():
+    """Out of production order (p0 registered and laid out first but final last) a bucket
+    ending after p1 still waits for p0: the engine launches buckets in order, each when its
+    gradients are final. By hand: T = 0.1 s per element, ready p0 at 0.3, p1 at 0.1, one
+    element each, buckets [p0], [p1]: both issue at 0.3, end 0.4 and 0.5 (not p1's 0.1)."""
+    prof = StepProfile((Gradient("p0", 1, 0.3), Gradient("p1", 1, 0.1)), 0.0, 0.35, 0.0)
+    comm = CommModel.affine(0.0, 0.1 / 4)
+    inst = Instance.build(prof, SyncSpec(), comm)
+    assert inst.issue_time(2) == pytest.approx(0.3)
+    plan = BucketPlan(((Piece("p0", 0, 1),), (Piece("p1", 0, 1),)))
+    tl = simulate(inst, plan)
+    assert [(b.ready, b.end) for b in tl.buckets] == [pytest.approx((0.3, 0.4)),
+                                                      pytest.approx((0.3, 0.5))]
+    assert inst.chain_end([1, 2]) == pytest.approx(0.5)
+    # in production order (p1 first) p1 goes at its own time: 0.1 -> 0.2, then p0 0.3 -> 0.4
+    order = production_order({g.name: g.ready_s for g in prof.grads}, ["p0", "p1"])
+    assert order == ["p1", "p0"]
+    sorted_prof = StepProfile(tuple(sorted(prof.grads, key=lambda g: g.ready_s)), 0.0, 0.35, 0.0)
+    inst2 = Instance.build(sorted_prof, SyncSpec(), comm)
+    assert inst2.chain_end([1, 2]) == pytest.approx(0.4)
+    assert solve(inst2, grid=1).sync_end_s <= solve(inst, grid=1).sync_end_s
+
+
+def test_production_order_sorts_by_ready_time_ties_and_unseen_by_arrival():
+    ready = {"a": 0.2, "b": 0.1, "c": 0.2, "d": math.inf, "e": float("nan"), "f": 0.0}
+    assert production_order(ready, ["e", "c", "d", "a", "b", "f"]) == \
+        ["f", "b", "c", "a", "e", "d"]
+    with pytest.raises(ValueError, match="b not in the arrival order"):
+        production_order({"a": 1.0, "b": 2.0}, ["a"])
+
+
+def test_the_measured_profile_is_in_production_order(small_dataset, single_ctx):
+    """The tuner's real measurement on the tiny BERT (a world of one), whose hooks fire out of
+    registration order: the profile lists gradients by their median ready times over the
+    measured steps (the engine's re-cut rule), not by registration."""
+    from runtime.calibrate.tune.measure import measure_step
+    from runtime.grad_sync.plan import reverse_registration_order
+    from runtime.train.build import build_model
+    from tests.support.tiny import tiny_config
+
+    cfg = tiny_config(small_dataset, "data.verify_checksums=false")
+    m = measure_step(cfg, single_ctx, steps=2, warmup=1, contention_steps=0)
+    names = [g.name for g in m.profile.grads]
+    model = build_model(cfg)
+    registration = reverse_registration_order(
+        [(n, p) for n, p in model.named_parameters() if p.requires_grad])
+    first = m.per_step["engine_first_step_order"]
+    assert sorted(names) == sorted(registration) and first != registration
+    medians = {n: float(np.median(v)) for n, v in m.per_step["ready"].items()}
+    assert names == production_order(medians, first)
+    assert all(a.ready_s <= b.ready_s for a, b in zip(m.profile.grads, m.profile.grads[1:]))
+    assert "median ready times over 2 steps" in m.order_source
 
 
 def test_bucket_bytes_include_the_flat_buffers_row_padding():
