@@ -21,16 +21,24 @@ from tests.support.launch import ROOT, clean_env, needs_mpiexec, run_ranks, run_
 from tests.support.tiny import tiny_overrides
 
 
-def random_instance(rng: random.Random):
+CLIPS = ("global_after", "none", "bucket_before", "local_before")
+
+
+def random_instance(rng: random.Random, sorted_ready: bool = False):
+    """A tiny bucket problem: 2-4 parameters of 1-4 elements, ready in production order or
+    not, the split tied embedding (40 %) anywhere in the order - first too - every clip mode
+    (split: the two that allow it), affine or concave piecewise T, launch work γ, κ."""
     m = rng.randint(2, 4)
-    grads, t = [], 0.0
-    for j in range(m):
-        t += rng.uniform(0, 3)
-        grads.append(Gradient(f"p{j}", rng.randint(1, 4), t))
+    times = [rng.uniform(0, 3 * m) for _ in range(m)]
+    if sorted_ready or rng.random() < 0.5:
+        times.sort()
+    grads = [Gradient(f"p{j}", rng.randint(1, 4), t) for j, t in enumerate(times)]
+    t = max(times)
     split = rng.random() < 0.4
     if split:
-        grads.append(Gradient("emb", rng.randint(2, 4), t + rng.uniform(0, 1)))
-    prof = StepProfile(tuple(grads), 1.0, grads[-1].ready_s + 0.1, 0.5,
+        emb = Gradient("emb", rng.randint(2, 4), rng.uniform(0, t + 1))
+        grads.insert(0 if rng.random() < 0.4 else rng.randint(1, m), emb)
+    prof = StepProfile(tuple(grads), 1.0, max(g.ready_s for g in grads) + 0.1, 0.5,
                        prescale_s_per_element=rng.choice([0.0, 0.05]),
                        comm_slowdown=rng.choice([1.0, 1.0, 2.5]),
                        tied="emb" if split else None, tied_rows=2 if split else 0,
@@ -41,8 +49,7 @@ def random_instance(rng: random.Random):
         a, b1, k = rng.uniform(0, 1), rng.uniform(0.5, 2), rng.uniform(1, 5)
         b2 = rng.uniform(0.1, b1)
         comm = CommModel(((0, a, b1), (k, a + b1 * k - b2 * k, b2)))
-    clip = "global_after" if split else rng.choice(["global_after", "none", "bucket_before",
-                                                    "local_before"])
+    clip = rng.choice(CLIPS[:2] if split else CLIPS)
     spec = SyncSpec(clip_mode=clip, tied_sync="split" if split else "dense",
                     align=rng.choice([1, 2]))
     return Instance.build(prof, spec, comm)
@@ -52,25 +59,55 @@ def random_instance(rng: random.Random):
 # the exact partition
 
 
-def test_dp_equals_brute_force_over_every_element_position():
-    """Random small instances - split points anywhere, padding, piecewise T, launch work,
-    slowed communication, the split tied embedding and its decoder share, fixed K."""
+def test_solver_is_never_worse_than_brute_force_on_random_small_instances():
+    """The DP against every plan over every element position (brute force), on random tiny
+    instances: every clip mode, the split tied embedding anywhere in the order (first too),
+    ready times out of order, padding, piecewise T, launch work, slowed communication, and
+    with the bucket count fixed. Grid 1 is exact: equal; the default grid (what the tuner
+    runs) is never worse."""
     rng = random.Random(12)
-    checked = fixed = 0
+    fixed = first = unsorted = 0
+    seen_clips = set()
     for _ in range(120):
         inst = random_instance(rng)
         cuts, best = brute_force(inst)
+        assert math.isfinite(best) and cuts[-1] == inst.total
+        assert inst.chain_end(cuts) == pytest.approx(best, abs=1e-12)
         sol = solve(inst, grid=1)
         assert sol.sync_end_s == pytest.approx(best, abs=1e-9), (cuts, sol.cuts)
         assert inst.chain_end(sol.cuts) == pytest.approx(sol.sync_end_s, abs=1e-12)
-        checked += 1
+        assert solve(inst).sync_end_s <= best + 1e-9
+        first += inst.alone == 0
+        unsorted += bool(np.any(np.diff([g.ready_s for g in inst.profile.grads]) < 0))
+        seen_clips.add(inst.spec.clip_mode + ("+split" if inst.alone is not None else ""))
         K = rng.randint(1, 3)
-        _, best_k = brute_force(inst, num_buckets=K)
+        cuts_k, best_k = brute_force(inst, num_buckets=K)
         if math.isfinite(best_k):
+            assert len(cuts_k) == K
             sk = solve(inst, grid=1, num_buckets=K)
             assert len(sk.cuts) == K and sk.sync_end_s == pytest.approx(best_k, abs=1e-9)
             fixed += 1
-    assert checked == 120 and fixed > 50
+        else:   # no K-bucket plan: the solver says so too
+            with pytest.raises(ValueError):
+                solve(inst, grid=1, num_buckets=K)
+    assert fixed > 50 and first >= 5 and unsorted >= 20
+    assert seen_clips == {"global_after", "none", "bucket_before", "local_before",
+                          "global_after+split", "none+split"}
+
+
+def test_brute_force_sees_the_split_embedding_first_in_the_order():
+    """It used to return ([], inf) whenever the embedding came first (its forced cut at 0
+    was demanded as a cut); by hand: emb (1 row × 2 elements, alone) then p (2 elements),
+    T(n) = 1 s + n/4 s per byte, everything ready at 0 with no backward left: back to back the
+    row mask (1 byte: 1.25 s), p (8 bytes: 3 s), the decoder's share (8 bytes: 3 s) and the
+    touched row (8 bytes: 3 s)."""
+    prof = StepProfile((Gradient("emb", 2, 0.0), Gradient("p", 2, 0.0)), 0.0, 0.0, 0.0,
+                       tied="emb", tied_rows=1, decoder_ready_s=0.0, touched_rows=1)
+    inst = Instance.build(prof, SyncSpec(tied_sync="split"), CommModel.affine(1.0, 0.25))
+    assert inst.alone == 0 and inst.forced_cuts() == [0, 2]
+    cuts, best = brute_force(inst)
+    assert cuts == [2, 4] and best == pytest.approx(1.25 + 3.0 + 3.0 + 3.0)
+    assert solve(inst, grid=1).sync_end_s == pytest.approx(best)
 
 
 def test_some_instance_needs_a_split_parameter():

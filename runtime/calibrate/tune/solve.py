@@ -182,24 +182,37 @@ def solve(inst: Instance, grid: Optional[int] = None, num_buckets: Optional[int]
 def brute_force(inst: Instance, positions: Optional[list[int]] = None,
                 num_buckets: Optional[int] = None) -> tuple[list[int], float]:
     """Every subset of cut positions (default: every valid element position): the best plan
-    and its sync end. Exponential - for tests on tiny instances only."""
+    and its sync end. Exponential - for tests on tiny instances only. Independent of the
+    DP's argument: every plan is evaluated to its end (``Instance.advance`` folded over its
+    cuts, prefixes shared - the same numbers as ``chain_end``), nothing is pruned for being
+    dominated, only for breaking a rule (a forced cut skipped, the bucket count exceeded).
+    Returns ([], inf) only when no plan satisfies the rules."""
     total = inst.total
-    inner = [c for c in (positions or range(1, total)) if c != total and inst.valid_cut(c)]
-    forced = set(inst.forced_cuts()) - {total}
-    best: tuple[list[int], float] = ([], math.inf)
-    for r in range(len(inner) + 1):
-        if num_buckets is not None and r != num_buckets - 1:
-            continue
-        for subset in combinations(inner, r):
-            if not forced <= set(subset):
-                continue
-            cuts = list(subset) + [total]
-            if inst.alone is not None and not _alone_ok(inst, cuts):
-                continue
-            end = inst.chain_end(cuts)
+    inner = sorted({c for c in (positions or range(1, total)) if 0 < c < total
+                    and inst.valid_cut(c)})
+    # forced cuts inside the buffer (the split embedding's bounds; one at 0 when it comes
+    # first in production order is the buffer's start, not a cut)
+    forced = sorted({c for c in inst.forced_cuts() if 0 < c < total})
+    best: list = [[], math.inf]
+
+    def visit(i: int, y: int, e: float, cuts: list[int]) -> None:
+        # close the plan here: the last bucket [y, total)
+        if (num_buckets is None or len(cuts) + 1 == num_buckets) \
+                and not any(y < f for f in forced) \
+                and (inst.alone is None or _alone_ok(inst, cuts + [total])):
+            end = inst.finish(inst.advance(e, y, total))
             if end < best[1] - 1e-15:
-                best = (cuts, end)
-    return best
+                best[0], best[1] = cuts + [total], end
+        if num_buckets is not None and len(cuts) + 2 > num_buckets:
+            return
+        for j in range(i, len(inner)):
+            x = inner[j]
+            if any(y < f < x for f in forced):  # every later x skips that forced cut too
+                break
+            visit(j + 1, x, inst.advance(e, y, x), cuts + [x])
+
+    visit(0, 0, -math.inf, [])
+    return best[0], best[1]
 
 
 def _alone_ok(inst: Instance, cuts: list[int]) -> bool:
