@@ -110,6 +110,60 @@ def test_brute_force_sees_the_split_embedding_first_in_the_order():
     assert solve(inst, grid=1).sync_end_s == pytest.approx(best)
 
 
+def test_the_bound_is_true_against_brute_force_on_coarse_grids():
+    """Forced to a coarse grid (2 or 3 elements, or parameter boundaries only) the plan loses
+    at most the bound the table prints, against the best plan over every element position
+    (brute force) - with one-bucket grid plans (the old bound used the grid plan's count and
+    printed 0 s for them) and with K fixed. For an affine T the bound is also tight: it
+    overstates the loss by at most κ·λ·(widest gap between candidates)."""
+    from runtime.calibrate.tune.solve import _Cells, candidate_cuts
+    rng = random.Random(7)
+    one_bucket_lost = bounded = fixed = 0
+    for _ in range(100):
+        inst = random_instance(rng)
+        _, opt = brute_force(inst)
+        for g in (rng.choice([2, 3]), 0):
+            sol = solve(inst, grid=g)
+            loss = sol.sync_end_s - opt
+            assert -1e-9 <= loss <= sol.bound_s + 1e-9, (g, sol.cuts, loss, sol.bound_s)
+            if sol.exact:
+                continue
+            bounded += 1
+            assert sol.lower_bound_s <= opt + 1e-9
+            if len(sol.cuts) == 1 and loss > 1e-6:
+                one_bucket_lost += 1
+            if len(inst.comm.segments) == 1:
+                cells = _Cells.of(inst, candidate_cuts(inst, g)[0])
+                w = int(np.max(cells.hi - cells.lo))
+                lam = inst.comm.beta * inst.spec.reduce_bytes
+                assert sol.bound_s - loss <= inst.profile.comm_slowdown * lam * w + 1e-9
+        K = rng.randint(1, 3)
+        _, opt_k = brute_force(inst, num_buckets=K)
+        if math.isfinite(opt_k) and len(candidate_cuts(inst, 2)[0]) >= K:
+            sk = solve(inst, grid=2, num_buckets=K)
+            assert -1e-9 <= sk.sync_end_s - opt_k <= sk.bound_s + 1e-9
+            fixed += 1
+    assert bounded > 100 and one_bucket_lost >= 2 and fixed > 40
+
+
+def test_one_bucket_on_the_grid_and_the_faster_plan_inside_the_parameter():
+    """By hand: local_before, one parameter of 4 elements, launch work 1 s per element,
+    T = 0.1 s + 1 s per element. On parameter boundaries only: one bucket, issued 4 s after
+    backward, ending at 4 + 4.1 = 8.1 s. Cut at every element: buckets issued at 1, 2, 3, 4 s
+    end at 2.1, 3.2, 4.3, 5.4 s. The grid plan loses 2.7 s; the old bound, (K − 1)·…, printed
+    0 s for a one-bucket plan; this one may not be below 2.7 s."""
+    prof = StepProfile((Gradient("p", 4, 0.0),), 0.0, 0.0, 0.0, prescale_s_per_element=1.0)
+    inst = Instance.build(prof, SyncSpec(clip_mode="local_before"), CommModel.affine(0.1, 0.25))
+    cuts, opt = brute_force(inst)
+    assert cuts == [1, 2, 3, 4] and opt == pytest.approx(5.4)
+    sol = solve(inst, grid=0)
+    assert sol.cuts == [4] and sol.sync_end_s == pytest.approx(8.1) and not sol.exact
+    assert 2.7 - 1e-9 <= sol.bound_s <= 2.7 + 0.25 * 4 * 3   # κ·λ·w: w = 3 elements
+    assert "certified" in sol.describe()
+    assert solve(inst, grid=1).sync_end_s == pytest.approx(5.4)
+    assert solve(inst, grid=1).exact == "every element position"
+
+
 def test_some_instance_needs_a_split_parameter():
     """The brute force really explores split points: with launch work, a cut inside a
     parameter beats every boundary plan (so the grid is not decoration)."""
@@ -131,7 +185,7 @@ def test_theorem_boundaries_suffice_for_affine_t_without_launch_work():
             continue
         _, best = brute_force(inst)
         sol = solve(inst)            # picks boundaries only for this case
-        assert sol.grid is None and sol.grid_bound_s == 0.0
+        assert sol.grid is None and sol.bound_s == 0.0 and "Theorem 2" in sol.exact
         assert sol.sync_end_s == pytest.approx(best, abs=1e-9)
         n += 1
 

@@ -284,7 +284,8 @@ def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
                          "plan_file": plans.get(r.name), "timeline": r.timeline.to_json()}
                         for r in rows],
               "solver": {"candidates": sol.candidates, "grid": sol.grid,
-                         "grid_bound_s": sol.grid_bound_s},
+                         "bound_s": sol.bound_s, "exact": sol.exact,
+                         "lower_bound_s": sol.lower_bound_s},
               "plan": str(plan_path), "png": str(png) if png else None,
               "wall_s": round(time.time() - t_start, 1)}
     (out / "tune.json").write_text(json.dumps(record, indent=1))
