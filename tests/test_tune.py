@@ -383,6 +383,125 @@ def test_table_and_written_plan_round_trip(tmp_path):
         alone_bucket(back, "emb", prof.sizes()["emb"])
 
 
+# ---------------------------------------------------------------------------------------------
+# arbitration by measurement
+
+
+def test_the_models_error_is_the_fit_error_and_the_step_noise():
+    from runtime.calibrate.tune.arbitrate import ModelError
+    comm = CommModel.affine(1e-3, 1e-8, mean_rel_err=0.07)
+    per_step = {"data_s": [0.0, 0.0, 0.0], "forward_s": [1.0, 1.0, 1.0],
+                "backward_s": [1.0, 2.0, 1.5], "optimizer_s": [0.0, 0.0, 0.0],
+                "tail_s": [0.0, 0.0, 0.0]}
+    err = ModelError.of(comm, per_step, extra=0.01)   # steps 2, 3, 2.5: MAD 0.5 / 2.5
+    assert (err.fit, err.noise, err.extra) == pytest.approx((0.07, 0.2, 0.01))
+    tuned = simulate_stub(step=1.0, exposed=0.3)
+    row = simulate_stub(step=1.1, exposed=0.5)
+    assert err.tolerance(tuned, row) == pytest.approx(0.07 * 0.5 + 0.21 * 1.0)
+
+
+def simulate_stub(step: float, exposed: float):
+    from types import SimpleNamespace
+    return SimpleNamespace(step_s=step, exposed_s=exposed)
+
+
+def test_arbitration_picks_the_distinct_plans_within_the_error_that_train_the_same():
+    from runtime.calibrate.tune.arbitrate import ModelError, pick
+    prof = toy_profile(tied=False)
+    comm = CommModel.affine(5e-3, 1 / 5e6)
+    order = [(g.name, g.numel) for g in prof.grads]
+    three = BucketPlan.from_cap(order, 500_000, "cfg")          # 3 buckets
+    rows = compare(prof, comm, SyncSpec(world_size=2), "auto", three, "this config")
+    tuned = next(r for r in rows if r.name == "tuned")
+    alone, _ = pick(rows, ModelError(0.0, 0.0), prof.sizes(), "global_after")
+    assert [c.name for c in alone] == ["tuned"]      # nothing predicted within 0 of it
+    wide, left_out = pick(rows, ModelError(0.0, 0.0, extra=10.0), prof.sizes(), "global_after",
+                          limit=3)
+    distinct = {r.candidate.plan.digest() for r in rows}
+    assert [c.name for c in wide][0] == "tuned" and len(wide) == 3 < len(distinct)
+    assert [c.predicted_s for c in wide[1:]] == sorted(c.predicted_s for c in wide[1:])
+    assert len({json.dumps(c.plan) for c in wide}) == 3 and left_out
+    # rows with one plan are measured once, under the first (closest) name
+    named = {n for c in wide for n in [c.name] + c.same_as} | set(left_out)
+    assert named == {r.name for r in rows}
+    # within the fit's tolerance: exactly the rows the formula admits
+    err = ModelError(0.1, 0.01)
+    picked, _ = pick(rows, err, prof.sizes(), "global_after")
+    admitted = {r.candidate.plan.digest() for r in rows if r.timeline.step_s
+                - tuned.timeline.step_s <= 0.1 * max(tuned.timeline.exposed_s, r.timeline.exposed_s)
+                + 0.01 * tuned.timeline.step_s}
+    assert {BucketPlan.from_json(c.plan, prof.sizes()).digest() for c in picked} == admitted
+    assert 1 < len(admitted) < len(distinct)
+    # bucket_before: τ/√K depends on K - only plans with the tuned plan's K train the same
+    bb = compare(prof, comm, SyncSpec(clip_mode="bucket_before", world_size=2), "auto", three,
+                 "this config", num_buckets=3)
+    picked, _ = pick(bb, ModelError(0.0, 0.0, extra=10.0), prof.sizes(), "bucket_before")
+    assert [c.name for c in picked] == ["tuned", "this config"]
+
+
+def test_decide_recommends_the_measured_fastest_and_says_why():
+    from runtime.calibrate.tune.arbitrate import Contender, decide
+    cs = [Contender("tuned", {}, "dense", 1.00), Contender("A", {}, "dense", 1.01),
+          Contender("B", {}, "dense", 1.02)]
+    d = decide(cs, {"tuned": [1.0, 1.1, 1.2], "A": [0.9, 1.0, 1.3], "B": [1.2, 1.2, 1.2]})
+    assert d.recommended == "A" and d.decided_by == "measurement"
+    assert d.measured["A"]["median_s"] == 1.0 and d.measured["A"]["faster_than_tuned_rounds"] == 2
+    assert "A measured fastest of 3 plans" in d.reason and "faster in 2 of 3 rounds" in d.reason
+    tie = decide(cs, {"tuned": [1.0], "A": [1.0], "B": [1.5]})
+    assert tie.recommended == "tuned"              # a tie keeps the prediction's pick
+    pred = decide(cs[:1], None, "--no-arbitrate")
+    assert (pred.recommended, pred.decided_by, pred.reason) == ("tuned", "prediction",
+                                                                "--no-arbitrate")
+
+
+def test_rounds_rotate_so_each_plan_goes_first_equally_often():
+    from runtime.calibrate.tune.arbitrate import rounds
+    assert rounds(3, 4) == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    assert [r[0] for r in rounds(2, 6)].count(0) == 3
+
+
+def test_side_by_side_runs_each_plan_with_the_real_trainer_step(small_dataset, single_ctx,
+                                                                 monkeypatch):
+    """Two plans of the tiny BERT in a world of one: each contender's trainer runs its own
+    plan (bucket count), one step per round in rotated order, timed; times come back per
+    contender."""
+    from runtime.calibrate.tune.arbitrate import Contender, run_side_by_side
+    from runtime.train import trainer as trainer_module
+    from runtime.train.build import build_model
+    from tests.support.tiny import tiny_config
+
+    cfg = tiny_config(small_dataset, "data.verify_checksums=false",
+                      "train.tied_embedding_sync=dense")
+    named = [(n, p.numel()) for n, p in build_model(cfg).named_parameters() if p.requires_grad]
+    sizes = dict(named)
+    plans = {"tuned": BucketPlan.from_cap(named[::-1], 1 << 40),
+             "fine": BucketPlan.from_cap(named[::-1], 200_000)}
+    assert len(plans["fine"].buckets) > 3
+    calls = []
+    original = trainer_module.Trainer.train_step
+
+    def spy(self, it):
+        calls.append(len(self.grad_sync.plan.buckets))
+        return original(self, it)
+    monkeypatch.setattr(trainer_module.Trainer, "train_step", spy)
+    cs = [Contender(n, p.to_json(sizes), "dense", 1.0) for n, p in plans.items()]
+    times = run_side_by_side(cfg, single_ctx, cs, steps=1, warmup=1)
+    k1, kf = 1, len(plans["fine"].buckets)
+    assert calls == [k1, kf, kf, k1]      # round 1 (warm-up): tuned first; round 2: fine
+    assert set(times) == {"tuned", "fine"}
+    assert all(len(v) == 1 and v[0] > 0 for v in times.values())
+
+
+def test_arbitration_options_are_checked(tmp_path):
+    config = str(ROOT / "submission/configs/config_CPU_1x2x32x1.toml")
+    for opt, value, message in (("--arbitrate-steps", "0", "must be >= 1"),
+                                ("--arbitrate-within", "-0.1", "is a fraction")):
+        proc = subprocess.run([sys.executable, "-m", "runtime.calibrate.tune", "--config",
+                               config, opt, value], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, env=clean_env())
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
 def test_a_plan_for_another_model_is_refused(tmp_path):
     prof = toy_profile()
     path = tmp_path / "plan.json"
@@ -461,15 +580,29 @@ def test_real_tune_on_two_ranks_and_the_trainer_runs_its_plan(small_dataset, tmp
     cmd = [sys.executable, "-m", "runtime.calibrate.tune", "--config",
            ROOT / "submission/configs/config_CPU_1x2x32x1.toml", "--out", out,
            "--steps", "2", "--warmup", "1", "--repeats", "1", "--sizes", "5",
-           "--contention-steps", "1", "--no-png"]
+           "--contention-steps", "1", "--no-png",
+           # every row a contender (the tiny model's rows may all be far apart): the real
+           # arbitration on both ranks, one measured step each
+           "--arbitrate-within", "10", "--arbitrate-steps", "1"]
     for s in sets:
         cmd += ["--set", s]
-    proc = run_ranks(2, *cmd, timeout=180)
+    proc = run_ranks(2, *cmd, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "| **tuned** |" in proc.stdout and "use it:" in proc.stdout
+    assert "| **tuned**" in proc.stdout and "use it:" in proc.stdout
+    assert "| measured step ms |" in proc.stdout and "decided by measurement:" in proc.stdout
     rec = json.loads((out / "tune.json").read_text())
     assert rec["world_size"] == 2 and len(rec["sweep"]["bytes"]) == 5
-    assert all(g[2] >= 0 for g in rec["profile"]["grads"])
+    ready = [g[2] for g in rec["profile"]["grads"]]
+    assert all(r >= 0 for r in ready) and ready == sorted(ready)   # production order
+    arb = rec["arbitration"]
+    assert arb["decided_by"] == "measurement" and len(arb["contenders"]) >= 2
+    medians = {n: m["median_s"] for n, m in arb["measured"].items()}
+    assert set(medians) == {c["name"] for c in arb["contenders"]}
+    assert arb["recommended"] == min(medians, key=medians.get)
+    assert [r["name"] for r in rec["table"] if r["recommended"]] == [arb["recommended"]]
+    meta = json.loads((out / "bucket_plan.json").read_text())["meta"]
+    assert meta["plan"] == arb["recommended"] and meta["decided_by"] == "measurement"
+    assert meta["measured_step_s"] == medians[arb["recommended"]]
     # the trainer runs the written plan and reaches the same gradient as a size-cap plan
     proc = run_script(2, "tune_plan.py", out / "bucket_plan.json", tmp_path / "result.json",
                       *sets, timeout=180)
