@@ -383,7 +383,8 @@ class GradientBuckets:
     def _recut_in_measured_order(self) -> None:
         names = self.plan.order()
         # every rank's first-step times, the slowest rank's per parameter (a collective over
-        # the launched world, also when this sync communicates nothing: the tuner's)
+        # the launched world, also when this sync communicates nothing: the tuner's); read
+        # back once, after the first step, beside the re-cut's own host collectives
         times = torch.tensor([self.measured_ready_s.get(n, math.inf) for n in names],
                              dtype=torch.float64, device=self.device)
         slowest = dict(zip(names, all_reduce_max(times).tolist()))

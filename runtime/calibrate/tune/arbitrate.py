@@ -9,8 +9,8 @@ only plans that train the same thing, at most `MAX_CONTENDERS`); `run_side_by_si
 contender's trainer - ``runtime.train.Trainer`` on the parts ``runtime.train.build`` makes
 from the config with the contender's plan file, communication on, on the current world - one
 real step each per round, interleaved, the order rotated every round so drift falls on all
-alike, every step timed after a barrier to its device's end and reduced to the slowest rank's
-time); `decide` (the measured fastest by median, and how each did against the tuned plan in
+alike - `rounds` - every step timed after a barrier to its device's end and reduced to the
+slowest rank's time); `decide` (the measured fastest by median, and how each did against the tuned plan in
 the same rounds; every rank decides from the same reduced times and checks that all agree).
 Never: solves, predicts, prints or writes files (runtime.calibrate.tune.__main__ does), or
 offers a plan that trains differently: with ``bucket_before`` the clip threshold τ/√K depends

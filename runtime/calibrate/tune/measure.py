@@ -9,8 +9,8 @@ final, the decoder bias's mark when the decoder's share of the tied weight is; m
 steps after warm-up, the slowest rank's for each span, since an allreduce waits for the last
 rank; the profile's gradients in production order - sorted by those medians with
 ``runtime.grad_sync.plan.production_order``, the rule the engine's first-step re-cut applies
-to its one step, so a plan follows the order gradients really arrive in; on a GPU every mark is a CUDA event - ``runtime.observe.clock`` - since host times there
-are launch times),
+to its one step, so a plan follows the order gradients really arrive in; on a GPU every mark
+is a CUDA event - ``runtime.observe.clock`` - since host times there are launch times),
 `measure_allreduce` (median blocking allreduce time per size in the reduce dtype, each repeat
 started together after a barrier, the slowest rank's median), `engine_align` and
 `tied_embedding` (what the engine would do with this model).
