@@ -1,6 +1,7 @@
-"""The bucket tuner (runtime.calibrate.tune): the exact partition against brute force, the simulator
-against hand-computed timelines, the allreduce fit, plan files, projections, bad input, and a
-real tune on 2 CPU ranks whose plan the trainer then runs."""
+"""The bucket tuner (runtime.calibrate.tune): the exact partition and its certified bound against
+brute force, the production order, the simulator against hand-computed timelines, the
+allreduce fit, plan files, arbitration by measurement, projections, bad input, and a real
+tune on 2 CPU ranks (production order, arbitration) whose plan the trainer then runs."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ from runtime.calibrate.tune.fabric import Fabric, FabricError, load_fabric
 from runtime.calibrate.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
 from runtime.calibrate.tune.solve import brute_force, compare, solve
 from tests.support.launch import ROOT, clean_env, needs_mpiexec, run_ranks, run_script
-from tests.support.tiny import tiny_overrides
+from tests.support.tiny import tiny_config, tiny_overrides
 
 
 CLIPS = ("global_after", "none", "bucket_before", "local_before")
@@ -276,29 +277,6 @@ def test_production_order_sorts_by_ready_time_ties_and_unseen_by_arrival():
         ["f", "b", "c", "a", "e", "d"]
     with pytest.raises(ValueError, match="b not in the arrival order"):
         production_order({"a": 1.0, "b": 2.0}, ["a"])
-
-
-def test_the_measured_profile_is_in_production_order(small_dataset, single_ctx):
-    """The tuner's real measurement on the tiny BERT (a world of one), whose hooks fire out of
-    registration order: the profile lists gradients by their median ready times over the
-    measured steps (the engine's re-cut rule), not by registration."""
-    from runtime.calibrate.tune.measure import measure_step
-    from runtime.grad_sync.plan import reverse_registration_order
-    from runtime.train.build import build_model
-    from tests.support.tiny import tiny_config
-
-    cfg = tiny_config(small_dataset, "data.verify_checksums=false")
-    m = measure_step(cfg, single_ctx, steps=2, warmup=1, contention_steps=0)
-    names = [g.name for g in m.profile.grads]
-    model = build_model(cfg)
-    registration = reverse_registration_order(
-        [(n, p) for n, p in model.named_parameters() if p.requires_grad])
-    first = m.per_step["engine_first_step_order"]
-    assert sorted(names) == sorted(registration) and first != registration
-    medians = {n: float(np.median(v)) for n, v in m.per_step["ready"].items()}
-    assert names == production_order(medians, first)
-    assert all(a.ready_s <= b.ready_s for a, b in zip(m.profile.grads, m.profile.grads[1:]))
-    assert "median ready times over 2 steps" in m.order_source
 
 
 def test_bucket_bytes_include_the_flat_buffers_row_padding():
@@ -592,8 +570,17 @@ def test_real_tune_on_two_ranks_and_the_trainer_runs_its_plan(small_dataset, tmp
     assert "| measured step ms |" in proc.stdout and "decided by measurement:" in proc.stdout
     rec = json.loads((out / "tune.json").read_text())
     assert rec["world_size"] == 2 and len(rec["sweep"]["bytes"]) == 5
-    ready = [g[2] for g in rec["profile"]["grads"]]
-    assert all(r >= 0 for r in ready) and ready == sorted(ready)   # production order
+    # the production order: the BERT's hooks fire out of registration order, and the profile
+    # lists gradients by their median ready times (the slowest rank's), the engine's rule
+    from runtime.train.build import build_model
+    names = [g[0] for g in rec["profile"]["grads"]]
+    ready = {g[0]: g[2] for g in rec["profile"]["grads"]}
+    first = rec["engine_first_step_order"]
+    registration = [n for n, p in build_model(tiny_config(small_dataset)).named_parameters()
+                    if p.requires_grad][::-1]
+    assert sorted(first) == sorted(registration) and first != registration
+    assert all(r >= 0 for r in ready.values()) and names == production_order(ready, first)
+    assert "median ready times over 2 steps" in rec["production_order"]
     arb = rec["arbitration"]
     assert arb["decided_by"] == "measurement" and len(arb["contenders"]) >= 2
     medians = {n: m["median_s"] for n, m in arb["measured"].items()}

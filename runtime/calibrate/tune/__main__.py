@@ -363,6 +363,7 @@ def _write(cfg, ctx, args, m, solved: Solved, decision, t_start) -> int:
               "clip_mode": cfg.train.clip_mode, "tied_embedding_sync": cfg.train.tied_embedding_sync,
               "profile": profile.to_json(), "steps": m.steps, "warmup": m.warmup,
               "production_order": m.order_source,
+              "engine_first_step_order": m.per_step.get("engine_first_step_order"),
               "contention": m.per_step.get("contention"),
               "sweep": {"bytes": solved.sizes, "seconds": solved.times,
                         "warnings": solved.check.warnings},
