@@ -24,6 +24,7 @@ from torch import nn
 from kernels.optim_reference import global_grad_norm
 from runtime.grad_sync import (BucketPlan, GradientBuckets, GradLayout, Piece, PlanError,
                                alone_bucket, reverse_registration_order, tied_sync_mode)
+from runtime.grad_sync.plan import production_order
 from runtime.config import ConfigError, load_config
 from runtime.observe.timeline import StepTimeline, plot_timeline, union_length
 from tests.support.launch import ROOT, needs_mpiexec, run_script, tail
@@ -171,6 +172,11 @@ def test_first_step_recuts_the_plan_in_measured_order():
     buckets.finish()
     buckets.zero_grad()
     assert buckets.measured_order[:2] == ["late.bias", "late.weight"]
+    # re-cut by ready time (on one rank: the arrival order), not by registration
+    times = [buckets.measured_ready_s[n] for n in buckets.measured_order]
+    assert times == sorted(times) and set(times) != {0.0}
+    assert buckets.plan.order() == production_order(buckets.measured_ready_s,
+                                                    buckets.measured_order)
     assert buckets.plan.order() == buckets.measured_order
     assert buckets.layout_version == version + 1
     buckets.begin_step()  # the next step accumulates into the new buffer
@@ -315,7 +321,7 @@ def results_of(work: Path, case: str) -> dict:
     return {r["mode"]: r for r in json.loads((work / f"{case}.json").read_text())["results"]}
 
 
-TWO_RANK_CASES = "modes,split,accumulation,plan"
+TWO_RANK_CASES = "modes,split,accumulation,plan,order"
 
 
 @pytest.fixture(scope="module")
@@ -428,6 +434,20 @@ def test_explicit_plan_with_a_split_parameter(two_ranks):
     for step in rec["steps"]:
         assert step["buckets"] == 4 and step["max_rel_err"] < 1e-5
         assert step["split"] == ["bert.embeddings.word_embeddings.weight"]
+
+
+@pytest.mark.slow  # 2 ranks under mpiexec
+@needs_mpiexec
+def test_the_first_step_recut_follows_the_slowest_ranks_ready_times(two_ranks):
+    """Gradients arrive a then b on rank 0, b then a on rank 1, whose a is 0.3 s late: the
+    plan puts b first (the slowest rank's times) where rank 0's arrival order put a first."""
+    rec = results_of(two_ranks, "order")["two-branches"]
+    (order0, ready0), (order1, ready1) = rec["arrivals"]
+    assert order0[0].startswith("a.") and order1[0].startswith("b.")
+    slowest = {n: max(ready0[n], ready1[n]) for n in ready0}
+    assert min(slowest[n] for n in ("a.weight", "a.bias")) >= 0.3
+    assert rec["plan_order"] == production_order(slowest, order0)
+    assert [n[0] for n in rec["plan_order"]] == ["b", "b", "a", "a"]
 
 
 @pytest.mark.slow  # a 2-rank mpiexec launch each

@@ -1,6 +1,7 @@
-"""The bucket tuner (runtime.calibrate.tune): the exact partition against brute force, the simulator
-against hand-computed timelines, the allreduce fit, plan files, projections, bad input, and a
-real tune on 2 CPU ranks whose plan the trainer then runs."""
+"""The bucket tuner (runtime.calibrate.tune): the exact partition and its certified bound against
+brute force, the production order, the simulator against hand-computed timelines, the
+allreduce fit, plan files, arbitration by measurement, projections, bad input, and a real
+tune on 2 CPU ranks (production order, arbitration) whose plan the trainer then runs."""
 from __future__ import annotations
 
 import json
@@ -12,25 +13,33 @@ import sys
 import numpy as np
 import pytest
 
-from runtime.grad_sync.plan import BucketPlan, GradLayout, Piece, PlanError
+from runtime.grad_sync.plan import BucketPlan, GradLayout, Piece, PlanError, production_order
 from runtime.calibrate.tune.costmodel import CommModel, SweepError, check_sweep, fit, fit_affine
 from runtime.calibrate.tune.fabric import Fabric, FabricError, load_fabric
 from runtime.calibrate.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
 from runtime.calibrate.tune.solve import brute_force, compare, solve
 from tests.support.launch import ROOT, clean_env, needs_mpiexec, run_ranks, run_script
-from tests.support.tiny import tiny_overrides
+from tests.support.tiny import tiny_config, tiny_overrides
 
 
-def random_instance(rng: random.Random):
+CLIPS = ("global_after", "none", "bucket_before", "local_before")
+
+
+def random_instance(rng: random.Random, sorted_ready: bool = False):
+    """A tiny bucket problem: 2-4 parameters of 1-4 elements, ready in production order or
+    not, the split tied embedding (40 %) anywhere in the order - first too - every clip mode
+    (split: the two that allow it), affine or concave piecewise T, launch work γ, κ."""
     m = rng.randint(2, 4)
-    grads, t = [], 0.0
-    for j in range(m):
-        t += rng.uniform(0, 3)
-        grads.append(Gradient(f"p{j}", rng.randint(1, 4), t))
+    times = [rng.uniform(0, 3 * m) for _ in range(m)]
+    if sorted_ready or rng.random() < 0.5:
+        times.sort()
+    grads = [Gradient(f"p{j}", rng.randint(1, 4), t) for j, t in enumerate(times)]
+    t = max(times)
     split = rng.random() < 0.4
     if split:
-        grads.append(Gradient("emb", rng.randint(2, 4), t + rng.uniform(0, 1)))
-    prof = StepProfile(tuple(grads), 1.0, grads[-1].ready_s + 0.1, 0.5,
+        emb = Gradient("emb", rng.randint(2, 4), rng.uniform(0, t + 1))
+        grads.insert(0 if rng.random() < 0.4 else rng.randint(1, m), emb)
+    prof = StepProfile(tuple(grads), 1.0, max(g.ready_s for g in grads) + 0.1, 0.5,
                        prescale_s_per_element=rng.choice([0.0, 0.05]),
                        comm_slowdown=rng.choice([1.0, 1.0, 2.5]),
                        tied="emb" if split else None, tied_rows=2 if split else 0,
@@ -41,8 +50,7 @@ def random_instance(rng: random.Random):
         a, b1, k = rng.uniform(0, 1), rng.uniform(0.5, 2), rng.uniform(1, 5)
         b2 = rng.uniform(0.1, b1)
         comm = CommModel(((0, a, b1), (k, a + b1 * k - b2 * k, b2)))
-    clip = "global_after" if split else rng.choice(["global_after", "none", "bucket_before",
-                                                    "local_before"])
+    clip = rng.choice(CLIPS[:2] if split else CLIPS)
     spec = SyncSpec(clip_mode=clip, tied_sync="split" if split else "dense",
                     align=rng.choice([1, 2]))
     return Instance.build(prof, spec, comm)
@@ -52,25 +60,109 @@ def random_instance(rng: random.Random):
 # the exact partition
 
 
-def test_dp_equals_brute_force_over_every_element_position():
-    """Random small instances - split points anywhere, padding, piecewise T, launch work,
-    slowed communication, the split tied embedding and its decoder share, fixed K."""
+def test_solver_is_never_worse_than_brute_force_on_random_small_instances():
+    """The DP against every plan over every element position (brute force), on random tiny
+    instances: every clip mode, the split tied embedding anywhere in the order (first too),
+    ready times out of order, padding, piecewise T, launch work, slowed communication, and
+    with the bucket count fixed. Grid 1 is exact: equal; the default grid (what the tuner
+    runs) is never worse."""
     rng = random.Random(12)
-    checked = fixed = 0
+    fixed = first = unsorted = 0
+    seen_clips = set()
     for _ in range(120):
         inst = random_instance(rng)
         cuts, best = brute_force(inst)
+        assert math.isfinite(best) and cuts[-1] == inst.total
+        assert inst.chain_end(cuts) == pytest.approx(best, abs=1e-12)
         sol = solve(inst, grid=1)
         assert sol.sync_end_s == pytest.approx(best, abs=1e-9), (cuts, sol.cuts)
         assert inst.chain_end(sol.cuts) == pytest.approx(sol.sync_end_s, abs=1e-12)
-        checked += 1
+        assert solve(inst).sync_end_s <= best + 1e-9
+        first += inst.alone == 0
+        unsorted += bool(np.any(np.diff([g.ready_s for g in inst.profile.grads]) < 0))
+        seen_clips.add(inst.spec.clip_mode + ("+split" if inst.alone is not None else ""))
         K = rng.randint(1, 3)
-        _, best_k = brute_force(inst, num_buckets=K)
+        cuts_k, best_k = brute_force(inst, num_buckets=K)
         if math.isfinite(best_k):
+            assert len(cuts_k) == K
             sk = solve(inst, grid=1, num_buckets=K)
             assert len(sk.cuts) == K and sk.sync_end_s == pytest.approx(best_k, abs=1e-9)
             fixed += 1
-    assert checked == 120 and fixed > 50
+        else:   # no K-bucket plan: the solver says so too
+            with pytest.raises(ValueError):
+                solve(inst, grid=1, num_buckets=K)
+    assert fixed > 50 and first >= 5 and unsorted >= 20
+    assert seen_clips == {"global_after", "none", "bucket_before", "local_before",
+                          "global_after+split", "none+split"}
+
+
+def test_brute_force_sees_the_split_embedding_first_in_the_order():
+    """It used to return ([], inf) whenever the embedding came first (its forced cut at 0
+    was demanded as a cut); by hand: emb (1 row × 2 elements, alone) then p (2 elements),
+    T(n) = 1 s + n/4 s per byte, everything ready at 0 with no backward left: back to back the
+    row mask (1 byte: 1.25 s), p (8 bytes: 3 s), the decoder's share (8 bytes: 3 s) and the
+    touched row (8 bytes: 3 s)."""
+    prof = StepProfile((Gradient("emb", 2, 0.0), Gradient("p", 2, 0.0)), 0.0, 0.0, 0.0,
+                       tied="emb", tied_rows=1, decoder_ready_s=0.0, touched_rows=1)
+    inst = Instance.build(prof, SyncSpec(tied_sync="split"), CommModel.affine(1.0, 0.25))
+    assert inst.alone == 0 and inst.forced_cuts() == [0, 2]
+    cuts, best = brute_force(inst)
+    assert cuts == [2, 4] and best == pytest.approx(1.25 + 3.0 + 3.0 + 3.0)
+    assert solve(inst, grid=1).sync_end_s == pytest.approx(best)
+
+
+def test_the_bound_is_true_against_brute_force_on_coarse_grids():
+    """Forced to a coarse grid (2 or 3 elements, or parameter boundaries only) the plan loses
+    at most the bound the table prints, against the best plan over every element position
+    (brute force) - with one-bucket grid plans (the old bound used the grid plan's count and
+    printed 0 s for them) and with K fixed. For an affine T the bound is also tight: it
+    overstates the loss by at most κ·λ·(widest gap between candidates)."""
+    from runtime.calibrate.tune.solve import _Cells, candidate_cuts
+    rng = random.Random(7)
+    one_bucket_lost = bounded = fixed = 0
+    for _ in range(100):
+        inst = random_instance(rng)
+        _, opt = brute_force(inst)
+        for g in (rng.choice([2, 3]), 0):
+            sol = solve(inst, grid=g)
+            loss = sol.sync_end_s - opt
+            assert -1e-9 <= loss <= sol.bound_s + 1e-9, (g, sol.cuts, loss, sol.bound_s)
+            if sol.exact:
+                continue
+            bounded += 1
+            assert sol.lower_bound_s <= opt + 1e-9
+            if len(sol.cuts) == 1 and loss > 1e-6:
+                one_bucket_lost += 1
+            if len(inst.comm.segments) == 1:
+                cells = _Cells.of(inst, candidate_cuts(inst, g)[0])
+                w = int(np.max(cells.hi - cells.lo))
+                lam = inst.comm.beta * inst.spec.reduce_bytes
+                assert sol.bound_s - loss <= inst.profile.comm_slowdown * lam * w + 1e-9
+        K = rng.randint(1, 3)
+        _, opt_k = brute_force(inst, num_buckets=K)
+        if math.isfinite(opt_k) and len(candidate_cuts(inst, 2)[0]) >= K:
+            sk = solve(inst, grid=2, num_buckets=K)
+            assert -1e-9 <= sk.sync_end_s - opt_k <= sk.bound_s + 1e-9
+            fixed += 1
+    assert bounded > 100 and one_bucket_lost >= 2 and fixed > 40
+
+
+def test_one_bucket_on_the_grid_and_the_faster_plan_inside_the_parameter():
+    """By hand: local_before, one parameter of 4 elements, launch work 1 s per element,
+    T = 0.1 s + 1 s per element. On parameter boundaries only: one bucket, issued 4 s after
+    backward, ending at 4 + 4.1 = 8.1 s. Cut at every element: buckets issued at 1, 2, 3, 4 s
+    end at 2.1, 3.2, 4.3, 5.4 s. The grid plan loses 2.7 s; the old bound, (K − 1)·…, printed
+    0 s for a one-bucket plan; this one may not be below 2.7 s."""
+    prof = StepProfile((Gradient("p", 4, 0.0),), 0.0, 0.0, 0.0, prescale_s_per_element=1.0)
+    inst = Instance.build(prof, SyncSpec(clip_mode="local_before"), CommModel.affine(0.1, 0.25))
+    cuts, opt = brute_force(inst)
+    assert cuts == [1, 2, 3, 4] and opt == pytest.approx(5.4)
+    sol = solve(inst, grid=0)
+    assert sol.cuts == [4] and sol.sync_end_s == pytest.approx(8.1) and not sol.exact
+    assert 2.7 - 1e-9 <= sol.bound_s <= 2.7 + 0.25 * 4 * 3   # κ·λ·w: w = 3 elements
+    assert "certified" in sol.describe()
+    assert solve(inst, grid=1).sync_end_s == pytest.approx(5.4)
+    assert solve(inst, grid=1).exact == "every element position"
 
 
 def test_some_instance_needs_a_split_parameter():
@@ -94,7 +186,7 @@ def test_theorem_boundaries_suffice_for_affine_t_without_launch_work():
             continue
         _, best = brute_force(inst)
         sol = solve(inst)            # picks boundaries only for this case
-        assert sol.grid is None and sol.grid_bound_s == 0.0
+        assert sol.grid is None and sol.bound_s == 0.0 and "Theorem 2" in sol.exact
         assert sol.sync_end_s == pytest.approx(best, abs=1e-9)
         n += 1
 
@@ -154,6 +246,37 @@ def test_simulator_models_the_split_tied_embedding_and_slowed_communication():
     assert lanes["b2 row mask"].end == pytest.approx(0.4005)
     assert lanes["touched rows"].end == pytest.approx(0.4055)
     assert inst.chain_end(inst.cuts_from_plan(plan)) == pytest.approx(0.4055)
+
+
+def test_a_bucket_waits_for_every_gradient_before_its_end():
+    """Out of production order (p0 registered and laid out first but final last) a bucket
+    ending after p1 still waits for p0: the engine launches buckets in order, each when its
+    gradients are final. By hand: T = 0.1 s per element, ready p0 at 0.3, p1 at 0.1, one
+    element each, buckets [p0], [p1]: both issue at 0.3, end 0.4 and 0.5 (not p1's 0.1)."""
+    prof = StepProfile((Gradient("p0", 1, 0.3), Gradient("p1", 1, 0.1)), 0.0, 0.35, 0.0)
+    comm = CommModel.affine(0.0, 0.1 / 4)
+    inst = Instance.build(prof, SyncSpec(), comm)
+    assert inst.issue_time(2) == pytest.approx(0.3)
+    plan = BucketPlan(((Piece("p0", 0, 1),), (Piece("p1", 0, 1),)))
+    tl = simulate(inst, plan)
+    assert [(b.ready, b.end) for b in tl.buckets] == [pytest.approx((0.3, 0.4)),
+                                                      pytest.approx((0.3, 0.5))]
+    assert inst.chain_end([1, 2]) == pytest.approx(0.5)
+    # in production order (p1 first) p1 goes at its own time: 0.1 -> 0.2, then p0 0.3 -> 0.4
+    order = production_order({g.name: g.ready_s for g in prof.grads}, ["p0", "p1"])
+    assert order == ["p1", "p0"]
+    sorted_prof = StepProfile(tuple(sorted(prof.grads, key=lambda g: g.ready_s)), 0.0, 0.35, 0.0)
+    inst2 = Instance.build(sorted_prof, SyncSpec(), comm)
+    assert inst2.chain_end([1, 2]) == pytest.approx(0.4)
+    assert solve(inst2, grid=1).sync_end_s <= solve(inst, grid=1).sync_end_s
+
+
+def test_production_order_sorts_by_ready_time_ties_and_unseen_by_arrival():
+    ready = {"a": 0.2, "b": 0.1, "c": 0.2, "d": math.inf, "e": float("nan"), "f": 0.0}
+    assert production_order(ready, ["e", "c", "d", "a", "b", "f"]) == \
+        ["f", "b", "c", "a", "e", "d"]
+    with pytest.raises(ValueError, match="b not in the arrival order"):
+        production_order({"a": 1.0, "b": 2.0}, ["a"])
 
 
 def test_bucket_bytes_include_the_flat_buffers_row_padding():
@@ -238,6 +361,125 @@ def test_table_and_written_plan_round_trip(tmp_path):
         alone_bucket(back, "emb", prof.sizes()["emb"])
 
 
+# ---------------------------------------------------------------------------------------------
+# arbitration by measurement
+
+
+def test_the_models_error_is_the_fit_error_and_the_step_noise():
+    from runtime.calibrate.tune.arbitrate import ModelError
+    comm = CommModel.affine(1e-3, 1e-8, mean_rel_err=0.07)
+    per_step = {"data_s": [0.0, 0.0, 0.0], "forward_s": [1.0, 1.0, 1.0],
+                "backward_s": [1.0, 2.0, 1.5], "optimizer_s": [0.0, 0.0, 0.0],
+                "tail_s": [0.0, 0.0, 0.0]}
+    err = ModelError.of(comm, per_step, extra=0.01)   # steps 2, 3, 2.5: MAD 0.5 / 2.5
+    assert (err.fit, err.noise, err.extra) == pytest.approx((0.07, 0.2, 0.01))
+    tuned = simulate_stub(step=1.0, exposed=0.3)
+    row = simulate_stub(step=1.1, exposed=0.5)
+    assert err.tolerance(tuned, row) == pytest.approx(0.07 * 0.5 + 0.21 * 1.0)
+
+
+def simulate_stub(step: float, exposed: float):
+    from types import SimpleNamespace
+    return SimpleNamespace(step_s=step, exposed_s=exposed)
+
+
+def test_arbitration_picks_the_distinct_plans_within_the_error_that_train_the_same():
+    from runtime.calibrate.tune.arbitrate import ModelError, pick
+    prof = toy_profile(tied=False)
+    comm = CommModel.affine(5e-3, 1 / 5e6)
+    order = [(g.name, g.numel) for g in prof.grads]
+    three = BucketPlan.from_cap(order, 500_000, "cfg")          # 3 buckets
+    rows = compare(prof, comm, SyncSpec(world_size=2), "auto", three, "this config")
+    tuned = next(r for r in rows if r.name == "tuned")
+    alone, _ = pick(rows, ModelError(0.0, 0.0), prof.sizes(), "global_after")
+    assert [c.name for c in alone] == ["tuned"]      # nothing predicted within 0 of it
+    wide, left_out = pick(rows, ModelError(0.0, 0.0, extra=10.0), prof.sizes(), "global_after",
+                          limit=3)
+    distinct = {r.candidate.plan.digest() for r in rows}
+    assert [c.name for c in wide][0] == "tuned" and len(wide) == 3 < len(distinct)
+    assert [c.predicted_s for c in wide[1:]] == sorted(c.predicted_s for c in wide[1:])
+    assert len({json.dumps(c.plan) for c in wide}) == 3 and left_out
+    # rows with one plan are measured once, under the first (closest) name
+    named = {n for c in wide for n in [c.name] + c.same_as} | set(left_out)
+    assert named == {r.name for r in rows}
+    # within the fit's tolerance: exactly the rows the formula admits
+    err = ModelError(0.1, 0.01)
+    picked, _ = pick(rows, err, prof.sizes(), "global_after")
+    admitted = {r.candidate.plan.digest() for r in rows if r.timeline.step_s
+                - tuned.timeline.step_s <= 0.1 * max(tuned.timeline.exposed_s, r.timeline.exposed_s)
+                + 0.01 * tuned.timeline.step_s}
+    assert {BucketPlan.from_json(c.plan, prof.sizes()).digest() for c in picked} == admitted
+    assert 1 < len(admitted) < len(distinct)
+    # bucket_before: τ/√K depends on K - only plans with the tuned plan's K train the same
+    bb = compare(prof, comm, SyncSpec(clip_mode="bucket_before", world_size=2), "auto", three,
+                 "this config", num_buckets=3)
+    picked, _ = pick(bb, ModelError(0.0, 0.0, extra=10.0), prof.sizes(), "bucket_before")
+    assert [c.name for c in picked] == ["tuned", "this config"]
+
+
+def test_decide_recommends_the_measured_fastest_and_says_why():
+    from runtime.calibrate.tune.arbitrate import Contender, decide
+    cs = [Contender("tuned", {}, "dense", 1.00), Contender("A", {}, "dense", 1.01),
+          Contender("B", {}, "dense", 1.02)]
+    d = decide(cs, {"tuned": [1.0, 1.1, 1.2], "A": [0.9, 1.0, 1.3], "B": [1.2, 1.2, 1.2]})
+    assert d.recommended == "A" and d.decided_by == "measurement"
+    assert d.measured["A"]["median_s"] == 1.0 and d.measured["A"]["faster_than_tuned_rounds"] == 2
+    assert "A measured fastest of 3 plans" in d.reason and "faster in 2 of 3 rounds" in d.reason
+    tie = decide(cs, {"tuned": [1.0], "A": [1.0], "B": [1.5]})
+    assert tie.recommended == "tuned"              # a tie keeps the prediction's pick
+    pred = decide(cs[:1], None, "--no-arbitrate")
+    assert (pred.recommended, pred.decided_by, pred.reason) == ("tuned", "prediction",
+                                                                "--no-arbitrate")
+
+
+def test_rounds_rotate_so_each_plan_goes_first_equally_often():
+    from runtime.calibrate.tune.arbitrate import rounds
+    assert rounds(3, 4) == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    assert [r[0] for r in rounds(2, 6)].count(0) == 3
+
+
+def test_side_by_side_runs_each_plan_with_the_real_trainer_step(small_dataset, single_ctx,
+                                                                 monkeypatch):
+    """Two plans of the tiny BERT in a world of one: each contender's trainer runs its own
+    plan (bucket count), one step per round in rotated order, timed; times come back per
+    contender."""
+    from runtime.calibrate.tune.arbitrate import Contender, run_side_by_side
+    from runtime.train import trainer as trainer_module
+    from runtime.train.build import build_model
+    from tests.support.tiny import tiny_config
+
+    cfg = tiny_config(small_dataset, "data.verify_checksums=false",
+                      "train.tied_embedding_sync=dense")
+    named = [(n, p.numel()) for n, p in build_model(cfg).named_parameters() if p.requires_grad]
+    sizes = dict(named)
+    plans = {"tuned": BucketPlan.from_cap(named[::-1], 1 << 40),
+             "fine": BucketPlan.from_cap(named[::-1], 200_000)}
+    assert len(plans["fine"].buckets) > 3
+    calls = []
+    original = trainer_module.Trainer.train_step
+
+    def spy(self, it):
+        calls.append(len(self.grad_sync.plan.buckets))
+        return original(self, it)
+    monkeypatch.setattr(trainer_module.Trainer, "train_step", spy)
+    cs = [Contender(n, p.to_json(sizes), "dense", 1.0) for n, p in plans.items()]
+    times = run_side_by_side(cfg, single_ctx, cs, steps=1, warmup=1)
+    k1, kf = 1, len(plans["fine"].buckets)
+    assert calls == [k1, kf, kf, k1]      # round 1 (warm-up): tuned first; round 2: fine
+    assert set(times) == {"tuned", "fine"}
+    assert all(len(v) == 1 and v[0] > 0 for v in times.values())
+
+
+def test_arbitration_options_are_checked(tmp_path):
+    config = str(ROOT / "submission/configs/config_CPU_1x2x32x1.toml")
+    for opt, value, message in (("--arbitrate-steps", "0", "must be >= 1"),
+                                ("--arbitrate-within", "-0.1", "is a fraction")):
+        proc = subprocess.run([sys.executable, "-m", "runtime.calibrate.tune", "--config",
+                               config, opt, value], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, env=clean_env())
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
 def test_a_plan_for_another_model_is_refused(tmp_path):
     prof = toy_profile()
     path = tmp_path / "plan.json"
@@ -316,15 +558,38 @@ def test_real_tune_on_two_ranks_and_the_trainer_runs_its_plan(small_dataset, tmp
     cmd = [sys.executable, "-m", "runtime.calibrate.tune", "--config",
            ROOT / "submission/configs/config_CPU_1x2x32x1.toml", "--out", out,
            "--steps", "2", "--warmup", "1", "--repeats", "1", "--sizes", "5",
-           "--contention-steps", "1", "--no-png"]
+           "--contention-steps", "1", "--no-png",
+           # every row a contender (the tiny model's rows may all be far apart): the real
+           # arbitration on both ranks, one measured step each
+           "--arbitrate-within", "10", "--arbitrate-steps", "1"]
     for s in sets:
         cmd += ["--set", s]
-    proc = run_ranks(2, *cmd, timeout=180)
+    proc = run_ranks(2, *cmd, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "| **tuned** |" in proc.stdout and "use it:" in proc.stdout
+    assert "| **tuned**" in proc.stdout and "use it:" in proc.stdout
+    assert "| measured step ms |" in proc.stdout and "decided by measurement:" in proc.stdout
     rec = json.loads((out / "tune.json").read_text())
     assert rec["world_size"] == 2 and len(rec["sweep"]["bytes"]) == 5
-    assert all(g[2] >= 0 for g in rec["profile"]["grads"])
+    # the production order: the BERT's hooks fire out of registration order, and the profile
+    # lists gradients by their median ready times (the slowest rank's), the engine's rule
+    from runtime.train.build import build_model
+    names = [g[0] for g in rec["profile"]["grads"]]
+    ready = {g[0]: g[2] for g in rec["profile"]["grads"]}
+    first = rec["engine_first_step_order"]
+    registration = [n for n, p in build_model(tiny_config(small_dataset)).named_parameters()
+                    if p.requires_grad][::-1]
+    assert sorted(first) == sorted(registration) and first != registration
+    assert all(r >= 0 for r in ready.values()) and names == production_order(ready, first)
+    assert "median ready times over 2 steps" in rec["production_order"]
+    arb = rec["arbitration"]
+    assert arb["decided_by"] == "measurement" and len(arb["contenders"]) >= 2
+    medians = {n: m["median_s"] for n, m in arb["measured"].items()}
+    assert set(medians) == {c["name"] for c in arb["contenders"]}
+    assert arb["recommended"] == min(medians, key=medians.get)
+    assert [r["name"] for r in rec["table"] if r["recommended"]] == [arb["recommended"]]
+    meta = json.loads((out / "bucket_plan.json").read_text())["meta"]
+    assert meta["plan"] == arb["recommended"] and meta["decided_by"] == "measurement"
+    assert meta["measured_step_s"] == medians[arb["recommended"]]
     # the trainer runs the written plan and reaches the same gradient as a size-cap plan
     proc = run_script(2, "tune_plan.py", out / "bucket_plan.json", tmp_path / "result.json",
                       *sets, timeout=180)

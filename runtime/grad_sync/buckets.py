@@ -16,10 +16,13 @@ Owns:
     construction). Coefficients come from ``kernels.optim_reference.clip_coefficient_of_norm``,
     the one clip formula; ``global_after`` and ``none`` only average here;
   * the first-step re-cut: a size-cap plan follows reverse registration order (DDP's guess)
-    until the hooks have seen the order gradients really arrive in; at the end of the first
-    step it is cut again in rank 0's measured order (broadcast: one plan on every rank), once,
-    and the layout listeners (the fused optimizer) re-bind to the new buffer. A plan file is
-    never reordered; the measured order is kept in ``measured_order`` for the tuner.
+    until the hooks have seen when gradients really arrive; at the end of the first step it
+    is cut again in the production order (``plan.production_order``: parameters sorted by
+    their ready time in that step, the slowest rank's - an allreduce starts when its last
+    rank issues it; ties in rank 0's arrival order; the same rule the tuner applies to its
+    medians over several steps), once, one plan on every rank, and the layout listeners (the
+    fused optimizer) re-bind to the new buffer. A plan file is never reordered; this rank's
+    arrival order and times are kept in ``measured_order`` / ``measured_ready_s``.
 Never: steps the optimizer or applies the ``global_after`` coefficient (runtime.optim.grad_scale
 folds it into the optimizer's multiplier), reads a tensor back to the host in a step, reads
 the launcher's environment, or picks sizes (the config or the tuner's plan does).
@@ -54,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from typing import Any, Callable, Optional, get_args
 
 import torch
@@ -61,8 +65,8 @@ import torch.distributed as torch_dist
 
 from kernels.optim_reference import (ROW, clip_coefficient_of_norm, norm_of_rows, row_norms)
 from runtime.choices import AFTER_MODES, ClipMode, clip_spec
-from runtime.launch.dist import broadcast_object, check_same_on_all_ranks
-from runtime.grad_sync.plan import BucketPlan, GradLayout, alone_bucket
+from runtime.launch.dist import all_reduce_max, broadcast_object, check_same_on_all_ranks
+from runtime.grad_sync.plan import BucketPlan, GradLayout, alone_bucket, production_order
 from runtime.grad_sync.protocol import SyncReport
 
 CLIP_MODES = get_args(ClipMode)
@@ -119,6 +123,8 @@ class GradientBuckets:
         self.timeline = timeline
         self.align = align
         self.measured_order: list[str] = []  # first step's gradient arrival order
+        self.measured_ready_s: dict[str, float] = {}  # ... and times since begin_step
+        self._step_t0 = 0.0
         self._measured: set[int] = set()
         self._cap_elements = cap_elements  # set: the plan may be re-cut in measured order
         self._measuring = True
@@ -246,14 +252,19 @@ class GradientBuckets:
         if self.timeline is not None:
             extra = [self.tied.nbytes] if self.tied is not None else []
             self.timeline.start_buckets(self.bucket_bytes() + extra)  # lane K: the decoder's
+        self._step_t0 = time.perf_counter()
         self._armed = True
 
     def _on_grad(self, param: torch.nn.Parameter) -> None:
         if not self._armed:
             return
         if self._measuring and id(param) not in self._measured:
+            # host time: the hook's launch decision is the host's (on a GPU its device work
+            # follows in the same order); first step only
             self._measured.add(id(param))
-            self.measured_order.append(self._names[id(param)])
+            name = self._names[id(param)]
+            self.measured_order.append(name)
+            self.measured_ready_s[name] = time.perf_counter() - self._step_t0
         if not self._sync:
             return
         if id(param) in self._ready:
@@ -370,9 +381,17 @@ class GradientBuckets:
         self.flat.zero_()
 
     def _recut_in_measured_order(self) -> None:
+        names = self.plan.order()
+        # every rank's first-step times, the slowest rank's per parameter (a collective over
+        # the launched world, also when this sync communicates nothing: the tuner's); read
+        # back once, after the first step, beside the re-cut's own host collectives
+        times = torch.tensor([self.measured_ready_s.get(n, math.inf) for n in names],
+                             dtype=torch.float64, device=self.device)
+        slowest = dict(zip(names, all_reduce_max(times).tolist()))
         seen = set(self.measured_order)
-        order = self.measured_order + [n for n in self.plan.order() if n not in seen]
-        order = broadcast_object(order)  # rank 0's order for everyone: one plan on all ranks
+        order = production_order(slowest, self.measured_order
+                                 + [n for n in names if n not in seen])
+        order = broadcast_object(order)  # ties broken by rank 0's arrivals: one plan everywhere
         if order == self.plan.order():
             self.flat.zero_()
             return

@@ -273,6 +273,27 @@ def reverse_registration_order(named: Iterable) -> list[str]:
     return names[::-1]
 
 
+def production_order(ready_s: dict[str, float], arrival: Iterable[str]) -> list[str]:
+    """The production order: parameters sorted by their measured ready time (``ready_s``:
+    seconds, the slowest rank's - a bucket's allreduce starts when its last rank issues it),
+    ties and parameters never seen (missing or infinite) in ``arrival`` order (the order one
+    rank's hooks fired in), which must name every parameter of ``ready_s``.
+
+    One rule for the engine's first-step re-cut (one step's times) and the tuner (medians over
+    its measured steps), so a bucket's last gradient is its latest one in both: out of order,
+    "ready time of the bucket's last gradient" would underestimate when a bucket can start."""
+    rank = {n: i for i, n in enumerate(dict.fromkeys(arrival))}
+    missing = [n for n in ready_s if n not in rank]
+    if missing:
+        raise ValueError(f"production_order: {', '.join(missing[:5])} not in the arrival order")
+    inf = float("inf")
+
+    def key(n: str) -> tuple[float, int]:
+        t = ready_s.get(n)
+        return (inf if t is None or t != t else float(t), rank[n])  # NaN: never seen
+    return sorted(ready_s, key=key)
+
+
 @dataclass(frozen=True)
 class GradLayout:
     """Where a plan puts each gradient in the flat buffer.

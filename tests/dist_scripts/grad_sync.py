@@ -24,6 +24,9 @@ CASE:
                lane K); the lookup's share reduced on the touched rows only
   plan         bucket_before on an explicit plan file splitting the embedding at odd offsets,
                its first piece sharing a bucket with other parameters
+  order        the first-step re-cut on two branches whose gradients arrive in a different
+               order on each rank (rank 1's branch ``a`` held back 0.3 s): the plan follows
+               the slowest rank's ready times, not rank 0's arrival order
   plan-differs each rank reads a different plan file: every rank must stop with an error
   plan-missing rank 1's plan misses a parameter: the job must stop with an error
 
@@ -32,6 +35,7 @@ Rank 0 writes WORK_DIR/CASE.json for each case: what was checked, per mode.
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -233,6 +237,58 @@ def write_plan(path: Path, model, emb_cuts=(123457, 1000003), shift=0):
     return path
 
 
+class Held(torch.autograd.Function):
+    """Identity whose backward waits ``seconds`` first (what reaches the layer before it is
+    held back)."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class TwoBranches(torch.nn.Module):
+    """``a`` and ``b`` side by side. Autograd runs the branch made last first, so rank 0
+    (b then a in forward) produces a's gradients first; rank 1 makes a first, held back
+    0.3 s in its backward, and produces b's first."""
+
+    def __init__(self, rank):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.rank = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), rank
+
+    def forward(self, x):
+        if self.rank == 0:
+            yb = self.b(x)
+            ya = self.a(x)
+        else:
+            ya = Held.apply(self.a(x), 0.3)
+            yb = self.b(x)
+        return (ya + yb).pow(2).sum()
+
+
+def run_order(ctx) -> dict:
+    from runtime.grad_sync import BucketPlan, GradientBuckets
+    model = TwoBranches(ctx.rank)
+    named = list(model.named_parameters())
+    plan = BucketPlan.from_cap([(n, p.numel()) for n, p in reversed(named)], 16)
+    sync = GradientBuckets(model, plan, world_size=ctx.world_size, clip_mode="none",
+                           cap_elements=16)
+    sync.begin_step()
+    model(torch.ones(2, 4)).backward()
+    sync.finish()
+    sync.zero_grad()  # the re-cut: a collective
+    arrivals = [None] * ctx.world_size
+    torch_dist.all_gather_object(arrivals, [sync.measured_order, sync.measured_ready_s])
+    sync.close()
+    return {"mode": "two-branches", "arrivals": arrivals, "plan_order": sync.plan.order()}
+
+
 def run_case(ctx, case, data_dir, work) -> list[dict]:
     rank = ctx.rank
     results = []
@@ -248,6 +304,8 @@ def run_case(ctx, case, data_dir, work) -> list[dict]:
     elif case == "accumulation":
         for mode in ("global_after", "bucket_before"):
             results.append(run_mode(ctx, data_dir, mode, accum=2, steps=1, counter=True))
+    elif case == "order":
+        results.append(run_order(ctx))
     elif case in ("plan", "plan-differs", "plan-missing"):
         model = build_model(tiny_config(data_dir))
         if case == "plan":
@@ -267,7 +325,7 @@ def run_case(ctx, case, data_dir, work) -> list[dict]:
     return results
 
 
-CASES = ("modes", "split", "accumulation", "plan", "plan-differs", "plan-missing")
+CASES = ("modes", "split", "accumulation", "plan", "order", "plan-differs", "plan-missing")
 
 
 def main() -> None:

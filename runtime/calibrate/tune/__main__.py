@@ -7,11 +7,15 @@
 On the current world it measures (runtime.calibrate.tune.measure) each gradient's ready time, the
 forward/backward/optimizer spans and allreduce times from 4 KiB to the whole gradient; fits
 T(n) (runtime.calibrate.tune.costmodel); solves the exact partition (runtime.calibrate.tune.solve) under the
-step-time model (runtime.calibrate.tune.simulate); prints the table (no bucketing, this config's
-buckets, DDP 25 MiB, Horovod 64 MiB, Megatron's size, the best single size, tuned) and writes,
-in ``--out`` (default results/tune_<config>_<date>/):
-  bucket_plan.json   the tuned plan, the format ``train.bucket_plan`` reads (meta: what was
-                     measured and predicted); use it with ``-- train.bucket_plan=PATH``
+step-time model (runtime.calibrate.tune.simulate); runs the plans predicted within the model's
+measured error of the tuned one side by side with the real training step and recommends the
+measured fastest (runtime.calibrate.tune.arbitrate; ``--no-arbitrate``: the prediction decides);
+prints the table (no bucketing, this config's buckets, DDP 25 MiB, Horovod 64 MiB, Megatron's
+size, the best single size, tuned; predicted and measured) and writes, in ``--out`` (default
+results/tune_<config>_<date>/):
+  bucket_plan.json   the recommended plan, the format ``train.bucket_plan`` reads (meta: which
+                     row, what decided, what was measured and predicted); use it with
+                     ``-- train.bucket_plan=PATH``
   plans/*.json       every plan of the table (``--write-all``), for side-by-side runs
   tune.json          profile, sweep, fit, table, predicted timelines
   timeline.png       compute and communication lanes of this config's plan and the tuned one
@@ -21,14 +25,16 @@ fabric or profile file), 1 a failure while measuring.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from runtime.choices import clip_spec
 
@@ -64,6 +70,15 @@ def parse_args(argv):
                     "keeps the engine's mode)")
     ap.add_argument("--write-all", action="store_true", help="also write every plan of the "
                     "table to OUT/plans/")
+    ap.add_argument("--no-arbitrate", action="store_true", help="recommend the predicted "
+                    "fastest plan even when others are predicted within the model's measured "
+                    "error of it (default: run those side by side with the real training step "
+                    "and recommend the measured fastest)")
+    ap.add_argument("--arbitrate-steps", type=int, default=3, help="measured real steps of each "
+                    "plan when arbitrating (after one warm-up round)")
+    ap.add_argument("--arbitrate-within", type=float, default=0.0, metavar="FRACTION",
+                    help="also arbitrate between rows predicted within FRACTION of the tuned "
+                    "plan's step, besides the model's measured error (e.g. 0.05)")
     ap.add_argument("--no-png", action="store_true")
     ap.add_argument("--simulate", metavar="FABRIC", help="project a cluster from a fabric file "
                     "(runtime.calibrate.tune.fabric) instead of measuring")
@@ -94,6 +109,14 @@ def main(argv=None) -> int:
     if args.simulate:
         from runtime.calibrate.tune.project import main as project_main
         return project_main(args)
+    if args.warmup < 1 or args.steps < 1 or args.arbitrate_steps < 1:
+        print("runtime.calibrate.tune: --warmup, --steps and --arbitrate-steps must be >= 1",
+              file=sys.stderr)
+        return 2
+    if not 0.0 <= args.arbitrate_within <= 10.0:
+        print(f"runtime.calibrate.tune: --arbitrate-within is a fraction of the tuned plan's "
+              f"predicted step (0 to 10), got {args.arbitrate_within}", file=sys.stderr)
+        return 2
     if not args.config:
         print("runtime.calibrate.tune: give --config FILE (the config you train with), or --simulate "
               "FABRIC for a projection", file=sys.stderr)
@@ -119,9 +142,6 @@ def main(argv=None) -> int:
               "e.g. `mpiexec -n 2 python -m runtime.calibrate.tune --config C` or `MODE=tune "
               "./run_and_time.sh`.", flush=True)
         return 0
-    if args.warmup < 1 or args.steps < 1:
-        print("runtime.calibrate.tune: --warmup and --steps must be >= 1", file=sys.stderr)
-        return 2
     from runtime.launch.dist import run_guarded
     return run_guarded(lambda: tune(cfg, info, args), info)
 
@@ -177,24 +197,61 @@ def tune(cfg, info, args) -> int:
     say(f"measuring allreduce ({cfg.train.allreduce_dtype}) at {len(sizes)} sizes, "
         f"{args.min_bytes} B .. {total / MB:.1f} MiB, {args.repeats} repeats each")
     times = measure.measure_allreduce(sizes, reduce_dtype, ctx.device, args.repeats)
-    code = 0
+    # rank 0 solves and picks the plans to measure; every rank measures them side by side
+    solved, payload = None, {"code": 0, "contenders": []}
     if main_rank:
         try:
-            code = _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start)
+            solved = _solve(cfg, ctx, args, m, sizes, times, rb)
+            if not args.no_arbitrate:
+                payload["contenders"] = solved.contenders
         except (BadInput, PlanError) as e:
             print(f"runtime.calibrate.tune: {e}", file=sys.stderr, flush=True)
-            code = 2
-    from runtime.launch.dist import broadcast_object
+            payload["code"] = 2
+    from runtime.launch.dist import broadcast_object, check_same_on_all_ranks
+    payload = broadcast_object(payload)
+    code = payload["code"]
+    if code == 0:
+        from runtime.calibrate.tune import arbitrate
+        contenders = payload["contenders"]
+        measured = None
+        if len(contenders) > 1:
+            say(f"arbitration: {', '.join(c.name for c in contenders[1:])} predicted within the "
+                f"model's error of the tuned plan; measuring {args.arbitrate_steps} real "
+                f"training steps of each (after 1 warm-up), interleaved, order rotated")
+            measured = arbitrate.run_side_by_side(cfg, ctx, contenders, args.arbitrate_steps,
+                                                  log=say)
+        why = ("--no-arbitrate" if args.no_arbitrate else
+               "no other plan is predicted within the model's error of the tuned plan")
+        decision = arbitrate.decide(contenders, measured, why)
+        # every rank decided from the same reduced times: they must agree
+        check_same_on_all_ranks("the tuner's recommended plan", decision.recommended)
+        if main_rank:
+            code = _write(cfg, ctx, args, m, solved, decision, t_start)
     code = broadcast_object(code)
     shutdown()
     return code
 
 
-def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
+@dataclass
+class Solved:
+    """What rank 0 solved: the table and what it was computed from."""
+
+    rows: list
+    comm: Any
+    check: Any
+    spec: Any
+    num_buckets: Optional[int]
+    sizes: list
+    times: list
+    error: Any                  # arbitrate.ModelError
+    contenders: list            # arbitrate.Contender, the tuned plan first
+    left_out: list              # rows within the error left out by arbitrate.MAX_CONTENDERS
+
+
+def _solve(cfg, ctx, args, m, sizes, times, rb) -> Solved:
     from runtime.grad_sync.plan import MB, BucketPlan
-    from runtime.calibrate.tune import measure
+    from runtime.calibrate.tune import arbitrate, measure
     from runtime.calibrate.tune.costmodel import check_sweep, fit, sweep_table
-    from runtime.calibrate.tune.report import plot_timelines, profile_summary, table
     from runtime.calibrate.tune.simulate import SyncSpec
     from runtime.calibrate.tune.solve import cap_plan, compare
 
@@ -235,20 +292,47 @@ def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
         free.candidate.note += (f"; clip threshold τ/√{free.timeline.num_buckets} instead of "
                                 f"τ/√{K}: a different clip")
         rows.append(free)
+    error = arbitrate.ModelError.of(comm, m.per_step, args.arbitrate_within)
+    contenders, left_out = arbitrate.pick(rows, error, sizes_by_name, cfg.train.clip_mode)
+    print(profile_summary_text(profile, comm, spec, m, error), flush=True)
+    print(f"allreduce sweep ({len(sizes)} sizes):\n" + sweep_table(sizes, times, comm),
+          flush=True)
+    return Solved(rows, comm, check, spec, K, sizes, times, error, contenders, left_out)
+
+
+def profile_summary_text(profile, comm, spec, m, error) -> str:
+    from runtime.calibrate.tune.report import profile_summary
+    return (profile_summary(profile, comm, spec) + f"\nproduction order: {m.order_source}"
+            + f"\nmodel error: {error.describe()}")
+
+
+def _write(cfg, ctx, args, m, solved: Solved, decision, t_start) -> int:
+    from runtime.calibrate.tune import measure
+    from runtime.calibrate.tune.report import arbitration_note, plot_timelines, table
+
+    profile, rows, comm = m.profile, solved.rows, solved.comm
     out = Path(args.out or ROOT / "results" /
                f"tune_{Path(cfg.source).stem}_{datetime.datetime.now():%Y%m%d_%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
     tuned = next(r for r in rows if r.name == "tuned")
+    chosen = next(r for r in rows if r.name == decision.recommended)
     sol = tuned.candidate.extra["solution"]
+    measured = {}   # row name -> measured median (rows sharing a measured plan too)
+    for name, rec in decision.measured.items():
+        for n in [name] + rec["same_as"]:
+            measured[n] = rec["median_s"]
+    chosen_measured = decision.measured.get(decision.recommended, {}).get("median_s")
     meta = {"written_by": "python -m runtime.calibrate.tune", "config": cfg.source,
             "overrides": args.set, "world_size": ctx.world_size,
-            "clip_mode": cfg.train.clip_mode, "tied_embedding_sync": tuned.candidate.tied_sync,
+            "clip_mode": cfg.train.clip_mode, "tied_embedding_sync": chosen.candidate.tied_sync,
             "allreduce_dtype": cfg.train.allreduce_dtype, "align": measure.engine_align(),
-            "predicted_step_s": tuned.timeline.step_s,
-            "predicted_exposed_comm_s": tuned.timeline.exposed_s,
+            "plan": chosen.name, "decided_by": decision.decided_by,
+            "predicted_step_s": chosen.timeline.step_s,
+            "predicted_exposed_comm_s": chosen.timeline.exposed_s,
+            "measured_step_s": chosen_measured,
             "allreduce_model": comm.to_json(), "date": f"{datetime.date.today()}"}
     plan_path = out / "bucket_plan.json"
-    tuned.candidate.plan.write(plan_path, profile.sizes(), meta)
+    chosen.candidate.plan.write(plan_path, profile.sizes(), meta)
     plans = {}
     if args.write_all:
         for r in rows:
@@ -258,43 +342,65 @@ def _solve_and_write(cfg, ctx, args, m, sizes, times, rb, t_start) -> int:
                                                            "tied_embedding_sync": r.candidate.tied_sync,
                                                            "predicted_step_s": r.timeline.step_s})
             plans[r.name] = str(path)
-    text = table(rows)
-    print(profile_summary(profile, comm, spec), flush=True)
-    print(f"allreduce sweep ({len(sizes)} sizes):\n" + sweep_table(sizes, times, comm))
+    within = [c.name + "".join(f" (= {n})" for n in c.same_as)
+              + f" ({(c.predicted_s / tuned.timeline.step_s - 1) * 100:+.1f} %, tolerance "
+                f"{c.tolerance_s * 1e3:.0f} ms)" for c in solved.contenders[1:]]
+    note = arbitration_note(solved.error.describe(), within, solved.left_out,
+                            decision.decided_by, decision.reason, args.no_arbitrate)
+    text = table(rows, measured=measured, recommended=decision.recommended) + "\n\n" + note
     print()
     print(text)
     print()
     png = None
     if not args.no_png:
         default = next(r for r in rows if r.name.startswith("this config"))
-        png = plot_timelines([default.timeline, tuned.timeline], out / "timeline.png",
+        drawn = [default.timeline, tuned.timeline] + ([chosen.timeline] if chosen is not tuned
+                                                      and chosen is not default else [])
+        png = plot_timelines(drawn, out / "timeline.png",
                              title=f"{Path(cfg.source).name}, {ctx.world_size} ranks")
     record = {"command": "python -m runtime.calibrate.tune " + " ".join(sys.argv[1:]),
               "config": cfg.source, "overrides": args.set, "world_size": ctx.world_size,
               "clip_mode": cfg.train.clip_mode, "tied_embedding_sync": cfg.train.tied_embedding_sync,
               "profile": profile.to_json(), "steps": m.steps, "warmup": m.warmup,
+              "production_order": m.order_source,
+              "engine_first_step_order": m.per_step.get("engine_first_step_order"),
               "contention": m.per_step.get("contention"),
-              "sweep": {"bytes": sizes, "seconds": times, "warnings": check.warnings},
+              "sweep": {"bytes": solved.sizes, "seconds": solved.times,
+                        "warnings": solved.check.warnings},
               "allreduce_model": comm.to_json(), "align": measure.engine_align(),
-              "num_buckets_fixed": K,
+              "num_buckets_fixed": solved.num_buckets,
               "table": [{"name": r.name, "buckets": r.timeline.num_buckets,
                          "tied_sync": r.candidate.tied_sync, "note": r.candidate.note,
                          "predicted_step_s": r.timeline.step_s,
                          "predicted_exposed_s": r.timeline.exposed_s,
+                         "measured_step_s": measured.get(r.name),
+                         "recommended": r.name == decision.recommended,
                          "plan_file": plans.get(r.name), "timeline": r.timeline.to_json()}
                         for r in rows],
               "solver": {"candidates": sol.candidates, "grid": sol.grid,
-                         "grid_bound_s": sol.grid_bound_s},
+                         "bound_s": sol.bound_s, "exact": sol.exact,
+                         "lower_bound_s": sol.lower_bound_s},
+              "arbitration": {"model_error": dataclasses.asdict(solved.error),
+                              "contenders": [{"name": c.name, "same_as": c.same_as,
+                                              "tied_sync": c.tied_sync,
+                                              "predicted_step_s": c.predicted_s,
+                                              "tolerance_s": c.tolerance_s}
+                                             for c in solved.contenders],
+                              "left_out": solved.left_out, "no_arbitrate": args.no_arbitrate,
+                              "steps": args.arbitrate_steps, **decision.to_json()},
               "plan": str(plan_path), "png": str(png) if png else None,
               "wall_s": round(time.time() - t_start, 1)}
     (out / "tune.json").write_text(json.dumps(record, indent=1))
     gain = next(r for r in rows if r.name.startswith("this config")).timeline.step_s \
-        / tuned.timeline.step_s
-    print(f"tuned plan: {plan_path} ({tuned.timeline.num_buckets} buckets, predicted "
-          f"{tuned.timeline.step_s * 1e3:.1f} ms/step, {gain:.2f}× this config's buckets)\n"
+        / chosen.timeline.step_s
+    print(f"recommended plan: {plan_path} ({chosen.name}, {chosen.timeline.num_buckets} "
+          f"buckets, predicted {chosen.timeline.step_s * 1e3:.1f} ms/step"
+          + (f", measured {chosen_measured * 1e3:.1f} ms" if chosen_measured else "")
+          + f", {gain:.2f}× this config's buckets predicted; decided by "
+          f"{decision.decided_by})\n"
           f"use it:     -- train.bucket_plan={plan_path}"
-          + (f"  (train.tied_embedding_sync={tuned.candidate.tied_sync} is what it was "
-             f"solved for; 'auto' picks it from the plan)" if profile.tied else ""))
+          + (f"  (train.tied_embedding_sync={chosen.candidate.tied_sync} is what it was "
+             f"predicted with; 'auto' picks it from the plan)" if profile.tied else ""))
     if png:
         print(f"timeline:   {png}")
     print(f"record:     {out / 'tune.json'}", flush=True)

@@ -7,8 +7,10 @@ on the parts ``runtime.train.build`` makes, the bucket engine's communication sw
 timed on its own timeline; ``register_post_accumulate_grad_hook`` marks when each gradient is
 final, the decoder bias's mark when the decoder's share of the tied weight is; medians over the
 steps after warm-up, the slowest rank's for each span, since an allreduce waits for the last
-rank; on a GPU every mark is a CUDA event - ``runtime.observe.clock`` - since host times there
-are launch times),
+rank; the profile's gradients in production order - sorted by those medians with
+``runtime.grad_sync.plan.production_order``, the rule the engine's first-step re-cut applies
+to its one step, so a plan follows the order gradients really arrive in; on a GPU every mark
+is a CUDA event - ``runtime.observe.clock`` - since host times there are launch times),
 `measure_allreduce` (median blocking allreduce time per size in the reduce dtype, each repeat
 started together after a barrier, the slowest rank's median), `engine_align` and
 `tied_embedding` (what the engine would do with this model).
@@ -28,6 +30,7 @@ import torch.distributed as torch_dist
 from runtime.observe.clock import DeviceClock
 from runtime.observe.timeline import DEFERRED
 from runtime.grad_sync import GRAD_ALIGN, REDUCE_DTYPES
+from runtime.grad_sync.plan import production_order
 from runtime.calibrate.tune.simulate import Gradient, StepProfile
 
 def engine_align() -> int:
@@ -190,11 +193,14 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
     finally:
         for h in handles:
             h.remove()
-    # the production order: rank 0's first step, as the engine re-cut its buckets by it
-    order = list(sync.layout.order)
     med = {k: _median_max(v) for k, v in rec.items() if v}
     rec["contention"] = contention
     ready_med = {n: _median_max(v) for n, v in ready.items()}
+    # the production order the engine will see: by these ready times (production_order, the
+    # engine's own rule for its first-step re-cut), ties in the engine's first-step order
+    order = production_order(ready_med, sync.layout.order)
+    first = list(sync.layout.order)
+    moved = sum(a != b for a, b in zip(order, first))
     # launch work on the compute thread: the engine's 1/P pass and a local norm, per element
     probe = sync.flat
     prescale = _per_element(lambda: probe.mul_(1.0), probe.numel(), clock)
@@ -221,8 +227,11 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
         decoder_ready_s=med.get("decoder_ready_s"), touched_rows=int(med.get("touched_rows", 0)),
         tied_finish_s=_median_max([tied_finish]), comm_slowdown=slowdown)
     trainer.close()
-    return StepMeasurement(profile, steps, warmup, {**rec, "ready": ready},
-                           "measured (rank 0's, as the engine re-cuts)")
+    return StepMeasurement(profile, steps, warmup,
+                           {**rec, "ready": ready, "engine_first_step_order": first},
+                           f"sorted by the median ready times over {steps} steps (the slowest "
+                           f"rank's); {moved} of {len(order)} positions differ from the engine's "
+                           f"first-step order")
 
 
 def _figures(record) -> dict:

@@ -356,7 +356,7 @@ def _plans(inst: Instance, profile: StepProfile, P: int, num_buckets: Optional[i
         plans["best single size"] = cap_plan(inst, best[1],
                                              f"best single {best[1] / MB:.3g} MiB", alone)
     if want("tuned"):
-        sol = solve(inst, num_buckets=num_buckets, max_candidates=1500)
+        sol = solve(inst, num_buckets=num_buckets, max_candidates=1500, bound=False)
         plans["tuned"] = inst.plan_from_cuts(sol.cuts, "tuned")
     return plans
 
@@ -388,7 +388,7 @@ def step_points(gp: GpuProfile, cpu: StepProfile, fabric: Fabric, gpus: int, loc
         tl = simulate(inst, plan, name)
         mode = tied
         if name == "tuned" and other is not None:
-            sol = solve(other, num_buckets=num_buckets, max_candidates=1500)
+            sol = solve(other, num_buckets=num_buckets, max_candidates=1500, bound=False)
             tl2 = simulate(other, other.plan_from_cuts(sol.cuts, "tuned"), name)
             if tl2.step_s < tl.step_s:
                 tl, plan, mode = tl2, tl2.plan, "dense"

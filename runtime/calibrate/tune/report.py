@@ -1,7 +1,9 @@
 """What the tuner shows: the comparison table (text and JSON) and the timeline picture.
 
-Owns: `table` (predicted step time and exposed communication of each plan, with what the
-measurement and the fit were), `plot_timelines` (a PNG: for each plan drawn, a compute lane -
+Owns: `table` (predicted step time and exposed communication of each plan, the measured step
+of those run side by side, which is recommended), `arbitration_note` (the model's measured
+error, the plans within it, what decided), `profile_summary` (what was measured and the
+fit), `plot_timelines` (a PNG: for each plan drawn, a compute lane -
 data, forward, backward, sync, optimizer - and a communication lane with every allreduce from
 start to end and the moment it was issued).
 Never: measures, solves or decides anything.
@@ -9,31 +11,59 @@ Never: measures, solves or decides anything.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 MIB = 2 ** 20
 
 
-def table(rows: Sequence, title: str = "") -> str:
-    """Markdown table of `runtime.calibrate.tune.solve.Row`s; the baseline for ratios is 'no bucketing'."""
+def table(rows: Sequence, title: str = "", measured: Optional[dict] = None,
+          recommended: str = "tuned") -> str:
+    """Markdown table of `runtime.calibrate.tune.solve.Row`s; the baseline for ratios is 'no
+    bucketing'. ``measured``: {row name: measured step seconds} of the rows run side by side
+    (a column, shown when any was); ``recommended``: the row whose plan is recommended."""
     base = next((r.timeline.step_s for r in rows if r.name == "no bucketing"), None)
+    measured = measured or {}
+    mcol = bool(measured)
     lines = ([title, ""] if title else []) + [
-        "| plan | buckets | tied sync | predicted step ms | exposed comm ms | vs no bucketing | note |",
-        "|---|---|---|---|---|---|---|"]
+        "| plan | buckets | tied sync | predicted step ms | " + ("measured step ms | " if mcol
+                                                              else "")
+        + "exposed comm ms | vs no bucketing | note |",
+        "|---|---|---|---|---|---|---|" + ("---|" if mcol else "")]
     best = min(r.timeline.step_s for r in rows)
-    tuned = next((r.timeline.step_s for r in rows if r.name == "tuned"), best)
-    near = [r.name for r in rows if r.name != "tuned" and r.timeline.step_s <= tuned * 1.02]
+    fastest = min(measured.values()) if measured else None
     for r in rows:
         tl = r.timeline
         ratio = f"{base / tl.step_s:.2f}×" if base else "—"
         name = f"**{r.name}**" if r.name == "tuned" else r.name
+        if r.name == recommended:
+            name += " ← recommended"
         step = f"**{tl.step_s * 1e3:.1f}**" if tl.step_s == best else f"{tl.step_s * 1e3:.1f}"
-        lines.append(f"| {name} | {tl.num_buckets} | {r.candidate.tied_sync} | {step} | "
-                     f"{tl.exposed_s * 1e3:.1f} | {ratio} | {r.candidate.note} |")
-    if near:
-        lines.append(f"\nwithin 2 % of the tuned plan's prediction: {', '.join(near)} - closer "
-                     f"than this model's error (docs/BENCHMARKS.md, 'Bucket tuner'): measure "
-                     f"them side by side before preferring one")
+        cells = [name, str(tl.num_buckets), r.candidate.tied_sync, step]
+        if mcol:
+            m = measured.get(r.name)
+            cells.append("—" if m is None else f"**{m * 1e3:.1f}**" if m == fastest
+                         else f"{m * 1e3:.1f}")
+        cells += [f"{tl.exposed_s * 1e3:.1f}", ratio, r.candidate.note]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def arbitration_note(error: str, within: Sequence[str], left_out: Sequence[str],
+                     decided_by: str, reason: str, no_arbitrate: bool = False) -> str:
+    """The lines under the table: the model's measured error, the rows predicted within it of
+    the tuned plan, and what decided the recommendation."""
+    lines = [f"model error: {error}"]
+    if within:
+        lines.append(f"predicted within it of the tuned plan: {', '.join(within)}"
+                     + (f" (not measured, {len(left_out)} more: {', '.join(left_out)})"
+                        if left_out else ""))
+    if decided_by == "measurement":
+        lines.append(f"decided by measurement: {reason}")
+    elif no_arbitrate and within:
+        lines.append("decided by prediction (--no-arbitrate): the model cannot rank the plans "
+                     "above; measure them side by side before preferring one")
+    else:
+        lines.append(f"decided by prediction: {reason}")
     return "\n".join(lines)
 
 

@@ -25,9 +25,12 @@ The recurrence (one process group: collectives run one after another in issue or
 where T runs at 1/κ speed while backward computes (``StepProfile.comm_slowdown``: a
 communication thread sharing cores with compute), at full speed after it - still a
 non-decreasing function of the start, which is all the solver's exactness needs;
-R(x) = ready(p(x)) + γ·x: ready(p) is when the parameter p holding buffer element x−1 is
-final (measured with hooks, without any launch work), and γ·x the compute-thread work of
-launching every bucket up to x (γ s/element: the 1/P pre-scale pass, plus the norm pass for
+R(x) = ready(p(x)) + γ·x: ready(p) is the latest time at which a parameter up to p (the one
+holding buffer element x−1) is final (measured with hooks, without any launch work) - the
+engine launches buckets in order, each when its gradients are all final, so a bucket waits
+for every gradient before its end; in production order (sorted by ready time,
+``runtime.grad_sync.plan.production_order``) that is p's own - and γ·x the compute-thread
+work of launching every bucket up to x (γ s/element: the 1/P pre-scale pass, plus the norm pass for
 bucket_before). local_before launches nothing in backward: R(x) = B + norm(all) + γ·x.
 Bytes include the flat buffer's row padding (the bucket that ends a parameter owns it).
 
@@ -165,7 +168,7 @@ class Instance:
     numel: np.ndarray        # per parameter, production order
     start: np.ndarray        # buffer position of each parameter (aligned)
     end: np.ndarray          # start + padded size: the boundary cut after it
-    ready: np.ndarray        # per parameter: final, with constant compute shifts (decoder)
+    ready: np.ndarray        # per parameter: the latest ready time up to it in this order
     gamma: float             # launch work per element (compute thread)
     backward_end: float      # backward incl. the launch work done inside it
     alone: Optional[int] = None    # index of the split tied embedding (a bucket of its own)
@@ -175,6 +178,7 @@ class Instance:
     mask_bytes: int = 0
     rows_bytes: int = 0
     tail_after_comm: float = 0.0   # the split's finish compute (after all comm)
+    ready_own: Optional[np.ndarray] = None  # per parameter: its own ready time (shifted)
 
     @classmethod
     def build(cls, profile: StepProfile, spec: SyncSpec, comm: CommModel) -> "Instance":
@@ -205,13 +209,14 @@ class Instance:
             dec_bytes = v * h * spec.reduce_bytes
             mask_bytes = v  # uint8 row mask, allreduce-max
             rows_bytes = profile.touched_rows * h * spec.reduce_bytes
-            # decoder share: copy + 1/P pass on the compute thread when the tap fires
+            # decoder share: copy + 1/P pass on the compute thread when the tap fires; it
+            # goes out after every bucket launched before it (the latest ready time so far)
             dec_prep = 2 * profile.prescale_s_per_element * v * h
-            after = ready > profile.decoder_ready_s
+            after = np.maximum.accumulate(ready) > profile.decoder_ready_s
             first_after = int(np.argmax(after)) if after.any() else len(grads)
             dec_pos = int(start[first_after]) if first_after < len(grads) else total
             dec_issue = profile.decoder_ready_s + dec_prep
-            ready = ready + np.where(after, dec_prep, 0.0)
+            ready = ready + np.where(ready > profile.decoder_ready_s, dec_prep, 0.0)
             # the embedding's bucket computes a row mask instead of a 1/P pass; the mask pass
             # costs about what the 1/P pass would, so γ·x is kept for positions after it
             tail = profile.tied_finish_s
@@ -224,8 +229,12 @@ class Instance:
             backward_end = profile.backward_s
         else:
             backward_end = profile.backward_s + launch_in_backward
-        return cls(profile, spec, comm, names, numel, start, end, ready, gamma, backward_end,
-                   alone, dec_pos, dec_issue, dec_bytes, mask_bytes, rows_bytes, tail)
+        # buckets launch in order, each when its last-arriving gradient is final: a bucket
+        # ending at x can go at the latest ready time of everything before x, which is its
+        # last gradient's only when the order follows the ready times (production order)
+        return cls(profile, spec, comm, names, numel, start, end, np.maximum.accumulate(ready),
+                   gamma, backward_end, alone, dec_pos, dec_issue, dec_bytes, mask_bytes,
+                   rows_bytes, tail, ready)
 
     # ---- cut positions -------------------------------------------------------------------
     @property
@@ -388,9 +397,9 @@ def simulate(inst: Instance, plan: BucketPlan, name: str = "") -> Timeline:
     index = {n: i for i, n in enumerate(inst.names)}
     t0 = p.data_s + p.forward_s           # backward starts here
     lanes: list[BucketTiming] = []
-    e, issued_before = -math.inf, 0.0
+    e, latest = -math.inf, -math.inf
     dec_done = inst.dec_pos is None
-    in_order = plan.order() == inst.names
+    own = inst.ready_own if inst.ready_own is not None else inst.ready
     for k, (bucket, (lo, hi)) in enumerate(zip(plan.buckets, layout.bounds)):
         last = max(index[pc.name] for pc in bucket)
         if not dec_done and last >= _first_after(inst):
@@ -400,10 +409,10 @@ def simulate(inst: Instance, plan: BucketPlan, name: str = "") -> Timeline:
             lanes.append(BucketTiming("decoder share", inst.dec_bytes, t0 + issue, t0 + start,
                                       t0 + e))
             dec_done = True
-        issue = float(inst.ready[last] + inst.gamma * hi)
-        if not in_order:  # launched strictly in plan order
-            issue = max(issue, issued_before)
-        issued_before = issue
+        # launched strictly in plan order: when every gradient of this bucket and of the
+        # buckets before it is final (in production order: the bucket's last gradient)
+        latest = max([latest] + [float(own[index[pc.name]]) for pc in bucket])
+        issue = latest + inst.gamma * hi
         start = max(issue, e)
         is_alone = inst.alone is not None and bucket[0].name == inst.names[inst.alone]
         nbytes = inst.mask_bytes if is_alone else (hi - lo) * spec.reduce_bytes
