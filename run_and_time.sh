@@ -144,11 +144,13 @@ owner_run() {   # the interrupted run that checkpoint directory $1 belongs to (i
     printf '%s\n' "$d"
 }
 fresh_dir() {   # mkdir is atomic: two runs started in the same second get _2, _3 ...
-    local base="$1" d="$1" n=1
-    mkdir -p "$(dirname "$base")"
-    until mkdir "$d" 2>/dev/null; do
+    local base="$1" d="$1" n=1 why
+    why="$(mkdir -p -- "$(dirname "$base")" 2>&1)" \
+        || die "cannot create LOGDIR '$(dirname "$base")': ${why##*: } (set LOGDIR to a writable directory)"
+    until why="$(mkdir -- "$d" 2>&1)"; do
+        [[ -e "$d" ]] || die "cannot create a run directory in '$(dirname "$base")': ${why##*: } (set LOGDIR to a writable directory)"
         n=$((n + 1)); d="${base}_$n"
-        ((n < 1000)) || die "cannot create a run directory next to '$base'"
+        ((n < 1000)) || die "cannot create a run directory next to '$base': 1000 names taken"
     done
     printf '%s\n' "$d"
 }
@@ -169,6 +171,16 @@ if [[ -z "${RUN_DIR:-}" ]]; then
     fi
 fi
 RUN_DIR="$(abspath "$RUN_DIR")"
+
+# -- the run directory, usable before anything launches: a rank would fail later, and worse ---
+if [[ -e "$RUN_DIR" && ! -d "$RUN_DIR" ]]; then
+    die "RUN_DIR '$RUN_DIR' exists and is not a directory: name a directory (or leave RUN_DIR unset for a fresh one in LOGDIR)"
+fi
+WHY="$(mkdir -p -- "$RUN_DIR" 2>&1)" \
+    || die "cannot create RUN_DIR '$RUN_DIR': ${WHY##*: } (choose a writable place for RUN_DIR or LOGDIR)"
+WHY="$( { : > "$RUN_DIR/.write_test"; } 2>&1)" \
+    || die "cannot write in RUN_DIR '$RUN_DIR': ${WHY##*: } (choose a writable place for RUN_DIR or LOGDIR)"
+rm -f -- "$RUN_DIR/.write_test"
 TRAIN=("$PYTHON" -m submission.train --config "$CONFIG" --set "train.seed=$SEED"
        --set "train.output_dir=$RUN_DIR" "${OVERRIDES[@]}")
 if [[ "$MODE" == tune ]]; then   # the bucket tuner, launched exactly as training would be
@@ -188,6 +200,13 @@ wait "$!" || exit 2   # < <(...) hides the status from set -e; the message is on
 FORWARD="${LAUNCH[0]}" SELF_RANK="${LAUNCH[1]}" CMD=("${LAUNCH[@]:2}")
 PRINT_RESULT=1
 [[ -z "$SELF_RANK" || "$SELF_RANK" == 0 ]] || PRINT_RESULT=0   # every task runs this script
+
+# A live run holds RUN_DIR/.lock (rank 0's flock): refuse before anything is written there.
+# (Tasks of the same srun step other than rank 0 skip this: their own rank 0 may hold it.)
+if [[ -z "$SELF_RANK" || "$SELF_RANK" == 0 ]] && [[ -f "$RUN_DIR/.lock" ]] \
+        && command -v flock >/dev/null && ! flock -n "$RUN_DIR/.lock" true 2>/dev/null; then
+    die "RUN_DIR '$RUN_DIR' is in use by another run ($(head -n 1 "$RUN_DIR/.lock" 2>/dev/null || echo 'a live process')): wait for it to end, or choose another RUN_DIR; nothing was written there"
+fi
 
 # -- run and time ----------------------------------------------------------------------------
 START=$(date +%s)

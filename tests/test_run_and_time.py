@@ -349,3 +349,48 @@ def test_signals_reach_the_launcher_and_the_script_waits_for_it(sandbox, sig, la
     assert "stub still writing 1999" in out
     (log,) = (root / "log dir").glob("*/launcher.log")
     assert "stub still writing 1999" in log.read_text()
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A read-only file system (a tmpfs mounted ro: as root, permission bits stop nothing)."""
+    path = tmp_path / "ro"
+    path.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs",
+                                            str(path)], capture_output=True).returncode:
+        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
+    yield path
+    subprocess.run(["umount", str(path)], capture_output=True)
+
+
+def test_a_run_directory_that_cannot_take_the_run_stops_the_script_before_launch(
+        sandbox, tmp_path, read_only_dir):
+    """RUN_DIR naming a file, RUN_DIR or LOGDIR on a read-only file system, and RUN_DIR held
+    by a live run: exit 2 with the reason (the OS's words), the launcher never started, and
+    nothing written into the live run's directory."""
+    import fcntl
+    root, _ = sandbox
+    config = write_config(root, "mpiexec")
+    a_file = tmp_path / "a file"
+    a_file.write_text("mine\n")
+    proc, calls = run(sandbox, config, RUN_DIR=str(a_file))
+    assert proc.returncode == 2 and "exists and is not a directory" in proc.stderr, proc.stderr
+    assert calls == [] and a_file.read_text() == "mine\n"
+    proc, calls = run(sandbox, config, RUN_DIR=str(read_only_dir / "run"))
+    assert proc.returncode == 2 and calls == [], proc.stderr
+    assert "cannot create RUN_DIR" in proc.stderr and "Read-only file system" in proc.stderr
+    proc, calls = run(sandbox, config, LOGDIR=str(read_only_dir / "logs"))
+    assert proc.returncode == 2 and calls == [], proc.stderr
+    assert "cannot create LOGDIR" in proc.stderr and "Read-only file system" in proc.stderr
+    live = tmp_path / "live run"
+    live.mkdir()
+    (live / "launcher.log").write_text("the live run's own lines\n")
+    with open(live / ".lock", "a+") as lock:
+        lock.write("pid 4242 on node7 since 2026-11-24 10:00:00\n")
+        lock.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc, calls = run(sandbox, config, RUN_DIR=str(live))
+    assert proc.returncode == 2 and calls == [], proc.stderr
+    assert "is in use by another run (pid 4242 on node7" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in live.iterdir()) == [".lock", "launcher.log"]
+    assert (live / "launcher.log").read_text() == "the live run's own lines\n"
