@@ -398,3 +398,32 @@ def test_files_past_the_manifest_check_are_named_when_they_cannot_be_restored(
         assert "optim.name" not in text
         from submission.train import exit_code_of
         assert exit_code_of(e.value) == 2
+
+
+def test_a_full_disk_while_checkpointing_names_the_directory_and_keeps_the_last_one(
+        small_dataset, single_ctx, tmp_path, monkeypatch):
+    """ENOSPC in the middle of writing the step-4 checkpoint: CheckpointWriteError (exit 3)
+    naming the directory, the bytes the last checkpoint took and the free space; the
+    step-2 checkpoint stays complete and no partial directory is left."""
+    import errno
+    from runtime.train import checkpoint as ck
+    real = ck._write_bytes
+
+    def full(path, data):
+        if "step_00000004" in str(path) and path.name == "optimizer.pt":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, data)
+    monkeypatch.setattr(ck, "_write_bytes", full)
+    cfg = tiny(small_dataset, tmp_path / "run", "train.checkpoint_every_samples=32",
+               "train.max_steps=6")
+    with pytest.raises(ck.CheckpointWriteError) as e:
+        fit(cfg, single_ctx)
+    root = tmp_path / "run" / "checkpoints"
+    text = str(e.value)
+    assert f"no space left in {root}" in text and "step 4" in text, text
+    assert "bytes" in text and "free" in text and "(step_00000002) is kept" in text, text
+    assert [p.name for p in root.iterdir() if p.name.startswith((".step", "step"))] == \
+        ["step_00000002"]
+    assert find_latest(root).step == 2
+    from submission.train import exit_code_of
+    assert exit_code_of(e.value) == 3

@@ -47,6 +47,7 @@ rank 0 checks that every rank's file arrived before it commits.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -74,7 +75,16 @@ _DIR = re.compile(r"^step_(\d{8,})$")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be written or restored; the message names the file."""
+    """A checkpoint that cannot be restored or used; the message names the file (bad input:
+    exit 2)."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint that could not be written (the disk is full): the message names the
+    directory and the bytes needed; the previous checkpoint is kept (a runtime failure:
+    exit 3)."""
+
+    exit_code = 3
 
 
 def rank_file(rank: int) -> str:
@@ -368,24 +378,49 @@ class CheckpointManager:
         t0 = time.perf_counter()
         final = self.directory / step_dir_name(step)
         tmp = self.directory / f".{final.name}.tmp"
-        if self.rank == 0:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            for stale in self.directory.glob(".step_*.tmp"):
-                shutil.rmtree(stale, ignore_errors=True)  # a save that died half-way
-            tmp.mkdir()
-        self._barrier()  # the temporary directory exists, and empty
-        _write_bytes(tmp / rank_file(self.rank), _torch_bytes(
-            {"rank": self.rank, "world_size": self.world_size, "rng": rng_state(),
-             "data": self.loader.state_dict(), "steps_per_epoch": self.loader.steps_per_epoch}))
-        if self.rank == 0:
-            self._write_shared(tmp)
-        self._barrier()  # every rank's file is on disk
-        if self.rank == 0:
-            self._commit(tmp, final, step, samples)
-            self._prune()
+        try:
+            if self.rank == 0:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                for stale in self.directory.glob(".step_*.tmp"):
+                    shutil.rmtree(stale, ignore_errors=True)  # a save that died half-way
+                tmp.mkdir()
+            self._barrier()  # the temporary directory exists, and empty
+            _write_bytes(tmp / rank_file(self.rank), _torch_bytes(
+                {"rank": self.rank, "world_size": self.world_size, "rng": rng_state(),
+                 "data": self.loader.state_dict(),
+                 "steps_per_epoch": self.loader.steps_per_epoch}))
+            if self.rank == 0:
+                self._write_shared(tmp)
+            self._barrier()  # every rank's file is on disk
+            if self.rank == 0:
+                self._commit(tmp, final, step, samples)
+                self._prune()
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise self._no_space(tmp, step, e) from None
         self.last_saved = final
         self.save_seconds.append(time.perf_counter() - t0)
         return final
+
+    def _no_space(self, tmp: Path, step: int, e: OSError) -> CheckpointWriteError:
+        """The disk filled while writing checkpoint ``step``: drop the partial one (the last
+        complete checkpoint stays) and say where, how much it needs and what to do."""
+        shutil.rmtree(tmp, ignore_errors=True)
+        last = find_latest(self.directory, warn=lambda m: None)
+        need = sum(f["bytes"] for f in last.manifest["files"].values()) if last else None
+        try:
+            free = shutil.disk_usage(self.directory).free
+        except OSError:
+            free = None
+        return CheckpointWriteError(
+            f"no space left in {self.directory} ({e.strerror}) while writing the checkpoint of "
+            f"step {step}: it needs about "
+            + (f"{need:,} bytes" if need else "as much as the model and optimizer state")
+            + (f", {free:,} free" if free is not None else "") + "; "
+            + (f"the previous checkpoint ({last.path.name}) is kept" if last else
+               "no earlier checkpoint exists")
+            + " - free space (or set train.checkpoint_dir on another disk) and rerun to resume")
 
     def _write_shared(self, tmp: Path) -> None:
         from safetensors.torch import save as safetensors_bytes
