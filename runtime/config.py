@@ -519,6 +519,13 @@ def _parse_override(text: str) -> tuple[str, str, Any]:
     return section, key, value
 
 
+# Keys every config file must name (here or in an override): the defaults are BERT-base at
+# a global batch of 448, which no file means and which a small node cannot hold.
+REQUIRED_IN_A_FILE = ("model.hidden_size", "model.num_hidden_layers",
+                      "model.num_attention_heads", "model.intermediate_size",
+                      "train.global_batch_size")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
     """Read a TOML config (or defaults), apply ``section.key=value`` overrides, validate."""
     cfg = Config()
@@ -549,9 +556,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
             for key, value in table.items():
                 _apply(cfg, section, key, value, str(path))
         cfg.source = str(path)
+    named = set()
     for text in overrides:
-        _apply(cfg, *_parse_override(text), "override")
-    return cfg.validate()
+        section, key, value = _parse_override(text)
+        _apply(cfg, section, key, value, "override")
+        named.add(f"{section}.{key}")
+    cfg.validate()
+    if path is not None:
+        named |= {f"{s}.{k}" for s, t in data.items() for k in t}
+        missing = [k for k in REQUIRED_IN_A_FILE if k not in named]
+        if missing:
+            raise ConfigError(
+                f"{path}: a config file names its model size and global batch; missing: "
+                f"{', '.join(missing)}. The built-in defaults (BERT-base, a global batch of "
+                f"448) are never what a file means - copy the keys from "
+                f"submission/configs/config_CPU_1x2x32x1.toml (a 2-layer hidden-128 BERT, "
+                f"batch 64, fits this machine) or your system's config")
+    return cfg
 
 
 def help_keys() -> str:

@@ -55,7 +55,9 @@ def write_config(root: Path, launcher: str, nodes: int = 1, ranks: int = 2, seed
     path = root / "my configs" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f'[system]\nlauncher = "{launcher}"\nnodes = {nodes}\nranks_per_node = {ranks}\n'
-                    f'device = "cpu"\n[train]\nseed = {seed}\nglobal_batch_size = 16\n')
+                    f'device = "cpu"\n[train]\nseed = {seed}\nglobal_batch_size = 16\n'
+                    f'[model]\nhidden_size = 64\nnum_hidden_layers = 1\n'
+                    f'num_attention_heads = 2\nintermediate_size = 128\n')
     return path
 
 

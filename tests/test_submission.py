@@ -103,6 +103,11 @@ def submit_args(tmp_path, data_dir, *extra, nexp="2", config=CPU_CONFIG):
             "--set", f'data.data_dir="{data_dir}"', *extra]
 
 
+# A config file names its model size (runtime.config.REQUIRED_IN_A_FILE): the tiny one.
+TINY_MODEL = ('[model]\nhidden_size = 64\nnum_hidden_layers = 1\nnum_attention_heads = 2\n'
+              'intermediate_size = 128\n')
+
+
 def write_config(tmp_path, text: str, name="config_T_1x2x8x1.toml") -> Path:
     path = tmp_path / name
     path.write_text(text)
@@ -143,8 +148,11 @@ def test_submit_records_the_job_and_prints_its_id(stubs, tmp_path, data_dir):
     (lambda t: t / "missing" / "config_X_1x1x1x1.toml", r"config .*config_X_1x1x1x1.toml does not exist"),
     (lambda t: write_config(t, "[system\nnodes = 1\n"), r"not valid TOML"),
     (lambda t: write_config(t, "[system]\nnodez = 1\n"), r"unknown key system.nodez; did you mean system.nodes"),
-    (lambda t: write_config(t, "[train]\nglobal_batch_size = 15\n"), r"global_batch_size \(15\) is not divisible"),
+    (lambda t: write_config(t, "[train]\nglobal_batch_size = 15\n" + TINY_MODEL), r"global_batch_size \(15\) is not divisible"),
     (lambda t: write_config(t, '[system]\nname = "CPU; rm -rf x"\n'), r"system.name = 'CPU; rm -rf x'"),
+    (lambda t: write_config(t, "[train]\nglobal_batch_size = 16\n"),
+     r"names its model size and global batch; missing: model.hidden_size, "
+     r"model.num_hidden_layers, model.num_attention_heads, model.intermediate_size"),
 ])
 def test_bad_configs_fail_before_submitting(stubs, tmp_path, data_dir, make, expect):
     _, env, calls = stubs
@@ -248,7 +256,7 @@ def run_sub(env, tmp_path, config, nexp="2", **extra):
 def srun_config(tmp_path):
     return write_config(tmp_path, '[system]\nlauncher = "srun"\nranks_per_node = 2\n'
                                   'walltime_minutes = 7\n[train]\nseed = 100\n'
-                                  'global_batch_size = 16\n')
+                                  'global_batch_size = 16\n' + TINY_MODEL)
 
 
 @pytest.mark.parametrize("drop,value,expect", [
@@ -598,7 +606,7 @@ def test_run_sub_passes_a_signal_to_the_experiment_and_starts_no_other(stubs, tm
     (bindir / "scontrol").chmod(0o755)
     config = write_config(tmp_path, f'[system]\nlauncher = "{launcher}"\nranks_per_node = 2\n'
                                     'walltime_minutes = 7\n[train]\nseed = 100\n'
-                                    'global_batch_size = 16\n')
+                                    'global_batch_size = 16\n' + TINY_MODEL)
     launches, got = tmp_path / "launches", tmp_path / "got"
     e = dict(env, CONFIG=str(config), NEXP="2", LOGDIR=str(tmp_path / "logs"),
              PRESTO_ROOT=str(root if launcher == "mpiexec" else ROOT), SLURM_JOB_ID="77",
