@@ -116,6 +116,9 @@ NODES="${V[0]-}" RANKS="${V[1]-}" LAUNCHER="${V[2]-}" SEED="${V[3]-}" CKPT_DIR="
 : "${LAUNCHER:?system.launcher missing from the config output}"
 : "${SEED:?train.seed missing from the config output}"
 NP=$((NODES * RANKS))
+if [[ "${MODE:-train}" == train ]]; then   # will it fit? (an estimate; exit 2 with what would)
+    "$PYTHON" -m runtime.train.memory "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" || exit 2
+fi
 
 MODE="${MODE:-train}"
 [[ "$MODE" == train || "$MODE" == tune ]] || die "MODE='$MODE' is not train | tune"

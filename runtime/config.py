@@ -349,6 +349,10 @@ class SystemConfig:
     walltime_minutes: int = _doc("walltime for one experiment (slurm)", 30)
     dist_timeout_s: float = _doc("collective timeout: a dead rank stops the others after this", 60.0)
     threads_per_rank: int = _doc("torch intra-op threads per rank (0 = cores / ranks)", 0)
+    device_memory_gb: float = _doc("memory of one GPU in GiB: run_and_time.sh refuses a CUDA "
+                                   "run whose estimated memory per rank exceeds it "
+                                   "(runtime/train/memory.py); 0 = not checked. CPU runs are "
+                                   "checked against the node's available memory", 0.0)
     cache_clear: CacheClear = _doc("page-cache drop before each experiment of submission/run.sub: "
                             "'auto' (every node, where permitted; else skipped with a note and "
                             "logged cache_clear=false) | 'required' (an experiment whose nodes "

@@ -1,8 +1,8 @@
 """run_and_time.sh: fail-fast checks, the launch command per launcher, the RESULT line.
 
 PYTHON, MPIEXEC, MPIRUN and SRUN are stub scripts that record their argv and exit with
-$STUB_RC; the PYTHON stub passes `-m runtime.config` and `-m submission.launchers` on to the
-real interpreter, so the launch values really come from the config and the launch command from
+$STUB_RC; the PYTHON stub passes `-m runtime.config`, `-m runtime.train.memory` and `-m
+submission.launchers` on to the real interpreter, so the launch values really come from the config and the launch command from
 the launchers' table (whose rows tests/test_launchers.py checks one by one). Everything lives under a directory with a space in its name
 to prove the quoting. The real end-to-end run is tested elsewhere (it trains).
 """
@@ -28,7 +28,8 @@ RESULT_RE = re.compile(r"^RESULT,bert,(\d+),(\d+),(\S+),(\d{4}-\d\d-\d\d \d\d:\d
 STUB = f"""#!{sys.executable}
 import json, os, sys
 argv = sys.argv[1:]
-if argv[:2] in (["-m", "runtime.config"], ["-m", "submission.launchers"]):
+if argv[:2] in (["-m", "runtime.config"], ["-m", "submission.launchers"],
+                ["-m", "runtime.train.memory"]):
     os.execv({sys.executable!r}, [{sys.executable!r}] + argv)
 with open(os.environ["STUB_LOG"], "a") as f:
     f.write(json.dumps({{"prog": os.path.basename(sys.argv[0]), "argv": argv}}) + "\\n")
@@ -396,3 +397,17 @@ def test_a_run_directory_that_cannot_take_the_run_stops_the_script_before_launch
     assert "is in use by another run (pid 4242 on node7" in proc.stderr, proc.stderr
     assert sorted(p.name for p in live.iterdir()) == [".lock", "launcher.log"]
     assert (live / "launcher.log").read_text() == "the live run's own lines\n"
+
+
+def test_a_run_that_cannot_fit_in_memory_is_refused_before_launch(sandbox):
+    """BERT-base at a local batch of 224 (what an almost empty config once meant): exit 2
+    with the estimate and the largest micro-batch that fits; no launcher started."""
+    root, _ = sandbox
+    config = write_config(root, "mpiexec")
+    big = ["model.hidden_size=768", "model.num_hidden_layers=12",
+           "model.num_attention_heads=12", "model.intermediate_size=3072",
+           "train.global_batch_size=448"]
+    proc, calls = run(sandbox, config, "--", *big)
+    assert proc.returncode == 2 and calls == [], proc.stderr
+    assert "this run cannot fit in memory: each rank needs about" in proc.stderr, proc.stderr
+    assert "largest micro-batch that fits is about" in proc.stderr

@@ -1,0 +1,159 @@
+"""Will a run fit? An estimate of one rank's memory from the config, checked against what the
+node has before any rank starts.
+
+    python -m runtime.train.memory CONFIG [--set section.key=value ...]     (run_and_time.sh)
+
+Owns: the estimate - the parameter count of the configured BERT (exact: the same count as the
+built model's, tests/test_memory.py checks it), the bytes per parameter kept on a rank (fp32
+weights, gradients, the gradient buckets, the optimizer's state: 8 bytes for LAMB and AdamW's
+two moments, 4 for LARS's momentum), the activations of one micro-batch (Korthikanti et al.,
+"Reducing Activation Recomputation in Large Transformer Models", 2022: s·b·h·(34 + 5·a·s/h)
+bytes per layer with 16-bit activations - doubled in fp32 - plus the masked-LM logits, their
+softmax and its gradient over the vocabulary), and a fixed runtime overhead per rank - and the
+check: on the CPU, every rank of a node against the node's available memory
+(/proc/meminfo MemAvailable); on CUDA, one rank against ``system.device_memory_gb`` (0: not
+checked). A run that cannot fit is refused (exit 2) with the estimate, the memory there is and
+the largest local micro-batch that would fit.
+Never: builds the model, imports torch or allocates anything - an estimate, meant to catch the
+config that cannot fit (BERT-base at a local batch of 224 on a 24 GiB node), not to cut close.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from runtime.config import Config, ConfigError, load_config
+
+GIB = 1024 ** 3
+OVERHEAD_BYTES = 600 * 1024 ** 2   # torch, the process group, the data reader, per rank
+HEADROOM = 0.9                     # of the memory there is: the OS and the page cache need some
+
+
+def parameter_count(cfg: Config) -> int:
+    """Parameters of BertForPreTraining with the tied decoder counted once."""
+    m = cfg.model
+    h, i, v = m.hidden_size, m.intermediate_size, m.vocab_size
+    embeddings = (v + m.max_position_embeddings + m.type_vocab_size) * h + 2 * h
+    layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
+    pooler = h * h + h
+    mlm = (h * h + h) + 2 * h + v          # transform, its LayerNorm, the decoder's bias
+    nsp = 2 * h + 2
+    return embeddings + m.num_hidden_layers * layer + pooler + mlm + nsp
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes on one rank: ``static`` (parameters and what scales with them) and
+    ``per_sample`` (activations of one sequence of the micro-batch)."""
+
+    params: int
+    static: int
+    per_sample: int
+    micro_batch: int
+
+    @property
+    def total(self) -> int:
+        return OVERHEAD_BYTES + self.static + self.per_sample * self.micro_batch
+
+    def largest_micro_batch(self, budget: float) -> int:
+        return max(0, int((budget - OVERHEAD_BYTES - self.static) // self.per_sample))
+
+
+def estimate(cfg: Config, world_size: Optional[int] = None) -> Estimate:
+    """One rank's memory for ``cfg`` on ``world_size`` ranks (default: the config's)."""
+    s = cfg.system
+    world = world_size or s.nodes * s.ranks_per_node
+    micro = cfg.local_batch_size(world) // cfg.train.gradient_accumulation_steps
+    p = parameter_count(cfg)
+    state = 4 if cfg.optim.name == "lars" else 8
+    static = p * (4 + 4 + 4 + state)      # weights, gradients, buckets, optimizer state
+    m, seq = cfg.model, cfg.data.max_seq_length
+    act_bytes = 1 if cfg.train.precision in ("bf16", "fp16") else 2
+    per_layer = seq * m.hidden_size * (34 + 5 * m.num_attention_heads * seq / m.hidden_size)
+    logits = cfg.data.max_predictions_per_seq * m.vocab_size * 4 * 3
+    per_sample = int(m.num_hidden_layers * per_layer * act_bytes + logits
+                     + seq * m.hidden_size * 4 * 4)   # embeddings and their gradient
+    return Estimate(p, static, per_sample, micro)
+
+
+def available_host_bytes(meminfo: Path = Path("/proc/meminfo")) -> Optional[int]:
+    """MemAvailable (else MemTotal) of this node, or None where there is no /proc/meminfo."""
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines()
+                      if ":" in line)
+    except OSError:
+        return None
+    for key in ("MemAvailable", "MemTotal"):
+        if key in fields:
+            return int(fields[key].split()[0]) * 1024
+    return None
+
+
+def _on_cuda(cfg: Config) -> bool:
+    if cfg.system.device == "cuda":
+        return True
+    return cfg.system.device == "auto" and Path("/dev/nvidia0").exists()
+
+
+def problem(cfg: Config, host_bytes: Optional[int] = None) -> Optional[str]:
+    """Why ``cfg`` cannot fit (None: it fits, or there is nothing to check against)."""
+    est = estimate(cfg)
+    s = cfg.system
+    if _on_cuda(cfg):
+        if s.device_memory_gb <= 0:
+            return None
+        budget, where = s.device_memory_gb * GIB * HEADROOM, \
+            f"one GPU's {s.device_memory_gb:g} GiB (system.device_memory_gb)"
+        need = est.total
+        per = "each rank (one GPU)"
+    else:
+        have = available_host_bytes() if host_bytes is None else host_bytes
+        if have is None:
+            return None
+        budget = have * HEADROOM / s.ranks_per_node
+        where = f"this node's {have / GIB:.1f} GiB available, shared by {s.ranks_per_node} ranks"
+        need = est.total
+        per = "each rank"
+    if need <= budget:
+        return None
+    fit = est.largest_micro_batch(budget)
+    accum = cfg.train.gradient_accumulation_steps
+    return (f"{cfg.source}: this run cannot fit in memory: {per} needs about "
+            f"{need / GIB:.1f} GiB ({est.params / 1e6:.1f} M parameters with their gradients "
+            f"and optimizer state {est.static / GIB:.1f} GiB, activations of a micro-batch of "
+            f"{est.micro_batch} x {cfg.data.max_seq_length} tokens "
+            f"{est.per_sample * est.micro_batch / GIB:.1f} GiB), against {where} "
+            f"(at most {HEADROOM:.0%} used). The largest micro-batch that fits is about {fit} "
+            + (f"sequences: raise train.gradient_accumulation_steps (now {accum}) or lower "
+               f"train.global_batch_size, or use a smaller [model]" if fit else
+               "- not even one sequence: use a smaller [model] or more memory"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m runtime.train.memory",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    ap.add_argument("--print", action="store_true", help="print the estimate even when it fits")
+    a = ap.parse_args(argv)
+    try:
+        cfg = load_config(a.config, a.set)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    why = problem(cfg)
+    if a.print:
+        est = estimate(cfg)
+        print(f"{est.params / 1e6:.1f} M parameters; each rank about {est.total / GIB:.2f} GiB "
+              f"(micro-batch {est.micro_batch})")
+    if why:
+        print(f"memory: {why}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
