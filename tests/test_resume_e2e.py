@@ -181,6 +181,7 @@ def test_a_resume_that_swaps_the_optimizer_is_refused_and_a_budget_change_is_rec
         rc, out, err = run(run_dir, overrides(small_dataset, **{"optim.name": f'"{other}"'}))
         assert rc == 2, out[-3000:] + err[-3000:]
         assert f"optim.name: the checkpoint has 'lamb', this run '{other}'" in out + err
+        assert "Traceback" not in out + err      # bad input: the message, not a stack
         assert 'resume with the checkpoint\'s values (optim.name="lamb")' in out + err
         assert not (run_dir / "metrics.jsonl").exists()
         assert not (run_dir / "mlperf_bert.log").exists()

@@ -393,6 +393,9 @@ def _notes(e: BaseException) -> str:
     return "".join(f"\n{t}" for t in out)
 
 
+BAD_INPUT_EXIT = 2   # an error whose message names the file, key or rank: printed without a traceback
+
+
 def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None,
                 exit_code: Optional[Callable[[BaseException], int]] = None) -> T:
     """Run ``main_fn()``; if it raises on this rank, end the whole job, never hang.
@@ -406,7 +409,9 @@ def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None,
     teardown) wait for peers, which may be stuck. The process group is not destroyed on this
     path for the same reason (destroying it with collectives in flight can block).
     Errors raised identically on every rank (`RanksDisagree`) exit 1 without an abort (every
-    rank is leaving anyway); rank 0 prints the traceback, the others one line each. ``SystemExit(0)`` passes through; ``SystemExit(n)`` counts as a
+    rank is leaving anyway); rank 0 prints the traceback, the others one line each. Bad input
+    (status 2: the message names the file, key or rank and what to do) is printed without a
+    traceback on every rank. ``SystemExit(0)`` passes through; ``SystemExit(n)`` counts as a
     failure with status n. ``exit_code(exc)`` gives the status for an exception (default:
     its ``exit_code`` attribute, else 1).
     """
@@ -420,7 +425,9 @@ def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None,
     except BaseException as e:  # noqa: BLE001 — anything uncaught must end the job
         everywhere = getattr(e, "raised_on_all_ranks", False)
         code = exit_code(e) if exit_code is not None else getattr(e, "exit_code", 1)
-        if everywhere and _rank_for_messages(info) not in (0, "?"):
+        if code == BAD_INPUT_EXIT:
+            text = f"{type(e).__name__}: {e}"  # its message says what to do: no traceback
+        elif everywhere and _rank_for_messages(info) not in (0, "?"):
             text = f"{type(e).__name__}: {e}"  # rank 0 prints the traceback
         else:
             text = "".join(traceback.format_exception(type(e), e, e.__traceback__))

@@ -79,6 +79,13 @@ class CheckpointError(RuntimeError):
     exit 2)."""
 
 
+class ResumeRefused(CheckpointError):
+    """A resume the checkpoint cannot take (runtime.train.resume_rules, or another run's
+    checkpoint directory): decided alike on every rank, before anything is built."""
+
+    raised_on_all_ranks = True
+
+
 class CheckpointWriteError(RuntimeError):
     """A checkpoint that could not be written (the disk is full): the message names the
     directory and the bytes needed; the previous checkpoint is kept (a runtime failure:
@@ -325,7 +332,7 @@ class CheckpointManager:
             decision = self._claim(Path(run_dir).resolve(), adopt)
         decision = self._broadcast(decision)
         if decision and decision[0] == "refused":
-            raise CheckpointError(decision[1])
+            raise ResumeRefused(decision[1])
         return decision[1] if decision else None
 
     def _claim(self, run_dir: Path, adopt: bool) -> Optional[tuple[str, str]]:

@@ -49,7 +49,7 @@ from runtime.optim.grad_scale import step_multiplier
 from runtime.optim.optimizers import set_lr
 from runtime.train.build import InitCheckpointError, Parts, build_model, build_parts, describe
 from runtime.train import resume_rules
-from runtime.train.checkpoint import CheckpointError, CheckpointManager
+from runtime.train.checkpoint import CheckpointManager, ResumeRefused
 from runtime.train.progress import Progress
 from runtime.train.run_control import RunControl
 
@@ -154,8 +154,8 @@ class Trainer:
             return
         refused, recorded = resume_rules.compare(json.loads(saved), self.cfg.to_dict())
         if refused:
-            raise CheckpointError(resume_rules.refusal(str(ck.path), refused,
-                                                       self.cfg.train.output_dir))
+            raise ResumeRefused(resume_rules.refusal(str(ck.path), refused,
+                                                     self.cfg.train.output_dir))
         self.config_changes = [d.text() for d in recorded]
 
     def _plan_file(self) -> bytes | None:
