@@ -66,6 +66,7 @@ from mlperf_logging import mllog
 from mlperf_logging.mllog import constants as C
 
 from runtime.events import Event, RunState
+from runtime.observe.metrics import LogWriteError
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[1])
 
@@ -83,6 +84,18 @@ _OPT_KEYS = {
     "lars": {"momentum": C.LARS_OPT_MOMENTUM, "weight_decay": C.LARS_OPT_WEIGHT_DECAY},
 }
 
+
+
+class _StrictFileHandler(logging.FileHandler):
+    """A FileHandler that does not swallow a failed write (logging's default prints the error
+    and goes on, losing the line): a full disk ends the run, named (LogWriteError)."""
+
+    def handleError(self, record) -> None:  # noqa: N802 - logging's name
+        import sys as _sys
+        err = _sys.exc_info()[1]
+        if isinstance(err, OSError):
+            raise LogWriteError.of(self.baseFilename, err) from None
+        super().handleError(record)
 
 class MLPerfLogger:
     """Writes the MLPerf log of a run on the main rank; a no-op on every other rank.
@@ -155,13 +168,16 @@ class MLPerfLogger:
         """At RUN_START: the file (appended to when continuing a resumed run), then every
         line held back since INIT_START."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(self.log_path, mode="a" if self.continuing else "w",
-                                      encoding="utf-8")
+        handler = _StrictFileHandler(self.log_path, mode="a" if self.continuing else "w",
+                                     encoding="utf-8")
         handler.setLevel(logging.INFO)
         handler.setFormatter(logging.Formatter("%(message)s"))
-        for line in self._pending.lines:
-            handler.stream.write(line + "\n")
-        handler.flush()
+        try:
+            for line in self._pending.lines:
+                handler.stream.write(line + "\n")
+            handler.flush()
+        except OSError as e:
+            raise LogWriteError.of(self.log_path, e) from None
         self._logger.removeHandler(self._pending)
         self._handlers.remove(self._pending)
         self._logger.addHandler(handler)

@@ -256,3 +256,26 @@ def test_two_loggers_keep_to_their_own_files(tmp_path):
     keys_b = [r["key"] for r in parse(b)]
     assert keys_a.count("run_start") == keys_b.count("run_start") == 1
     assert keys_a.count("eval_accuracy") == 1 and keys_b.count("eval_accuracy") == 2
+
+
+def test_a_full_disk_ends_the_run_naming_the_log_instead_of_losing_lines(tmp_path):
+    """/dev/full answers every write with ENOSPC: the MLPerf log and the metrics file raise
+    LogWriteError (exit 3) naming the file - logging's default would print the error and go
+    on without the line."""
+    from runtime.observe.metrics import LogWriteError, MetricsWriter
+    from submission.train import exit_code_of
+    cfg = load_config(DGX_1NODE)
+    state = RunState(config=cfg, rank=0, world_size=8)
+    cb = MLPerfLogger(Path("/dev/full"), is_main=True)
+    cb.on_event(Event.INIT_START, state)
+    cb.on_event(Event.INIT_STOP, state)
+    with pytest.raises(LogWriteError, match=r"cannot write /dev/full \(No space left") as e:
+        cb.on_event(Event.RUN_START, state)
+        state.eval_samples, state.eval_accuracy, state.samples = 10_000, 0.5, 448
+        cb.on_event(Event.EVAL_START, state)
+        cb.on_event(Event.EVAL_STOP, state)
+    assert exit_code_of(e.value) == 3
+    metrics = MetricsWriter(Path("/dev/full"))
+    with pytest.raises(LogWriteError, match="/dev/full"):
+        metrics.on_event(Event.RUN_START, state)
+        metrics.on_event(Event.EVAL_STOP, state)

@@ -66,8 +66,30 @@ class MetricsWriter:
             self._file = None
 
     def _write(self, rec: dict) -> None:
-        self._file.write(json.dumps(rec) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(rec) + "\n")
+            self._file.flush()
+        except OSError as e:
+            raise LogWriteError.of(self.path, e) from None
+
+
+class LogWriteError(RuntimeError):
+    """A log line that could not be written (a full disk): names the file, its directory and
+    what to do; a runtime failure (exit 3) - the checkpoints already written stay."""
+
+    exit_code = 3
+
+    @classmethod
+    def of(cls, path, e: OSError) -> "LogWriteError":
+        import shutil
+        path = Path(path)
+        try:
+            free = f"{shutil.disk_usage(path.parent).free:,} bytes free there now"
+        except OSError:
+            free = "free space unknown"
+        return cls(f"cannot write {path} ({e.strerror or e}): its disk ({path.parent}) is "
+                   f"full or failing, {free} - free space and rerun the same command to resume "
+                   f"from the last checkpoint (the log is continued)")
 
 
 class ProgressPrinter:
