@@ -38,9 +38,11 @@ from runtime.optim.schedules import build_schedule, schedule_param_names, scaled
 
 
 class InitCheckpointError(ValueError):
-    """An initial checkpoint that would poison training (model.init)."""
+    """An initial checkpoint that cannot give this model its weights, or would poison training
+    (model.init). Every rank reads the same file, so every rank raises it alike."""
 
     exit_code = 2
+    raised_on_all_ranks = True
 
 
 @dataclass
