@@ -2,7 +2,7 @@
 model on 2 MPI ranks (a few seconds), on this machine and as a job array on the real one-node
 Slurm cluster of tests/slurm_cluster.py.
 
-Locally: the config's own learning rate first, then a learning rate too small to learn
+Locally: the config's own learning rate first, then a learning rate far too small to learn (1e-4)
 (pruned by the median pruner at its first evaluation - through the runtime's stop signal, exit
 4), then a sampled trial during which the worker is SIGKILLed. Nothing of that trial may keep
 running (its run_and_time.sh gets SIGTERM when the worker dies); the rerun of the same command
@@ -29,7 +29,7 @@ from tests.support.runs import CPU_CONFIG
 from tests.support.tiny import run_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
-SPACE = '[params."optim.lr"]\nlow = 1e-3\nhigh = 3e-2\nlog = true\n'
+SPACE = '[params."optim.lr"]\nlow = 1e-4\nhigh = 3e-2\nlog = true\n'
 # 10 steps of 16 samples, an evaluation every 5 steps, a target the tiny model never reaches
 # (every finished trial is censored: its value is what its accuracy gap says).
 TRIAL = {"train.max_steps": 10, "train.eval_iter_start_samples": 80,
@@ -81,7 +81,7 @@ def test_a_local_study_prunes_survives_a_killed_worker_and_resumes(small_dataset
     (tmp_path / "space.toml").write_text(SPACE)
     cmd = [sys.executable, "-m", "submission", "hpo", "--config", str(CPU_CONFIG),
            "--space", str(tmp_path / "space.toml"), "--trials", "3", "--dir", str(d),
-           "--prune-after", "1", "--enqueue", "optim.lr=0.001", "--heartbeat", "1",
+           "--prune-after", "1", "--enqueue", "optim.lr=0.0001", "--heartbeat", "1",
            "--heartbeat-grace", "4", *_sets(small_dataset, **{"optim.lr": 0.02})]
     first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
@@ -101,7 +101,7 @@ def test_a_local_study_prunes_survives_a_killed_worker_and_resumes(small_dataset
     first.stdout.close()
     out1 = "".join(lines)
     assert "trial 0 (baseline): optim.lr=0.02" in out1 and "trial 0: complete" in out1, out1
-    assert "trial 1 (enqueued): optim.lr=0.001" in out1, out1
+    assert "trial 1 (enqueued): optim.lr=0.0001" in out1, out1
     assert "trial 1: pruned at 80 samples" in out1, out1
     left = _wait_gone(d / "trials" / "trial_2")
     assert not left, f"the killed worker's trial kept running: {left}"
