@@ -213,3 +213,30 @@ def test_a_stale_journal_lock_does_not_hang_the_study(tmp_path, monkeypatch):
     assert hpo.run_command(a, out=lambda m: None) == 0
     assert time.monotonic() - t0 < 30
     assert [s for _, s, _ in _states(study)] == ["COMPLETE"]
+
+
+def test_the_slurm_dry_run_prints_the_array_and_never_the_password(tmp_path, small_dataset,
+                                                                   capsys):
+    """--slurm --dry-run: the sbatch command of a W-task array through submit's checks, the
+    study directory and storage in the environment (the URL's password as ***)."""
+    url = "sqlite:///" + str(tmp_path / "hpo.db")
+    code = submission_main(_args(tmp_path, "--workers", "3", "--slurm", "--dry-run",
+                                 "--storage", url, "--set", f'data.data_dir="{small_dataset}"',
+                                 "--set", "system.walltime_minutes=7"))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    line = next(x for x in out.splitlines() if "sbatch" in x)
+    assert "--array=0-2" in line and "--ntasks-per-node=2" in line and "hpo.sub" in line
+    assert f"--time={2 * 7 + 5}" in line            # ceil(4 trials / 3) x 7 min + margin
+    assert f"HPO_DIR={tmp_path / 'study'}" in line and "PRESTO_HPO_STORAGE=" in line
+    bad = submission_main(_args(tmp_path, "--workers", "2", "--slurm", "--dry-run",
+                                "--storage", url, "--set", "train.seed=3"))
+    assert bad == 2 and "the seed is the config's" in capsys.readouterr().err
+
+
+def test_local_workers_need_the_cores(tmp_path):
+    cfg = load_config(CPU_CONFIG)
+    assert hpo._local_slots(cfg, 1) == [{}]
+    cores = os.cpu_count() or 1
+    with pytest.raises(hpo.HpoError, match=rf"--workers {cores + 1}: .* this machine has {cores}"):
+        hpo._local_slots(cfg, cores + 1)
