@@ -192,6 +192,22 @@ def compare(rec: dict, measured: dict) -> dict:
                                     "q75": q(0.75), "tuned_faster_rounds":
                                     sum(x > 1 for x in ratios), "rounds": len(ratios)}
     others = [r for r in rows if r is not chosen and (r is tuned or r in singles)]
+    # "Measurably" slower: the noise is the rounds' own - another plan is measurably faster
+    # than the recommended one only when it was faster in more than 3 of every 4 rounds
+    # (the paired ratio's upper quartile below 1).
+    mine = steps.get(chosen["plan"], [])
+    for r in others:
+        ratios = sorted(x / y for x, y in zip(steps.get(r["plan"], []), mine))
+        if ratios:
+            q = (lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))])
+            r["paired_vs_recommended"] = {"median": statistics.median(ratios), "q25": q(0.25),
+                                          "q75": q(0.75), "rounds": len(ratios),
+                                          "recommended_faster_rounds":
+                                          sum(x > 1 for x in ratios)}
+    spread = None
+    if len(mine) > 2:
+        med = statistics.median(mine)
+        spread = statistics.median(abs(x - med) for x in mine) / med
     goals = {"all_within_15pct": all(abs(r["error"]) <= 0.15 for r in rows),
              "worst_error": max(rows, key=lambda r: abs(r["error"]))["error"],
              "recommended": chosen["plan"], "decided_by": arb["decided_by"],
@@ -202,7 +218,14 @@ def compare(rec: dict, measured: dict) -> dict:
              "tuned_at_least_as_fast_as_every_single_size": all(
                  tuned["measured_step_s"] <= r["measured_step_s"] for r in singles),
              "tuned_vs_best_other": min(r["measured_step_s"] for r in singles)
-             / tuned["measured_step_s"]}
+             / tuned["measured_step_s"],
+             "recommended_never_measurably_slower": all(
+                 r["paired_vs_recommended"]["q75"] >= 1 for r in others
+                 if "paired_vs_recommended" in r),
+             "measurably_faster_than_recommended": [
+                 r["plan"] for r in others if "paired_vs_recommended" in r
+                 and r["paired_vs_recommended"]["q75"] < 1],
+             "recommended_round_spread": spread}
     return {"rows": rows, "goals": goals, "arbitration": {
         k: arb.get(k) for k in ("recommended", "decided_by", "reason", "model_error",
                                 "contenders", "measured", "left_out", "steps")}}
@@ -251,6 +274,13 @@ def table(result: dict) -> str:
                     f"{g['recommended_at_least_as_fast_as_every_single_size']} (best other / "
                     f"recommended = {g['recommended_vs_best_other'] or float('nan'):.3f}); "
                     if "recommended_at_least_as_fast_as_every_single_size" in g else "")
+                 + (f"recommended never measurably slower (no plan faster in more than 3 "
+                    f"of 4 paired rounds; the recommended plan's round-to-round spread "
+                    f"{(g.get('recommended_round_spread') or 0):.1%}): "
+                    f"{g['recommended_never_measurably_slower']}"
+                    + (f" - faster: {', '.join(g['measurably_faster_than_recommended'])}"
+                       if g.get("measurably_faster_than_recommended") else "") + "; "
+                    if "recommended_never_measurably_slower" in g else "")
                  + f"tuned (the prediction's pick) at least as fast as every other plan: "
                  f"{g['tuned_at_least_as_fast_as_every_single_size']} "
                  f"(best other / tuned = {g['tuned_vs_best_other']:.3f})")
