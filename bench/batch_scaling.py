@@ -187,6 +187,17 @@ def load_reuse(path: Optional[Path], rec: dict) -> list[dict]:
     return list(old.get("runs") or [])
 
 
+def set_aside(run_dir: Path) -> None:
+    """An earlier attempt's run directory (an interrupted study) is kept, renamed
+    ``<dir>.attempt<N>``: the run gets a fresh one (a finished one is never overwritten)."""
+    if not run_dir.exists():
+        return
+    n = 1
+    while run_dir.with_name(f"{run_dir.name}.attempt{n}").exists():
+        n += 1
+    run_dir.rename(run_dir.with_name(f"{run_dir.name}.attempt{n}"))
+
+
 def study(args, workdir: Path, rec: dict) -> dict:
     expected = dict(args.expected)  # optimizer -> samples to target at the base batch
     earlier = load_reuse(args.reuse, rec)
@@ -211,8 +222,11 @@ def study(args, workdir: Path, rec: dict) -> dict:
                         print(f"  {name} seed {seed}: reused from {args.reuse}", flush=True)
                         continue
                     t0 = time.perf_counter()
+                    set_aside(workdir / f"{name}_seed{seed}")
                     r = run_runtime(CONFIG, seed, [f"data.data_dir={args.data}", *PROXY, *over],
                                     workdir, timeout=args.run_timeout, name=name)
+                    if r.get("rc") not in (0, 1):  # not trained to its end: no data point
+                        r = {**r, "status": "failed", "eval_history": None}
                     hit = crossing(r.get("eval_history") or [], args.target, batch)
                     row = {"optimizer": optimizer, "rule": rule, "batch": batch, "seed": seed,
                            "overrides": over, "status": r["status"],
@@ -236,6 +250,8 @@ def study(args, workdir: Path, rec: dict) -> dict:
 def summarise(runs: list[dict], args) -> dict:
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
+        if r["status"] == "failed":
+            continue  # it did not train to its end: neither reached nor missed the target
         rules = args.rules if r["batch"] == args.base_batch else [r["rule"]]
         for rule in rules:  # the base-batch run belongs to every rule's curve
             groups.setdefault((r["optimizer"], rule, r["batch"]), []).append(r)

@@ -88,3 +88,24 @@ def test_a_record_of_another_study_is_refused_by_name(tmp_path):
     with pytest.raises(SystemExit, match="cannot read the record"):
         load_reuse(path, {"target": 0.1})
     assert load_reuse(None, {}) == []
+
+
+def test_an_earlier_attempts_directory_is_set_aside_and_a_failed_run_is_no_data_point(tmp_path):
+    from bench.batch_scaling import set_aside, summarise
+    d = tmp_path / "lamb_sqrt_b64_seed2"
+    d.mkdir()
+    (d / "mlperf_bert.log").write_text("old attempt\n")
+    set_aside(d)
+    set_aside(d)                                   # nothing there any more: nothing to do
+    assert not d.exists() and (tmp_path / "lamb_sqrt_b64_seed2.attempt1" / "mlperf_bert.log"
+                               ).read_text() == "old attempt\n"
+
+    class Args:
+        rules, base_batch = ["sqrt"], 32
+    run = {"optimizer": "lamb", "rule": "sqrt", "batch": 64, "seed": 1,
+           "samples_to_target": 1000.0, "steps_to_target": 15.6, "resolution": 0.1,
+           "noise_scale_at_target": None, "status": "success"}
+    failed = {**run, "seed": 2, "status": "failed", "samples_to_target": None,
+              "steps_to_target": None}
+    (row,) = summarise([run, failed], Args)["table"]
+    assert (row["runs"], row["reached"], row["samples"]) == (1, 1, 1000.0)
