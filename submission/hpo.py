@@ -871,35 +871,18 @@ def slurm_plan(study: Study, workers: int, *, partition: Optional[str], account:
     notes: list[str] = []
     if ask_slurm:
         slurm.check_partition(cfg, partition, minutes, notes)
-    s = cfg.system
-    argv = ["sbatch", "--parsable", f"--job-name=presto_hpo_{study.name}",
-            f"--array=0-{workers - 1}", f"--nodes={s.nodes}",
-            f"--ntasks-per-node={s.ranks_per_node}", f"--time={minutes}", "--open-mode=append",
-            f"--output={study.dir}/slurm-%A_%a.out", f"--chdir={ROOT}", "--export=ALL"]
-    if s.device == "cuda":
-        argv.append(f"--gpus-per-node={s.ranks_per_node}")
-    if partition:
-        argv.append(f"--partition={partition}")
-    if account:
-        argv.append(f"--account={account}")
+    argv = slurm.job_argv(cfg, minutes, partition, account, script=HPO_SUB, flags=[
+        f"--job-name=presto_hpo_{study.name}", f"--array=0-{workers - 1}",
+        "--open-mode=append", f"--output={study.dir}/slurm-%A_%a.out"])
     env = {"HPO_DIR": study.dir, "PRESTO_ROOT": str(ROOT)}
     if url:
         env[STORAGE_ENV] = url
-    return slurm.Plan(study.config, overrides, workers, study.dir, minutes,
-                      argv + [str(HPO_SUB)], env, notes)
+    return slurm.Plan(study.config, overrides, workers, study.dir, minutes, argv, env, notes)
 
 
 def slurm_submit(p: slurm.Plan) -> str:
-    import shutil
-    if shutil.which("sbatch") is None:
-        raise HpoError("sbatch not found: run this on a Slurm login node (or use --dry-run)")
-    proc = subprocess.run(p.argv, env={**slurm.slurm_env(), **p.env}, capture_output=True,
-                          text=True, timeout=slurm.SLURM_TIMEOUT_S)
-    if proc.returncode != 0:
-        raise HpoError(f"sbatch failed ({proc.returncode}): {proc.stderr.strip()}")
-    job = proc.stdout.strip().split(";")[0]
-    if not job.isdigit():
-        raise HpoError(f"sbatch printed {proc.stdout.strip()!r}, not a job id")
+    """sbatch the array (submit's runner); the job in the study's jobs.jsonl."""
+    job = slurm.run_sbatch(p)
     with open(Path(p.logdir) / "jobs.jsonl", "a") as f:
         f.write(json.dumps({"job_id": job, "workers": p.nexp,
                             "submitted": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")

@@ -292,11 +292,20 @@ def plan(config: str | Path, nexp: int, overrides=(), *, partition: str | None =
 
 def sbatch_argv(cfg: Config, logdir: Path, minutes: int, partition: str | None,
                 account: str | None) -> list[str]:
+    return job_argv(cfg, minutes, partition, account, script=RUN_SUB, flags=[
+        f"--job-name=presto_bert_{cfg.system.name}", "--exclusive", "--requeue",
+        "--open-mode=append", f"--signal=B:USR1@{SIGNAL_LEAD_S}",
+        f"--output={logdir}/slurm-%j.out"])
+
+
+def job_argv(cfg: Config, minutes: int, partition: str | None, account: str | None, *,
+             script: Path, flags: list[str]) -> list[str]:
+    """The sbatch argv of a batch ``script``: the config's nodes, tasks and GPUs, the
+    walltime, partition and account, the script's own ``flags``; run from the repository with
+    the submitter's environment (the values travel in it)."""
     s = cfg.system
-    argv = ["sbatch", "--parsable", f"--job-name=presto_bert_{s.name}", f"--nodes={s.nodes}",
-            f"--ntasks-per-node={s.ranks_per_node}", f"--time={minutes}", "--exclusive",
-            "--requeue", "--open-mode=append", f"--signal=B:USR1@{SIGNAL_LEAD_S}",
-            f"--output={logdir}/slurm-%j.out",
+    argv = ["sbatch", "--parsable", *flags[:1], f"--nodes={s.nodes}",
+            f"--ntasks-per-node={s.ranks_per_node}", f"--time={minutes}", *flags[1:],
             f"--chdir={ROOT}", "--export=ALL"]
     if s.device == "cuda":
         argv.append(f"--gpus-per-node={s.ranks_per_node}")
@@ -304,7 +313,7 @@ def sbatch_argv(cfg: Config, logdir: Path, minutes: int, partition: str | None,
         argv.append(f"--partition={partition}")
     if account:
         argv.append(f"--account={account}")
-    return argv + [str(RUN_SUB)]
+    return argv + [str(script)]
 
 
 def run_sub_env(config: Path, nexp: int, logdir: Path, overrides: list[str],
@@ -328,12 +337,12 @@ def dry_run_text(p: Plan) -> str:
 
 # ------------------------------------------------------------------------------ submit/status
 
-def submit(p: Plan, registry: Path = DEFAULT_REGISTRY) -> str:
-    """Run sbatch; record the job in LOGDIR/job.json and the registry; return the job id."""
+def run_sbatch(p: Plan) -> str:
+    """Run the plan's sbatch (LOGDIR made first: Slurm writes the job's output there); the
+    job id."""
     if shutil.which("sbatch") is None:
         raise SubmitError("sbatch not found: run this on a Slurm login node (or use --dry-run)")
-    logdir = Path(p.logdir)
-    logdir.mkdir(parents=True, exist_ok=True)
+    Path(p.logdir).mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(p.argv, env={**slurm_env(), **p.env}, capture_output=True, text=True,
                           timeout=SLURM_TIMEOUT_S)
     if proc.returncode != 0:
@@ -341,6 +350,13 @@ def submit(p: Plan, registry: Path = DEFAULT_REGISTRY) -> str:
     job_id = proc.stdout.strip().split(";")[0]
     if not job_id.isdigit():
         raise SubmitError(f"sbatch printed {proc.stdout.strip()!r}, not a job id")
+    return job_id
+
+
+def submit(p: Plan, registry: Path = DEFAULT_REGISTRY) -> str:
+    """Run sbatch; record the job in LOGDIR/job.json and the registry; return the job id."""
+    job_id = run_sbatch(p)
+    logdir = Path(p.logdir)
     record = {"job_id": job_id, "submitted": time.strftime("%Y-%m-%dT%H:%M:%S"), **asdict(p)}
     (logdir / JOB_FILE).write_text(json.dumps(record, indent=2))
     registry.parent.mkdir(parents=True, exist_ok=True)

@@ -190,6 +190,7 @@ class Checkpoint:
     def __init__(self, path: Path, manifest: dict):
         self.path = Path(path)
         self.manifest = manifest
+        self._train_state: Optional[dict] = None   # read once: the resume check and restore
 
     @property
     def step(self) -> int:
@@ -226,7 +227,9 @@ class Checkpoint:
         return self._load(OPTIMIZER_FILE)
 
     def train_state(self) -> dict:
-        return self._load(STATE_FILE)
+        if self._train_state is None:
+            self._train_state = self._load(STATE_FILE)
+        return self._train_state
 
     def rank_state(self, rank: int) -> Optional[dict]:
         """Rank ``rank``'s file, or None when the checkpoint was written by fewer ranks."""
@@ -345,7 +348,7 @@ class CheckpointManager:
                 owner = "<unreadable run.json>"
         if owner is None and self.directory.resolve() == run_dir / "checkpoints":
             owner = str(run_dir)   # the default place, inside the run directory: its own
-        has = find_latest(self.directory, warn=lambda m: None) is not None
+        has = find_latest(self.directory, verify=False, warn=lambda m: None) is not None
         adopted = None
         if has and owner != str(run_dir):
             other = owner or "a run that recorded no run directory"
@@ -414,7 +417,7 @@ class CheckpointManager:
         """The disk filled while writing checkpoint ``step``: drop the partial one (the last
         complete checkpoint stays) and say where, how much it needs and what to do."""
         shutil.rmtree(tmp, ignore_errors=True)
-        last = find_latest(self.directory, warn=lambda m: None)
+        last = find_latest(self.directory, verify=False, warn=lambda m: None)
         need = sum(f["bytes"] for f in last.manifest["files"].values()) if last else None
         try:
             free = shutil.disk_usage(self.directory).free
