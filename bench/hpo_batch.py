@@ -19,6 +19,7 @@ run short of the target by then counts as not reaching it. Writes the record (bo
 trial tables, the confirmation runs, the answers) and prints a table.
 
     python -m bench.hpo_batch --out bench/results/hpo_batch.json [--trials 12] [--batch 1024]
+        [--reuse-study bench/results/batch_scaling.json]
 
 A benchmark: samples and steps do not depend on the machine's load; run it when nothing else
 does if its wall times matter. Several hours on 2 cores with the defaults.
@@ -35,8 +36,8 @@ from pathlib import Path
 from typing import Optional
 
 from bench.batch_scaling import (BASE_LR, CONFIG, DATA, PROXY, crossing, ensure_data,
-                                 run_plan)
-from bench.common import REPO, finish, record, run_runtime, tail
+                                 reusable, run_plan, set_aside)
+from bench.common import REPO, finish, record, run_runtime, tail, write
 
 SPACE = """# bench.hpo_batch's search space: everything Samsung re-tuned for ADAM at 16K
 [params."optim.lr"]
@@ -126,12 +127,44 @@ def search(optimizer: str, args, workdir: Path) -> dict:
             "error": tail(workdir / f"search_{optimizer}.out") if rc not in (0, 1) else None}
 
 
-def confirm(optimizer: str, setting: str, over: list[str], args, workdir: Path) -> list[dict]:
+def study_runs(path: Optional[Path], batch: int, target: float) -> list[dict]:
+    """The batch-scaling study's runs at ``batch`` (``--reuse-study``): its scaled defaults
+    are this benchmark's, run with the same overrides and seeds, so they need not run twice."""
+    if path is None:
+        return []
+    try:
+        old = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--reuse-study {path}: cannot read the record ({e}); name the JSON "
+                         "record bench.batch_scaling wrote")
+    if old.get("target") != target or old.get("proxy") != PROXY or old.get("base_batch") != 32:
+        raise SystemExit(f"--reuse-study {path}: its target, proxy or base batch differ from "
+                         "this benchmark's; its runs do not answer for it")
+    return [r for r in old.get("runs") or [] if r["batch"] == batch]
+
+
+def confirm(optimizer: str, setting: str, over: list[str], args, workdir: Path,
+            earlier: list[dict] = ()) -> list[dict]:
+    """Each seed's run of one setting: samples to target. A scaled default the study ran with
+    the same overrides and seed is taken from ``earlier``; a run that did not train to its end
+    (exit not 0 or 1) is no data point (status 'failed')."""
     out = []
     for seed in args.seeds:
         name = f"confirm_{optimizer}_{setting}_b{args.batch}"
+        old = next((r for r in earlier if r["optimizer"] == optimizer and r["rule"] == setting
+                    and r["seed"] == seed and reusable(r, over)), None)
+        if old is not None:
+            out.append({"seed": seed, "status": old["status"], "wall_s": old["wall_s"],
+                        "samples_to_target": old["samples_to_target"],
+                        "steps_to_target": old["steps_to_target"], "run_dir": None,
+                        "error": None, "reused_from_study": True})
+            print(f"  {name} seed {seed}: the study's run, {old['status']}", flush=True)
+            continue
+        set_aside(workdir / f"{name}_seed{seed}")
         r = run_runtime(CONFIG, seed, [f"data.data_dir={args.data}", *PROXY, *over], workdir,
                         timeout=args.run_timeout, name=name)
+        if r.get("rc") not in (0, 1):
+            r = {**r, "status": "failed", "eval_history": None}
         hit = crossing(r.get("eval_history") or [], args.target, args.batch)
         out.append({"seed": seed, "status": r["status"], "wall_s": round(r["wall_s"], 1),
                     "samples_to_target": hit and hit["samples"],
@@ -144,7 +177,8 @@ def confirm(optimizer: str, setting: str, over: list[str], args, workdir: Path) 
 
 def summary_row(optimizer: str, setting: str, runs: list[dict]) -> dict:
     ok = [r["samples_to_target"] for r in runs if r["samples_to_target"] is not None]
-    return {"optimizer": optimizer, "setting": setting, "runs": len(runs), "reached": len(ok),
+    counted = [r for r in runs if r["status"] != "failed"]
+    return {"optimizer": optimizer, "setting": setting, "runs": len(counted), "reached": len(ok),
             "mean_samples": statistics.mean(ok) if ok else None,
             "stdev_samples": statistics.stdev(ok) if len(ok) > 1 else None}
 
@@ -177,6 +211,9 @@ def main(argv=None) -> int:
     ap.add_argument("--run-timeout", type=float, default=1800)
     ap.add_argument("--workdir", type=Path, default=REPO / "results" / "hpo_batch")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "hpo_batch.json")
+    ap.add_argument("--reuse-study", type=Path, default=None, metavar="RECORD",
+                    help="bench.batch_scaling's record: its runs of the scaled defaults at "
+                         "--batch (same overrides, same seed) are taken, not rerun")
     args = ap.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",")]
     optimizers = args.optimizers.split(",")
@@ -188,8 +225,13 @@ def main(argv=None) -> int:
     rec = record("hpo_batch", argv, batch=args.batch, trials=args.trials, seeds=args.seeds,
                  target=args.target, proxy=PROXY, base_lr=BASE, expected=EXPECTED,
                  cap_factor=CAP, data=str(args.data), default_base_lr=BASE_LR)
+    earlier = study_runs(args.reuse_study, args.batch, args.target)
     t0 = time.perf_counter()
-    rec["searches"] = {o: search(o, args, args.workdir) for o in optimizers}
+    rec["complete"] = False   # rewritten after every phase: an interrupted run keeps its data
+    rec["searches"] = {}
+    for o in optimizers:
+        rec["searches"][o] = search(o, args, args.workdir)
+        write(rec, args.out)
     runs, table = {}, []
     for o in optimizers:
         settings = {"linear": plan(o, "linear", args.batch, args.target),
@@ -200,9 +242,11 @@ def main(argv=None) -> int:
                 f"{k}={json.dumps(v) if isinstance(v, str) else repr(v)}"
                 for k, v in sorted(best["params"].items())]
         for s, over in settings.items():
-            runs[f"{o}/{s}"] = confirm(o, s, over, args, args.workdir)
+            runs[f"{o}/{s}"] = confirm(o, s, over, args, args.workdir, earlier)
             table.append(summary_row(o, s, runs[f"{o}/{s}"]))
-    rec.update(confirmation=runs, table=table, answer=answer(table),
+            rec.update(confirmation=runs, table=table)
+            write(rec, args.out)
+    rec.update(confirmation=runs, table=table, answer=answer(table), complete=True,
                wall_s=round(time.perf_counter() - t0, 1))
     print("\n| optimizer | setting | reached | mean samples to target | stdev |")
     print("|---|---|---|---|---|")

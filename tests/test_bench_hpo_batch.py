@@ -3,8 +3,13 @@ the study's default as the first trial, the first trial that beat that default, 
 answer read from the confirmation table."""
 from __future__ import annotations
 
-from bench.batch_scaling import CONFIG, PROXY
-from bench.hpo_batch import answer, first_beating, plan, space_text
+from bench.batch_scaling import CONFIG, PROXY, reusable
+import json
+import types
+
+import pytest
+
+from bench.hpo_batch import answer, confirm, first_beating, plan, space_text, study_runs
 from runtime.config import load_config
 from submission.hpo import load_space
 
@@ -38,3 +43,24 @@ def test_first_beating_and_the_answer():
         .startswith("yes")
     assert answer([row("adamw", "searched", 0, None), row("lamb", "searched", 2, 6e4)]) \
         .startswith("neither")
+
+
+def test_the_studys_default_runs_are_taken_only_with_the_same_overrides_and_seed(tmp_path):
+    over = plan("lamb", "sqrt", 1024, 0.1)
+    row = lambda seed, o: {"optimizer": "lamb", "rule": "sqrt", "batch": 1024, "seed": seed,
+                           "overrides": o, "status": "aborted", "wall_s": 300.0,
+                           "samples_to_target": None, "steps_to_target": None}
+    rec = {"target": 0.1, "proxy": PROXY, "base_batch": 32,
+           "runs": [row(1, over), row(2, over), {**row(1, over), "batch": 512}]}
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(rec))
+    earlier = study_runs(path, 1024, 0.1)
+    assert [r["seed"] for r in earlier] == [1, 2]
+    args = types.SimpleNamespace(seeds=[1, 2], batch=1024, target=0.1)
+    out = confirm("lamb", "sqrt", over, args, tmp_path, earlier)   # nothing is launched
+    assert [r["reused_from_study"] for r in out] == [True, True]
+    other = [o if not o.startswith("optim.lr=") else "optim.lr=0.5" for o in over]
+    assert not any(reusable(r, other) for r in earlier)   # another lr is another run
+    path.write_text(json.dumps({**rec, "target": 0.2}))
+    with pytest.raises(SystemExit, match="target, proxy or base batch"):
+        study_runs(path, 1024, 0.1)
