@@ -343,8 +343,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--tune-steps", type=int, default=6, help="the tuner's measured steps")
     ap.add_argument("--repeats", type=int, default=3, help="the tuner's allreduce repeats")
-    ap.add_argument("--arbitrate-steps", type=int, default=3,
-                    help="the tuner's measured steps per plan when it arbitrates")
+    ap.add_argument("--arbitrate-steps", type=int, default=12,
+                    help="the tuner's most rounds of measured steps when it arbitrates")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "tune_validation.json"))
     ap.add_argument("--workdir", default=None)

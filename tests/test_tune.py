@@ -9,6 +9,7 @@ import math
 import random
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -424,12 +425,36 @@ def test_decide_recommends_the_measured_fastest_and_says_why():
     d = decide(cs, {"tuned": [1.0, 1.1, 1.2], "A": [0.9, 1.0, 1.3], "B": [1.2, 1.2, 1.2]})
     assert d.recommended == "A" and d.decided_by == "measurement"
     assert d.measured["A"]["median_s"] == 1.0 and d.measured["A"]["faster_than_tuned_rounds"] == 2
-    assert "A measured fastest of 3 plans" in d.reason and "faster in 2 of 3 rounds" in d.reason
+    assert "A has the lowest median of 3 plans that 3 rounds" in d.reason
+    assert "faster in 2 of 3 rounds" in d.reason
     tie = decide(cs, {"tuned": [1.0], "A": [1.0], "B": [1.5]})
     assert tie.recommended == "tuned"              # a tie keeps the prediction's pick
+    # B went out after 5 rounds (its list stops there): the decision is among the survivors,
+    # even though B's median of its 5 rounds is the lowest of all
+    raced = decide(cs, {"tuned": [1.0] * 8, "A": [1.1] * 8, "B": [0.5] * 5})
+    assert raced.recommended == "tuned" and raced.measured["B"]["out_after_round"] == 5
+    assert raced.measured["tuned"]["out_after_round"] is None
+    assert "1 more measurably slower" in raced.reason
+    alone = decide(cs, {"tuned": [1.0] * 6, "A": [1.1] * 5, "B": [1.2] * 5})
+    assert alone.recommended == "tuned" and "the others measurably slower" in alone.reason
     pred = decide(cs[:1], None, "--no-arbitrate")
     assert (pred.recommended, pred.decided_by, pred.reason) == ("tuned", "prediction",
                                                                 "--no-arbitrate")
+
+
+def test_the_race_drops_only_what_paired_rounds_show_slower():
+    """The sign test against the leader: 0 wins of 5 paired rounds is out (p = 1/32), 1 of 5
+    is not (p = 6/32); a contender 2.7 % slower by its median but faster in some rounds - the
+    12-layer bed's 32 MiB against DDP's 25 MiB - stays in until the rounds show it."""
+    from runtime.calibrate.tune.arbitrate import sign_p, survivors
+    assert sign_p(0, 5) == 1 / 32 and sign_p(1, 5) == 6 / 32 and sign_p(5, 5) == 1.0
+    lead = [1.00, 1.02, 0.98, 1.01, 0.99]
+    assert survivors({"t": lead, "a": [x * 1.01 for x in lead]}, ["t", "a"]) == ["t"]
+    noisy = [1.03, 0.99, 1.05, 1.04, 1.02]           # faster than the leader in round 2 only
+    assert survivors({"t": lead, "a": noisy}, ["t", "a"]) == ["t", "a"]
+    # the leader is the lowest median, whichever comes first; fewer than 5 rounds drop nothing
+    assert survivors({"t": [x * 1.1 for x in lead], "a": lead}, ["t", "a"]) == ["a"]
+    assert survivors({"t": lead[:4], "a": [9.0] * 4}, ["t", "a"]) == ["t", "a"]
 
 
 def test_rounds_rotate_so_each_plan_goes_first_equally_often():
@@ -468,6 +493,20 @@ def test_side_by_side_runs_each_plan_with_the_real_trainer_step(small_dataset, s
     assert calls == [k1, kf, kf, k1]      # round 1 (warm-up): tuned first; round 2: fine
     assert set(times) == {"tuned", "fine"}
     assert all(len(v) == 1 and v[0] > 0 for v in times.values())
+    # a race: a plan measurably slower (here made so, 0.5 s a step) is out after 5 rounds of
+    # 20 asked, and the race ends with one left
+    calls.clear()
+
+    def slow_fine(self, it):
+        calls.append(len(self.grad_sync.plan.buckets))
+        if len(self.grad_sync.plan.buckets) > 1:
+            time.sleep(0.5)
+        return original(self, it)
+    monkeypatch.setattr(trainer_module.Trainer, "train_step", slow_fine)
+    said = []
+    times = run_side_by_side(cfg, single_ctx, cs, steps=20, warmup=1, log=said.append)
+    assert len(times["tuned"]) == len(times["fine"]) == 5 and len(calls) == 12
+    assert any("after 5 rounds fine out, measurably slower than tuned" in m for m in said)
 
 
 def test_arbitration_options_are_checked(tmp_path):

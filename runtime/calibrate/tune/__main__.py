@@ -74,8 +74,10 @@ def parse_args(argv):
                     "fastest plan even when others are predicted within the model's measured "
                     "error of it (default: run those side by side with the real training step "
                     "and recommend the measured fastest)")
-    ap.add_argument("--arbitrate-steps", type=int, default=3, help="measured real steps of each "
-                    "plan when arbitrating (after one warm-up round)")
+    ap.add_argument("--arbitrate-steps", type=int, default=12, help="at most this many "
+                    "measured rounds of real steps when arbitrating (after one warm-up round); "
+                    "a plan measurably slower than the leader is out, and the race ends when "
+                    "one is left")
     ap.add_argument("--arbitrate-within", type=float, default=0.0, metavar="FRACTION",
                     help="also arbitrate between rows predicted within FRACTION of the tuned "
                     "plan's step, besides the model's measured error (e.g. 0.05)")
@@ -216,8 +218,9 @@ def tune(cfg, info, args) -> int:
         measured = None
         if len(contenders) > 1:
             say(f"arbitration: {', '.join(c.name for c in contenders[1:])} predicted within the "
-                f"model's error of the tuned plan; measuring {args.arbitrate_steps} real "
-                f"training steps of each (after 1 warm-up), interleaved, order rotated")
+                f"model's error of the tuned plan; racing them on real training steps (after "
+                f"1 warm-up, at most {args.arbitrate_steps} rounds, interleaved, order "
+                f"rotated; a plan measurably slower than the leader is out)")
             measured = arbitrate.run_side_by_side(cfg, ctx, contenders, args.arbitrate_steps,
                                                   log=say)
         why = ("--no-arbitrate" if args.no_arbitrate else

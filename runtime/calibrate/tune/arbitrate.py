@@ -10,8 +10,11 @@ contender's trainer - ``runtime.train.Trainer`` on the parts ``runtime.train.bui
 from the config with the contender's plan file, communication on, on the current world - one
 real step each per round, interleaved, the order rotated every round so drift falls on all
 alike - `rounds` - every step timed after a barrier to its device's end and reduced to the
-slowest rank's time); `decide` (the measured fastest by median, and how each did against the tuned plan in
-the same rounds; every rank decides from the same reduced times and checks that all agree).
+slowest rank's time; a race: after each round a contender measurably slower than the leader
+is out - `survivors` - and the race ends when one is left or after the rounds asked);
+`decide` (the survivor with the lowest median, how each did against the tuned plan in the same
+rounds, and whether the survivors could be told apart; every rank decides from the same
+reduced times and checks that all agree).
 Never: solves, predicts, prints or writes files (runtime.calibrate.tune.__main__ does), or
 offers a plan that trains differently: with ``bucket_before`` the clip threshold τ/√K depends
 on the bucket count, so only rows with the tuned plan's K are contenders.
@@ -25,11 +28,21 @@ exposed communication, can be off by that much); noise: the measured steps' medi
 deviation over their median (how much one step's figures move between steps - what the ready
 times, spans and κ are medians of). A row predicted slower than the tuned plan by no more than
 its tolerance is a contender: the model's numbers cannot rank them, a measurement can.
+
+Measurably slower: steps on a shared machine vary by a few per cent from step to step, as
+much as the plans the model cannot rank differ, so the median of three steps picks by chance
+(a 12-layer bed recommended a plan 2.7 % slower than DDP's default that way). The rounds are
+paired (every contender steps once per round, next to the others), so the race uses a sign
+test: a contender faster than the leader (the lowest median so far) in so few rounds that a
+fair coin would come up that rarely with probability below `ALPHA` is out. Survivors after
+the last round could not be told apart: the lowest median among them is recommended, and the
+decision says they were within measurement of each other.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -41,6 +54,7 @@ from runtime.choices import clip_spec
 
 MAX_CONTENDERS = 5   # the tuned plan and the four predicted closest: each keeps a trainer alive
 STEP_SPANS = ("data_s", "forward_s", "backward_s", "optimizer_s", "tail_s")
+ALPHA = 0.05         # the race's sign test: out when P(this few wins | a fair coin) < ALPHA
 
 
 @dataclass(frozen=True)
@@ -128,11 +142,33 @@ def rounds(n: int, count: int) -> list[list[int]]:
     return [[(r + j) % n for j in range(n)] for r in range(count)]
 
 
+def sign_p(wins: int, n: int) -> float:
+    """P(at most ``wins`` heads in ``n`` tosses of a fair coin): how likely a contender as fast
+    as the leader wins this rarely in ``n`` paired rounds."""
+    return sum(math.comb(n, k) for k in range(wins + 1)) / 2 ** n
+
+
+def survivors(times: dict[str, list[float]], alive: Sequence[str]) -> list[str]:
+    """The contenders of ``alive`` (in their order) not measurably slower than the leader, the
+    one with the lowest median (ties: the earlier). ``times``: the paired rounds, the same
+    count for every contender of ``alive``."""
+    leader = min(alive, key=lambda n: (statistics.median(times[n]), list(alive).index(n)))
+    keep = []
+    for n in alive:
+        wins = sum(a < b for a, b in zip(times[n], times[leader]))
+        if n == leader or sign_p(wins, len(times[leader])) >= ALPHA:
+            keep.append(n)
+    return keep
+
+
 def run_side_by_side(cfg, ctx, contenders: Sequence[Contender], steps: int, warmup: int = 1,
                      log: Callable[[str], None] = lambda msg: None) -> dict[str, list[float]]:
     """Seconds of each measured step per contender, the slowest rank's: ``warmup`` rounds then
-    ``steps`` rounds, one real training step of every contender per round, interleaved, the
-    order rotated each round. A collective: every rank calls it with the same contenders."""
+    at most ``steps`` rounds, one real training step of every contender still in per round,
+    interleaved, the order rotated each round; after each round the contenders measurably
+    slower than the leader are out (`survivors`), and the race ends when one is left. A
+    contender's list stops at the round it went out. A collective: every rank calls it with
+    the same contenders and, from the same reduced times, drops the same ones."""
     import torch
 
     from runtime.launch.dist import all_reduce_max, barrier
@@ -158,24 +194,44 @@ def run_side_by_side(cfg, ctx, contenders: Sequence[Contender], steps: int, warm
                     log(f"warning: {c.name} runs with tied_embedding_sync {engine_tied}, "
                         f"predicted with {c.tied_sync}")
                 runs.append((trainer, iter(trainer.train_loader)))
-            times = [[] for _ in runs]
-            for r, order in enumerate(rounds(len(runs), warmup + steps)):
-                for i in order:
+            names = [c.name for c in contenders]
+            times: dict[str, list[float]] = {n: [] for n in names}
+            alive = list(range(len(runs)))
+            for r in range(warmup + steps):
+                step_s = {}
+                for j in [(r + k) % len(alive) for k in range(len(alive))]:   # `rounds`
+                    i = alive[j]
                     trainer, it = runs[i]
                     barrier()          # every rank starts the step together
                     clock.synchronize()
                     t = time.perf_counter()
                     trainer.train_step(it)
                     clock.synchronize()  # on a GPU the work, not its launch
-                    dt = time.perf_counter() - t
+                    step_s[i] = time.perf_counter() - t
                     trainer.step_log.flush()  # the logging point, outside the timed step
-                    if r >= warmup:
-                        times[i].append(dt)
+                if r < warmup:
+                    continue
+                slowest = all_reduce_max(torch.tensor([step_s[i] for i in alive],
+                                                      dtype=torch.float64, device=ctx.device))
+                for i, dt in zip(alive, slowest.tolist()):
+                    times[names[i]].append(dt)
+                keep = survivors(times, [names[i] for i in alive])
+                out = [names[i] for i in alive if names[i] not in keep]
+                if out:
+                    leader = min(keep, key=lambda n: statistics.median(times[n]))
+                    log(f"arbitration: after {r - warmup + 1} rounds {', '.join(out)} out, "
+                        f"measurably slower than {leader} (sign test p < {ALPHA})")
+                    for i in [i for i in alive if names[i] in out]:
+                        runs[i][0].close()   # its memory back for the others
+                        runs[i] = None
+                alive = [i for i in alive if names[i] in keep]
+                if len(alive) == 1:
+                    break
         finally:
-            for trainer, _ in runs:
-                trainer.close()
-    reduced = all_reduce_max(torch.tensor(times, dtype=torch.float64, device=ctx.device))
-    return {c.name: row for c, row in zip(contenders, reduced.tolist())}
+            for run in runs:
+                if run is not None:
+                    run[0].close()
+    return times
 
 
 @dataclass
@@ -193,10 +249,13 @@ class Decision:
 
 def decide(contenders: Sequence[Contender], times: Optional[dict[str, list[float]]],
            why_not: str = "") -> Decision:
-    """The measured fastest contender by median step (ties: the earlier contender, the tuned
-    plan first); without measurements the tuned plan, with ``why_not`` as the reason."""
+    """Of the contenders still in at the race's end (the most rounds), the one with the lowest
+    median step (ties: the earlier contender, the tuned plan first); without measurements the
+    tuned plan, with ``why_not`` as the reason."""
     if not times:
         return Decision("tuned", "prediction", why_not or "nothing measured")
+    n = max(len(t) for t in times.values())
+    final = [c.name for c in contenders if len(times[c.name]) == n]
     tuned = times["tuned"]
     measured = {}
     for c in contenders:
@@ -206,14 +265,22 @@ def decide(contenders: Sequence[Contender], times: Optional[dict[str, list[float
                             "predicted_s": c.predicted_s, "same_as": c.same_as,
                             "vs_tuned_median": statistics.median(ratios),
                             "faster_than_tuned_rounds": sum(x < 1 for x in ratios),
-                            "rounds": len(ratios)}
-    best = min(contenders, key=lambda c: measured[c.name]["median_s"])
-    steps = len(tuned)
-    reason = (f"{best.name} measured fastest of {len(contenders)} plans within the model's "
-              f"error ({steps} real steps each, interleaved, order rotated; median)")
-    if best.name != "tuned":
-        m = measured[best.name]
-        reason += (f": {m['median_s'] * 1e3:.1f} ms against the tuned plan's "
+                            "rounds": len(ratios),
+                            "out_after_round": None if c.name in final else len(t)}
+    best = min(final, key=lambda name: (measured[name]["median_s"], final.index(name)))
+    out = len(contenders) - len(final)
+    if len(final) == 1:
+        reason = (f"{best} measured fastest of {len(contenders)} plans within the model's "
+                  f"error: the others measurably slower (paired rounds, sign test p < {ALPHA})"
+                  f" within {n} rounds of real steps, interleaved, order rotated")
+    else:
+        reason = (f"{best} has the lowest median of {len(final)} plans that {n} rounds of real "
+                  f"steps could not tell apart ({', '.join(x for x in final if x != best)}: "
+                  "within measurement of it)"
+                  + (f"; {out} more measurably slower" if out else ""))
+    if best != "tuned":
+        m = measured[best]
+        reason += (f"; {m['median_s'] * 1e3:.1f} ms against the tuned plan's "
                    f"{measured['tuned']['median_s'] * 1e3:.1f} ms, faster in "
                    f"{m['faster_than_tuned_rounds']} of {m['rounds']} rounds")
-    return Decision(best.name, "measurement", reason, measured)
+    return Decision(best, "measurement", reason, measured)
