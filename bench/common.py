@@ -188,9 +188,16 @@ def run_runtime(config: Path, seed: int, overrides: list[str], workdir: Path,
     env = dict(os.environ, SEED=str(seed), CONFIG=str(config), RUN_DIR=str(run_dir),
                LOGDIR=str(workdir), PYTHON=sys.executable)
     cmd = [str(REPO / "run_and_time.sh"), "--", *overrides]
-    rc, wall = launch(cmd, env, log, timeout)
     mllog = run_dir / "mlperf_bert.log"
-    rec = parse_mllog(mllog) if mllog.is_file() else failed_run(f"no {mllog}")
+    stamp = lambda st: (st.st_ino, st.st_size, st.st_mtime_ns)
+    before = stamp(mllog.stat()) if mllog.is_file() else None
+    rc, wall = launch(cmd, env, log, timeout)
+    if not mllog.is_file():
+        rec = failed_run(f"no {mllog}")
+    elif stamp(mllog.stat()) == before:   # refused (exit 2) before it logged: not its log
+        rec = failed_run(f"{mllog} is an earlier run's: this launch (exit {rc}) did not write it")
+    else:
+        rec = parse_mllog(mllog)
     rec.update(parse_metrics(run_dir / "metrics.jsonl"))
     summary = run_dir / "summary.json"
     if summary.is_file():

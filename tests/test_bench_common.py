@@ -42,3 +42,28 @@ def test_every_benchmark_writes_its_record_through_common():
         text = path.read_text()
         assert "from bench.common import" in text or "from bench import common" in text, path
         assert '"bench":' not in text and "platform.python_version" not in text, path
+
+
+def test_a_launch_that_did_not_write_the_log_is_not_read_from_an_earlier_runs_log(
+        tmp_path, monkeypatch):
+    """run_and_time.sh refuses a directory that holds another run (exit 2) before it logs: the
+    log there is the earlier run's, and reading it would report that run's result as this
+    one's."""
+    run_dir = tmp_path / "x_seed1"
+    run_dir.mkdir()
+    log = run_dir / "mlperf_bert.log"
+    line = lambda key, value, meta: ":::MLLOG " + json.dumps(
+        {"key": key, "value": value, "time_ms": 0, "metadata": meta})
+    log.write_text("\n".join([line("run_start", None, {}), line("eval_accuracy", 0.5,
+                                                                 {"epoch_num": 100}),
+                              line("run_stop", None, {"status": "success"})]) + "\n")
+    assert common.parse_mllog(log)["status"] == "success"
+    monkeypatch.setattr(common, "launch", lambda *a, **k: (2, 0.1))
+    rec = common.run_runtime(Path("c.toml"), 1, [], tmp_path, name="x")
+    assert rec["status"] == "failed" and rec["rc"] == 2 and "earlier run's" in rec["error"]
+
+    def writes(*a, **k):   # a launch that did log: its log is read
+        log.write_text(log.read_text() + line("eval_accuracy", 0.6, {"epoch_num": 100}) + "\n")
+        return 0, 0.1
+    monkeypatch.setattr(common, "launch", writes)
+    assert common.run_runtime(Path("c.toml"), 1, [], tmp_path, name="x")["status"] == "success"
