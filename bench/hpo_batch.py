@@ -187,8 +187,12 @@ def answer(table: list[dict]) -> str:
     """Searched ADAM against searched LAMB, in words, from the confirmation table."""
     get = {(r["optimizer"], r["setting"]): r for r in table}
     a, b = get.get(("adamw", "searched")), get.get(("lamb", "searched"))
+    if not a and not b:
+        return "no answer: neither search found a setting that reaches the target"
     if not a or not b:
-        return "no answer: a search produced no config"
+        found = "AdamW" if a else "LAMB"
+        return (f"only the {found} search found a setting that reaches the target: "
+                f"{'yes' if a else 'no'} for this batch and trial budget")
     if a["reached"] < a["runs"] and b["reached"] < b["runs"]:
         return "neither searched optimizer reached the target on every seed"
     if a["reached"] == a["runs"] and (b["reached"] < b["runs"]
@@ -237,7 +241,10 @@ def main(argv=None) -> int:
         settings = {"linear": plan(o, "linear", args.batch, args.target),
                     "sqrt": plan(o, "sqrt", args.batch, args.target)}
         best = rec["searches"][o]["best"]
-        if best:
+        if best and best.get("censored"):   # nothing reached: no setting to confirm
+            print(f"  {o}: no trial of the search reached the target; nothing to confirm",
+                  flush=True)
+        elif best:
             settings["searched"] = [*settings["sqrt"]] + [
                 f"{k}={json.dumps(v) if isinstance(v, str) else repr(v)}"
                 for k, v in sorted(best["params"].items())]

@@ -43,6 +43,11 @@ def test_first_beating_and_the_answer():
         .startswith("yes")
     assert answer([row("adamw", "searched", 0, None), row("lamb", "searched", 2, 6e4)]) \
         .startswith("neither")
+    # a search whose best trial is censored has no searched row (nothing to confirm)
+    assert answer([row("lamb", "searched", 3, 6e4)]).startswith("only the LAMB search")
+    assert answer([row("adamw", "searched", 3, 6e4)]).endswith("yes for this batch and trial "
+                                                                "budget")
+    assert answer([row("adamw", "sqrt", 0, None)]).startswith("no answer: neither search")
 
 
 def test_the_studys_default_runs_are_taken_only_with_the_same_overrides_and_seed(tmp_path):
