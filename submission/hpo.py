@@ -264,6 +264,7 @@ class Study:
     trials: int = 10
     pruner: str = "median"
     prune_after: int = 3
+    prune_warmup: float = 0.25
     sampler: str = "tpe"
     seed: int = 0
     storage_kind: str = "journal"        # "journal" | the redacted RDB URL
@@ -522,8 +523,21 @@ def _kill_leftovers(pgid: int) -> bool:
     return True
 
 
+def prune_warmup_samples(cfg, fraction: float) -> int:
+    """Samples a trial trains before a pruner may stop it: ``fraction`` of its budget (the
+    sample cap, or max_steps × the global batch, whichever ends the run first). The first
+    evaluations of a large-batch run sit on the same plateau for every setting, and a median of
+    those is noise: pruning there stopped 5 of 12 trials at 2 of their 60-77 steps
+    (docs/BENCHMARKS.md, HPO at batch 1024)."""
+    budget = cfg.train.max_steps * cfg.train.global_batch_size
+    if cfg.train.max_samples_termination > 0:
+        budget = min(budget, cfg.train.max_samples_termination)
+    return int(fraction * budget)
+
+
 def run_trial(study: Study, trial, target: float, stop: _Stop,
-              env_extra: Optional[dict] = None, on_stop=lambda: None) -> Outcome:
+              env_extra: Optional[dict] = None, on_stop=lambda: None,
+              warmup_samples: int = 0) -> Outcome:
     """Run the trial's training with run_and_time.sh, report its evaluations, prune it when
     the pruner says so; the outcome from its exit status, summary and MLPerf log. When the
     worker is asked to stop, ``on_stop`` runs at once (Slurm kills a cancelled task a few
@@ -563,7 +577,8 @@ def run_trial(study: Study, trial, target: float, stop: _Stop,
             for e in evals:
                 best_acc = max(best_acc, float(e["eval_accuracy"]))
                 trial.report(target - float(e["eval_accuracy"]), step=int(e["samples"]))
-                if pruned_at is None and not done and trial.should_prune():
+                if (pruned_at is None and not done and int(e["samples"]) >= warmup_samples
+                        and trial.should_prune()):
                     pruned_at = int(e["samples"])
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(proc.pid, signal.SIGUSR1)   # the runtime's own stop path
@@ -623,6 +638,7 @@ def work(study: Study, url: Optional[str] = None, worker: int = 0,
     from optuna.trial import TrialState
     cfg = load_config(study.config, study.overrides)
     target = cfg.train.target_mlm_accuracy
+    warmup = prune_warmup_samples(cfg, study.prune_warmup)
     ostudy = open_study(study, url, worker)
     params = study.params()
     stop = _Stop()
@@ -656,7 +672,8 @@ def work(study: Study, url: Optional[str] = None, worker: int = 0,
                 with bookkeeping_lock(study):
                     fail_and_retry(ostudy, ostudy._storage.get_trial(trial._trial_id),
                                    f"worker stopped by a signal ({stop.signum})")
-            o = run_trial(study, trial, target, stop, env_extra, on_stop=give_back)
+            o = run_trial(study, trial, target, stop, env_extra, on_stop=give_back,
+                          warmup_samples=warmup)
             frozen = ostudy._storage.get_trial(trial._trial_id)
             if frozen.state != TrialState.RUNNING:   # failed already: a stop, or reaped
                 o = Outcome("retry", message=frozen.user_attrs.get("fail_reason", ""))
@@ -905,6 +922,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--pruner", choices=PRUNERS, default="median")
     ap.add_argument("--prune-after", type=int, default=3, metavar="N",
                     help="median pruner: prune only once N trials completed (default 3)")
+    ap.add_argument("--prune-warmup", type=float, default=0.25, metavar="FRACTION",
+                    help="no trial is pruned before it trained this fraction of its sample "
+                         "budget (default 0.25)")
     ap.add_argument("--sampler", choices=SAMPLERS, default="tpe")
     ap.add_argument("--seed", type=int, default=0, help="sampler seed")
     ap.add_argument("--set", action="append", default=[], dest="overrides",
@@ -981,6 +1001,9 @@ def prepare(a) -> tuple[Study, Optional[str], list[Param], Any]:
     """Check everything the command names; claim the study directory."""
     if a.trials < 1:
         raise HpoError(f"--trials {a.trials}: need at least 1")
+    if not 0.0 <= a.prune_warmup < 1.0:
+        raise HpoError(f"--prune-warmup {a.prune_warmup}: a fraction of a trial's sample "
+                       "budget, 0 (prune from the first evaluation) to below 1")
     if a.workers < 1:
         raise HpoError(f"--workers {a.workers}: need at least 1")
     config = Path(a.config).resolve()
@@ -1002,7 +1025,8 @@ def prepare(a) -> tuple[Study, Optional[str], list[Param], Any]:
     d = (a.dir or DEFAULT_DIR / name).resolve()
     study = Study(name=name, dir=str(d), config=str(config), space=str(space),
                   objective=a.objective, overrides=list(a.overrides), trials=a.trials,
-                  pruner=a.pruner, prune_after=a.prune_after, sampler=a.sampler, seed=a.seed,
+                  pruner=a.pruner, prune_after=a.prune_after, prune_warmup=a.prune_warmup,
+                  sampler=a.sampler, seed=a.seed,
                   storage_kind=redact(a.storage) if a.storage else "journal",
                   heartbeat_s=a.heartbeat, heartbeat_grace_s=a.heartbeat_grace,
                   lock_grace_s=a.lock_grace, space_sha256=_sha(str(space)),

@@ -122,7 +122,8 @@ class FakeRuns:
         self.seen: list[tuple[int, dict]] = []
         self.stop_on = set(stop_on)
 
-    def __call__(self, study, trial, target, stop, env_extra=None, on_stop=lambda: None):
+    def __call__(self, study, trial, target, stop, env_extra=None, on_stop=lambda: None,
+                 warmup_samples=0):
         self.seen.append((trial.number, dict(trial.params)))
         if trial.number in self.stop_on:
             stop.signum = 15
@@ -240,3 +241,18 @@ def test_local_workers_need_the_cores(tmp_path):
     cores = os.cpu_count() or 1
     with pytest.raises(hpo.HpoError, match=rf"--workers {cores + 1}: .* this machine has {cores}"):
         hpo._local_slots(cfg, cores + 1)
+
+
+def test_no_trial_is_pruned_before_its_warm_up_share_of_the_budget(tmp_path, capsys):
+    """The first evaluations of a large-batch run are the same plateau for every setting: a
+    pruner is asked only after --prune-warmup of the trial's sample budget (the sample cap or
+    max_steps × the batch, whichever is smaller)."""
+    cfg = load_config(CPU_CONFIG, ["train.max_steps=100", "train.global_batch_size=64"])
+    assert hpo.prune_warmup_samples(cfg, 0.25) == 1600
+    capped = load_config(CPU_CONFIG, ["train.max_steps=100", "train.global_batch_size=64",
+                                      "train.max_samples_termination=2000"])
+    assert hpo.prune_warmup_samples(capped, 0.5) == 1000
+    assert hpo.prune_warmup_samples(capped, 0.0) == 0
+    d = tmp_path / "study"
+    assert submission_main(_args(tmp_path, "--prune-warmup", "1.5", d=d)) == 2
+    assert "--prune-warmup 1.5: a fraction" in capsys.readouterr().err and not d.exists()
