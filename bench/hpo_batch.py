@@ -237,6 +237,7 @@ def main(argv=None) -> int:
         rec["searches"][o] = search(o, args, args.workdir)
         write(rec, args.out)
     runs, table = {}, []
+    rec.update(confirmation=runs, table=table)   # filled in place, written after every setting
     for o in optimizers:
         settings = {"linear": plan(o, "linear", args.batch, args.target),
                     "sqrt": plan(o, "sqrt", args.batch, args.target)}
@@ -251,9 +252,8 @@ def main(argv=None) -> int:
         for s, over in settings.items():
             runs[f"{o}/{s}"] = confirm(o, s, over, args, args.workdir, earlier)
             table.append(summary_row(o, s, runs[f"{o}/{s}"]))
-            rec.update(confirmation=runs, table=table)
             write(rec, args.out)
-    rec.update(confirmation=runs, table=table, answer=answer(table), complete=True,
+    rec.update(answer=answer(table), complete=True,
                wall_s=round(time.perf_counter() - t0, 1))
     print("\n| optimizer | setting | reached | mean samples to target | stdev |")
     print("|---|---|---|---|---|")

@@ -527,7 +527,7 @@ def prune_warmup_samples(cfg, fraction: float) -> int:
     """Samples a trial trains before a pruner may stop it: ``fraction`` of its budget (the
     sample cap, or max_steps × the global batch, whichever ends the run first). The first
     evaluations of a large-batch run sit on the same plateau for every setting, and a median of
-    those is noise: pruning there stopped 5 of 12 trials at 2 of their 60-77 steps
+    those is noise: pruning there stopped 5 of 12 trials at 2 of their 57-77 steps
     (docs/BENCHMARKS.md, HPO at batch 1024)."""
     budget = cfg.train.max_steps * cfg.train.global_batch_size
     if cfg.train.max_samples_termination > 0:

@@ -9,7 +9,7 @@ only plans that train the same thing, at most `MAX_CONTENDERS`); `run_side_by_si
 contender's trainer - ``runtime.train.Trainer`` on the parts ``runtime.train.build`` makes
 from the config with the contender's plan file, communication on, on the current world - one
 real step each per round, interleaved, the order rotated every round so drift falls on all
-alike - `rounds` - every step timed after a barrier to its device's end and reduced to the
+alike - `order` - every step timed after a barrier to its device's end and reduced to the
 slowest rank's time; a race: after each round a contender measurably slower than the leader
 is out - `survivors` - and the race ends when one is left or after the rounds asked);
 `decide` (the survivor with the lowest median, how each did against the tuned plan in the same
@@ -135,11 +135,15 @@ def pick(rows: Sequence, error: ModelError, sizes: dict, clip_mode: str,
     return list(chosen.values()), left_out
 
 
+def order(n: int, r: int) -> list[int]:
+    """The order contenders 0..n−1 step in at round ``r``: rotated by one each round, so each
+    goes first (after the others' steps, the link and caches in another state) equally often."""
+    return [(r + j) % n for j in range(n)]
+
+
 def rounds(n: int, count: int) -> list[list[int]]:
-    """The order contenders 0..n−1 step in, round by round: each once per round, rotated by
-    one each round, so each goes first (after the others' steps, the link and caches in
-    another state) equally often."""
-    return [[(r + j) % n for j in range(n)] for r in range(count)]
+    """`order` for rounds 0..count−1."""
+    return [order(n, r) for r in range(count)]
 
 
 def sign_p(wins: int, n: int) -> float:
@@ -199,7 +203,7 @@ def run_side_by_side(cfg, ctx, contenders: Sequence[Contender], steps: int, warm
             alive = list(range(len(runs)))
             for r in range(warmup + steps):
                 step_s = {}
-                for j in [(r + k) % len(alive) for k in range(len(alive))]:   # `rounds`
+                for j in order(len(alive), r):
                     i = alive[j]
                     trainer, it = runs[i]
                     barrier()          # every rank starts the step together
