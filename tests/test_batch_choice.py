@@ -70,20 +70,13 @@ def test_the_chosen_batch_is_the_fastest_of_those_the_table_allows():
     assert best.ttt_s == pytest.approx(best.steps * best.step_s + best.evals * best.eval_s)
 
 
-def test_the_command_prints_the_best_batch_per_gpu_count(tmp_path):
-    out = tmp_path / "p.json"
-    proc = subprocess.run([sys.executable, "-m", "runtime.calibrate.tune", "--simulate",
-                           str(DATA / "dgx_a100_8xhdr.toml"), "--gpus", "8,1024", "--samples",
-                           str(DATA / "samples_samsung_adam.csv"), "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "the batch that trains fastest per GPU count" in proc.stdout
-    best = json.loads(out.read_text())["best_batch"]
-    assert best["8"] == []                                  # 16,384 / 8 > the local batch limit
-    assert best["1024"][0]["global_batch"] == 16384          # the table's only batch
+def test_the_command_refuses_a_bad_table_before_simulating(tmp_path):
+    """Exit 2 naming the file, before the projection's seconds of simulation (the command's
+    good path: tests/test_tune.py::test_projection_runs_compares_with_published_and_picks_the_batch)."""
     bad = tmp_path / "bad.csv"
     bad.write_text("global_batch,samples\n")
     proc = subprocess.run([sys.executable, "-m", "runtime.calibrate.tune", "--simulate",
                            str(DATA / "dgx_a100_8xhdr.toml"), "--gpus", "8", "--samples",
                            str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "bad.csv: the samples table has no rows" in proc.stderr
+    assert proc.stdout == ""                # refused before the projection printed anything

@@ -557,14 +557,23 @@ def test_fabric_file_errors_name_the_field(tmp_path):
     assert good.inter_bus_bandwidth_GBps == 192.0
 
 
-def test_projection_runs_and_compares_with_published(tmp_path):
+def test_projection_runs_compares_with_published_and_picks_the_batch(tmp_path):
+    """The whole ``--simulate`` command, once (seconds of simulation): the scaling table, the
+    published results against the model and the best batch per GPU count from a samples table
+    (tests/test_batch_choice.py has the table's own rules)."""
+    systems = ROOT / "runtime/calibrate/tune/systems"
     out = tmp_path / "p.json"
     proc = subprocess.run([sys.executable, "-m", "runtime.calibrate.tune", "--simulate",
-                           str(ROOT / "runtime/calibrate/tune/systems/dgx_a100_8xhdr.toml"), "--gpus",
-                           "8,64,1024", "--json", str(out)], cwd=ROOT, capture_output=True,
+                           str(systems / "dgx_a100_8xhdr.toml"), "--gpus", "8,64,1024",
+                           "--samples", str(systems / "samples_samsung_adam.csv"),
+                           "--json", str(out)], cwd=ROOT, capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the batch that trains fastest per GPU count" in proc.stdout
     rec = json.loads(out.read_text())
+    best = rec["best_batch"]
+    assert best["8"] == best["64"] == []                    # 16,384 / 64 > the local batch limit
+    assert best["1024"][0]["global_batch"] == 16384          # the table's only batch
     assert {p["gpus"] for p in rec["points"]} == {8, 64, 1024}
     assert len(rec["published"]) == 4
     for r in rec["published"]:

@@ -467,6 +467,9 @@ def main(args) -> int:
         prof_path = args.profile or DATA / "a100_packed.toml"
         gp, cpu, _ = load_profile(prof_path)
         gpus = [int(x) for x in str(args.gpus).split(",")]
+        # read (and refuse) the samples table before seconds of simulation
+        table = SamplesTable.read(args.samples) if getattr(args, "samples", None) \
+            else SamplesTable.rcp()
     except (FabricError, ValueError) as e:
         print(f"runtime.calibrate.tune --simulate: {e}", file=sys.stderr)
         return 2
@@ -481,8 +484,6 @@ def main(args) -> int:
           f"({gp.sequences_per_second:g} seq/s per GPU; {gp.source}); local batch {local}\n")
     print(scaling_table(pts))
     try:
-        table = SamplesTable.read(args.samples) if getattr(args, "samples", None) \
-            else SamplesTable.rcp()
         chosen = [(p, choose_batch(gp, cpu, fabric, p, table)) for p in gpus]
     except (ValueError, FabricError) as e:
         print(f"runtime.calibrate.tune --simulate: {e}", file=sys.stderr)
