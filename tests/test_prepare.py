@@ -463,7 +463,7 @@ def test_debian_deb_reader_on_a_small_package(tmp_path):
 
 
 @pytest.mark.slow
-def test_debian_docs_build(tmp_path):
+def test_debian_docs_build(tmp_path, monkeypatch):
     """--debian-docs on the real packages (downloaded with apt-get when missing)."""
     import shutil
 
@@ -478,9 +478,24 @@ def test_debian_docs_build(tmp_path):
                            capture_output=True, text=True)
         if r.returncode != 0:
             pytest.skip(f"apt-get download failed: {r.stderr.strip()[:200]}")
-    # --max-docs stops after the Wikipedia sources, so cap via a small dupe factor instead.
-    rep = build(PrepareConfig(out=tmp_path / "d", sources=SOURCES, debian_docs=True,
-                              dupe_factor=1, shards=4, eval_samples=500), **QUIET)
+    from loaders import prepare
+    cfg = PrepareConfig(out=tmp_path / "d", sources=SOURCES, debian_docs=True, dupe_factor=1,
+                        shards=4, eval_samples=500)
+    files = prepare._source_files(cfg)
+    debs = [f for f in files if f[0] == "debian-docs"]
+    assert [n for n, _ in files] == ["wiki-summaries", "enwiki"] + ["debian-docs"] * 3
+    assert prepare._source_files(PrepareConfig(out=cfg.out, sources=SOURCES)) == files[:2]
+    # The Linux kernel's 3,185 pages are read and a sample converted (all of them take the
+    # stdlib HTML parser ~15 s); the build runs over the other two packages alone (the
+    # Wikipedia sources' path is every other build's).
+    (linux,) = [p for _, p in debs if p.name.startswith("linux-doc")]
+    pages = corpus.read_debian_html(linux)
+    assert len(pages) > 3000
+    sample = [prepare._extract_html(item) for item in pages[::100]]
+    assert sum(d is not None and len(d.sentences) > 1 for d in sample) > len(sample) // 2
+    monkeypatch.setattr(prepare, "_source_files",
+                        lambda c: [f for f in debs if f[1] != linux])
+    rep = build(cfg, **QUIET)
     by_name = {}
     for s in rep.stats["sources"]:
         by_name[s["name"]] = by_name.get(s["name"], 0) + s["documents"]
