@@ -75,8 +75,10 @@ def _estimate(case: dict) -> tuple[float, float]:
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_the_estimate_matches_the_closed_form_through_the_real_syncs(ranks, tmp_path):
     base = dict(sync_kind="buckets", clip_mode="global_after", loss_scale=1.0, seed=1)
-    cases = {"accum1": dict(base, steps=1000, accum=1), "accum2": dict(base, steps=600, accum=2)}
-    if ranks == 2:  # the same data through every mode and sync: the same two numbers
+    cases = {"accum1": dict(base, steps=1000, accum=1)}
+    if ranks == 2:  # accumulation (B_small = 2 micro-batches), at 2 ranks (4 ranks on 2 cores:
+        # half this test's time); the same data through every mode and sync: the same numbers
+        cases["accum2"] = dict(base, steps=600, accum=2)
         same = dict(base, steps=30, accum=1, seed=2)
         cases.update({"ref": same, "fp16_scale": dict(same, loss_scale=1024.0),
                       "local_before": dict(same, clip_mode="local_before"),
@@ -88,7 +90,7 @@ def test_the_estimate_matches_the_closed_form_through_the_real_syncs(ranks, tmp_
                           timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
-    for name in ("accum1", "accum2"):
+    for name in [n for n in ("accum1", "accum2") if n in cases]:
         case = got[name]
         assert case["b_small"] == 8 * (2 if name == "accum2" else 1)
         assert case["b_big"] == case["b_small"] * ranks
