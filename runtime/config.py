@@ -299,6 +299,14 @@ class TrainConfig:
             raise ConfigError(f"train.max_nonfinite_steps must be >= 0 (0 = stop at the "
                               f"first non-finite step), got {self.max_nonfinite_steps}")
 
+    def sample_budget(self) -> int:
+        """The samples the run trains at most: max_steps × the global batch, or
+        max_samples_termination when that ends it first."""
+        budget = self.max_steps * self.global_batch_size
+        if self.max_samples_termination > 0:
+            budget = min(budget, self.max_samples_termination)
+        return budget
+
     def checkpoint_path(self) -> str:
         """Where checkpoints go: ``checkpoint_dir``, else ``<output_dir>/checkpoints``."""
         return self.checkpoint_dir or str(Path(self.output_dir) / "checkpoints")

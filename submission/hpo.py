@@ -529,10 +529,7 @@ def prune_warmup_samples(cfg, fraction: float) -> int:
     evaluations of a large-batch run sit on the same plateau for every setting, and a median of
     those is noise: pruning there stopped 5 of 12 trials at 2 of their 57-77 steps
     (docs/BENCHMARKS.md, HPO at batch 1024)."""
-    budget = cfg.train.max_steps * cfg.train.global_batch_size
-    if cfg.train.max_samples_termination > 0:
-        budget = min(budget, cfg.train.max_samples_termination)
-    return int(fraction * budget)
+    return int(fraction * cfg.train.sample_budget())
 
 
 def run_trial(study: Study, trial, target: float, stop: _Stop,

@@ -167,10 +167,7 @@ class ProgressPrinter:
             if a1 > a0 and s1 > s0:
                 need = (t.target_mlm_accuracy - a1) * (s1 - s0) / (a1 - a0)
                 return f"left ~{_fmt_duration(max(need, 0) / rate)} (to target, trend)"
-        budget = t.max_steps * t.global_batch_size
-        if t.max_samples_termination:
-            budget = min(budget, t.max_samples_termination)
-        return f"left <= {_fmt_duration((budget - state.samples) / rate)} (to budget)"
+        return f"left <= {_fmt_duration((t.sample_budget() - state.samples) / rate)} (to budget)"
 
 
 def plot_metrics(metrics_path: str | Path, png_path: str | Path, title: str = "",
