@@ -365,8 +365,14 @@ class SystemConfig:
                             "'auto' (every node, where permitted; else skipped with a note and "
                             "logged cache_clear=false) | 'required' (an experiment whose nodes "
                             "cannot drop caches is not run) | 'off'", "auto")
-    srun_mpi: SrunMpi = _doc("srun --mpi plugin when system.launcher='srun': pmi2 | pmix | none",
-                         "pmi2")
+    srun_mpi: SrunMpi = _doc(
+        "srun --mpi plugin when system.launcher='srun': 'none' (default: ranks and rendezvous "
+        "from srun's own variables, no MPI wire-up - the runtime needs none, NCCL/gloo carry "
+        "the traffic) | 'pmi2' | 'pmix' (only for an MPI library that must join the step). "
+        "Not pmi2 by default: Slurm's pmi2 plugin reads a PMI-1 request with one 1024-byte "
+        "read() (src/plugins/mpi/pmi2/pmi1.c, handle_pmi1_cmd), so MPICH's multi-KB UCX "
+        "address allgather at MPI_Init is now and then split and refused ('value not "
+        "properly terminated in client request') and the step dies at start", "none")
     container_image: str = _doc("pyxis/enroot image for srun --container-image (launcher srun; "
                                 "'' = no container); it must hold the requirements", "")
     container_mounts: str = _doc("extra srun --container-mounts, 'SRC:DST[,SRC:DST]'; the "

@@ -118,6 +118,7 @@ def test_srun_env():
     assert info.master_addr == "gpu07"
     assert info.master_port == derived_port("1234.0")
     assert 15000 <= info.master_port < 32000
+    assert info.slurm_step == "1234.0"   # what a failing rank asks Slurm to kill
 
 
 def test_srun_env_last_node_and_other_forms():
@@ -131,6 +132,31 @@ def test_srun_env_last_node_and_other_forms():
     env = {k: v for k, v in SRUN_ENV.items() if k != "SLURM_STEP_TASKS_PER_NODE"}
     env["SLURM_NTASKS_PER_NODE"] = "2"
     assert discover(env, use_mpi=False).local_world_size == 2
+
+
+def test_a_failing_srun_task_without_mpi_kills_its_step(tmp_path):
+    """run_guarded on a task of an srun step (no MPI): before it exits, `scancel JOB.STEP`
+    (Slurm's pmi2 plugin kills the step on MPI_Abort alike), so srun ends even when a node
+    is gone. An error every rank raised alike, or bad input (exit 2), kills nothing."""
+    log = tmp_path / "scancel.log"
+    fake = tmp_path / "bin" / "scancel"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    fake.chmod(0o755)
+    code = ("import sys; from runtime.launch.dist import run_guarded; "
+            "from runtime.launch.env import discover; "
+            "from tests.test_dist import SRUN_ENV; info = discover(SRUN_ENV, use_mpi=False); "
+            "e = RuntimeError('boom'); e.raised_on_all_ranks = sys.argv[1] == 'all'; "
+            "e.exit_code = 2 if sys.argv[1] == 'bad-input' else 1; "
+            "run_guarded(lambda: (_ for _ in ()).throw(e), info)")
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    for case, rc, expected in [("one", 1, "--quiet 1234.0\n"), ("all", 1, None),
+                               ("bad-input", 2, None)]:
+        log.unlink(missing_ok=True)
+        proc = subprocess.run([sys.executable, "-c", code, case], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == rc and "[rank 5]" in proc.stderr, (case, proc.stderr)
+        assert (log.read_text() if log.exists() else None) == expected
 
 
 def test_srun_concurrent_steps_get_different_ports():

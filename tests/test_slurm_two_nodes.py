@@ -184,7 +184,7 @@ def test_lost_node_fails_fast_requeues_and_resumes(slurm_two_nodes, small_datase
     exit_code = int((logs / "run_1.exit").read_text())
     assert exit_code >= 128 or exit_code == 3, files()
     slurm_out = (logs / f"slurm-{job}.out").read_text()
-    assert "requeued (restart 1 of at most 3)" in slurm_out, slurm_out
+    assert "requeued (restart 1 of at most 3)" in slurm_out, f"{timings}\n{files()}"
 
     # -- 3. the job waits for its nodes; n2 comes back --------------------------------------
     down = _poll("the job pending and n2 down", lambda: "down" in cluster.node_state("n2")

@@ -286,7 +286,7 @@ def test_run_sub_srun_steps_cache_clear_and_files(stubs, tmp_path, srun_config):
     clear = srun[0]["argv"]
     assert clear[:4] == ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     step = srun[1]["argv"]
-    assert step[:6] == ["--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--mpi=pmi2",
+    assert step[:6] == ["--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--mpi=none",
                         "--kill-on-bad-exit=1", "--time=7"]
     assert step[6:] == [str(ROOT / "run_and_time.sh"), "--"]
     assert [c["env"]["SEED"] for c in srun[1::2]] == ["100", "101"]
@@ -303,7 +303,7 @@ def test_run_sub_cache_clear_not_permitted_is_skipped_and_said(stubs, tmp_path, 
     proc = run_sub(env, tmp_path, srun_config, nexp="1", STUB_CACHE_RC="1")
     assert proc.returncode == 0, proc.stderr
     assert "experiment 1: cache_clear NOT done (not permitted here" in proc.stderr
-    (step,) = [c for c in calls("srun") if "--mpi=pmi2" in c["argv"]]
+    (step,) = [c for c in calls("srun") if "--mpi=none" in c["argv"]]
     assert step["env"]["PRESTO_CACHE_CLEAR"] == "0"   # the MLPerf log will say cache_clear false
 
 
@@ -312,7 +312,7 @@ def test_run_sub_cache_clear_required_or_off(stubs, tmp_path, srun_config):
     proc = run_sub(env, tmp_path, srun_config, nexp="1", STUB_CACHE_RC="1",
                    PRESTO_OVERRIDES="system.cache_clear=required")
     assert proc.returncode == 1 and "NOT run: system.cache_clear=required" in proc.stdout
-    assert not [c for c in calls("srun") if "--mpi=pmi2" in c["argv"]]
+    assert not [c for c in calls("srun") if "--mpi=none" in c["argv"]]
     assert (tmp_path / "logs" / "run_1.exit").read_text().strip() == "3"
     proc = run_sub(env, tmp_path, srun_config, nexp="1", PRESTO_OVERRIDES="system.cache_clear=off")
     assert proc.returncode == 0 and "cache_clear skipped (system.cache_clear=off)" in proc.stderr
@@ -331,7 +331,7 @@ def test_run_sub_requeue_skips_finished_experiments(stubs, tmp_path, srun_config
     assert proc.returncode == 0, proc.stderr
     assert "experiment 1/2: already done" in proc.stdout
     again = calls("srun")[first:]
-    assert [c["env"].get("RUN_DIR") for c in again if "--mpi=pmi2" in c["argv"]] == \
+    assert [c["env"].get("RUN_DIR") for c in again if "--mpi=none" in c["argv"]] == \
         [str(tmp_path / "logs" / "run_2")]
     assert (tmp_path / "logs" / "run_2.out").read_text().count("run.sub: attempt") == 2
 
@@ -348,9 +348,10 @@ def test_run_sub_container_flags(stubs, tmp_path, srun_config):
     _, env, calls = stubs
     proc = run_sub(env, tmp_path, srun_config, nexp="1", PRESTO_OVERRIDES="\n".join([
         "system.container_image=nvcr.io#nvidia/pytorch:24.04-py3",
-        "system.container_mounts=/scratch:/scratch:ro", 'data.data_dir="/data/bert"']))
+        "system.container_mounts=/scratch:/scratch:ro", 'data.data_dir="/data/bert"',
+        'system.srun_mpi="pmix"']))
     assert proc.returncode == 0, proc.stderr
-    step = [c for c in calls("srun") if "--mpi=pmi2" in c["argv"]][0]["argv"]
+    step = [c for c in calls("srun") if "--mpi=pmix" in c["argv"]][0]["argv"]
     logs = tmp_path / "logs"
     assert "--container-image=nvcr.io#nvidia/pytorch:24.04-py3" in step
     assert (f"--container-mounts={ROOT}:{ROOT},{logs}:{logs},/data/bert:/data/bert,"

@@ -32,6 +32,8 @@ import hashlib
 import json
 import os
 import socket
+import shutil
+import subprocess
 import sys
 import threading
 import traceback
@@ -402,6 +404,9 @@ def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None,
 
     The traceback goes to stderr with every line prefixed ``[rank N]``. Then:
       * under MPI: ``MPI.COMM_WORLD.Abort(1)`` — the launcher kills every rank;
+      * a task of an srun step without MPI (``info.slurm_step``): ``scancel JOB.STEP`` first —
+        Slurm ends every task, as on MPI_Abort under pmi2, and srun ends even when a node is
+        gone;
       * otherwise ``os._exit(1)``: this rank's sockets close, so peers in a gloo collective
         fail at once ("Connection closed by peer") or after the process-group timeout, and
         exit the same way; torchrun/mpirun then stop any rank still running.
@@ -451,7 +456,30 @@ def _die(code: int, info: Optional[LaunchInfo], text: str, everywhere: bool):
         timer.daemon = True
         timer.start()
         mpi.COMM_WORLD.Abort(code)
+    step = getattr(info, "slurm_step", None)
+    if not everywhere and step is not None and code != BAD_INPUT_EXIT:
+        _kill_slurm_step(step)   # (bad input: every node is alive, kill-on-bad-exit suffices)
     os._exit(code)
+
+
+def _kill_slurm_step(step: str) -> None:
+    """Cancel job step ``step`` ("JOBID.STEPID"), as Slurm's pmi2 plugin does on MPI_Abort
+    (slurm_kill_job_step): every task gets SIGTERM, SIGKILL after KillWait, and srun learns
+    the step is cancelled. Without it, srun --kill-on-bad-exit signals the other tasks itself
+    but waits for those of a lost node until the node is declared DOWN (SlurmdTimeout, 300 s
+    by default) - and Slurm requeues the job under run.sub's feet; with it srun gives up after
+    KillWait + 2 s, so run.sub requeues at once (tests/test_slurm_two_nodes.py). (``scancel
+    --signal=KILL`` would only signal the tasks: srun would still wait.) Best effort: no
+    scancel, or a slow one, and this rank leaves anyway."""
+    scancel = shutil.which("scancel")
+    if scancel is None:
+        return
+    try:
+        subprocess.run([scancel, "--quiet", step], timeout=ABORT_GRACE_S,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.SubprocessError):
+        pass
 
 
 def _rank_for_messages(info: Optional[LaunchInfo]):

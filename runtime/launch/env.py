@@ -85,6 +85,9 @@ class LaunchInfo:
     store_path: Optional[str] = None
     source: str = "none"               # the variables the ranks came from, for messages
     mpi_vendor: Optional[str] = None   # set when ranks came from mpi4py
+    # "JOBID.STEPID" when srun started this process as a task without MPI: a failing rank
+    # asks Slurm to kill this step (runtime.launch.dist._die), as MPI_Abort does under pmi2.
+    slurm_step: Optional[str] = None
 
     @property
     def is_main(self) -> bool:
@@ -327,6 +330,7 @@ def _from_srun(env: Mapping[str, str]) -> LaunchInfo:
     if world == 1:
         return LaunchInfo(rank, local, world, local_world, "srun", node, "local", source=src)
     job = f"{env.get('SLURM_JOB_ID', env.get('SLURM_JOBID', ''))}.{env.get('SLURM_STEP_ID', env.get('SLURM_STEPID', ''))}"
+    step = job if re.fullmatch(r"\d+\.\d+", job) else None
     if "MASTER_ADDR" in env:
         addr, port = _master(env, required_by="srun", default_port_key=job)
     else:
@@ -338,7 +342,7 @@ def _from_srun(env: Mapping[str, str]) -> LaunchInfo:
         addr = first_host(nodelist)
         port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else derived_port(job)
     return LaunchInfo(rank, local, world, local_world, "srun", node, "tcp",
-                      master_addr=addr, master_port=port, source=src)
+                      master_addr=addr, master_port=port, source=src, slurm_step=step)
 
 
 def _srun_local_world(env: Mapping[str, str], node: int, world: int) -> int:
