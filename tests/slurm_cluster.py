@@ -125,6 +125,7 @@ class SlurmCluster:
     procs: list[tuple[str, int, int]] = field(default_factory=list)
     partition: str = PARTITION
     netns: str | None = None
+    started_at: float = field(default_factory=time.time)   # wall clock, for stale_mpich_shm
 
     @property
     def conf(self) -> Path:
@@ -184,6 +185,7 @@ class SlurmCluster:
         for name, pid, started in reversed(self.procs):
             notes += _terminate(name, pid, started)
         self.procs = []
+        notes += remove_stale_mpich_shm(self.started_at)
         if remove:
             shutil.rmtree(self.root, ignore_errors=True)
         return notes
@@ -221,6 +223,34 @@ class SlurmCluster:
             pid = int(d.name)
             notes += _terminate("slurmstepd", pid, _start_time(pid), group=True)
         return notes
+
+
+def remove_stale_mpich_shm(since: float, shm: Path = Path("/dev/shm")) -> list[str]:
+    """Remove MPICH's node-local shared-memory files (``mpich_shm_*``) made since ``since`` that
+    no process maps any more: a rank SIGKILLed inside an ``srun --mpi=pmi2`` step leaves its
+    file behind, and its name is derived from the job step - the next fresh cluster's job 1.0
+    gets the same name and dies in MPI_Init ("MPIDI_POSIX_comm_bootstrap: Out of memory").
+    Files of other runs (older, or still mapped) are left alone."""
+    try:
+        files = [f for f in shm.glob("mpich_shm_*") if f.stat().st_mtime >= since - 1]
+    except OSError:
+        return []
+    if not files:
+        return []
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.split(None, 5)[-1] for line in maps.read_text().splitlines()
+                          if "/mpich_shm_" in line)
+        except OSError:
+            continue
+    removed = []
+    for f in files:
+        if str(f) not in mapped:
+            f.unlink(missing_ok=True)
+            removed.append(f.name)
+    return [f"removed {len(removed)} stale MPICH shared-memory file(s) of killed ranks"] \
+        if removed else []
 
 
 def _terminate(name: str, pid: int, started: int | None, group: bool = False) -> list[str]:

@@ -209,6 +209,7 @@ class TwoNodeCluster(sc.SlurmCluster):
                     pass
             _ip("netns", "del", ns, check=False)
         self.namespaces = {}
+        notes += sc.remove_stale_mpich_shm(self.started_at)
         if remove:
             shutil.rmtree(self.root, ignore_errors=True)
         _unguard(self)

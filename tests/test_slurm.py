@@ -1,5 +1,5 @@
 """The whole Slurm path for real: ``python -m submission`` against the one-node cluster of
-tests/slurm_cluster.py (real munged, slurmctld, slurmd; sbatch, srun --mpi=pmi2, squeue).
+tests/slurm_cluster.py (real munged, slurmctld, slurmd; sbatch, srun, squeue).
 
 ``submit`` sends the CPU benchmark config with NEXP=2 and tiny overrides (a 1-layer BERT on the
 small real data set, tens of seconds per experiment, one srun task per rank); the test waits for
@@ -123,3 +123,19 @@ def test_submit_status_report_package_on_a_real_cluster(slurm_cluster, small_dat
     assert result["system_facts_from"] == str(logs / "sysinfo.json")   # the compute node's
     system = json.loads((tmp_path / "pkg" / "Presto" / "systems" / "CPU_2core.json").read_text())
     assert system["accelerators_per_node"] == "0" and system["submitter"] == "Presto"
+
+
+def test_cluster_teardown_removes_only_the_stale_mpich_shm_of_its_own_run(tmp_path):
+    """A rank SIGKILLed under srun --mpi=pmi2 leaves /dev/shm/mpich_shm_* named after its job
+    step; the next fresh cluster's job 1.0 would die in MPI_Init on it. Teardown removes the
+    files made during the cluster's life that no process maps; older ones stay."""
+    import os
+    from slurm_cluster import remove_stale_mpich_shm
+    old, new, other = (tmp_path / n for n in ("mpich_shm_aa_0", "mpich_shm_bb_0", "other_0"))
+    for f in (old, new, other):
+        f.write_bytes(b"x")
+    os.utime(old, (time.time() - 3600,) * 2)
+    notes = remove_stale_mpich_shm(time.time() - 60, shm=tmp_path)
+    assert notes == ["removed 1 stale MPICH shared-memory file(s) of killed ranks"]
+    assert (old.exists(), new.exists(), other.exists()) == (True, False, True)
+    assert remove_stale_mpich_shm(time.time() - 60, shm=tmp_path) == []
