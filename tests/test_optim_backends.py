@@ -372,3 +372,28 @@ def test_fused_leaves_gradients_owned_by_buckets_in_place():
         assert owner.abs().sum().item() == 0.0
     for (n, p), (_, q) in zip(named, ref):
         _assert_rel(p.detach(), q.detach(), 1e-6, n)
+
+
+def test_an_uncompiled_backend_never_imports_dynamo():
+    """torch wraps Optimizer.add_param_group/zero_grad/state_dict/load_state_dict in a guard
+    that imports torch._dynamo on first use (1.3 s of every rank's start-up); Presto's
+    optimizers call them unwrapped, so the foreach, reference and (on GPU) apex backends start
+    without it. A fresh process: build, step, zero_grad, state_dict round trip, per optimizer."""
+    code = """
+import sys, torch
+from runtime.optim.optimizers import build_optimizer
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+for name in ("lamb", "adamw", "lars"):
+    for backend in ("foreach", "reference"):
+        opt = build_optimizer(name, model.named_parameters(), lr=1e-3, backend=backend)
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        opt.load_state_dict(opt.state_dict())
+        assert opt.state_dict()["state"], (name, backend)
+print("dynamo" if "torch._dynamo" in sys.modules else "no dynamo")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["no", "dynamo"], proc.stdout + proc.stderr[-2000:]

@@ -73,6 +73,7 @@ __all__ = [
 #: MLPerf reference (TF BERT) exclusion: no weight decay and no layer adaptation.
 NO_DECAY_NAME_PARTS = ("bias", "LayerNorm", "layer_norm", "gamma", "beta")
 
+
 @dataclass(frozen=True)
 class Backend:
     """One way to run an optimizer's step: per tensor (``step``, with the reference
@@ -183,6 +184,16 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 # --------------------------------------------------------------------------- optimizers
 
+def _eager(method: Callable) -> Callable:
+    """torch.optim.Optimizer's ``method`` without torch's lazy dynamo guard. torch wraps
+    add_param_group, zero_grad, state_dict and load_state_dict in ``torch._disable_dynamo``,
+    which imports torch._dynamo on the first call (1.3 s of every rank's start-up here) only to
+    keep a compiled caller from tracing into them. Nothing compiled calls them: the fused
+    backend compiles its own passes (runtime.optim.flat_binding), the others compile nothing -
+    so a run of the foreach, apex or reference backend never imports dynamo."""
+    return getattr(method, "__wrapped__", method)
+
+
 class _PrestoOptimizer(torch.optim.Optimizer):
     """Common part: validation, backend choice, per-step grouping by state step.
 
@@ -221,7 +232,7 @@ class _PrestoOptimizer(torch.optim.Optimizer):
                                "is built; build a new optimizer instead of add_param_group")
         _validate(self.name, {k: v for k, v in param_group.items()
                               if k in self.defaults or k == "adapt"})
-        super().add_param_group(param_group)
+        _eager(torch.optim.Optimizer.add_param_group)(self, param_group)
 
     @property
     def flat_binding(self) -> FlatBinding | None:
@@ -234,7 +245,7 @@ class _PrestoOptimizer(torch.optim.Optimizer):
         if self._flat is not None:
             self._flat.zero_grad()
         else:
-            super().zero_grad(set_to_none=set_to_none)
+            _eager(torch.optim.Optimizer.zero_grad)(self, set_to_none=set_to_none)
 
     @torch.no_grad()
     def grad_norm(self) -> torch.Tensor:
@@ -243,8 +254,11 @@ class _PrestoOptimizer(torch.optim.Optimizer):
             return self._flat.grad_norm()
         return _ref.global_grad_norm([p.grad for g in self.param_groups for p in g["params"]])
 
+    def state_dict(self) -> dict[str, Any]:
+        return _eager(torch.optim.Optimizer.state_dict)(self)
+
     def load_state_dict(self, state_dict) -> None:
-        super().load_state_dict(state_dict)
+        _eager(torch.optim.Optimizer.load_state_dict)(self, state_dict)
         if self._flat is not None:
             self._flat.adopt_state()
 
