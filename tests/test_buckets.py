@@ -338,14 +338,17 @@ def two_ranks(small_dataset, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_each_clip_mode_matches_the_formula_from_gathered_gradients(ranks, small_dataset, tmp_path,
                                                                     request):
+    """All four modes on 2 ranks; on 4, the two that clip per rank before the sum (their
+    formula is the one the world size changes; global_after and none only average)."""
     if ranks == 2:
-        work = request.getfixturevalue("two_ranks")
+        work, case = request.getfixturevalue("two_ranks"), "modes"
     else:
-        proc, _ = run_cases("modes", ranks, small_dataset, tmp_path)
+        proc, _ = run_cases("per-rank", ranks, small_dataset, tmp_path)
         assert proc.returncode == 0, tail(proc, 6000)
-        work = tmp_path
-    results = results_of(work, "modes")
-    assert set(results) == {"global_after", "local_before", "bucket_before", "none"}
+        work, case = tmp_path, "per-rank"
+    results = results_of(work, case)
+    assert set(results) == ({"global_after", "local_before", "bucket_before", "none"}
+                            if ranks == 2 else {"local_before", "bucket_before"})
     for mode, rec in results.items():
         assert rec["plan_recut"]  # step 2 ran on the plan re-cut in measured order
         for step in rec["steps"]:
@@ -360,7 +363,8 @@ def test_each_clip_mode_matches_the_formula_from_gathered_gradients(ranks, small
             else:                       # overlap: allreduces launched while backward runs
                 assert step["launched_before_last_ready"] >= 1, (mode, step)
                 assert step["launched_in_backward_report"] == step["buckets"]
-    assert results["global_after"]["steps"][0]["clip_coef"] < 1.0
+    if "global_after" in results:
+        assert results["global_after"]["steps"][0]["clip_coef"] < 1.0
     assert results["local_before"]["steps"][0]["clip_coef"] < 1.0
     bb = results["bucket_before"]["steps"][0]
     assert bb["clip_coef_min"] < bb["clip_coef_mean"] <= 1.0

@@ -17,6 +17,8 @@ CASE:
   modes        the four clip modes, bucket_cap_mb=1 (the embedding split in 8 pieces), timeline
                on: formula, overlap (a bucket launched before backward ended, except
                local_before: none), gradients are views of the bucket buffer
+  per-rank     the same for the two modes that clip each rank's gradient before the sum
+               (local_before, bucket_before): the ones whose formula changes with the world
   accumulation global_after and bucket_before with 2 micro-batches: formula on the summed
                micro-batch gradients, nothing launched before the last micro-step
   split        train.tied_embedding_sync=split with global_after and none, and with 2
@@ -292,8 +294,10 @@ def run_order(ctx) -> dict:
 def run_case(ctx, case, data_dir, work) -> list[dict]:
     rank = ctx.rank
     results = []
-    if case == "modes":
-        for mode in ("global_after", "local_before", "bucket_before", "none"):
+    if case in ("modes", "per-rank"):
+        modes = ("global_after", "local_before", "bucket_before", "none") if case == "modes" \
+            else ("local_before", "bucket_before")
+        for mode in modes:
             results.append(run_mode(ctx, data_dir, mode))
     elif case == "split":
         for mode, accum in (("global_after", 1), ("none", 1), ("global_after", 2)):
@@ -325,7 +329,7 @@ def run_case(ctx, case, data_dir, work) -> list[dict]:
     return results
 
 
-CASES = ("modes", "split", "accumulation", "plan", "order", "plan-differs", "plan-missing")
+CASES = ("modes", "per-rank", "split", "accumulation", "plan", "order", "plan-differs", "plan-missing")
 
 
 def main() -> None:
