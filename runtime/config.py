@@ -246,6 +246,9 @@ class TrainConfig:
     eval_before_training: bool = _doc("evaluate once before the first step (sanity check)", False)
     log_every_steps: int = _doc("progress line and metrics every this many steps", 10)
     output_dir: str = _doc("where the mllog log, metrics and plot go", "results")
+    plot: bool = _doc("draw loss_accuracy.png (loss and eval accuracy against samples) when "
+                      "the run ends: about 1 s of matplotlib on rank 0, after run_stop; off "
+                      "for many short runs (the test suite's)", True)
     init_loss_scale: float = _doc("fp16: initial dynamic loss scale", 2.0 ** 16)
     checkpoint_every_samples: int = _doc(
         "write a checkpoint (runtime/train/checkpoint.py) every this many samples, at the step that "

@@ -207,17 +207,17 @@ def train(cfg, info, cache_clear: bool | None = None) -> int:
 def finish(cfg, state, out: Path) -> None:
     png = plot_metrics(out / METRICS_NAME, out / PLOT_NAME,
                        title=f"{Path(cfg.source).name} seed {cfg.train.seed}",
-                       target=cfg.train.target_mlm_accuracy)
+                       target=cfg.train.target_mlm_accuracy) if cfg.train.plot else None
     summary = {"status": state.status, "stop_reason": state.stop_reason, "steps": state.step,
                "samples": state.samples, "eval_accuracy": state.eval_accuracy,
                "seed": cfg.train.seed, "config": cfg.source, "mllog": str(out / LOG_NAME),
-               "metrics": str(out / METRICS_NAME), "plot": str(png),
+               "metrics": str(out / METRICS_NAME), "plot": str(png) if png else None,
                "resumed_from": state.resume,
                "optimizer": {k.removeprefix("optimizer_"): v for k, v in state.derived.items()
                              if k.startswith("optimizer_")}}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"mllog log:    {out / LOG_NAME}\nmetrics:      {out / METRICS_NAME}\n"
-          f"plot:         {png}", flush=True)
+          f"plot:         {png or 'not drawn (train.plot=false)'}", flush=True)
 
 
 def main(argv=None) -> int:

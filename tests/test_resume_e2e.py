@@ -54,6 +54,9 @@ def test_the_budget_ends_the_reference_run_aborted_without_result_line(reference
     events = mllog_events(reference_run.dir / "mlperf_bert.log")
     assert [e["metadata"]["status"] for e in events if e["key"] == "run_stop"] == ["aborted"]
     assert compliance(reference_run.dir / "mlperf_bert.log").returncode == 0
+    # train.plot=false (the suite's runs): no PNG, and the summary says so
+    assert not (reference_run.dir / "loss_accuracy.png").exists()
+    assert json.loads((reference_run.dir / "summary.json").read_text())["plot"] is None
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ def test_short_real_run_reaches_target_and_log_passes_checker(small_dataset, tmp
     out = tmp_path / "run"
     # `-- train.output_dir=X` (no RUN_DIR): X is the run directory - run_and_time.sh says X
     # and the ranks write there.
-    proc = run_and_time(run_overrides(small_dataset) + [f"train.output_dir={out}"])
+    proc = run_and_time(run_overrides(small_dataset) + [f"train.output_dir={out}", "train.plot=true"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"output {out}" in proc.stderr and (out / "mlperf_bert.log").is_file()
     assert re.search(r"^RESULT,bert,7,\d+,\S+,\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [AP]M$",

@@ -91,6 +91,7 @@ RULES: dict[str, tuple[str, str]] = {
     "train.eval_before_training": (RECORD, "a fresh start's evaluation"),
     "train.log_every_steps": (RECORD, "the logging cadence"),
     "train.output_dir": (RECORD, "where this attempt writes"),
+    "train.plot": (RECORD, "observation"),
     "train.checkpoint_every_samples": (RECORD, "the checkpoint cadence"),
     "train.checkpoint_keep": (RECORD, "the checkpoints kept"),
     "train.checkpoint_dir": (RECORD, "where checkpoints go"),

@@ -7,7 +7,8 @@ measured or cached for one holds for all. ``optim.backend = "foreach"``: buildin
 compiles nothing (``auto`` means the fused step, compiled with torch.compile in every process:
 seconds per Trainer and per rank). The tests of the default, compiled pairing
 (tests/test_hot_path.py, tests/test_optim_backends.py, the checkpoint round trip per backend)
-ask for it explicitly.
+ask for it explicitly. Runs draw no loss_accuracy.png (``train.plot = false``: 1 s each);
+tests/test_train_e2e.py draws one.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ TINY = {**SHAPE, **BACKEND, "train.global_batch_size": 16}
 RUN = {**TINY, "train.eval_iter_start_samples": 160, "train.eval_iter_samples": 160,
        "train.max_steps": 80, "train.log_every_steps": 10, "data.eval_batch_size": 32,
        "schedule.warmup_steps": 5, "schedule.total_steps": 200,
-       "train.target_mlm_accuracy": 0.03}
+       "train.target_mlm_accuracy": 0.03, "train.plot": "false"}
 
 
 def as_overrides(values: dict) -> list[str]:
