@@ -206,7 +206,7 @@ def test_a_signalled_worker_fails_its_trial_and_a_rerun_retries_it(tmp_path, mon
 
 def test_a_stale_journal_lock_does_not_hang_the_study(tmp_path, monkeypatch):
     monkeypatch.setattr(hpo, "run_trial", FakeRuns())
-    a = hpo_args(tmp_path, "--trials", "1", "--lock-grace", "3")
+    a = hpo_args(tmp_path, "--trials", "1", "--lock-grace", "1")
     study, *_ = hpo.prepare(a)
     for name in ("journal.log.lock", "bookkeeping.lock"):   # left by a killed worker
         (tmp_path / "study" / name).write_text("")

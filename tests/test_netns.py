@@ -84,7 +84,7 @@ def test_overlap_benchmark_writes_its_record(small_dataset, tmp_path):
     out = tmp_path / "overlap.json"
     tiny = [*as_overrides(TINY), f'data.data_dir="{small_dataset}"', "data.eval_batch_size=64",
             "train.bucket_cap_mb=1"]
-    cmd = [sys.executable, "-m", "bench.overlap", "--rate-mbit", "200", "--steps", "2",
+    cmd = [sys.executable, "-m", "bench.overlap", "--rate-mbit", "1000", "--steps", "2",
            "--warmup", "2", "--repeat", "2", "--out", str(out), "--workdir", str(tmp_path),
            "--variants", "after_backward,ddp,buckets/global_after,buckets/bucket_before,"
                          "buckets/global_after+split",
