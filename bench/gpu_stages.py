@@ -750,8 +750,8 @@ def stage_short_runs(run: Run) -> dict:
     out: dict[str, Any] = {"steps": steps}
     precisions = ["fp32"] + ([] if not run.cuda else ["bf16", "fp16"])
     # The smoke run checks the harness, not the recipe: one layer, one evaluation, the
-    # uncompiled optimizer (the checks and optimizer stages compile it) - 12 s -> 6 s on CPU.
-    smoke = ["model.num_hidden_layers=1", 'optim.backend="foreach"',
+    # uncompiled optimizer (the checks and optimizer stages compile it), no PNG.
+    smoke = ["model.num_hidden_layers=1", 'optim.backend="foreach"', "train.plot=false",
              f"train.eval_iter_start_samples={64 * steps}"] if run.smoke else []
     for prec in precisions:
         dest = run.work / f"short_{prec}"

@@ -157,7 +157,7 @@ def tiny_config(tmp_path: Path, data: Path, **train) -> Path:
     """The tiny model of tests/support/tiny.py as a config file for the harness: 2 ranks,
     16 samples a step, an eval every 32 samples, a target it never reaches in ``max_steps``."""
     t = dict(dict(global_batch_size=16, seed=1, target_mlm_accuracy=0.99, max_steps=4,
-                  eval_iter_samples=32, log_every_steps=2), **train)
+                  eval_iter_samples=32, log_every_steps=2, plot="false"), **train)
     values = {**SHAPE, **BACKEND, "model.max_position_embeddings": 128,
               "data.data_dir": f'"{data}"', "data.max_seq_length": 128,
               "data.eval_batch_size": 32, "schedule.warmup_steps": 1,
