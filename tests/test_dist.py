@@ -386,6 +386,18 @@ def test_single_process_joins_a_world_of_one():
     assert (r["world_size"], r["launcher"], r["rendezvous"], r["sum"]) == (1, "single", "local", 1.0)
 
 
+@needs_mpiexec
+@pytest.mark.timeout(60)
+def test_rank_0_leaves_the_group_last():
+    """The store's host (rank 0) returns from shutdown only after every peer has left: a
+    peer torn down after it died now and then in std::terminate."""
+    rc, out, _, _ = _launch("mpiexec", "leave-last")
+    assert rc == 0, out[-4000:]
+    stamps = dict(line.split() for line in out.splitlines()
+                  if line.startswith(("LEFT", "DONE0", "DONE1")))
+    assert float(stamps["DONE0"]) >= float(stamps["LEFT"]), out[-2000:]
+
+
 @pytest.mark.slow
 @needs_mpiexec
 @pytest.mark.timeout(150)

@@ -31,11 +31,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import shutil
+import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -144,10 +145,48 @@ def shutdown() -> None:
     if torch_dist.is_available() and torch_dist.is_initialized():
         # Meet first: rank 0 hosts the rendezvous store, and a rank that tears its group
         # down while a peer still talks to it makes the peer's C++ threads std::terminate.
-        if torch_dist.get_world_size() > 1:
+        world, rank = torch_dist.get_world_size(), torch_dist.get_rank()
+        store, left = None, 0
+        if world > 1:
+            store = _default_store()
+            left = _count_left(store, 0) if store is not None else 0  # before anyone can add
             torch_dist.barrier()
         torch_dist.destroy_process_group()
+        if store is not None:
+            _leave_after_peers(store, rank, world, left)
     _CTX = None
+
+
+SHUTDOWN_KEY = "presto/left"
+LEAVE_WAIT_S = 30.0   # rank 0 waits at most this for its peers to have left
+
+
+def _default_store():
+    try:
+        return torch_dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - private API; without it, the barrier alone
+        return None
+
+
+def _count_left(store, n: int) -> int:
+    return int(store.add(SHUTDOWN_KEY, n))
+
+
+def _leave_after_peers(store, rank: int, world: int, left: int) -> None:
+    """Rank 0 leaves last. With the barrier alone a 2-rank script that had finished its work
+    still died now and then at exit in std::terminate ("terminate called without an active
+    exception": twice in five test-suite runs on 2026-11-24) - a rank tearing down while its
+    peer, or the store rank 0 hosts, was still being torn down. So each peer says through the
+    store that it has left, and rank 0 waits for all of them (at most LEAVE_WAIT_S)."""
+    try:
+        if rank != 0:
+            _count_left(store, 1)
+            return
+        deadline = time.monotonic() + LEAVE_WAIT_S
+        while _count_left(store, 0) < left + world - 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+    except Exception:  # noqa: BLE001 - a peer or the store gone: nothing left to wait for
+        pass
 
 
 def _bind_device(info: LaunchInfo, device: str) -> torch.device:

@@ -7,6 +7,7 @@ Started by a real launcher (mpiexec, mpirun, torchrun) from tests/test_dist.py. 
   raise      rank 1 raises in the middle of a run of all-reduces
   kill       rank 1 SIGKILLs itself in the middle of a run of all-reduces
   hang       rank 1 stops answering (sleeps); rank 0's all-reduce must time out
+  leave-last rank 1 takes 1 s to leave the group: rank 0, the store's host, leaves after it
 """
 import argparse
 import json
@@ -70,6 +71,19 @@ def main(mode: str, timeout_s: float, out_dir: str = "") -> int:
                             fault=lambda: os.kill(os.getpid(), signal.SIGKILL))
         elif mode == "hang":
             allreduce_steps(ctx, 400, fault_rank=1, fault=lambda: time.sleep(3600))
+        elif mode == "leave-last":
+            allreduce_steps(ctx, 2)
+            if ctx.rank == 1:   # rank 1 is slow to leave: rank 0 must still go after it
+                count_left = dist._count_left
+
+                def slow(store, n):
+                    if n == 1:
+                        time.sleep(1.0)
+                        print(f"LEFT {time.time():.6f}", flush=True)
+                    return count_left(store, n)
+                dist._count_left = slow
+            dist.shutdown()
+            print(f"DONE{ctx.rank} {time.time():.6f}", flush=True)
         else:
             raise SystemExit(f"unknown mode {mode}")
         return 0
