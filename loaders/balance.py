@@ -81,6 +81,16 @@ MODES: tuple[str, ...] = get_args(BalanceMode)
 PACKED_MODES: tuple[str, ...] = ("pack", "offline_pack")
 """Modes whose rows may hold several sequences: the model must be built with packed=True."""
 
+ShapeMode = Literal["dynamic", "bucketed", "static"]
+"""``data.shapes``: what shapes the batches of a run have (loaders.collate): 'dynamic' (each
+padded to its own longest row), 'bucketed' (the width rounded up to a multiple of
+data.shape_bucket: few distinct shapes), 'static' (every micro-batch the same shapes, on
+every rank: ``collate.StaticShape``)."""
+STATIC_SEQS_PER_ROW = 3
+"""Sequences a packed row holds at most under static shapes unless data.max_seqs_per_row says
+otherwise: NVIDIA's MLPerf packing (``--max_pack_factor 3``), which packs the seq-512 data set
+to 99.75 % (Graphcore's NNLSHP) and bounds a row's sequence slots."""
+
 
 @dataclass(frozen=True)
 class BalanceSpec:
@@ -93,6 +103,9 @@ class BalanceSpec:
     group_size: int = 1              # G: ranks per node group (local, pack)
     pack_length: int = 128           # tokens per packed row (pack, offline_pack)
     cost: LengthCost | None = None   # what a rank's batch costs; None = real tokens
+    max_seqs_per_row: int = 0        # offline_pack: sequences a row holds at most (0 = any)
+    static_rows: int = -1            # offline_pack, static shapes: rows per rank and step
+    #                                  (0 = from the data; -1 = not static: rows may vary)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -107,6 +120,9 @@ class BalanceSpec:
         for key in ("group_size", "pack_length"):
             if getattr(self, key) < 1:
                 raise ValueError(f"data.{key}={getattr(self, key)} must be >= 1")
+        if self.max_seqs_per_row < 0:
+            raise ValueError(f"data.max_seqs_per_row={self.max_seqs_per_row} must be >= 0 "
+                             "(0 = no limit)")
 
     @property
     def length_cost(self) -> LengthCost:
@@ -122,6 +138,10 @@ class BalanceSpec:
                      group_size=self.group_size)
         if self.mode in PACKED_MODES:
             d["pack_length"] = self.pack_length
+        if self.mode == "offline_pack" and self.max_seqs_per_row:
+            d["max_seqs_per_row"] = self.max_seqs_per_row
+        if self.mode == "offline_pack" and self.static_rows >= 0:
+            d["static_rows"] = self.static_rows
         return d
 
 
@@ -396,8 +416,25 @@ class OfflinePackPlan(_PlanBase):
         rows: list[np.ndarray] = []
         for a, z in cuts:
             rows += pack_window(flat[a:z], self.flat_lengths[flat[a:z]], self.spec.pack_length,
-                                rng)
+                                rng, max_count=self.spec.max_seqs_per_row)
         return rows
+
+    def rows_per_rank(self, b: int) -> int:
+        """Static shapes: the rows R each rank computes per step - ``static_rows``, or (0)
+        ceil(b / the mean sequences per row of epoch 0's packed stream); 0 when not static.
+        A step takes R rows per rank where P·R rows can hold exactly P·b sequences, else
+        R − 1 or R − 2 (the rest of a rank's R rows are empty): the stream's mix of rows never
+        drifts away from what the steps need, and every step is exact."""
+        if self.spec.static_rows < 0:
+            return 0
+        if self.spec.static_rows > 0:
+            return self.spec.static_rows
+        key = ("rows_per_rank", b)
+        if key not in self._cache:
+            rows = self.epoch_rows(0)
+            mean = sum(len(r) for r in rows) / max(len(rows), 1)
+            self._cache[key] = max(1, int(np.ceil(b / mean - 1e-9)))
+        return self._cache[key]
 
     def _compute(self, epoch: int, b: int):
         rows = self.epoch_rows(epoch)
@@ -409,7 +446,7 @@ class OfflinePackPlan(_PlanBase):
                                                 for r in members]) for members in sets])
 
         steps = row_steps(counts, tokens, self.world_size, b, self.spec.pack_length,
-                          set_costs)
+                          set_costs, rows_per_rank=self.rows_per_rank(b))
         widest = max((int(counts[s].sum(1).max()) for s in steps), default=b)
         pairs = np.full((self.world_size, len(steps), widest, 2), -1, dtype=np.int32)
         row_of = np.full((self.world_size, len(steps), widest), -1, dtype=np.int16)

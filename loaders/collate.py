@@ -103,6 +103,15 @@ class Layout:
     lengths: tuple                 # host: the n sequence lengths
     max_len: int
     min_len: int
+    cls_tokens: torch.Tensor | None = None
+    """int64 [sequences]: each sequence's [CLS] among the T tokens, in the order of
+    ``next_sentence_labels`` (None: the starts of cu_seqlens). Static batches: one entry per
+    sequence *slot*, unused slots 0 (a valid token; their NSP label is ignored)."""
+
+    @property
+    def num_tokens(self) -> int:
+        """T: the tokens the unpadded model computes on (host metadata, no device read)."""
+        return int(self.token_index.shape[0])
 
     def to(self, device, non_blocking: bool = False) -> "Layout":
         return _map_fields(self, lambda t: t.to(device, non_blocking=non_blocking))
@@ -146,7 +155,8 @@ def host_layout(row_lengths: np.ndarray, width: int, attention_mask: list,
         masked_tokens=torch.from_numpy(masked_tokens.astype(np.int64)),
         lengths=tuple(seq_lengths.tolist()),
         max_len=int(seq_lengths.max()) if len(seq_lengths) else 0,
-        min_len=int(seq_lengths.min()) if len(seq_lengths) else 0)
+        min_len=int(seq_lengths.min()) if len(seq_lengths) else 0,
+        cls_tokens=torch.from_numpy(cu[:-1].astype(np.int64)))
 
 
 def collate(samples: Samples) -> Batch:
@@ -211,10 +221,15 @@ def sample_rows(samples: Samples, rows: list[list[int]] | None = None) -> Rows:
     return out
 
 
-def pad_rows(rows: Rows) -> Batch:
-    """Stack ``rows`` into a ``Batch`` padded to the longest row."""
+def pad_rows(rows: Rows, width: int | None = None) -> Batch:
+    """Stack ``rows`` into a ``Batch`` padded to the longest row, or to ``width`` (at least
+    the longest row: ``bucket_width``'s rounding, or a static batch's full width)."""
     lengths = np.fromiter((len(r) for r in rows.input_ids), dtype=np.int64, count=len(rows))
-    width = int(lengths.max())
+    longest = int(lengths.max())
+    if width is None:
+        width = longest
+    elif width < longest:
+        raise ValueError(f"pad_rows: width {width} is shorter than the longest row ({longest})")
     real = np.arange(width)[None, :] < lengths[:, None]  # [rows, L] True on real tokens
 
     def padded(column: list, fill: int) -> torch.Tensor:
@@ -265,3 +280,121 @@ def _masked_lm_labels(samples: Samples) -> list[np.ndarray]:
         labels[positions] = targets
         out.append(labels)
     return out
+
+
+# ---------------------------------------------------------------------------- shapes per step
+
+def bucket_width(longest: int, bucket: int, limit: int) -> int:
+    """``data.shapes = 'bucketed'``: the padded width, ``longest`` rounded up to a multiple of
+    ``bucket`` and capped at ``limit`` (the sequence length). A kernel that prepares a plan
+    per shape (cuDNN's attention) then meets at most limit/bucket widths a run, not one per
+    batch; the price is at most bucket - 1 padded columns."""
+    if bucket < 1:
+        raise ValueError(f"data.shape_bucket must be >= 1, got {bucket}")
+    return min(limit, -(-longest // bucket) * bucket) if longest <= limit else longest
+
+
+@dataclass(frozen=True)
+class StaticShape:
+    """The shapes every micro-batch of a ``data.shapes = 'static'`` run has, on every rank:
+    ``rows`` rows of ``width`` tokens, each holding 1 to ``seqs_per_row`` sequences, and
+    ``masked`` masked-LM label slots - what a CUDA graph captured once can replay on any
+    batch (NVIDIA's MLPerf packing: rows of 512 with at most 3 sequences, cu_seqlens padded
+    by repeating the last offset, NSP labels padded with an ignored value).
+
+    Tensors of a static ``Batch``: input_ids, token_type_ids, attention_mask,
+    masked_lm_labels [rows, width]; next_sentence_labels [rows·seqs_per_row] (a slot per
+    possible sequence, IGNORE_INDEX where unused); its ``Layout``: all rows·width token slots
+    in row order (token_index = arange), cu_seqlens [segments + 1] with ``seqs_per_row + 1``
+    segments per row - its sequences, zero-length slots, and the row's padding tail as a
+    segment of its own (it attends only to itself: every token slot is covered, nothing is
+    uninitialised, and no real token sees it) -, max_len = width, cls_tokens [rows ·
+    seqs_per_row] (unused slots point at token 0), masked_positions [masked] (unused slots
+    point at token 0, a [CLS], whose label is always ignored)."""
+
+    rows: int
+    width: int
+    seqs_per_row: int
+    masked: int
+
+    def __post_init__(self):
+        for key in ("rows", "width", "seqs_per_row", "masked"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"StaticShape.{key} must be >= 1, got {getattr(self, key)}")
+
+    @property
+    def sequence_slots(self) -> int:
+        return self.rows * self.seqs_per_row
+
+    @property
+    def segments(self) -> int:
+        return self.rows * (self.seqs_per_row + 1)
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.width
+
+
+def masked_slots_per_row(width: int, seqs_per_row: int, max_predictions_per_seq: int,
+                         masked_lm_prob: float | None) -> int:
+    """At most how many masked-LM labels a row of ``width`` tokens holding up to
+    ``seqs_per_row`` sequences can carry. A sequence of n tokens gets
+    min(max_pred, max(1, round(n·p))) ≤ n·p + 1 labels (loaders.pretraining, the MLPerf
+    reference's rule), so a row gets at most floor(width·p) + seqs_per_row; without p (a data
+    set that does not record it) seqs_per_row · max_pred, which always holds."""
+    bound = seqs_per_row * max_predictions_per_seq
+    if masked_lm_prob is not None:
+        bound = min(bound, int(np.floor(width * masked_lm_prob + 1e-9)) + seqs_per_row)
+    return bound
+
+
+def pad_rows_static(rows: Rows, shape: StaticShape) -> Batch:
+    """``rows`` as a batch of ``shape`` (``StaticShape``); fewer rows than the shape's are
+    completed with empty rows (all padding: a step whose sequences the plan packed into fewer
+    rows). More rows, a row longer than its width or with more sequences than a row may
+    hold, or more masked labels than the slots are refused (DataError, naming what to
+    change): nothing is ever dropped; the balancing plan (loaders.balance) forms rows that
+    fit."""
+    R, L, k = shape.rows, shape.width, shape.seqs_per_row
+    if not 0 < len(rows) <= R:
+        raise DataError(f"a static batch (data.shapes = 'static') has at most {R} rows "
+                        f"(data.static_rows); the plan gave {len(rows)}")
+    empty = np.zeros(0, dtype=np.int64)
+    rows = Rows(*(column + [empty] * (R - len(rows)) for column in (
+        rows.input_ids, rows.token_type_ids, rows.attention_mask, rows.masked_lm_labels,
+        rows.next_sentence_labels)))  # rows the plan left empty: all padding
+    seqs = [np.bincount(m)[1:] for m in rows.attention_mask]
+    for r, lens in enumerate(seqs):
+        if len(lens) > k or int(lens.sum()) > L:
+            raise DataError(f"row {r} of a static batch holds {len(lens)} sequences and "
+                            f"{int(lens.sum())} tokens; a row takes at most {k} "
+                            f"(data.max_seqs_per_row) and {L} tokens")
+    batch = pad_rows(rows, width=L)
+    table = np.zeros((R, k + 1), dtype=np.int64)   # per row: its sequences, 0s, padding tail
+    for r, lens in enumerate(seqs):
+        table[r, :len(lens)] = lens
+        table[r, k] = L - int(lens.sum())
+    cu = np.concatenate([[0], np.cumsum(table.ravel())])
+    segment_of = np.repeat(np.arange(shape.segments, dtype=np.int64), table.ravel())
+    token_in_seq = np.arange(R * L, dtype=np.int64) - cu[segment_of]
+    used = np.arange(k)[None, :] < np.array([len(x) for x in seqs])[:, None]  # [R, k]
+    cls = np.where(used, cu[:-1].reshape(R, k + 1)[:, :k], 0).ravel()
+    nsp = np.full(shape.sequence_slots, IGNORE_INDEX, dtype=np.int64)
+    nsp[used.ravel()] = np.concatenate(rows.next_sentence_labels)
+    positions = np.flatnonzero(batch.masked_lm_labels.numpy().ravel() != IGNORE_INDEX)
+    if len(positions) > shape.masked:
+        raise DataError(f"a static batch carries {len(positions)} masked-LM labels, more than "
+                        f"its {shape.masked} slots: the data set masks more than it records "
+                        f"(masked_lm_prob / max_pred in stats.json) - use data.shapes = "
+                        f"'dynamic', or rebuild the data set")
+    slots = np.zeros(shape.masked, dtype=np.int64)  # unused slots: token 0, a [CLS] (ignored)
+    slots[:len(positions)] = positions
+    index = torch.arange(R * L, dtype=torch.int64)
+    batch.next_sentence_labels = torch.from_numpy(nsp)
+    batch.layout = Layout(
+        token_index=index, cu_seqlens=torch.from_numpy(cu.astype(np.int32)),
+        token_in_seq=torch.from_numpy(token_in_seq), seq_of_token=torch.from_numpy(segment_of),
+        masked_positions=torch.from_numpy(slots), masked_tokens=torch.from_numpy(slots.copy()),
+        lengths=tuple(table.ravel().tolist()), max_len=L, min_len=0,
+        cls_tokens=torch.from_numpy(cls.astype(np.int64)))
+    return batch

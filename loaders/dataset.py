@@ -64,7 +64,8 @@ import h5py
 import numpy as np
 
 from loaders.balance import BalanceSpec, make_plan, missing_pairs
-from loaders.collate import Batch, Rows, best_fit_rows, collate, pad_rows, sample_rows
+from loaders.collate import (Batch, Rows, StaticShape, best_fit_rows, bucket_width, collate,
+                             masked_slots_per_row, pad_rows, pad_rows_static, sample_rows)
 from loaders.shards import (EVAL_FILE, VLEN_INT16, DataError, Limits, Samples, check_samples,
                             read_checksums, read_shard, verify_checksums)
 
@@ -365,7 +366,9 @@ class TrainLoader:
 
     def __init__(self, data_dir, rank: int, world_size: int, local_batch_size: int, seed: int,
                  *, verify: bool = True, prefetch: bool = True, drop_last: bool = True,
-                 balance: BalanceSpec | None = None, limits: Limits | None = None):
+                 balance: BalanceSpec | None = None, limits: Limits | None = None,
+                 shapes: str = "dynamic", shape_bucket: int = 64,
+                 max_predictions_per_seq: int | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         if local_batch_size < 1:
@@ -392,6 +395,8 @@ class TrainLoader:
         if verify:
             self._verify()
         self._warn_if_shards_skipped()
+        self.shapes, self.shape_bucket = shapes, shape_bucket
+        self.static = self._static_shape(max_predictions_per_seq) if shapes == "static" else None
         self._check_steps(0)
         self._store = ShardStore(self.info, prefetch, limits)
         self._epoch, self._step = 0, 0
@@ -451,7 +456,42 @@ class TrainLoader:
         return self
 
     def __next__(self) -> Batch:
-        return pad_rows(self.next_rows())
+        rows = self.next_rows()
+        if self.static is not None:
+            return pad_rows_static(rows, self.static)
+        if self.shapes == "bucketed":
+            longest = max(len(r) for r in rows.input_ids)
+            return pad_rows(rows, bucket_width(longest, self.shape_bucket, self._width))
+        return pad_rows(rows)
+
+    @property
+    def _width(self) -> int:
+        """The longest a row can be: the packed row length, else the data set's seq_len."""
+        if self.balance.mode in ("pack", "offline_pack"):
+            return self.balance.pack_length
+        return int(self.info.parameters.get("seq_len", 0)) or (
+            self.limits.max_seq_length if self.limits is not None else 512)
+
+    def _static_shape(self, max_predictions_per_seq: int | None) -> StaticShape:
+        """Every batch's shapes under ``shapes='static'`` (loaders.collate.StaticShape): rows
+        of the full width; offline_pack: the plan's rows per rank, up to max_seqs_per_row
+        sequences each; other unpacked modes: one sequence per row, a row per sample."""
+        if self.plan.packs_per_batch:
+            raise ValueError("static shapes need rows planned for the epoch: data.balance "
+                             "'pack' packs each batch on the fly; use 'offline_pack'")
+        b = self.local_batch_size
+        if hasattr(self.plan, "rows_per_rank"):
+            rows = self.plan.rows_per_rank(b)
+            per_row = self.balance.max_seqs_per_row or b
+        else:
+            rows, per_row = b, 1
+        p = self.info.parameters
+        max_pred = max_predictions_per_seq or int(p.get("max_pred", 0)) or self._width
+        prob = p.get("masked_lm_prob")
+        per_row_masked = masked_slots_per_row(self._width, per_row, max_pred,
+                                              None if prob is None else float(prob))
+        return StaticShape(rows=rows, width=self._width, seqs_per_row=per_row,
+                           masked=rows * per_row_masked)
 
     def next_rows(self) -> Rows:
         """The next batch before padding (what the DALI pipeline pads), advancing the

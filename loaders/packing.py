@@ -38,11 +38,13 @@ the whole seq-512 data set (docs/BENCHMARKS.md)."""
 LOOKAHEAD = 256
 """Rows past twice a step's that may be swapped in to make its sequence count exact."""
 
-def best_fit_decreasing(lengths, capacity: int, order=None) -> list[list[int]]:
+def best_fit_decreasing(lengths, capacity: int, order=None,
+                        max_count: int = 0) -> list[list[int]]:
     """Sequences longest first (ties in ``order``, default index order), each into the open
     row with the least room that still fits it (ties: the earliest row), else a new row.
-    Returns, per row, the sequence indices in the order they were placed. Deterministic;
-    O(n · capacity) in numpy-free-list lookups."""
+    ``max_count`` > 0: a row holding that many sequences takes no more (static shapes: a
+    fixed number of sequence slots per row). Returns, per row, the sequence indices in the
+    order they were placed. Deterministic; O(n · capacity) in numpy-free-list lookups."""
     lengths = np.asarray(lengths, dtype=np.int64)
     order = np.arange(len(lengths)) if order is None else np.asarray(order)
     ranked = order[np.argsort(-lengths[order], kind="stable")]
@@ -63,27 +65,32 @@ def best_fit_decreasing(lengths, capacity: int, order=None) -> list[list[int]]:
             room, row = capacity, len(rows)
             rows.append([])
         rows[row].append(i)
-        if room - n:  # a full row takes nothing more
+        if room - n and len(rows[row]) != max_count:  # a full row takes nothing more
             heapq.heappush(by_room[room - n], row)
             open_rows[room - n] += 1
     return rows
 
 
 def pack_window(items: np.ndarray, lengths: np.ndarray, capacity: int,
-                rng: np.random.Generator) -> list[np.ndarray]:
+                rng: np.random.Generator, max_count: int = 0) -> list[np.ndarray]:
     """Rows of ``items`` (any ids, in stream order; ``lengths`` theirs) packed best-fit
-    decreasing (ties in stream order), in a seeded random order."""
-    rows = best_fit_decreasing(lengths, capacity)
+    decreasing (ties in stream order; at most ``max_count`` per row when > 0), in a seeded
+    random order."""
+    rows = best_fit_decreasing(lengths, capacity, max_count=max_count)
     return [items[np.asarray(rows[r])] for r in rng.permutation(len(rows))]
 
 
 def row_steps(counts: np.ndarray, tokens: np.ndarray, ranks: int, per_rank: int,
-              capacity: int, set_costs=None) -> list[np.ndarray]:
+              capacity: int, set_costs=None, rows_per_rank: int = 0) -> list[np.ndarray]:
     """Steps over a stream of packed rows (``counts``: sequences per row, ``tokens``: tokens
     per row, in stream order): each step an int [ranks, R] of row indices with exactly
     ranks · per_rank sequences in all, R rows per rank (R may change between steps). Stops
-    when no step can be formed from what is left (the remainder). ``set_costs``: [ranks, R]
-    row indices → [ranks] costs, to keep the deal no worse than the strided one."""
+    when no step can be formed from what is left (the remainder). ``rows_per_rank`` > 0
+    (static shapes): R is that many rows where they can hold the step's sequences exactly,
+    else fewer (the static batch completes a rank's rows with empty ones), chosen from a
+    window of the oldest unused rows, so rows the steps did not want are taken up again.
+    ``set_costs``: [ranks, R] row indices → [ranks] costs, to keep the deal no worse than the
+    strided one."""
     counts = np.asarray(counts, dtype=np.int64)
     total = ranks * per_rank
     used = np.zeros(len(counts), dtype=bool)
@@ -92,8 +99,16 @@ def row_steps(counts: np.ndarray, tokens: np.ndarray, ranks: int, per_rank: int,
     while left >= total:
         while pos < len(counts) and used[pos]:
             pos += 1
-        ahead = np.flatnonzero(~used[pos:pos + 2 * total + LOOKAHEAD]) + pos
-        chosen = _choose(counts, ahead, ranks, total)
+        if rows_per_rank:  # a window of unused rows (rows left behind must not crowd it)
+            want, span = 4 * (total + LOOKAHEAD), 8 * (total + LOOKAHEAD)
+            ahead = np.flatnonzero(~used[pos:pos + span]) + pos
+            while len(ahead) < want and pos + span < len(counts):
+                span *= 2
+                ahead = np.flatnonzero(~used[pos:pos + span]) + pos
+            ahead = ahead[:want]
+        else:
+            ahead = np.flatnonzero(~used[pos:pos + 2 * total + LOOKAHEAD]) + pos
+        chosen = _choose(counts, ahead, ranks, total, rows_per_rank, per_rank)
         if chosen is None:
             break
         used[chosen] = True
@@ -102,9 +117,18 @@ def row_steps(counts: np.ndarray, tokens: np.ndarray, ranks: int, per_rank: int,
     return steps
 
 
-def _choose(counts, ahead, ranks, total):
-    """Row indices of one step (exactly ``total`` sequences in ranks · R rows), or None."""
+def _choose(counts, ahead, ranks, total, fixed: int = 0, per_rank: int = 0):
+    """Row indices of one step (exactly ``total`` sequences in ranks · R rows), or None.
+    ``fixed`` > 0: R = fixed, else fewer down to the fewest rows that can hold the step."""
     k = counts[ahead]
+    if fixed:
+        fewest = -(-per_rank // max(int(k.max()), 1)) if len(k) else 1
+        for rows_per_rank in range(fixed, max(fewest, 1) - 1, -1):
+            n = ranks * rows_per_rank
+            picked = _exact_rows(k, n, total) if n <= len(k) else None
+            if picked is not None:
+                return ahead[picked]
+        return None
     reach = int(np.searchsorted(np.cumsum(k), total)) + 1  # rows, in order, to hold total
     if reach > len(k):
         return None

@@ -72,9 +72,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch
 
 def packed_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """[b, L] sequence indices (0 = padding) → bool [b, 1, L, L]: a token sees the real
-    tokens of its own sequence; a padding query sees every real key (finite, unused)."""
+    tokens of its own sequence; a padding query sees every real key and itself (finite,
+    unused - also in a row that is all padding, which static batches may have)."""
     q, k = attention_mask[:, :, None], attention_mask[:, None, :]
-    return ((k > 0) & ((q == k) | (q == 0)))[:, None]
+    width = attention_mask.shape[1]
+    itself = torch.eye(width, dtype=torch.bool, device=attention_mask.device)
+    return (((k > 0) & ((q == k) | (q == 0))) | itself)[:, None]
 
 
 def additive_mask(key_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -95,6 +98,8 @@ class TokenLayout:
 
     index: torch.Tensor  # int64 [T]: flat (row·L + column) positions of the real tokens
     varlen: Varlen
+    cls_tokens: Optional[torch.Tensor] = None  # int64 [sequences]: each [CLS] among the T
+    #   tokens (None: the starts of cu_seqlens); static batches give one per sequence slot
 
     @classmethod
     def of(cls, attention_mask: torch.Tensor) -> "TokenLayout":
@@ -113,12 +118,17 @@ class TokenLayout:
         tensors already on the model's device): no device-to-host read."""
         return cls(layout.token_index, Varlen.from_host(
             layout.cu_seqlens, layout.token_in_seq, layout.seq_of_token, layout.max_len,
-            layout.min_len, layout.lengths))
+            layout.min_len, layout.lengths), getattr(layout, "cls_tokens", None))
+
+    @property
+    def cls_tokens_or_starts(self) -> torch.Tensor:
+        """Each sequence's [CLS] among the T tokens, in ``next_sentence_labels``' order."""
+        return self.varlen.offsets[:-1] if self.cls_tokens is None else self.cls_tokens
 
     @property
     def cls_index(self) -> torch.Tensor:
         """Flat positions of each sequence's first token, its [CLS], in row-major order."""
-        return self.index[self.varlen.cu_seqlens[:-1].long()]
+        return self.index[self.cls_tokens_or_starts]
 
     def position_ids(self, shape) -> torch.Tensor:
         """[b, L] positions restarting at 0 for every sequence (0 on padding)."""
@@ -317,7 +327,7 @@ class BertModel(nn.Module):
                             token_type_ids.reshape(-1).index_select(0, index),
                             layout.varlen.token_in_seq)
         rows = self.encoder(x, Unpadded(layout.varlen, self.kernel))
-        cls_rows = rows.index_select(0, layout.varlen.offsets[:-1])
+        cls_rows = rows.index_select(0, layout.cls_tokens_or_starts)
         return Encoded(rows, self.pooler(cls_rows), index)
 
 
