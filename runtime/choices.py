@@ -35,6 +35,7 @@ Launcher = Literal["mpiexec", "mpirun", "srun", "torchrun"]
 CacheClear = Literal["auto", "required", "off"]
 SrunMpi = Literal["pmi2", "pmix", "none"]
 Division = Literal["open", "closed"]
+CudaGraphs = Literal["none", "encoder", "full"]
 
 
 @dataclass(frozen=True)

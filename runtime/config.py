@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from loaders.balance import BalanceMode, BalanceSpec
-from runtime.choices import (AFTER_MODES, AttentionMode, CacheClear, ClipMode, DeviceKind,
+from loaders.balance import STATIC_SEQS_PER_ROW, BalanceMode, BalanceSpec, ShapeMode
+from runtime.choices import (AFTER_MODES, AttentionMode, CacheClear, ClipMode, CudaGraphs, DeviceKind,
                              Division, GradSyncKind, Launcher, LoaderKind, LrScaling,
                              OptimBackend, OptimizerName, Precision, ReduceDtype,
                              ScheduleName, SrunMpi,
@@ -111,6 +111,23 @@ class DataConfig:
                             "count)", "")
     loader: LoaderKind = _doc("'torch' (collation in Python) | 'dali' (NVIDIA DALI pipeline: "
                        "padding and prefetch; GPU pipeline where CUDA exists)", "torch")
+    shapes: ShapeMode = _doc(
+        "the batches' shapes (docs/GPU.md): 'dynamic' (each padded to its own longest row) | "
+        "'bucketed' (the width rounded up to a multiple of data.shape_bucket: a GPU kernel "
+        "that plans per shape - cuDNN attention - meets a few shapes, not one per batch) | "
+        "'static' (every micro-batch the same shapes on every rank: rows of the full length, "
+        "a fixed table of sequence slots and masked-LM slots - what train.cuda_graphs "
+        "replays; random/global/local: local batch rows of one sequence each; offline_pack: "
+        "data.static_rows rows of up to data.max_seqs_per_row sequences)", "dynamic")
+    shape_bucket: int = _doc("data.shapes='bucketed': the width is a multiple of this "
+                             "(capped at the sequence length)", 64)
+    max_seqs_per_row: int = _doc(
+        "offline_pack: sequences one packed row holds at most (0 = no limit, or "
+        f"{STATIC_SEQS_PER_ROW} with data.shapes='static': NVIDIA's max_pack_factor)", 0)
+    static_rows: int = _doc(
+        "offline_pack with data.shapes='static': rows each rank computes per micro-batch (0 = "
+        "ceil(local batch / mean sequences per packed row); a step the plan packs into fewer "
+        "rows gets empty ones, reported as padding)", 0)
 
     def validate(self) -> None:
         if self.max_seq_length < 1 or self.max_predictions_per_seq < 1 or \
@@ -127,13 +144,28 @@ class DataConfig:
             raise ConfigError(f"data.pack_length ({self.pack_length}) > data.max_seq_length "
                               f"({self.max_seq_length}): a packed row must fit the model's "
                               "positions; lower data.pack_length")
+        if self.shape_bucket < 1 or self.max_seqs_per_row < 0 or self.static_rows < 0:
+            raise ConfigError("data.shape_bucket must be >= 1, data.max_seqs_per_row and "
+                              "data.static_rows >= 0 (0 = default)")
+        if self.shapes != "dynamic" and self.loader != "torch":
+            raise ConfigError(f"data.shapes='{self.shapes}' needs data.loader='torch' (the "
+                              f"DALI pipeline pads each batch to its own longest row)")
+        if self.shapes == "static" and self.balance == "pack":
+            raise ConfigError("data.shapes='static' with data.balance='pack': 'pack' packs each "
+                              "batch on the fly into a varying number of rows; use "
+                              "data.balance='offline_pack' (rows planned for the epoch, "
+                              "data.static_rows per rank) or an unpacked mode")
 
     def balance_spec(self, ranks_per_node: int, cost=None) -> BalanceSpec:
         """The loaders' spec from these keys (group_size 0 = ranks per node, pack_length 0 =
         max_seq_length; ``cost``: data.length_cost resolved for the model)."""
+        static = self.shapes == "static" and self.balance == "offline_pack"
+        per_row = self.max_seqs_per_row or (STATIC_SEQS_PER_ROW if static else 0)
         return BalanceSpec(mode=self.balance, bin_edges=tuple(self.bin_edges),
                            num_bins=self.num_bins, group_size=self.group_size or ranks_per_node,
-                           pack_length=self.pack_length or self.max_seq_length, cost=cost)
+                           pack_length=self.pack_length or self.max_seq_length, cost=cost,
+                           max_seqs_per_row=per_row if self.balance == "offline_pack" else 0,
+                           static_rows=self.static_rows if static else -1)
 
 
 @dataclass
@@ -236,6 +268,16 @@ class TrainConfig:
                              False)
     timeline: bool = _doc("record each step's compute/communication timeline into "
                           "metrics.jsonl (python -m runtime.observe.timeline draws it)", False)
+    cuda_graphs: CudaGraphs = _doc(
+        "CUDA graphs of the step (runtime/train/graphs.py, docs/GPU.md): 'none' (eager) | "
+        "'encoder' (each micro-batch's forward and backward replayed from a graph, the "
+        "gradient sync and optimizer eager: larger local batches, gradient accumulation) | "
+        "'full' (the whole iteration - forward, backward with the bucket allreduces and "
+        "clipping, loss scale, optimizer, learning rate - one graph replayed each step: the "
+        "small local batches where records are set). Both need CUDA, data.shapes='static', "
+        "train.grad_sync='buckets' and no train.timeline; 'full' the fused optimizer "
+        "(optim.backend auto | fused); the tied embedding is reduced dense (auto resolves "
+        "so). Captured after a few eager steps, and anew after a resume", "none")
     target_mlm_accuracy: float = _doc("stop with success at this masked-LM accuracy", 0.720)
     max_steps: int = _doc("stop (aborted) after this many optimizer steps", 6700)
     max_samples_termination: int = _doc("stop (aborted) after this many samples (0 = no limit)", 0)
@@ -444,10 +486,38 @@ class Config:
         if self.train.precision != "fp32" and self.system.device == "cpu":
             raise ConfigError(f"train.precision={self.train.precision} needs CUDA but "
                               "system.device='cpu'; use precision='fp32' on CPU")
+        self._validate_cuda_graphs()
         if self.submission.division == "closed" and self.train.target_mlm_accuracy < 0.720:
             raise ConfigError("submission.division='closed' needs train.target_mlm_accuracy >= "
                               "0.720 (MLPerf); use division='open' for a proxy target")
         return self
+
+    def _validate_cuda_graphs(self) -> None:
+        """train.cuda_graphs where a capture cannot work: refused before anything starts,
+        naming the key and what to use instead."""
+        t, mode = self.train, self.train.cuda_graphs
+        if mode == "none":
+            return
+        why = None
+        if self.system.device == "cpu":
+            why = "a CUDA device (system.device='cpu' has none)"
+        elif self.data.shapes != "static":
+            why = ("data.shapes='static' (a graph replays fixed shapes; every batch of "
+                   f"data.shapes='{self.data.shapes}' may have its own)")
+        elif t.grad_sync != "buckets":
+            why = ("train.grad_sync='buckets' (DDP's reducer is rebuilt and re-bucketed "
+                   "outside the step's control)")
+        elif t.timeline:
+            why = "train.timeline=false (the timeline stamps host times inside the step)"
+        elif t.tied_embedding_sync == "split":
+            why = ("train.tied_embedding_sync 'dense' or 'auto' (the split's decoder tap "
+                   "fires inside the graphed backward)")
+        elif mode == "full" and self.optim.backend not in ("auto", "fused"):
+            why = ("optim.backend 'auto' or 'fused' (the other steps read the skip flag "
+                   "back to the host)")
+        if why:
+            raise ConfigError(f"train.cuda_graphs='{mode}' needs {why}; set it, or "
+                              f"train.cuda_graphs='none'")
 
     def local_batch_size(self, world_size: int) -> int:
         """Per-rank micro-batch; a clear error when the global batch does not divide."""

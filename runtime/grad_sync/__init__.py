@@ -51,6 +51,8 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
     sizes = {n: p.numel() for n, p in named}
     element = named[0][1].element_size() if named else 4
     asked = train_cfg.tied_embedding_sync
+    if asked == "auto" and getattr(train_cfg, "cuda_graphs", "none") != "none":
+        asked = "dense"  # the split's decoder tap would fire inside a graphed backward
     head, tied_name = None, None
     if tied_sync_mode(asked, train_cfg.clip_mode, world_size) == "split":
         found = find_tied_head(model, named, required=asked == "split")

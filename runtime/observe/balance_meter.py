@@ -27,6 +27,7 @@ Never: changes what is trained, steers the loop, or reads the environment.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -91,12 +92,38 @@ class BalanceMeter:
             hook.remove()
 
     # -- forward timing ----------------------------------------------------------------------
+    hooked = True
+    """Whether the model's forward hooks time the forward; under CUDA graphs no module hook
+    runs in a replay (and none may record an event inside a capture): the trainer turns them
+    off and marks ``span``s itself - each micro-batch's forward replay (train.cuda_graphs
+    'encoder'), the whole step (``full``: backward and its allreduce waits included)."""
+    _paused = False
+
+    @contextlib.contextmanager
+    def paused(self):
+        """No timing inside (a CUDA graph being captured)."""
+        before, self._paused = self._paused, True
+        try:
+            yield
+        finally:
+            self._paused = before
+
+    @contextlib.contextmanager
+    def span(self):
+        """Time what runs inside as compute (see ``hooked``)."""
+        self._spans.append([self._mark()])
+        try:
+            yield
+        finally:
+            self._spans[-1].append(self._mark())
+
     def _forward_start(self, module, args) -> None:
-        if module.training:
+        if module.training and self.hooked and not self._paused:
             self._spans.append([self._mark()])
 
     def _forward_stop(self, module, args, output) -> None:
-        if module.training and self._spans and len(self._spans[-1]) == 1:
+        if module.training and self.hooked and not self._paused and self._spans \
+                and len(self._spans[-1]) == 1:
             self._spans[-1].append(self._mark())
 
     def _mark(self):

@@ -15,6 +15,13 @@ each with the repository line that caused it:
   wrong_device  a host tensor in a collective, or mixed with device tensors in one op. On
                 NCCL that is a crash ("No backend type associated with device type cpu");
                 gloo takes CPU tensors, which is why CPU runs never showed it.
+  host_copy     (``capture=True`` only) any copy from host memory to the device, pinned and
+                ``non_blocking`` included: inside a CUDA graph it would replay from the host
+                address of the capture, never the new value.
+
+With ``capture=True`` (the region a CUDA graph would capture, runtime.train.graphs) every op
+on a device tensor is also kept in ``trace`` as (op, output shapes): the same region run on
+other data must give the same trace - no shape, and no Python decision, depends on the data.
 
 On CUDA (``device.type == "cuda"``) the counting is torch's: ``torch.cuda.set_sync_debug_mode
 ("warn")`` reports every synchronising call (each becomes a ``sync`` event); wrong-device
@@ -58,7 +65,7 @@ from torch.utils._pytree import tree_flatten
 SIM_DEVICE = torch.device("cpu", 0)
 """The simulated accelerator: a CPU device that compares unequal to ``torch.device("cpu")``."""
 
-KINDS = ("read", "shape", "h2d", "d2h", "wrong_device", "sync")
+KINDS = ("read", "shape", "h2d", "d2h", "wrong_device", "sync", "host_copy")
 ROOT = Path(__file__).resolve().parents[2]
 _HERE = str(Path(__file__).resolve())
 
@@ -98,11 +105,13 @@ class HostSyncs:
     records nothing: there is no device to wait for). ``allow``: substrings of ``where`` that
     are expected (e.g. a documented sync), kept in ``allowed`` instead of ``events``."""
 
-    def __init__(self, device: Any, allow: Iterable[str] = ()):
+    def __init__(self, device: Any, allow: Iterable[str] = (), capture: bool = False):
         self.device = torch.device(device)
         self.allow = tuple(allow)
+        self.capture = capture
         self.events: list[SyncEvent] = []
         self.allowed: list[SyncEvent] = []
+        self.trace: list[tuple[str, tuple]] = []
         self._stack: Optional[contextlib.ExitStack] = None
 
     @property
@@ -259,6 +268,10 @@ class SimulatedDevice(TorchFunctionMode):
         on_device = _DEVICE in tags
         self._before(name, args, kwargs, tensors, on_device)
         out = func(*args, **kwargs)
+        if self.syncs.capture and (on_device or _is_sim(kwargs.get("device"))):
+            self.syncs.trace.append((name, tuple(
+                (tuple(o.shape), str(o.dtype)) for o in tree_flatten(out)[0]
+                if isinstance(o, torch.Tensor))))
         if name in ("cpu", "to") and out is args[0] and _tag(out) == _DEVICE:
             named, dev = _target_device(args, kwargs)
             if name == "cpu" or (named and not _is_sim(dev)):
@@ -304,11 +317,16 @@ class SimulatedDevice(TorchFunctionMode):
             if named and _is_sim(dev) and _tag(args[0]) == _HOST \
                     and not kwargs.get("non_blocking", False):
                 add("h2d", "to(device) without non_blocking")
+            elif named and _is_sim(dev) and _tag(args[0]) == _HOST and self.syncs.capture:
+                add("host_copy", "to(device)")
         elif name == "copy_" and len(args) > 1 and _tag(args[0]) == _DEVICE \
                 and _tag(args[1]) == _HOST and args[1].dim() > 0 \
                 and not kwargs.get("non_blocking", False) \
                 and not (len(args) > 2 and args[2]):
             add("h2d", "copy_ from host")
+        elif name == "copy_" and len(args) > 1 and _tag(args[0]) == _DEVICE \
+                and _tag(args[1]) == _HOST and self.syncs.capture:
+            add("host_copy", "copy_ from host")
 
     def _tag_output(self, name, args, kwargs, out, tags) -> None:
         outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]

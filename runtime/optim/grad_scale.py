@@ -53,27 +53,36 @@ class DynamicLossScale:
 
     def update(self, finite: Any) -> None:
         """After a step: ``finite`` (bool or 0-dim bool tensor) says whether the gradients
-        were finite. Device ops only."""
+        were finite. Device ops only, in place: the tensors keep their memory, so a CUDA
+        graph that captured this update reads and writes the live values at every replay
+        (whoever keeps a step's value keeps a copy: ``value()``)."""
         if not self.enabled:
             return
         finite = torch.as_tensor(finite, device=self.good_steps.device)
         good = torch.where(finite, self.good_steps + 1, torch.zeros_like(self.good_steps))
         grow = finite & (good % self.growth_interval == 0)
-        self.scale = torch.where(finite, torch.where(grow, self.scale * 2.0, self.scale),
-                                 torch.clamp(self.scale / 2.0, min=1.0))
-        self.good_steps = good
-        self.skipped = self.skipped + (~finite).to(self.skipped.dtype)
+        self.scale.copy_(torch.where(finite, torch.where(grow, self.scale * 2.0, self.scale),
+                                     torch.clamp(self.scale / 2.0, min=1.0)))
+        self.good_steps.copy_(good)
+        self.skipped.add_((~finite).to(self.skipped.dtype))
+
+    def value(self) -> Number:
+        """The scale now, as a value of its own (a copy of the device tensor, which later
+        updates overwrite in place)."""
+        return self.scale.clone() if self.enabled else self.scale
 
     def state_dict(self) -> dict:
-        return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
+        """Copies (the live tensors change in place at every step)."""
+        clone = lambda t: t.clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
+        return {"scale": clone(self.scale), "good_steps": clone(self.good_steps),
+                "skipped": clone(self.skipped)}
 
     def load_state_dict(self, state: dict) -> None:
         if not self.enabled:
             return
-        device = self.good_steps.device
-        self.scale = torch.as_tensor(state["scale"], dtype=torch.float64).to(device)
-        self.good_steps = torch.as_tensor(state["good_steps"], dtype=torch.int64).to(device)
-        self.skipped = torch.as_tensor(state["skipped"], dtype=torch.int64).to(device)
+        for name, dtype in (("scale", torch.float64), ("good_steps", torch.int64),
+                            ("skipped", torch.int64)):  # in place: the tensors stay where
+            getattr(self, name).copy_(torch.as_tensor(state[name], dtype=dtype))  # they are
 
 
 def step_multiplier(norm: torch.Tensor, loss_scale: Number, *, max_norm: float,

@@ -188,6 +188,9 @@ def build_train_loader(cfg: Config, dist: DistContext, cost: length_cost.LengthC
     spec = cfg.data.balance_spec(dist.local_world_size, cost=cost)
     kwargs = dict(verify=cfg.data.verify_checksums, prefetch=cfg.data.prefetch, balance=spec,
                   limits=limits)
+    if cfg.data.shapes != "dynamic":  # (the config refuses other shapes with DALI)
+        kwargs.update(shapes=cfg.data.shapes, shape_bucket=cfg.data.shape_bucket,
+                      max_predictions_per_seq=cfg.data.max_predictions_per_seq)
     args = (cfg.data.data_dir, dist.rank, dist.world_size,
             cfg.local_batch_size(dist.world_size), cfg.train.seed)
     if cfg.data.loader == "dali":

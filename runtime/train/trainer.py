@@ -38,22 +38,29 @@ import torch.distributed as torch_dist
 
 from loaders.dataset import DataSetInfo, check_data_set
 from runtime.choices import clip_spec
-from runtime.config import Config
+from runtime.config import Config, ConfigError
 from runtime.events import CallbackList, Event, RunState
 from runtime.launch import signals
 from runtime.launch.dist import DistContext, all_reduce_sum, barrier, broadcast_object
 from runtime.observe import noise_scale
 from runtime.observe.balance_meter import BalanceMeter
+from runtime.observe.hostsync import SIM_DEVICE
 from runtime.observe.step_log import StepLog, StepRecord
 from runtime.optim.grad_scale import step_multiplier
 from runtime.optim.optimizers import set_lr
 from runtime.train.build import InitCheckpointError, Parts, build_model, build_parts, describe
+from runtime.train.graphs import EncoderGraphs, FullStepGraph
 from runtime.train import resume_rules
 from runtime.train.checkpoint import CheckpointManager, ResumeRefused
 from runtime.train.progress import Progress
 from runtime.train.run_control import RunControl
 
 __all__ = ["EvalResult", "InitCheckpointError", "Trainer", "build_model"]
+
+LR_TABLE_MAX = 1 << 22
+"""Steps whose learning rate a full-graph run keeps on the device (32 MiB of float64)."""
+_DEVICE_KEYS = ("grad_norm", "clip_coef", "skipped", "loss_scale", "grad_sq_mean")
+"""What ``_step`` returns for the step log's device fields; the rest goes to ``extra``."""
 
 
 @dataclass
@@ -109,6 +116,7 @@ class Trainer:
                                  "samples": ck.samples, "world_size": ck.world_size,
                                  "time": ck.manifest.get("time"), "adopted_from_run": adopted}
         self.callbacks.fire(Event.INIT_START, self.state)
+        self._graph_stream()  # before the parts: autograd's nodes are made on this stream
         if parts is None:
             plan = self.resume_from.path / "bucket_plan.json" if self.resume_from else None
             parts = build_parts(cfg, dist, bucket_plan=plan if plan and plan.is_file() else None)
@@ -145,6 +153,45 @@ class Trainer:
                                files={"bucket_plan.json": self._plan_file})
         if self.resume_from is not None:  # last: the RNG states are restored here
             self._resume()
+        self._build_graphs()  # after a resume: a resumed run captures anew
+
+    # ---- CUDA graphs (runtime.train.graphs) ------------------------------------------------
+    full_graph = encoder_graphs = lr_table = device_step = None
+
+    def _graph_stream(self) -> None:
+        """train.cuda_graphs: refused off CUDA (a config error, exit 2, before anything is
+        built); on CUDA the run's work goes to a stream of its own - a graph cannot be
+        captured on the default stream, and autograd's nodes, the eager steps, the capture
+        and the replays must share one stream."""
+        mode = self.cfg.train.cuda_graphs
+        if mode == "none" or self.dist.device == SIM_DEVICE:  # (tests: the eager warm-up of
+            return                                             # the captured step, simulated)
+        if self.dist.device.type != "cuda":
+            raise ConfigError(f"train.cuda_graphs='{mode}' needs a CUDA device; this rank runs "
+                              f"on {self.dist.device} - set train.cuda_graphs='none'")
+        torch.cuda.set_stream(torch.cuda.Stream(self.dist.device))
+
+    def _build_graphs(self) -> None:
+        mode, device = self.cfg.train.cuda_graphs, self.dist.device
+        pause = self.balance_meter.paused
+        if mode == "none":
+            return
+        self.balance_meter.hooked = False  # graphs run no module hooks: spans are explicit
+        if mode == "encoder":
+            self.encoder_graphs = EncoderGraphs(self.net, device, self._autocast, pause=pause)
+            return
+        steps = self.cfg.train.max_steps + 1
+        if steps > LR_TABLE_MAX:
+            raise ConfigError(f"train.cuda_graphs='full' keeps the learning rate of every step "
+                              f"on the device: train.max_steps={steps - 1} exceeds "
+                              f"{LR_TABLE_MAX - 1}; lower it or use train.cuda_graphs='encoder'")
+        # The schedule is a pure function of the step: its values, the host's exact floats,
+        # as a device table the graph indexes with its own step counter.
+        self.lr_table = torch.tensor([self.schedule(t) for t in range(steps)],
+                                     dtype=torch.float64).to(device)
+        self.device_step = torch.zeros((), dtype=torch.int64, device=device)
+        self.device_step.fill_(self.state.step)
+        self.full_graph = FullStepGraph(self._step, device, pause=pause)
 
     def _check_resume(self, ck) -> None:
         """Refuse a resume that changes a key that must match (runtime.train.resume_rules);
@@ -182,11 +229,18 @@ class Trainer:
         if p == "fp32":
             return contextlib.nullcontext()
         dtype = torch.bfloat16 if p == "bf16" else torch.float16
-        return torch.autocast(self.dist.device.type, dtype=dtype)
+        # Under CUDA graphs without the cast cache: a graph would replay the casts of the
+        # weights it captured once (and make_graphed_callables refuses the cache).
+        return torch.autocast(self.dist.device.type, dtype=dtype,
+                              cache_enabled=self.cfg.train.cuda_graphs == "none")
 
-    def _micro_batches(self, it):
+    def _micro_batches(self, it, seen: list):
+        """This step's micro-batches on the device (the encoder graphs copy host batches into
+        their own buffers); each host batch is also appended to ``seen``."""
         for _ in range(self.accum):
-            yield self._to_device(next(it))
+            batch = next(it)
+            seen.append(batch)
+            yield batch if self.encoder_graphs is not None else self._to_device(batch)
 
     def _to_device(self, batch):
         """The batch on the device, copied without making the host wait. From pageable
@@ -207,31 +261,47 @@ class Trainer:
         return self.timeline.span(name) if self.timeline else contextlib.nullcontext()
 
     def train_step(self, it) -> StepRecord:
-        """One optimizer step. No host read and no collective but the gradient allreduces:
-        norms, the clip coefficient and the skip decision stay on the device."""
+        """One optimizer step: its device work (``_step``) run eagerly, or replayed from the
+        whole-step CUDA graph (train.cuda_graphs = 'full'). No host read and no collective
+        but the gradient allreduces: norms, the clip coefficient and the skip decision stay
+        on the device."""
         t0 = time.perf_counter()
         if self.timeline:
             self.timeline.start_step()
-        step, sync, scale = self.state.step, self.grad_sync, self.loss_scale
-        lr = self.schedule(step)
-        set_lr(self.optimizer, lr)
+        step, lr = self.state.step, self.schedule(self.state.step)
+        batches: list = []  # this step's host batches (their token counts)
+        if self.full_graph is not None:  # the learning rate: the graph's own, from the table
+            batches = [next(it) for _ in range(self.accum)]
+            with self.balance_meter.span():
+                values = self.full_graph.step(batches)
+        else:
+            set_lr(self.optimizer, lr)
+            values = self._step(self._micro_batches(it, batches))
+        real = sum(b.num_real_tokens for b in batches)
+        computed = sum(b.layout.num_tokens if self.unpadded and b.layout is not None
+                       else b.num_padded_tokens for b in batches)
+        return self._record(step, lr, t0, real, computed, values)
+
+    def _step(self, batches) -> dict:
+        """The device work of one step on device ``batches``: forward, backward, gradient
+        sync, optimizer update. What the whole-step graph captures (runtime.train.graphs):
+        every state it changes it changes in place, and nothing in it reads the host."""
+        sync, scale = self.grad_sync, self.loss_scale
+        if self.lr_table is not None:  # train.cuda_graphs full: lr from the device's counter
+            at = self.device_step.clamp(max=self.lr_table.shape[0] - 1).reshape(1)
+            set_lr(self.optimizer, self.lr_table.index_select(0, at).reshape(()))
+            self.device_step.add_(1)
         self.net.train()
         sync.begin_step(scale.scale)
         losses = torch.zeros(4, device=self.dist.device)
-        real = computed = 0
-        for i, batch in enumerate(self._micro_batches(it)):
+        for i, batch in enumerate(batches):
             with sync.no_sync() if i < self.accum - 1 else contextlib.nullcontext():
-                with self._span("forward"), self._autocast():
-                    out = self.net(batch.input_ids, batch.token_type_ids, batch.attention_mask,
-                                   masked_lm_labels=batch.masked_lm_labels,
-                                   next_sentence_labels=batch.next_sentence_labels,
-                                   layout=batch.layout)
+                with self._span("forward"):
+                    loss, mlm_loss, nsp_loss = self._forward(batch)
                 with self._span("backward"):
-                    (out.loss * scale.loss_multiplier(self.accum)).backward()
-            losses[:3] += torch.stack([out.loss.detach(), out.mlm_loss.detach(),
-                                       out.nsp_loss.detach()]).float() / self.accum
-            real += batch.num_real_tokens
-            computed += batch.num_real_tokens if self.unpadded else batch.num_padded_tokens
+                    (loss * scale.loss_multiplier(self.accum)).backward()
+            losses[:3] += torch.stack([loss.detach(), mlm_loss.detach(),
+                                       nsp_loss.detach()]).float() / self.accum
         with self._span("sync"):  # the last launches and the wait for every allreduce
             report = sync.finish()
         with self._span("optimizer"):
@@ -241,15 +311,30 @@ class Trainer:
             self.optimizer.step(grad_scale=grad_scale, found_inf=found_inf)
             scale.update(~found_inf)
             sync.zero_grad()
-        device = dict(grad_norm=norm, clip_coef=coef * report.clip_coef, skipped=found_inf,
-                      loss_scale=scale.scale)
+        values = dict(losses=losses, grad_norm=norm, clip_coef=coef * report.clip_coef,
+                      skipped=found_inf, loss_scale=scale.value())
         if report.local_sq_norm is not None:  # the gradient noise scale's two batch sizes
             losses[3] = report.local_sq_norm  # averaged over ranks at the logging point
-            device["grad_sq_mean"] = norm.square() - (0.0 if report.excluded_sq_norm is None
+            values["grad_sq_mean"] = norm.square() - (0.0 if report.excluded_sq_norm is None
                                                       else report.excluded_sq_norm)
-        return self._record(step, lr, t0, losses, real, computed, device, report.metrics())
+        return {**values, **report.metrics()}
 
-    def _record(self, step, lr, t0, losses, real, computed, device, extra) -> StepRecord:
+    def _forward(self, batch):
+        """(loss, mlm_loss, nsp_loss) of one micro-batch: replayed from the encoder graphs
+        (train.cuda_graphs = 'encoder'; they take the host batch), else the model's forward."""
+        if self.encoder_graphs is not None:
+            with self.balance_meter.span():
+                return self.encoder_graphs.forward(batch)
+        with self._autocast():
+            out = self.net(batch.input_ids, batch.token_type_ids, batch.attention_mask,
+                           masked_lm_labels=batch.masked_lm_labels,
+                           next_sentence_labels=batch.next_sentence_labels, layout=batch.layout)
+        return out.loss, out.mlm_loss, out.nsp_loss
+
+    def _record(self, step, lr, t0, real, computed, values) -> StepRecord:
+        losses = values.pop("losses")
+        device = {k: values.pop(k) for k in _DEVICE_KEYS if k in values}
+        extra = values
         self.state.step = step + 1
         self.state.samples += self.cfg.train.global_batch_size
         self.balance_meter.end_step(real, computed)
@@ -373,7 +458,8 @@ class Trainer:
         return t.max_samples_termination > 0 and self.state.samples >= t.max_samples_termination
 
     def close(self) -> None:
-        for part in ("balance_meter", "grad_sync", "train_loader"):
+        for part in ("full_graph", "encoder_graphs", "balance_meter", "grad_sync",
+                     "train_loader"):
             obj = getattr(self, part, None)
             if obj is not None and hasattr(obj, "close"):
                 obj.close()
