@@ -445,8 +445,18 @@ class OfflinePackPlan(_PlanBase):
             return np.array([self.cost.of_rows([self.flat_lengths[rows[r]].tolist()
                                                 for r in members]) for members in sets])
 
+        fixed = self.rows_per_rank(b)
         steps = row_steps(counts, tokens, self.world_size, b, self.spec.pack_length,
-                          set_costs, rows_per_rank=self.rows_per_rank(b))
+                          set_costs, rows_per_rank=fixed)
+        left = int(counts.sum()) - len(steps) * self.world_size * b
+        if fixed and left > 4 * self.world_size * b:  # more than the usual remainder
+            mean = counts.mean()
+            raise DataError(
+                f"data.static_rows={fixed}: {fixed} packed rows per rank cannot hold a local "
+                f"batch of {b} sequences for the whole epoch (the rows hold {mean:.2f} "
+                f"sequences on average; {left} of {int(counts.sum())} sequences of epoch "
+                f"{epoch} would be left out): set data.static_rows >= "
+                f"{int(np.ceil(b / mean))}, or 0 to derive it")
         widest = max((int(counts[s].sum(1).max()) for s in steps), default=b)
         pairs = np.full((self.world_size, len(steps), widest, 2), -1, dtype=np.int32)
         row_of = np.full((self.world_size, len(steps), widest), -1, dtype=np.int16)

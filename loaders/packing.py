@@ -122,8 +122,14 @@ def _choose(counts, ahead, ranks, total, fixed: int = 0, per_rank: int = 0):
     ``fixed`` > 0: R = fixed, else fewer down to the fewest rows that can hold the step."""
     k = counts[ahead]
     if fixed:
-        fewest = -(-per_rank // max(int(k.max()), 1)) if len(k) else 1
-        for rows_per_rank in range(fixed, max(fewest, 1) - 1, -1):
+        # R from `fixed` down to the fewest rows that can hold a rank's share, the one whose
+        # rows must hold what the window's rows hold on average first: the window's mix stays
+        # the stream's, instead of running out of one kind of row
+        fewest = max(1, -(-per_rank // max(int(k.max()), 1))) if len(k) else 1
+        mean = float(k.mean()) if len(k) else 1.0
+        tries = sorted(range(fewest, fixed + 1),
+                       key=lambda r: (abs(total / (ranks * r) - mean), -r))
+        for rows_per_rank in tries:
             n = ranks * rows_per_rank
             picked = _exact_rows(k, n, total) if n <= len(k) else None
             if picked is not None:
