@@ -807,9 +807,16 @@ def stage_short_runs(run: Run) -> dict:
     return out
 
 
+def stage_graphs(run: Run) -> dict:
+    """The small-batch step eager and from CUDA graphs (bench/gpu_graphs.py)."""
+    from bench.gpu_graphs import stage_graphs as graphs
+    return graphs(run)
+
+
 STAGES: dict[str, Callable[[Run], dict]] = {
     "env": stage_env, "data": stage_data, "cuda_tests": stage_cuda_tests,
     "checks": stage_checks, "throughput": stage_throughput, "plain": stage_plain,
     "optimizer": stage_optimizer, "tune_profile": stage_tune_profile,
-    "small_batches": stage_small_batches, "short_runs": stage_short_runs,
+    "small_batches": stage_small_batches, "graphs": stage_graphs,
+    "short_runs": stage_short_runs,
 }

@@ -49,6 +49,13 @@ def test_smoke_run_records_every_stage_and_isolates_a_failure(tmp_path):
     assert r["plain"]["padded_fp32"]["sequences_per_s"] > 0
     assert r["optimizer"]["lamb_presto:fused"]["ratio_to_limit"] > 0
     assert r["tune_profile"]["b2"]["forward_s"] > 0
+    graphs = r["graphs"]  # the CUDA-graph stage: eager only on a CPU, graphs said skipped
+    assert graphs["rows2"]["rows"] == 2 and graphs["rows2"]["eager"]["step_s"] > 0
+    assert graphs["rows2"]["eager"]["kernels"] > 0 and graphs["rows2"]["eager"]["busy_s"] > 0
+    assert "skipped" in graphs["rows2"]["full"] and "skipped" in graphs["b4"]["encoder"]
+    assert set(graphs["eager_b4"]) == {"unpadded_dynamic", "padded_bucketed", "packed_static"}
+    assert goals_of(record, "full_graph_2rows_under_25ms") is None
+    assert goals_of(record, "eager_b4_within_1_2x_unpadded") in (True, False)
     short = r["short_runs"]["fp32"]
     assert short["returncode"] in (0, 1) and short["compliance"]["returncode"] == 0, short
     goals = record["goals"]
@@ -58,6 +65,10 @@ def test_smoke_run_records_every_stage_and_isolates_a_failure(tmp_path):
     summary = (out / "summary.txt").read_text()
     assert "throughput   failed" in summary and "not measured" in summary
     assert (out / "stages.log").read_text().count("=====") == len(gpu.STAGE_NAMES)
+
+
+def goals_of(record: dict, name: str):
+    return record["goals"][name]["met"]
 
 
 def _today() -> str:
@@ -103,3 +114,18 @@ def test_a_stage_with_a_failed_part_is_partial():
                             "packed_bf16": {"error": "DataError: ..."}}) == ["packed_bf16"]
     assert gpu.part_errors({"counts": {"passed": 3, "failed": 0, "error": 0}}) == []
     assert gpu.part_errors({"error": "top-level"}) == []  # a failed stage, not a part
+
+
+def test_the_graph_goals_from_the_stage_figures():
+    from bench.gpu_graphs import _goals
+    out = {"rows2": {"full": {"step_s": 0.020, "step_over_busy": 1.1}},
+           "eager_b4": {"unpadded_dynamic": {"step_s": 0.080},
+                        "padded_bucketed": {"step_s": 0.090},
+                        "packed_static": {"step_s": 0.200}, "packed_dynamic": {"error": "x"}}}
+    g = _goals(out)
+    assert g["full_graph_2rows_within_1_15x_busy"]["met"] is True
+    assert g["full_graph_2rows_under_25ms"]["met"] is True
+    assert g["eager_b4_within_1_2x_unpadded"]["met"] is False  # packed static: 2.5x
+    assert g["eager_b4_within_1_2x_unpadded"]["ratios"]["padded_bucketed"] == pytest.approx(1.125)
+    out["rows2"]["full"] = {"error": "capture failed"}
+    assert _goals(out)["full_graph_2rows_under_25ms"]["met"] is None  # not measured

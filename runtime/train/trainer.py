@@ -169,6 +169,7 @@ class Trainer:
         if self.dist.device.type != "cuda":
             raise ConfigError(f"train.cuda_graphs='{mode}' needs a CUDA device; this rank runs "
                               f"on {self.dist.device} - set train.cuda_graphs='none'")
+        self._stream_before = torch.cuda.current_stream(self.dist.device)
         torch.cuda.set_stream(torch.cuda.Stream(self.dist.device))
 
     def _build_graphs(self) -> None:
@@ -463,3 +464,8 @@ class Trainer:
             obj = getattr(self, part, None)
             if obj is not None and hasattr(obj, "close"):
                 obj.close()
+        before = getattr(self, "_stream_before", None)
+        if before is not None:  # the run's own stream (train.cuda_graphs) ends with it
+            torch.cuda.current_stream(self.dist.device).synchronize()
+            torch.cuda.set_stream(before)
+            self._stream_before = None

@@ -1,0 +1,247 @@
+"""The ``graphs`` stage of ``python -m bench.gpu``: the small-batch step eager, with the
+encoder graphs and as one whole-step CUDA graph (train.cuda_graphs, runtime/train/graphs.py),
+each beside the device's busy time of one step.
+
+Cases (BERT-large, sequence 512, bf16, static shapes from offline_pack, unpadded attention):
+2 and 3 packed rows of 512 per rank (the local batch the rows hold on average), local batches
+of 4 and 16 sequences, and a large one (96). For each mode: the step time (steps enqueued back
+to back, one synchronisation at the end), the host's time to enqueue one step (the median
+return time of ``train_step``), the device's busy time of one step (the sum of the kernel
+durations under torch.profiler) and the kernel count, and the step as a ratio to its busy time.
+Where a full-graph replay is slower than 1.15x its busy time, the kernels of a replay and of
+an eager step are compared name by name (what differs under capture).
+
+Eager at a local batch of 4 sequences for each path and shape policy (unpadded, padded and
+packed; dynamic, bucketed and static shapes): the per-shape host cost (cuDNN's attention plans
+a new shape at most steps of the dynamic padded and packed paths) against the unpadded path.
+
+One trainer per case serves its three modes in turn (eager, then the encoder graphs, then the
+full graph on the same parts): building BERT-large and compiling the fused optimizer once per
+case keeps the stage in its budget. On CPU (``--smoke``) the tiny model runs the eager modes
+only (no capture without CUDA) and the profiler counts CPU ops: the harness is what is tested.
+"""
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from typing import Any
+
+from bench.gpu_stages import (DGX_CONFIG, CPU_CONFIG, LARGE_SHAPE, SMOKE_EAGER, TINY, Run,
+                              _config, _free_cuda, _max_pred, _seq, _synchronize, _world_of_one)
+
+STATIC = ["data.shapes=static", "data.balance=offline_pack", "model.attention=unpadded",
+          "data.bin_edges=[]"]
+EAGER_PATHS = {  # local batch 4, eager: the per-shape cost of each path and shape policy
+    "unpadded_dynamic": ["model.attention=unpadded", "data.balance=random"],
+    "padded_dynamic": ["model.attention=padded", "data.balance=random"],
+    "padded_bucketed": ["model.attention=padded", "data.balance=random",
+                        "data.shapes=bucketed"],
+    "packed_dynamic": ["model.attention=padded", "data.balance=pack", "data.bin_edges=[]"],
+    "packed_bucketed": ["model.attention=padded", "data.balance=pack", "data.bin_edges=[]",
+                        "data.shapes=bucketed"],
+    "packed_static": ["model.attention=padded", *STATIC[:2], "data.bin_edges=[]"],
+}
+GOAL_BUSY_RATIO, GOAL_STEP_S, GOAL_EAGER_RATIO = 1.15, 0.025, 1.2
+
+
+def _trainer(run: Run, b: int, *extra: str):
+    from runtime.train.trainer import Trainer
+    shape = TINY + SMOKE_EAGER if run.smoke else [f"model.{k}={v}"
+                                                  for k, v in LARGE_SHAPE.items()]
+    cfg = _config(run, DGX_CONFIG if not run.smoke else CPU_CONFIG,
+                  f"data.data_dir={run.data('seq512')}", *shape, "model.init=scratch",
+                  f"train.global_batch_size={b}", "system.nodes=1", "system.ranks_per_node=1",
+                  f"system.device={run.device}", f"train.precision={'bf16' if run.cuda else 'fp32'}",
+                  f"data.max_seq_length={_seq(run)}",
+                  f"data.max_predictions_per_seq={_max_pred(run)}",
+                  "train.log_every_steps=100000", "train.max_steps=100000", *extra)
+    trainer = Trainer(cfg, _world_of_one(run.device))
+    trainer.setup()
+    return trainer
+
+
+def _profile(run: Run, step, n: int) -> tuple[float, float, dict]:
+    """(busy seconds per step, kernels per step, {kernel name: [calls, µs]}) over ``n``
+    calls of ``step`` under the profiler (CPU ops' self time on CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+    activity = ProfilerActivity.CUDA if run.cuda else ProfilerActivity.CPU
+    _synchronize()
+    with profile(activities=[activity]) as prof:
+        for _ in range(n):
+            step()
+        _synchronize()
+    names: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type.name != ("CUDA" if run.cuda else "CPU"):
+            continue
+        us = e.device_time if run.cuda else e.self_cpu_time_total
+        r = names.setdefault(e.name[:90], [0, 0.0])
+        r[0] += 1
+        r[1] += us
+    busy = sum(t for _, t in names.values()) / n / 1e6
+    kernels = sum(c for c, _ in names.values()) / n
+    return busy, kernels, names
+
+
+def _measure(run: Run, trainer, it, warmup: int, steps: int) -> dict:
+    """Step time, host enqueue time, busy time, kernels of ``trainer.train_step``."""
+    for _ in range(warmup):
+        trainer.train_step(it)
+    trainer.step_log.flush()
+    _synchronize()
+    host = []
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        h = time.perf_counter()
+        trainer.train_step(it)
+        host.append(time.perf_counter() - h)
+    _synchronize()
+    step_s = (time.perf_counter() - t0) / steps
+    busy, kernels, names = _profile(run, lambda: trainer.train_step(it), 1 if run.smoke else 3)
+    trainer.step_log.flush()
+    return {"step_s": step_s, "host_s": statistics.median(host), "busy_s": busy,
+            "kernels": kernels, "step_over_busy": step_s / busy if busy else None,
+            "_names": names}
+
+
+def _kernel_diff(replay: dict, eager: dict, top: int = 12) -> list[dict]:
+    """The kernels whose time differs most between a replay and an eager step (per step)."""
+    keys = set(replay) | set(eager)
+    rows = []
+    for k in keys:
+        r, e = replay.get(k, [0, 0.0]), eager.get(k, [0, 0.0])
+        rows.append({"kernel": k, "replay_us": round(r[1], 1), "eager_us": round(e[1], 1),
+                     "replay_calls": r[0], "eager_calls": e[0], "diff_us": round(r[1] - e[1], 1)})
+    return sorted(rows, key=lambda x: -abs(x["diff_us"]))[:top]
+
+
+def _modes(run: Run, trainer) -> dict:
+    """Eager, encoder graphs and full graph on one trainer's parts, in that order."""
+    from runtime.train.graphs import EncoderGraphs, FullStepGraph
+    full_graph, lr_table = trainer.full_graph, trainer.lr_table
+    warm, steps = (1, 1) if run.smoke else (5, 10)
+    out: dict[str, Any] = {}
+    it = iter(trainer.train_loader)
+    # eager: the same parts with the graphs detached (and autocast's cast cache back on)
+    trainer.full_graph = trainer.lr_table = None
+    trainer.cfg.train.cuda_graphs = "none"
+    trainer.balance_meter.hooked = True
+    out["eager"] = _measure(run, trainer, it, warm, steps)
+    if not run.cuda:
+        out["encoder"] = out["full"] = {"skipped": "CUDA graphs need a GPU (smoke: CPU)"}
+        return out
+    trainer.balance_meter.hooked = False
+    for mode in ("encoder", "full"):
+        trainer.cfg.train.cuda_graphs = mode
+        try:
+            if mode == "encoder":
+                trainer.encoder_graphs = EncoderGraphs(trainer.net, trainer.dist.device,
+                                                       trainer._autocast,
+                                                       pause=trainer.balance_meter.paused)
+            else:
+                trainer.encoder_graphs = None
+                gc.collect()
+                trainer.lr_table = lr_table
+                trainer.device_step.fill_(trainer.state.step)
+                trainer.full_graph = full_graph
+            out[mode] = _measure(run, trainer, it, warm, steps)
+        except Exception as e:  # noqa: BLE001 - one mode failing keeps the others
+            out[mode] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        trainer.encoder_graphs = None
+    full = out.get("full", {})
+    if full.get("step_over_busy") and full["step_over_busy"] > GOAL_BUSY_RATIO:
+        out["full"]["kernels_replay_vs_eager"] = _kernel_diff(full["_names"],
+                                                              out["eager"]["_names"])
+    return out
+
+
+def stage_graphs(run: Run) -> dict:
+    seq = _seq(run)
+    out: dict[str, Any] = {"seq": seq, "model": "tiny" if run.smoke else "bert-large",
+                           "precision": "bf16" if run.cuda else "fp32"}
+    from loaders.balance import BalanceSpec
+    from loaders.dataset import TrainLoader
+    probe = TrainLoader(run.data("seq512"), 0, 1, 4, 1, verify=False, balance=BalanceSpec(
+        mode="offline_pack", pack_length=seq, max_seqs_per_row=3, static_rows=0))
+    rows = probe.plan.epoch_rows(0)
+    per_row = sum(len(r) for r in rows) / len(rows)  # sequences a packed row holds on average
+    probe.close()
+    out["sequences_per_packed_row"] = round(per_row, 3)
+    cases = {f"rows{r}": (max(1, int(r * per_row)), [f"data.static_rows={r}"]) for r in (2, 3)}
+    cases.update({"b4": (4, []), "b16": (16, []), "large": (96, [])})
+    if run.smoke:  # the harness, in seconds: one packed case, one local batch
+        cases = {k: v for k, v in cases.items() if k in ("rows2", "b4")}
+    for name, (b, extra) in cases.items():
+        try:
+            trainer = _trainer(run, b, *STATIC, "train.cuda_graphs=full"
+                               if run.cuda else "train.cuda_graphs=none", *extra)
+            try:
+                if trainer.full_graph is None:  # CPU: eager only
+                    trainer.lr_table = None
+                static = trainer.train_loader.static
+                out[name] = {"local_batch": b, "rows": static.rows, **_modes(run, trainer)}
+            finally:
+                trainer.close()
+        except Exception as e:  # noqa: BLE001
+            out[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        _free_cuda()
+        print(f"graphs {name}: {_line(out[name])}", flush=True)
+    eager = {}
+    paths = {k: v for k, v in EAGER_PATHS.items() if not run.smoke or k in (
+        "unpadded_dynamic", "padded_bucketed", "packed_static")}
+    for name, extra in paths.items():
+        try:
+            trainer = _trainer(run, 4, *extra)
+            try:
+                it = iter(trainer.train_loader)
+                eager[name] = _measure(run, trainer, it, 3 if not run.smoke else 1,
+                                       10 if not run.smoke else 2)
+            finally:
+                trainer.close()
+        except Exception as e:  # noqa: BLE001
+            eager[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        _free_cuda()
+    out["eager_b4"] = eager
+    out["goals"] = _goals(out)
+    for rec in [*(v for v in out.values() if isinstance(v, dict))]:
+        for mode in rec.values() if isinstance(rec, dict) else ():
+            if isinstance(mode, dict):
+                mode.pop("_names", None)
+    for v in eager.values():
+        v.pop("_names", None)
+    return out
+
+
+def _line(rec: dict) -> str:
+    if "error" in rec:
+        return "error: " + rec["error"][:120]
+    parts = []
+    for mode in ("eager", "encoder", "full"):
+        m = rec.get(mode, {})
+        if "step_s" in m:
+            parts.append(f"{mode} {m['step_s'] * 1e3:.1f} ms (busy {m['busy_s'] * 1e3:.1f}, "
+                         f"host {m['host_s'] * 1e3:.1f}, {m['kernels']:.0f} kernels)")
+        else:
+            parts.append(f"{mode} {m.get('error') or m.get('skipped')}")
+    return "; ".join(parts)
+
+
+def _goals(out: dict) -> dict:
+    """The issue's goals from this stage's figures (None where not measured)."""
+    full = out.get("rows2", {}).get("full", {})
+    step, ratio = full.get("step_s"), full.get("step_over_busy")
+    eager = out.get("eager_b4", {})
+    base = eager.get("unpadded_dynamic", {}).get("step_s")
+    ratios = {k: v["step_s"] / base for k, v in eager.items() if base and "step_s" in v}
+    worst = max((r for k, r in ratios.items() if k != "unpadded_dynamic"), default=None)
+    return {
+        "full_graph_2rows_within_1_15x_busy": {"goal": GOAL_BUSY_RATIO, "ratio": ratio,
+                                                "met": None if ratio is None
+                                                else ratio <= GOAL_BUSY_RATIO},
+        "full_graph_2rows_under_25ms": {"goal": GOAL_STEP_S, "step_s": step,
+                                         "met": None if step is None else step <= GOAL_STEP_S},
+        "eager_b4_within_1_2x_unpadded": {"goal": GOAL_EAGER_RATIO, "ratios": ratios,
+                                          "met": None if worst is None
+                                          else worst <= GOAL_EAGER_RATIO},
+    }
