@@ -23,7 +23,8 @@ returning [T, heads, d], with attention confined to each sequence:
                    cuda-marked tests.
 
 ``varlen_attention(..., kernel="auto")`` picks ``cuda_varlen`` on CUDA and ``repad`` on CPU
-(the fastest CPU path measured by ``python -m bench.balance --attention``).
+(the fastest CPU path measured by ``python -m bench.balance --attention``): the rule is
+kernels.attention_rule's, with each kernel's cost layout beside it.
 Never: model parameters, head split/merge, or deciding which tokens are real (the caller
 passes cu_seqlens). Dropout draws differ between kernels, so they agree exactly only with
 dropout_p = 0 (what the tests check).
@@ -36,8 +37,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-KERNELS = ("auto", "per_sequence", "repad", "block_diagonal", "jagged", "flash_varlen",
-           "cuda_varlen")
+from kernels.attention_rule import KERNELS, resolve  # the one rule: what 'auto' runs
 
 
 @dataclass
@@ -199,7 +199,7 @@ def varlen_attention(q, k, v, varlen: Varlen, dropout_p: float = 0.0,
                      kernel: str = "auto") -> torch.Tensor:
     """Attention of q, k, v [T, heads, d] within each sequence of ``varlen``."""
     if kernel == "auto":
-        kernel = "cuda_varlen" if q.is_cuda and cuda_varlen_available() else "repad"
+        kernel = resolve(kernel, q.device.type, cuda_varlen_available())
     try:
         fn = _BY_NAME[kernel]
     except KeyError:

@@ -14,7 +14,9 @@ with the square of a sequence's length, every row has a fixed cost (pooler, NSP 
 launches) and a padded model computes on rows × the longest row, its attention on rows × L².
 Balancing by the wrong cost leaves the waits it exists to remove.
 
-The layouts (how the model lays a batch out; ``layout_for`` maps the config to one):
+The layouts (how the model lays a batch out; runtime.model.arithmetic.attention_layout maps
+the config and the attention kernel that runs to one - kernels.attention_rule, the same rule
+the kernels follow - and hands it here as a string):
 
 =============  =====================================================================
 ``padded``     every row padded to the batch's longest row L (``model.attention =
@@ -72,19 +74,6 @@ NOMINAL_FLOPS = 1e12
 
 DEFAULTS_FILE = Path(__file__).with_name("length_costs.json")
 """Coefficients measured with ``python -m runtime.calibrate.length_cost``, one entry per shape × layout."""
-
-
-def layout_for(attention: str, device_type: str = "cpu", kernel: str = "auto") -> str:
-    """The layout of a model built with ``model.attention = attention`` on ``device_type``:
-    'padded' → padded; 'unpadded' → repad on CPU with the auto kernel (or kernel='repad'),
-    else unpadded (varlen)."""
-    if attention == "padded":
-        return "padded"
-    if attention != "unpadded":
-        raise ValueError(f"model.attention={attention!r}: expected padded | unpadded")
-    if kernel == "repad" or (kernel == "auto" and device_type != "cuda"):
-        return "repad"
-    return "unpadded"
 
 
 # ------------------------------------------------------------------------------ features

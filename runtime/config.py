@@ -402,6 +402,10 @@ class SystemConfig:
     walltime_minutes: int = _doc("walltime for one experiment (slurm)", 30)
     dist_timeout_s: float = _doc("collective timeout: a dead rank stops the others after this", 60.0)
     threads_per_rank: int = _doc("torch intra-op threads per rank (0 = cores / ranks)", 0)
+    peak_tflops: float = _doc("the device's dense peak TFLOP/s in the run's precision, for the "
+                              "MFU the logs report (runtime/observe/mfu.py); 0 = the "
+                              "datasheet's, by GPU name (none on a CPU or an unknown GPU: "
+                              "TFLOP/s only)", 0.0)
     device_memory_gb: float = _doc("memory of one GPU in GiB: run_and_time.sh refuses a CUDA "
                                    "run whose estimated memory per rank exceeds it "
                                    "(runtime/train/memory.py); 0 = not checked. CPU runs are "
@@ -438,6 +442,9 @@ class SystemConfig:
                               f"got {self.dist_timeout_s}")
         if self.threads_per_rank < 0:
             raise ConfigError("system.threads_per_rank must be >= 0 (0 = cores / ranks)")
+        if not (is_number(self.peak_tflops) and self.peak_tflops >= 0):
+            raise ConfigError(f"system.peak_tflops must be a finite number >= 0 (0 = from the "
+                              f"GPU's name), got {self.peak_tflops}")
         if self.container_image and not _SAFE_IMAGE.fullmatch(self.container_image):
             raise ConfigError(f"system.container_image = {self.container_image!r}: an image name "
                               "or path without spaces, quotes or shell characters "

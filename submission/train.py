@@ -214,7 +214,10 @@ def finish(cfg, state, out: Path) -> None:
                "metrics": str(out / METRICS_NAME), "plot": str(png) if png else None,
                "resumed_from": state.resume,
                "optimizer": {k.removeprefix("optimizer_"): v for k, v in state.derived.items()
-                             if k.startswith("optimizer_")}}
+                             if k.startswith("optimizer_")},
+               # achieved TFLOP/s per device and MFU over the run's steps (runtime.observe.mfu)
+               "throughput": state.derived.get("throughput", {}),
+               "attention_layout": state.derived.get("attention_layout")}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"mllog log:    {out / LOG_NAME}\nmetrics:      {out / METRICS_NAME}\n"
           f"plot:         {png or 'not drawn (train.plot=false)'}", flush=True)

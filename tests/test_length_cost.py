@@ -132,15 +132,6 @@ def test_defaults_measured_where_shipped_else_flop_count():
     assert lc.resolve("", large, "unpadded") == cost
 
 
-def test_layout_for():
-    assert lc.layout_for("padded", "cuda") == "padded"
-    assert lc.layout_for("unpadded", "cuda") == "unpadded"
-    assert lc.layout_for("unpadded", "cpu") == "repad"
-    assert lc.layout_for("unpadded", "cpu", kernel="per_sequence") == "unpadded"
-    with pytest.raises(ValueError, match="model.attention='sparse'"):
-        lc.layout_for("sparse")
-
-
 def test_a_batch_is_priced_like_its_rows():
     def sample(n):
         ids = np.arange(n, dtype=np.int16)

@@ -15,6 +15,8 @@ reduction, and reducing them across ranks in one go (`reduce`: a sum and a max o
   imbalance_compute max / mean compute time over ranks
   compute_s_max, compute_s_mean, load_s_max   seconds
   real_tokens_all, computed_tokens_all        the sums (the progress line accumulates them)
+  model_flops_all   Σ over ranks of the step's model FLOPs (runtime.model.arithmetic): the
+                    step log turns it into TFLOP/s and MFU (runtime.observe.mfu)
 
 Compute time is the forward passes of the training step, timed by hooks on the model: the
 forward has no communication, so it is this rank's own work, while the end of the backward
@@ -35,7 +37,7 @@ import torch
 
 from runtime.launch.dist import all_reduce_max, all_reduce_sum
 
-FIELDS = ("real", "computed", "cost", "compute_s", "load_s")
+FIELDS = ("real", "computed", "cost", "compute_s", "load_s", "flops")
 
 
 class BalanceMeter:
@@ -64,10 +66,11 @@ class BalanceMeter:
                            else batch.num_real_tokens)
             yield batch
 
-    def end_step(self, real: int, computed: int) -> None:
-        """Close this rank's step: its real and computed tokens (host numbers, no sync)."""
+    def end_step(self, real: int, computed: int, flops: float = 0.0) -> None:
+        """Close this rank's step: its real and computed tokens and model FLOPs (host numbers,
+        no sync)."""
         counts = {"real": float(real), "computed": float(computed), "cost": self._cost,
-                  "compute_s": 0.0, "load_s": self._load_s}
+                  "compute_s": 0.0, "load_s": self._load_s, "flops": float(flops)}
         self._closed.append((counts, self._spans))
         self._load_s, self._cost, self._spans = 0.0, 0.0, []
 
@@ -154,4 +157,5 @@ def step_balance(total: dict, top: dict, world_size: int) -> dict[str, float]:
             "imbalance_compute": ratio("compute_s"),
             "compute_s_max": top["compute_s"], "compute_s_mean": total["compute_s"] / world_size,
             "load_s_max": top["load_s"],
-            "real_tokens_all": total["real"], "computed_tokens_all": total["computed"]}
+            "real_tokens_all": total["real"], "computed_tokens_all": total["computed"],
+            "model_flops_all": total.get("flops", 0.0)}

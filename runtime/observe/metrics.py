@@ -100,7 +100,9 @@ class ProgressPrinter:
     when accuracy is rising, else reports the time to the step budget. ``pad-eff`` is Σ real
     / Σ computed tokens over all ranks since the start; ``imbalance tok … cost … fwd …`` the
     mean, over the steps since the previous line, of max/mean over ranks of computed tokens,
-    of the length-cost model's batch cost and of forward time (runtime.observe.balance_meter)."""
+    of the length-cost model's batch cost and of forward time (runtime.observe.balance_meter);
+    TFLOP/s and MFU are per device over the steps since the previous line (runtime.observe.mfu:
+    MFU only where the device's peak is known)."""
 
     def __init__(self, every: int = 10, stream=sys.stdout):
         self.every = max(1, every)
@@ -114,8 +116,12 @@ class ProgressPrinter:
             self.t0 = time.perf_counter()
             self.tokens = [0, 0]
             self.imbalance: list[tuple[float, float]] = []
+            self.flops = [0.0, 0.0]  # model FLOPs of every rank, step seconds: since the line
         elif event is Event.LOG:
             for m in state.logged_steps:
+                if m.extra.get("model_flops_all"):
+                    self.flops[0] += m.extra["model_flops_all"]
+                    self.flops[1] += m.step_time_s
                 # All ranks' tokens when the trainer measured balance, else ours.
                 self.tokens[0] += m.extra.get("real_tokens_all", m.real_tokens)
                 self.tokens[1] += m.extra.get("computed_tokens_all", m.computed_tokens)
@@ -147,6 +153,13 @@ class ProgressPrinter:
                              if ns is None else f"B_noise {ns:.0f}")
             if self.tokens[1]:
                 parts.append(f"pad-eff {self.tokens[0] / self.tokens[1]:.3f}")
+            if self.flops[1] > 0:  # runtime.observe.mfu, over the steps since the last line
+                from runtime.observe.mfu import Peak, figures
+                peak = Peak(state.derived.get("peak_tflops"), "")
+                f = figures(self.flops[0], state.world_size, self.flops[1], peak)
+                parts.append(f"{f['tflops']:.3g} TFLOP/s" + (
+                    f" MFU {f['mfu']:.1%}" if f["mfu"] is not None else ""))
+                self.flops = [0.0, 0.0]
             if self.imbalance:  # mean of the steps since the last line
                 tokens, cost, compute = (sum(x) / len(x) for x in zip(*self.imbalance))
                 parts.append(f"imbalance tok {tokens:.3f} cost {cost:.3f} fwd {compute:.2f}")

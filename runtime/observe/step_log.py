@@ -93,12 +93,16 @@ def _metrics(rec: StepRecord, losses: list, device: dict, extra: dict) -> StepMe
 class StepLog:
     """The steps since the last logging point; `flush` reduces and returns them."""
 
-    def __init__(self, world_size: int, meter: Any = None, noise: Any = None):
+    def __init__(self, world_size: int, meter: Any = None, noise: Any = None,
+                 peak: Any = None):
         self.world_size = world_size
         self.meter = meter  # a runtime.observe.balance_meter.BalanceMeter, or None
         self.noise = noise  # a runtime.observe.noise_scale.NoiseScale, or None (one rank)
+        self.peak = peak    # a runtime.observe.mfu.Peak: each step's TFLOP/s and MFU
         self.pending: list[StepRecord] = []
         self.flags: list[float] = []  # the last flush's flags, summed over ranks
+        self.flops_total = 0.0  # Σ over ranks of the model FLOPs of every flushed step ...
+        self.seconds_total = 0.0  # ... and Σ of their step times: the run's TFLOP/s, MFU
 
     def record(self, rec: StepRecord) -> StepRecord:
         self.pending.append(rec)
@@ -139,8 +143,28 @@ class StepLog:
         for (i, src, k), v in zip(keys, values):
             read[i][src][k] = v
         noise = [self._noise(loss, d["device"]) for loss, d in zip(losses, read)]
-        return [_metrics(r, loss, d["device"], {**d["raw_extra"], **bal, **ns})
-                for r, loss, d, bal, ns in zip(pending, losses, read, balance, noise)]
+        mfu = [self._mfu(r, bal) for r, bal in zip(pending, balance)]
+        return [_metrics(r, loss, d["device"], {**d["raw_extra"], **bal, **ns, **f})
+                for r, loss, d, bal, ns, f in zip(pending, losses, read, balance, noise, mfu)]
+
+    def _mfu(self, rec: StepRecord, balance: dict) -> dict:
+        """This step's achieved TFLOP/s per device and MFU, from every rank's model FLOPs
+        and this rank's step time (runtime.observe.mfu); none without a FLOP count."""
+        flops = balance.get("model_flops_all")
+        if flops is None or self.peak is None or not flops:
+            return {}
+        from runtime.observe.mfu import figures
+        self.flops_total += flops
+        self.seconds_total += rec.host["step_time_s"]
+        return figures(flops, self.world_size, rec.host["step_time_s"], self.peak)
+
+    def run_figures(self) -> dict:
+        """TFLOP/s and MFU over every flushed step (the run's, for summary.json)."""
+        if self.peak is None or not self.flops_total:
+            return {}
+        from runtime.observe.mfu import figures
+        return {**figures(self.flops_total, self.world_size, self.seconds_total, self.peak),
+                "peak_tflops": self.peak.tflops, "peak_source": self.peak.source}
 
     def _noise(self, loss: list, device: dict) -> dict:
         """This step's gradient-noise-scale figures (from the mean over ranks of ‖g_r‖² and

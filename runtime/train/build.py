@@ -29,6 +29,7 @@ from loaders.shards import Limits
 from runtime.config import Config
 from runtime.grad_sync import GradSync, build_grad_sync
 from runtime.launch.dist import DistContext
+from runtime.model.arithmetic import attention_layout
 from runtime.model.bert import BertForPreTraining
 from runtime.model.hf import load_hf_state_dict, minilm_path, read_state_dict
 from runtime.observe.timeline import StepTimeline
@@ -176,8 +177,9 @@ def schedule_of(cfg: Config, base_lr: float) -> Callable[[int], float]:
 
 
 def batch_cost(cfg: Config, device_type: str) -> length_cost.LengthCost:
-    """What one rank's batch costs on this model and device (``data.length_cost``)."""
-    layout = length_cost.layout_for(cfg.model.attention, device_type)
+    """What one rank's batch costs on this model and device (``data.length_cost``), in the
+    layout of the attention path that will run (runtime.model.arithmetic: one rule)."""
+    layout = attention_layout(cfg.model.attention, device_type)
     return length_cost.resolve(cfg.data.length_cost, length_cost.shape_of(cfg.model), layout)
 
 

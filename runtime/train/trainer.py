@@ -43,7 +43,10 @@ from runtime.events import CallbackList, Event, RunState
 from runtime.launch import signals
 from runtime.launch.dist import DistContext, all_reduce_sum, barrier, broadcast_object
 from runtime.observe import noise_scale
+from loaders.collate import IGNORE_INDEX
+from runtime.model.arithmetic import attention_layout, batch_work, computed_tokens, step_flops
 from runtime.observe.balance_meter import BalanceMeter
+from runtime.observe.mfu import peak_of
 from runtime.observe.hostsync import SIM_DEVICE
 from runtime.observe.step_log import StepLog, StepRecord
 from runtime.optim.grad_scale import step_multiplier
@@ -134,7 +137,11 @@ class Trainer:
         self.balance_meter = BalanceMeter(self.model, dist.device, dist.world_size,
                                           cost=self.batch_cost)
         self.noise = noise_scale.for_run(self.local_batch, self.accum, dist.world_size)
-        self.step_log = StepLog(dist.world_size, self.balance_meter, self.noise)
+        self.layout = attention_layout(cfg.model.attention, dist.device.type)
+        device_name = torch.cuda.get_device_name(dist.device) \
+            if dist.device.type == "cuda" else None
+        self.peak = peak_of(device_name, t.precision, cfg.system.peak_tflops)
+        self.step_log = StepLog(dist.world_size, self.balance_meter, self.noise, self.peak)
         self._run_t0: float | None = None
         if self.train_loader is not None:
             self.state.train_samples = (self.train_loader.steps_per_epoch * self.local_batch
@@ -142,6 +149,8 @@ class Trainer:
         self.state.eval_samples = int(all_reduce_sum(torch.tensor(
             [sum(b.num_sequences for b in self.eval_batches)], device=dist.device)).item())
         self.state.derived.update(describe(parts, cfg, dist))
+        self.state.derived.update(attention_layout=self.layout, peak_tflops=self.peak.tflops,
+                                  peak_source=self.peak.source)
         if self.state.derived["optimizer_compiled"] is False:
             self._say(f"warning: the fused {cfg.optim.name} step runs eagerly (torch.compile "
                       f"failed: the rank log has why): same numbers, several times slower, "
@@ -253,10 +262,6 @@ class Trainer:
             batch = batch.pin_memory()
         return batch.to(self.dist.device, non_blocking=True)
 
-    @property
-    def unpadded(self) -> bool:
-        return self.cfg.model.attention == "unpadded"
-
     def _span(self, name: str):
         """A timeline span (train.timeline), else nothing."""
         return self.timeline.span(name) if self.timeline else contextlib.nullcontext()
@@ -279,9 +284,21 @@ class Trainer:
             set_lr(self.optimizer, lr)
             values = self._step(self._micro_batches(it, batches))
         real = sum(b.num_real_tokens for b in batches)
-        computed = sum(b.layout.num_tokens if self.unpadded and b.layout is not None
-                       else b.num_padded_tokens for b in batches)
-        return self._record(step, lr, t0, real, computed, values)
+        computed = sum(computed_tokens(self.layout, padded_tokens=b.num_padded_tokens,
+                                       layout_tokens=b.layout.num_tokens if b.layout
+                                       is not None else b.num_real_tokens) for b in batches)
+        flops = sum(self._model_flops(b) for b in batches)
+        return self._record(step, lr, t0, real, computed, values, flops)
+
+    def _model_flops(self, batch) -> float:
+        """The model FLOPs of one host micro-batch (runtime.model.arithmetic: its real
+        tokens, Σ n², masked positions and sequences)."""
+        lengths = batch.sequence_lengths
+        if lengths is None:  # a pipeline that did not record them: read from the mask
+            lengths = [[int(c) for c in torch.bincount(row)[1:].tolist() if c]
+                       for row in batch.attention_mask]
+        masked = int((batch.masked_lm_labels != IGNORE_INDEX).sum())
+        return step_flops(self.cfg.model, masked=masked, **batch_work(lengths))
 
     def _step(self, batches) -> dict:
         """The device work of one step on device ``batches``: forward, backward, gradient
@@ -332,19 +349,19 @@ class Trainer:
                            next_sentence_labels=batch.next_sentence_labels, layout=batch.layout)
         return out.loss, out.mlm_loss, out.nsp_loss
 
-    def _record(self, step, lr, t0, real, computed, values) -> StepRecord:
+    def _record(self, step, lr, t0, real, computed, values, flops=0.0) -> StepRecord:
         losses = values.pop("losses")
         device = {k: values.pop(k) for k in _DEVICE_KEYS if k in values}
         extra = values
         self.state.step = step + 1
         self.state.samples += self.cfg.train.global_batch_size
-        self.balance_meter.end_step(real, computed)
+        self.balance_meter.end_step(real, computed, flops)
         if self.timeline:
             extra.update(self.timeline.summary())
         now = time.perf_counter()
         host = dict(step=step + 1, samples=self.state.samples, lr=lr, step_time_s=now - t0,
                     elapsed_s=None if self._run_t0 is None else now - self._run_t0,
-                    real_tokens=real, computed_tokens=computed)
+                    real_tokens=real, computed_tokens=computed, model_flops=flops)
         return self.step_log.record(StepRecord(host, losses, device, extra))
 
     # ---- evaluation ---------------------------------------------------------------------
@@ -379,8 +396,10 @@ class Trainer:
             # continue this run, else as interrupted (the resumed attempt closes it).
             st.stop_reason = "error"
             st.status = "interrupted" if self.control.resumable() else "aborted"
+            st.derived["throughput"] = self.step_log.run_figures()
             fire(Event.RUN_STOP, st)
             raise
+        st.derived["throughput"] = self.step_log.run_figures()  # TFLOP/s, MFU of the run
         fire(Event.RUN_STOP, st)
         return st
 
