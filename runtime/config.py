@@ -33,6 +33,7 @@ from runtime.choices import (AFTER_MODES, AttentionMode, CacheClear, ClipMode, C
                              OptimBackend, OptimizerName, Precision, ReduceDtype,
                              ScheduleName, SrunMpi,
                              TiedEmbeddingSync, clip_spec, hparam_error, is_number)
+from kernels.fusions import check_fusions
 from runtime.model.config import BertConfig
 
 
@@ -65,12 +66,22 @@ class ModelConfig(BertConfig):
                                     "'unpadded' (every layer on the concatenated real tokens, "
                                     "attention per sequence via cu_seqlens: no compute on "
                                     "padding)", "padded")
+    fusions: list[str] = _doc(
+        "fused kernels (kernels/fused.py, each beside its plain-torch reference): any of "
+        "'bias_gelu' (GELU of the intermediate GEMM plus its bias, one pass), "
+        "'dropout_add_norm' (bias, dropout, residual add and LayerNorm after the attention "
+        "output and output GEMMs, one pass), 'pad_vocab' (the tied embedding and MLM decoder "
+        "on a vocabulary padded to a multiple of 64; state dicts and HF files unchanged); "
+        "[] = none. The first two compile with torch.compile on first use (docs/GPU.md: what "
+        "each buys)", default_factory=list)
 
     def validate(self, prefix: str = "model.") -> None:
         try:
             super().validate(prefix)
+            check_fusions(self.fusions)
         except ValueError as e:
-            raise ConfigError(str(e)) from None
+            raise ConfigError(f"{prefix}fusions: {e}" if "fusion" in str(e) else str(e)) \
+                from None
 
     def bert_config(self) -> BertConfig:
         """The model's own fields (what runtime.model.BertForPreTraining is built from)."""
@@ -587,6 +598,9 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     elif text == "list[int]":
         if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
                                            for v in value):
+            return value
+    elif text == "list[str]":
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return value
     raise ConfigError(f"{key} = {value!r} has the wrong type; expected {text}")
 

@@ -45,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import fused
+from kernels.fusions import check_fusions
 from kernels.attention import Varlen, varlen_attention
 from runtime.choices import AttentionMode
 from runtime.model.config import BertConfig
@@ -52,6 +54,28 @@ from runtime.model.config import BertConfig
 ATTENTION_MODES = get_args(AttentionMode)
 IGNORE_INDEX = -100
 """masked_lm_labels value of positions that are not predicted (HF / torch convention)."""
+VOCAB_MULTIPLE = 64
+"""pad_vocab: the decoder's rows a multiple of this (fusion ``pad_vocab``)."""
+PAD_LOGIT = -1.0e4
+"""The bias of the padding rows: exp(PAD_LOGIT - max) is 0 in every float type (fp16 holds
+it), so those rows take no probability and get no gradient."""
+_VOCAB_KEYS = ("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight",
+               "cls.predictions.bias", "cls.predictions.decoder.bias")
+
+
+def vocab_rows(cfg: BertConfig, fusions: tuple = ()) -> int:
+    """Rows of the tied embedding and the decoder: the vocabulary, padded to a multiple of
+    VOCAB_MULTIPLE with the ``pad_vocab`` fusion."""
+    v = cfg.vocab_size
+    return -(-v // VOCAB_MULTIPLE) * VOCAB_MULTIPLE if "pad_vocab" in fusions else v
+
+
+def _vocab_rows_out(module, state_dict, prefix, local_metadata) -> None:
+    """state_dict() of a pad_vocab model: the vocabulary's rows only (views)."""
+    v = module.config.vocab_size
+    for key in _VOCAB_KEYS:
+        if prefix + key in state_dict:
+            state_dict[prefix + key] = state_dict[prefix + key][:v]
 
 
 # ----------------------------------------------------------------------------------- modules
@@ -145,10 +169,15 @@ class Unpadded:
 
 
 class BertEmbeddings(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, vocab_rows: int = 0):
         super().__init__()
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                             padding_idx=cfg.pad_token_id)
+        if vocab_rows > cfg.vocab_size:  # pad_vocab: rows appended after the constructor's
+            w = self.word_embeddings.weight  # draws, so every other init stays the same
+            self.word_embeddings.weight = nn.Parameter(torch.cat(
+                [w.detach(), w.new_zeros(vocab_rows - cfg.vocab_size, cfg.hidden_size)]))
+            self.word_embeddings.num_embeddings = vocab_rows
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
@@ -191,53 +220,65 @@ class BertSelfAttention(nn.Module):
         return context.transpose(1, 2).reshape(x.shape)
 
 
-class BertSelfOutput(nn.Module):
-    def __init__(self, cfg: BertConfig):
+class _DenseDropoutAddNorm(nn.Module):
+    """LayerNorm(dropout(dense(x)) + residual): the attention output's and the layer output's
+    tail; ``fused``: the bias, dropout, residual add and LayerNorm in one pass after a GEMM
+    without bias (kernels.fused, ``model.fusions`` dropout_add_norm)."""
+
+    def __init__(self, cfg: BertConfig, width_in: int, fused: bool = False):
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dense = nn.Linear(width_in, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.fused = fused
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return fused.bias_dropout_add_layer_norm(
+                F.linear(x, self.dense.weight), self.dense.bias, residual,
+                self.LayerNorm.weight, self.LayerNorm.bias, self.dropout.p, self.training,
+                self.LayerNorm.eps)
         return self.LayerNorm(self.dropout(self.dense(x)) + residual)
 
 
+class BertSelfOutput(_DenseDropoutAddNorm):
+    def __init__(self, cfg: BertConfig, fused: bool = False):
+        super().__init__(cfg, cfg.hidden_size, fused)
+
+
 class BertAttention(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, fusions: tuple = ()):
         super().__init__()
         self.self = BertSelfAttention(cfg)
-        self.output = BertSelfOutput(cfg)
+        self.output = BertSelfOutput(cfg, "dropout_add_norm" in fusions)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         return self.output(self.self(x, key_mask), x)
 
 
 class BertIntermediate(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, fused: bool = False):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.fused = fused  # kernels.fused.bias_gelu after a GEMM without bias (bias_gelu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return fused.bias_gelu(F.linear(x, self.dense.weight), self.dense.bias)
         return F.gelu(self.dense(x))  # erf form: HF's "gelu"
 
 
-class BertOutput(nn.Module):
-    def __init__(self, cfg: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+class BertOutput(_DenseDropoutAddNorm):
+    def __init__(self, cfg: BertConfig, fused: bool = False):
+        super().__init__(cfg, cfg.intermediate_size, fused)
 
 
 class BertLayer(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, fusions: tuple = ()):
         super().__init__()
-        self.attention = BertAttention(cfg)
-        self.intermediate = BertIntermediate(cfg)
-        self.output = BertOutput(cfg)
+        self.attention = BertAttention(cfg, fusions)
+        self.intermediate = BertIntermediate(cfg, "bias_gelu" in fusions)
+        self.output = BertOutput(cfg, "dropout_add_norm" in fusions)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         x = self.attention(x, key_mask)
@@ -245,9 +286,9 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, fusions: tuple = ()):
         super().__init__()
-        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layer = nn.ModuleList(BertLayer(cfg, fusions) for _ in range(cfg.num_hidden_layers))
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         for layer in self.layer:
@@ -280,13 +321,13 @@ class BertModel(nn.Module):
     varlen attention kernel of the unpadded path (kernels.attention.KERNELS)."""
 
     def __init__(self, cfg: BertConfig, attention: str = "padded", packed: bool = False,
-                 kernel: str = "auto"):
+                 kernel: str = "auto", fusions: tuple = ()):
         super().__init__()
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention={attention!r}: choose one of {ATTENTION_MODES}")
         self.attention_mode, self.packed, self.kernel = attention, packed, kernel
-        self.embeddings = BertEmbeddings(cfg)
-        self.encoder = BertEncoder(cfg)
+        self.embeddings = BertEmbeddings(cfg, vocab_rows(cfg, fusions))
+        self.encoder = BertEncoder(cfg, fusions)
         self.pooler = BertPooler(cfg)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
@@ -342,12 +383,16 @@ class BertPredictionHeadTransform(nn.Module):
 
 
 class BertLMPredictionHead(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, vocab_rows: int = 0):
         super().__init__()
+        rows = vocab_rows or cfg.vocab_size
         self.transform = BertPredictionHeadTransform(cfg)
+        # (its weight becomes the tied word embedding; built at the vocabulary's size so the
+        # constructor draws what it draws without pad_vocab)
         self.decoder = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # As in HF: one Parameter under two names, cls.predictions.bias and .decoder.bias.
-        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        # Rows beyond the vocabulary (pad_vocab) hold PAD_LOGIT: their softmax is exactly 0.
+        self.bias = nn.Parameter(torch.zeros(rows))
         self.decoder.bias = self.bias
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
@@ -355,9 +400,9 @@ class BertLMPredictionHead(nn.Module):
 
 
 class BertPreTrainingHeads(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, vocab_rows: int = 0):
         super().__init__()
-        self.predictions = BertLMPredictionHead(cfg)
+        self.predictions = BertLMPredictionHead(cfg, vocab_rows)
         self.seq_relationship = nn.Linear(cfg.hidden_size, 2)
 
 
@@ -388,27 +433,52 @@ class BertForPreTraining(nn.Module):
     parameters and outputs are the same for every choice."""
 
     def __init__(self, cfg: BertConfig, attention: str = "padded", packed: bool = False,
-                 kernel: str = "auto"):
+                 kernel: str = "auto", fusions: tuple = ()):
         super().__init__()
+        check_fusions(fusions)
         self.config = cfg
-        self.bert = BertModel(cfg, attention, packed, kernel)
-        self.cls = BertPreTrainingHeads(cfg)
+        # pad_vocab: the tied embedding and the decoder GEMM on a vocabulary padded to a
+        # multiple of VOCAB_MULTIPLE (MosaicBERT pads 30,522 to 30,528: a tensor-core-friendly
+        # GEMM width). The padding rows are zero, their logits PAD_LOGIT: no token ever looks
+        # them up and their softmax is 0, so their gradients are exactly 0 and they stay as
+        # they are - state dicts (HF files, checkpoints) hold the vocabulary alone.
+        v, self.vocab_rows = cfg.vocab_size, vocab_rows(cfg, fusions)
+        self.bert = BertModel(cfg, attention, packed, kernel, fusions)
+        self.cls = BertPreTrainingHeads(cfg, self.vocab_rows)
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
         self.init_weights()
+        if self.vocab_rows != v:
+            self._register_state_dict_hook(_vocab_rows_out)
+            self._register_load_state_dict_pre_hook(self._vocab_rows_in)
+
+    def _vocab_rows_in(self, state_dict, prefix, *args) -> None:
+        """Loading a state dict of the vocabulary alone: the padding rows as they are here."""
+        for key in _VOCAB_KEYS:
+            t = state_dict.get(prefix + key)
+            if t is not None and t.shape[0] == self.config.vocab_size:
+                mine = dict(self.named_parameters(remove_duplicate=False))[key]
+                state_dict[prefix + key] = torch.cat([t.to(mine.dtype).to(mine.device),
+                                                      mine.detach()[t.shape[0]:]])
 
     @torch.no_grad()
     def init_weights(self) -> None:
         """HF initialisation: weights ~ N(0, initializer_range), biases 0, LayerNorm 1/0,
         the [PAD] word-embedding row 0. Seed torch beforehand for a reproducible init."""
-        std = self.config.initializer_range
+        std, v = self.config.initializer_range, self.config.vocab_size
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)) and module is not self.cls.predictions.decoder:
-                module.weight.normal_(0.0, std)  # the decoder weight is the word embedding
+                # the decoder weight is the word embedding; only the vocabulary's rows are
+                # drawn, so a padded vocabulary (pad_vocab) leaves every weight as without it
+                rows = module.weight[:v] if module is self.bert.embeddings.word_embeddings \
+                    else module.weight
+                rows.normal_(0.0, std)
             if isinstance(module, (nn.Linear, nn.LayerNorm)) and module.bias is not None:
                 module.bias.zero_()
             if isinstance(module, nn.LayerNorm):
                 module.weight.fill_(1.0)
         self.bert.embeddings.word_embeddings.weight[self.config.pad_token_id].zero_()
+        self.bert.embeddings.word_embeddings.weight[v:].zero_()   # pad_vocab's rows
+        self.cls.predictions.bias[v:].fill_(PAD_LOGIT)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: Optional[torch.Tensor] = None,
                 attention_mask: Optional[torch.Tensor] = None,

@@ -112,7 +112,8 @@ def build_model(cfg: Config) -> BertForPreTraining:
     initial weights (``model.init``)."""
     m = cfg.model
     model = BertForPreTraining(m.bert_config(), attention=m.attention,
-                               packed=cfg.data.balance in PACKED_MODES)
+                               packed=cfg.data.balance in PACKED_MODES,
+                               fusions=tuple(m.fusions))
     if m.init != "scratch":
         path = minilm_path() if m.init == "minilm" else m.init
         where = f"model.init = {m.init!r}" + (f" ({path})" if str(path) != m.init else "")

@@ -1,0 +1,21 @@
+"""The fusions a model can use (``model.fusions``), by name: declared here, torch-free, so the
+config checks them without importing torch; the kernels are kernels.fused's, the padded
+vocabulary runtime.model.bert's.
+
+Owns: ``FUSIONS``, ``check_fusions``. Never: imports torch or implements a kernel.
+"""
+from __future__ import annotations
+
+FUSIONS = ("bias_gelu", "dropout_add_norm", "pad_vocab")
+"""bias_gelu: GELU(y + bias) after the intermediate GEMM, one pass; dropout_add_norm:
+LayerNorm(dropout(y + bias) + residual) after the attention-output and output GEMMs, one
+pass; pad_vocab: the tied embedding and the MLM decoder GEMM on a vocabulary padded to a
+multiple of 64."""
+
+
+def check_fusions(names) -> None:
+    """ValueError naming an unknown fusion and the ones there are."""
+    unknown = [n for n in names if n not in FUSIONS]
+    if unknown:
+        raise ValueError(f"unknown fusion(s) {', '.join(map(repr, unknown))}; choose from "
+                         f"{', '.join(FUSIONS)}")

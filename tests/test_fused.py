@@ -1,0 +1,139 @@
+"""The fusions of model.fusions (kernels/fused.py, runtime/model/bert.py) against their plain-torch
+references on CPU: each fused function equal in value and every gradient (fp32), dropout at
+its rate, a model with every fusion equal to one without (loss and gradients on a real
+batch), the padded vocabulary invisible to HF files, and no recompile over real batches of
+changing shapes."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from kernels import fused
+from loaders.balance import BalanceSpec
+from loaders.dataset import TrainLoader
+from runtime.model.bert import BertForPreTraining, PAD_LOGIT
+from runtime.model.config import BertConfig
+from runtime.model.hf import load_hf_state_dict, save_hf_state_dict
+
+TOL = dict(rtol=1e-5, atol=1e-6)  # fp32: a compiled kernel sums in another order
+
+
+def leaves(*shapes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g, requires_grad=True) for s in shapes]
+
+
+def grads_of(fn, inputs):
+    out = fn(*inputs)
+    out.backward(torch.ones_like(out).mul_(0.37))  # any fixed upstream gradient
+    return out.detach(), [x.grad.clone() for x in inputs if isinstance(x, torch.Tensor)
+                          and x.requires_grad]
+
+
+def test_bias_gelu_equals_its_reference():
+    for shape in ((5, 16), (3, 7, 16)):  # two shapes: one compile (dynamic)
+        ref = grads_of(fused.bias_gelu_reference, leaves(shape, (16,)))
+        got = grads_of(fused.bias_gelu, leaves(shape, (16,)))
+        torch.testing.assert_close(got[0], ref[0], **TOL)
+        for a, b in zip(got[1], ref[1]):
+            torch.testing.assert_close(a, b, **TOL)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_bias_dropout_add_layer_norm_equals_its_reference(training):
+    def call(fn):
+        y, b, r, w, lb = leaves((6, 16), (16,), (6, 16), (16,), (16,), seed=1)
+        return grads_of(lambda *a: fn(*a, 0.0, training, 1e-12), [y, b, r, w, lb])
+    ref, got = call(fused.bias_dropout_add_layer_norm_reference), \
+        call(fused.bias_dropout_add_layer_norm)
+    torch.testing.assert_close(got[0], ref[0], **TOL)
+    for a, b in zip(got[1], ref[1]):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_the_fused_dropout_drops_at_its_rate():
+    """Ones in, no residual: before the LayerNorm a kept entry is 1/0.9 and a dropped one 0,
+    so in each normalised row the dropped entries are the ones below the row's mean."""
+    y, zero = torch.ones(400, 256), torch.zeros(256)
+    out = fused.bias_dropout_add_layer_norm(y, zero, torch.zeros_like(y), torch.ones(256),
+                                            zero, 0.1, True, 1e-12)
+    dropped = (out < out.mean(dim=1, keepdim=True)).float().mean()
+    assert abs(float(dropped) - 0.1) < 0.01
+    rows = out[(out < 0).any(dim=1)]
+    assert len(rows) > 390 and torch.isfinite(out).all()  # nearly every row lost some
+
+
+def config():
+    return BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, intermediate_size=128, max_position_embeddings=128,
+                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+@pytest.mark.parametrize("attention", ["unpadded", "padded"])
+def test_a_model_with_every_fusion_equals_one_without(small_dataset, attention):
+    torch.manual_seed(0)
+    plain = BertForPreTraining(config(), attention=attention)
+    fast = BertForPreTraining(config(), attention=attention,
+                              fusions=("bias_gelu", "dropout_add_norm", "pad_vocab"))
+    print(load_hf_state_dict(fast, save_hf_state_dict(plain)))
+    with TrainLoader(small_dataset, 0, 1, 8, 3, verify=False) as loader:
+        batch = next(loader)
+    results = []
+    for model in (plain, fast):
+        out = model(batch.input_ids, batch.token_type_ids, batch.attention_mask,
+                    masked_lm_labels=batch.masked_lm_labels,
+                    next_sentence_labels=batch.next_sentence_labels, layout=batch.layout)
+        out.loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters()}
+        results.append((out, grads))
+    (a, ga), (b, gb) = results
+    torch.testing.assert_close(b.loss, a.loss, **TOL)
+    assert int(a.mlm_correct) == int(b.mlm_correct)
+    v = plain.config.vocab_size
+    for name, g in ga.items():
+        h = gb[name]
+        if h.shape != g.shape:  # the padded vocabulary's rows: exactly no gradient
+            assert h.shape[0] == fast.vocab_rows and not h[v:].any()
+            h = h[:v]
+        torch.testing.assert_close(h, g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_padded_vocabulary_is_invisible_to_state_dicts():
+    torch.manual_seed(0)
+    fast = BertForPreTraining(config(), fusions=("pad_vocab",))
+    assert fast.vocab_rows == 30528 and fast.vocab_rows % 64 == 0
+    sd = save_hf_state_dict(fast)
+    assert sd["bert.embeddings.word_embeddings.weight"].shape[0] == 30522
+    assert sd["cls.predictions.bias"].shape == (30522,)
+    assert float(fast.cls.predictions.bias[-1]) == PAD_LOGIT
+    again = BertForPreTraining(config(), fusions=("pad_vocab",))
+    again.load_state_dict(fast.state_dict())  # a checkpoint's round trip
+    for (n, p), q in zip(fast.named_parameters(), again.parameters()):
+        assert torch.equal(p, q), n
+    with pytest.raises(ValueError, match="unknown fusion"):
+        BertForPreTraining(config(), fusions=("qkv",))
+
+
+def test_no_recompile_over_batches_of_changing_shapes(small_dataset):
+    torch.manual_seed(0)
+    model = BertForPreTraining(config(), attention="unpadded",
+                               fusions=("bias_gelu", "dropout_add_norm"))
+    spec = BalanceSpec(mode="pack", pack_length=128)
+    with TrainLoader(small_dataset, 0, 1, 8, 3, verify=False, balance=spec) as loader:
+        batches = [next(loader) for _ in range(12)]
+    assert len({b.num_real_tokens for b in batches}) > 5  # the token dimension changes
+    model.train()
+
+    def step(b):
+        out = model(b.input_ids, b.token_type_ids, b.attention_mask,
+                    masked_lm_labels=b.masked_lm_labels,
+                    next_sentence_labels=b.next_sentence_labels, layout=b.layout)
+        out.loss.backward()
+    for b in batches[:2]:
+        step(b)  # the first compiles (static shape first, then dynamic: at most twice)
+    graphs = counters["stats"]["unique_graphs"]
+    for b in batches[2:]:
+        step(b)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert not fused.bias_gelu.failed and not fused.bias_dropout_add_layer_norm.failed
