@@ -129,3 +129,15 @@ def test_the_graph_goals_from_the_stage_figures():
     assert g["eager_b4_within_1_2x_unpadded"]["ratios"]["padded_bucketed"] == pytest.approx(1.125)
     out["rows2"]["full"] = {"error": "capture failed"}
     assert _goals(out)["full_graph_2rows_under_25ms"]["met"] is None  # not measured
+
+
+def test_the_fused_kernels_goals_read_the_throughput_figures():
+    record = {"stages": {"throughput": {"status": "ok", "result": {
+        "unpadded_bf16": {"sequences_per_s": 1.0, "tokens_per_s": 158_000.0,
+                          "of_gemm_peak": 0.39},
+        "unpadded_bf16_fused": {"sequences_per_s": 1.0, "tokens_per_s": 205_000.0,
+                                "of_gemm_peak": 0.51}}}}}
+    g = gpu.goals(record)
+    assert g["unpadded_bf16_200k_tokens_per_s"]["met"] is True  # the fused run is the best
+    assert g["unpadded_bf16_half_of_gemm_peak"]["of_gemm_peak"] == 0.51
+    assert gpu.goals({"stages": {}})["unpadded_bf16_200k_tokens_per_s"]["met"] is None
