@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from runtime.model.arithmetic import size
+
 ROOT = Path(__file__).resolve().parents[1]
 DGX_CONFIG = ROOT / "submission" / "configs" / "config_DGXA100_1x8x56x1.toml"
 CPU_CONFIG = ROOT / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
@@ -35,8 +37,7 @@ TINY = ["model.num_hidden_layers=2", "model.hidden_size=128", "model.num_attenti
 # The smoke run's stages that only time steps (tune_profile, small_batches) take the uncompiled
 # optimizer: the checks and optimizer stages compile it, once each is enough on a CPU.
 SMOKE_EAGER = ['optim.backend="foreach"']
-LARGE_SHAPE = dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,
-                   intermediate_size=4096, vocab_size=30522)
+LARGE_SHAPE = {**size("large"), "vocab_size": 30522}  # BERT-large (runtime.model.arithmetic)
 
 
 @dataclass

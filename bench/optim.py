@@ -62,6 +62,7 @@ from pathlib import Path
 
 from bench.common import finish, record
 from kernels.optim_flat import BYTES_PER_ELEMENT  # the byte counts above, one place
+from runtime.model.arithmetic import size
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "optim.json"
@@ -69,10 +70,7 @@ RESULTS = REPO / "bench" / "results" / "optim.json"
 MODELS = {
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,  # CPU benchmark
                  intermediate_size=512),
-    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                 intermediate_size=3072),
-    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                  intermediate_size=4096),
+    "base": size("base"), "large": size("large"),  # runtime.model.arithmetic's named sizes
 }
 LAMB_HP = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01)
 ADAMW_HP = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)

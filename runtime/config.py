@@ -66,6 +66,10 @@ class ModelConfig(BertConfig):
                                     "'unpadded' (every layer on the concatenated real tokens, "
                                     "attention per sequence via cu_seqlens: no compute on "
                                     "padding)", "padded")
+    size: str = _doc("a named shape (runtime/model/arithmetic.py SIZES: 'tiny', 'base', "
+                     "'large') setting hidden_size, num_hidden_layers, num_attention_heads and "
+                     "intermediate_size; a shape key set beside it must agree; '' = the keys "
+                     "as given", "")
     fusions: list[str] = _doc(
         "fused kernels (kernels/fused.py, each beside its plain-torch reference): any of "
         "'bias_gelu' (GELU of the intermediate GEMM plus its bias, one pass), "
@@ -638,6 +642,24 @@ REQUIRED_IN_A_FILE = ("model.hidden_size", "model.num_hidden_layers",
                       "train.global_batch_size")
 
 
+def _apply_size(cfg: Config, named: set) -> None:
+    """model.size: the named shape's keys (runtime.model.arithmetic.SIZES); one of them set
+    beside it to another value is refused, naming both."""
+    m = cfg.model
+    if not m.size:
+        return
+    from runtime.model.arithmetic import SIZES
+    if m.size not in SIZES:
+        raise ConfigError(f"model.size={m.size!r}: choose one of {' | '.join(SIZES)}, or '' "
+                          f"to give the shape keys")
+    for key, value in SIZES[m.size].items():
+        if f"model.{key}" in named and getattr(m, key) != value:
+            raise ConfigError(f"model.size={m.size!r} has {key}={value}, but model.{key}="
+                              f"{getattr(m, key)} is set too: drop one of them")
+        setattr(m, key, value)
+    named |= {f"model.{k}" for k in SIZES[m.size]}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
     """Read a TOML config (or defaults), apply ``section.key=value`` overrides, validate."""
     cfg = Config()
@@ -673,9 +695,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         section, key, value = _parse_override(text)
         _apply(cfg, section, key, value, "override")
         named.add(f"{section}.{key}")
-    cfg.validate()
     if path is not None:
         named |= {f"{s}.{k}" for s, t in data.items() for k in t}
+    _apply_size(cfg, named)
+    cfg.validate()
+    if path is not None:
         missing = [k for k in REQUIRED_IN_A_FILE if k not in named]
         if missing:
             raise ConfigError(

@@ -40,6 +40,7 @@ RULES: dict[str, tuple[str, str]] = {
     "model.initializer_range": (RECORD, "used only when weights are initialised"),
     "model.init": (RECORD, "used only on a fresh start: a resume loads the checkpoint"),
     "model.attention": (RECORD, "how attention is computed, not what"),
+    "model.size": (MATCH, _SHAPE),
     "model.fusions": (MATCH, "the tied embedding's rows in the optimizer state (pad_vocab)"),
     # [data]
     "data.data_dir": (MATCH, _DATA), "data.max_seq_length": (MATCH, _DATA),

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SHAPE = {"model.num_hidden_layers": 1, "model.hidden_size": 64, "model.num_attention_heads": 2,
-         "model.intermediate_size": 128}
+from runtime.model.arithmetic import SIZES
+
+SHAPE = {f"model.{k}": v for k, v in SIZES["tiny"].items()}  # 1 layer, hidden 64, 2 heads
 BACKEND = {"optim.backend": '"foreach"'}   # the default pairing's tests override it: "auto"
 TINY = {**SHAPE, **BACKEND, "train.global_batch_size": 16}
 
