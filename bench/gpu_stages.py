@@ -868,6 +868,12 @@ def stage_short_runs(run: Run) -> dict:
     return out
 
 
+def stage_attention(run: Run) -> dict:
+    """The fastest attention kernel per path, bf16 with dropout (bench/gpu_attention.py)."""
+    from bench.gpu_attention import stage_attention as attention
+    return attention(run)
+
+
 def stage_graphs(run: Run) -> dict:
     """The small-batch step eager and from CUDA graphs (bench/gpu_graphs.py)."""
     from bench.gpu_graphs import stage_graphs as graphs
@@ -879,5 +885,6 @@ STAGES: dict[str, Callable[[Run], dict]] = {
     "checks": stage_checks, "throughput": stage_throughput, "plain": stage_plain,
     "optimizer": stage_optimizer, "tune_profile": stage_tune_profile,
     "small_batches": stage_small_batches, "graphs": stage_graphs,
+    "attention": stage_attention,
     "short_runs": stage_short_runs,
 }

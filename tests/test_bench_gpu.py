@@ -56,6 +56,8 @@ def test_smoke_run_records_every_stage_and_isolates_a_failure(tmp_path):
     assert set(graphs["eager_b4"]) == {"unpadded_dynamic", "padded_bucketed", "packed_static"}
     assert goals_of(record, "full_graph_2rows_under_25ms") is None
     assert goals_of(record, "eager_b4_within_1_2x_unpadded") in (True, False)
+    att = r["attention"]  # the fastest kernel per path (math / repad on a CPU)
+    assert set(att["fastest"]) == {"padded", "packed", "unpadded"} and all(att["fastest"].values())
     short = r["short_runs"]["fp32"]
     assert short["returncode"] in (0, 1) and short["compliance"]["returncode"] == 0, short
     goals = record["goals"]
