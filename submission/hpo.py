@@ -84,6 +84,19 @@ SEARCHABLE_SECTIONS = ("optim", "schedule")
 SEARCHABLE_KEYS = ("train.max_grad_norm", "train.clip_mode", "model.hidden_dropout_prob",
                    "model.attention_probs_dropout_prob")
 PARAM_FIELDS = {"low", "high", "log", "step", "choices"}
+# Keys a trial must have to itself, refused in --set (exit 2, before the study starts): with
+# one checkpoint directory for all, every trial after the first resumed the first one's final
+# checkpoint, trained 0 steps and scored its value.
+_OWN_CHECKPOINTS = ("each trial writes its checkpoints into its own run directory (a shared "
+                    "train.checkpoint_dir makes every later trial resume an earlier trial's "
+                    "checkpoint and train nothing); a study does not continue checkpoints")
+TRIAL_OWN_KEYS = {
+    "train.output_dir": "each trial's run directory is the study's (trials/trial_<n>)",
+    "train.checkpoint_dir": _OWN_CHECKPOINTS,
+    "train.adopt_checkpoints": _OWN_CHECKPOINTS,
+    "train.seed": "the seed is the config's (train.seed in the file): every trial trains the "
+                  "same data order and initial weights, so values compare",
+}
 EXIT_OK, EXIT_NONE_COMPLETE, EXIT_BAD_INPUT, EXIT_STOPPED = 0, 1, 2, 4
 
 
@@ -609,6 +622,14 @@ def run_trial(study: Study, trial, target: float, stop: _Stop,
         return Outcome("pruned", attrs={**attrs, "diverged": True})
     if rc not in (0, 1):
         return Outcome("fail", attrs=attrs, message=f"exit {rc}: {tail}")
+    resumed = summary.get("resumed_from")
+    if resumed is not None or summary.get("steps") == 0:
+        # Not this trial's parameters' result: the checkpoint's run trained (most of) it.
+        since = int(summary.get("steps") or 0) - int((resumed or {}).get("step") or 0)
+        return Outcome("fail", attrs={**attrs, "steps_trained": since},
+                       message=f"exit {rc}, but the run resumed a checkpoint "
+                               f"({(resumed or {}).get('checkpoint', 'none')}) and trained "
+                               f"{since} step(s) itself: not a result of these parameters")
     res = rep.analyse_log(run_dir.name, run_dir / "mlperf_bert.log")
     if rc == 0 and res.status == "success" and res.samples_to_converge:
         value = float(res.samples_to_converge if study.objective == "samples"
@@ -1011,9 +1032,14 @@ def prepare(a) -> tuple[Study, Optional[str], list[Param], Any]:
     except ConfigError as e:
         raise HpoError(f"config {config}: {e}") from None
     for text in a.overrides:
-        if text.partition("=")[0].strip() in ("train.output_dir", "train.seed"):
-            raise HpoError(f"--set {text}: each trial's run directory is the study's; the seed "
-                           f"is the config's (train.seed in the file)")
+        key = text.partition("=")[0].strip()
+        if key in TRIAL_OWN_KEYS:
+            raise HpoError(f"--set {text}: {TRIAL_OWN_KEYS[key]}")
+    if cfg.train.checkpoint_dir:
+        raise HpoError(f"config {config}: train.checkpoint_dir = "
+                       f"{cfg.train.checkpoint_dir!r}: {TRIAL_OWN_KEYS['train.checkpoint_dir']} "
+                       f"- use a config without it (the study's copy of it, or --config of "
+                       f"another file)")
     space = Path(a.space).resolve()
     params = load_space(space, config, a.overrides)
     name = a.study or f"{config.stem}_hpo"

@@ -256,3 +256,77 @@ def test_no_trial_is_pruned_before_its_warm_up_share_of_the_budget(tmp_path, cap
     d = tmp_path / "study"
     assert submission_main(_args(tmp_path, "--prune-warmup", "1.5", d=d)) == 2
     assert "--prune-warmup 1.5: a fraction" in capsys.readouterr().err and not d.exists()
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (['train.checkpoint_dir="{tmp}/shared"'], "train.checkpoint_dir"),
+    (['train.checkpoint_dir="{tmp}/shared"', "train.adopt_checkpoints=true"],
+     "train.checkpoint_dir"),
+    (["train.adopt_checkpoints=true"], "train.adopt_checkpoints"),
+    (['train.output_dir="{tmp}/out"'], "train.output_dir"),
+    (["train.seed=3"], "train.seed"),
+])
+def test_overrides_that_make_trials_share_state_are_refused_before_the_study(tmp_path, capsys,
+                                                                           monkeypatch, sets,
+                                                                           needle):
+    """One checkpoint directory for every trial made each trial after the first resume the
+    first one's final checkpoint, train 0 steps and score the same value (exit 0); each
+    trial's checkpoints, run directory and seed are its own: exit 2 naming the key, nothing
+    written."""
+    monkeypatch.setattr(hpo, "run_trial", FakeRuns())   # were it not refused: no real runs
+    args = [a for s in sets for a in ("--set", s.format(tmp=tmp_path))]
+    code = submission_main(_args(tmp_path, *args))
+    err = capsys.readouterr().err
+    assert code == 2 and f"--set {sets[0].split('=')[0]}" in err and needle in err, err
+    assert not (tmp_path / "study").exists() and not (tmp_path / "shared").exists()
+
+
+def test_a_config_file_whose_checkpoint_dir_all_trials_would_share_is_refused(tmp_path,
+                                                                              capsys,
+                                                                              monkeypatch):
+    monkeypatch.setattr(hpo, "run_trial", FakeRuns())
+    text = CPU_CONFIG.read_text().replace("[train]", f'[train]\ncheckpoint_dir = '
+                                                     f'"{tmp_path}/shared"', 1)
+    config = tmp_path / "config_CPU_1x2x32x1.toml"
+    config.write_text(text)
+    assert load_config(config).train.checkpoint_dir == f"{tmp_path}/shared"
+    args = _args(tmp_path)
+    args[args.index("--config") + 1] = str(config)
+    code = submission_main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and str(config) in err and "train.checkpoint_dir" in err, err
+    assert not (tmp_path / "study").exists()
+
+
+STAND_IN = """#!/usr/bin/env bash
+# run_and_time.sh's stand-in: what a run that resumed a finished checkpoint leaves - its
+# MLPerf log says success, its summary that it trained nothing after the resume.
+set -e
+mkdir -p "$RUN_DIR"
+cp "$PRESTO_TEST_LOG" "$RUN_DIR/mlperf_bert.log"
+printf '{"status": "success", "steps": 10, "samples": 160, "resumed_from": {"step": %s}}' \\
+    "$PRESTO_TEST_RESUMED_STEP" > "$RUN_DIR/summary.json"
+: > "$RUN_DIR/metrics.jsonl"
+exit 0
+"""
+
+
+@pytest.mark.parametrize("resumed_step", ["10", "4"])
+def test_a_trial_that_continued_a_checkpoint_never_completes(tmp_path, monkeypatch,
+                                                             resumed_step):
+    """Defence in depth: a trial whose run resumed a checkpoint (0 steps trained, or some) is
+    not its parameters' result - FAIL, so a study of such trials reports no success (exit 1,
+    no config)."""
+    from tests.support.mllog import simulate
+    script = tmp_path / "run_and_time.sh"
+    script.write_text(STAND_IN)
+    monkeypatch.setattr(hpo, "RUN_AND_TIME", script)
+    monkeypatch.setenv("PRESTO_TEST_LOG", str(simulate(tmp_path / "ok.log", [0.5, 0.721])))
+    monkeypatch.setenv("PRESTO_TEST_RESUMED_STEP", resumed_step)
+    lines = []
+    code = hpo.run_command(hpo_args(tmp_path, "--trials", "2"), out=lines.append)
+    assert code == 1, lines
+    study = hpo.read_study(tmp_path / "study")
+    assert [s for _, s, _ in _states(study)] == ["FAIL", "FAIL"]
+    assert any("resumed a checkpoint" in line for line in lines), lines
+    assert not (tmp_path / "study" / f"{CPU_CONFIG.stem}_hpo.toml").exists()
