@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from runtime.config import load_config
 from submission import hpo
 from submission.__main__ import main as submission_main
 from tests.support.runs import CPU_CONFIG
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SPACE = """
 [params."optim.lr"]
@@ -84,7 +88,7 @@ def test_a_storage_password_is_never_printed_or_written(tmp_path, capsys):
     out = capsys.readouterr()
     assert code == 2 and "cannot open it" in out.err, out
     assert "s3cr3t-pw" not in out.out + out.err and "presto:***@" in out.err
-    assert "s3cr3t-pw" not in (tmp_path / "study" / "study.json").read_text()
+    assert not (tmp_path / "study").exists()    # refused before the directory is claimed
     assert hpo.redact(url) == "postgresql://presto:***@127.0.0.1:9/hpo"
 
 
@@ -123,7 +127,7 @@ class FakeRuns:
         self.stop_on = set(stop_on)
 
     def __call__(self, study, trial, target, stop, env_extra=None, on_stop=lambda: None,
-                 warmup_samples=0):
+                 warmup_samples=0, keep_out=()):
         self.seen.append((trial.number, dict(trial.params)))
         if trial.number in self.stop_on:
             stop.signum = 15
@@ -330,3 +334,88 @@ def test_a_trial_that_continued_a_checkpoint_never_completes(tmp_path, monkeypat
     assert [s for _, s, _ in _states(study)] == ["FAIL", "FAIL"]
     assert any("resumed a checkpoint" in line for line in lines), lines
     assert not (tmp_path / "study" / f"{CPU_CONFIG.stem}_hpo.toml").exists()
+
+
+SECRET = "s3cr/t:p@ss-7"   # a password with '/', ':' and '@': userinfo takes any character
+ENV_SECRET = "env-held-s3cret"
+
+
+def _files_holding(root: Path, needles: list[str]) -> list[str]:
+    """Every file under root (any depth) whose bytes hold one of needles."""
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            found += [f"{path}: {n!r}" for n in needles if n.encode() in data]
+    return found
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql://presto:s3cr/t:p@ss-7@127.0.0.1:9/hpo", "postgresql://presto:***@"),
+    ("postgresql://presto:s3cr%2Ft@127.0.0.1:9/hpo", "postgresql://presto:***@"),
+    ("postgresql://presto@127.0.0.1:9/hpo?sslmode=disable&password=s3cr/t:p@ss-7",
+     "password=***"),
+    ("postgresql://presto:${PRESTO_TEST_PW}@127.0.0.1:9/hpo", "postgresql://presto:***@"),
+    ("sqlite://presto:s3cr/t:p@ss-7@/{tmp}/hpo.db", "sqlite://presto:***@"),
+])
+def test_no_form_of_storage_url_shows_its_secret_in_any_stream_or_file(tmp_path, url, shown):
+    """`python -m submission hpo --storage URL` as a user runs it, for each form a password
+    takes (userinfo with '/', ':' and '@'; percent-encoded; ?password=; ${VAR} from the
+    environment): the storage cannot be opened here (no server, no driver) - exit 2 - and
+    neither stream nor any file written holds the password, raw or decoded."""
+    url = url.replace("{tmp}", str(tmp_path))
+    env = dict(os.environ, PRESTO_TEST_PW=ENV_SECRET)
+    proc = subprocess.run([sys.executable, "-m", "submission",
+                           *_args(tmp_path, "--storage", url)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    secrets = [SECRET, "s3cr/t", "s3cr%2Ft", "p@ss-7", ENV_SECRET]
+    assert proc.returncode == 2 and "cannot open it" in proc.stderr, proc.stderr
+    assert shown in proc.stderr, proc.stderr
+    streams = proc.stdout + proc.stderr
+    assert not [s for s in secrets if s in streams], streams
+    assert not _files_holding(tmp_path, secrets)
+
+
+def test_a_study_on_a_url_with_secrets_keeps_them_out_of_every_output(tmp_path, monkeypatch,
+                                                                        capfd):
+    """A real study on SQLite whose URL carries ?password= from an environment variable
+    (${VAR}: the secret is never on the command line) and a literal secret query value: the
+    trials' runs get neither the URL nor the variable (a stand-in run_and_time.sh writes its
+    environment into its run directory), and no stream or file of the study holds them."""
+    from tests.support.mllog import simulate
+    script = tmp_path / "run_and_time.sh"
+    script.write_text('#!/usr/bin/env bash\nset -e\nmkdir -p "$RUN_DIR"\n'
+                      'cp "$PRESTO_TEST_LOG" "$RUN_DIR/mlperf_bert.log"\n'
+                      'env > "$RUN_DIR/environment.txt"\n'
+                      'printf \'{"status": "success", "steps": 10, "samples": 160}\' '
+                      '> "$RUN_DIR/summary.json"\n: > "$RUN_DIR/metrics.jsonl"\n')
+    monkeypatch.setattr(hpo, "RUN_AND_TIME", script)
+    monkeypatch.setenv("PRESTO_TEST_LOG", str(simulate(tmp_path / "ok.log", [0.5, 0.721])))
+    monkeypatch.setenv("PRESTO_TEST_PW", ENV_SECRET)
+    db = tmp_path / "db"
+    db.mkdir()
+    monkeypatch.setenv("PRESTO_TEST_DB", str(db))
+    url = "sqlite:///${PRESTO_TEST_DB}/hpo.db?password=${PRESTO_TEST_PW}&token=" + SECRET
+    code = submission_main(_args(tmp_path, "--storage", url, "--trials", "2"))
+    out, err = capfd.readouterr()
+    assert code == 0, out + err
+    assert (db / "hpo.db").stat().st_size > 0          # ${PRESTO_TEST_DB} was expanded
+    assert "password=***&token=***" in out, out
+    assert not [s for s in (SECRET, ENV_SECRET) if s in out + err], out + err
+    runs = list((tmp_path / "study" / "trials").glob("trial_*/environment.txt"))
+    assert len(runs) == 2 and "PRESTO_TEST_LOG" in runs[0].read_text()
+    assert not any(hpo.STORAGE_ENV in r.read_text() or "PRESTO_TEST_PW" in r.read_text()
+                   for r in runs)
+    assert not _files_holding(tmp_path / "study", [SECRET, ENV_SECRET])
+    held = json.loads((tmp_path / "study" / "study.json").read_text())["storage_kind"]
+    assert held == "sqlite:///${PRESTO_TEST_DB}/hpo.db?password=***&token=***"
+
+
+def test_an_unset_variable_in_the_storage_url_is_refused_naming_it(tmp_path, capsys,
+                                                                   monkeypatch):
+    monkeypatch.delenv("PRESTO_TEST_UNSET", raising=False)
+    code = submission_main(_args(tmp_path, "--storage",
+                                 "postgresql://presto:${PRESTO_TEST_UNSET}@127.0.0.1:9/hpo"))
+    err = capsys.readouterr().err
+    assert code == 2 and "PRESTO_TEST_UNSET" in err and "not set" in err, err
+    assert not (tmp_path / "study").exists()
