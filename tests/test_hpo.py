@@ -419,3 +419,13 @@ def test_an_unset_variable_in_the_storage_url_is_refused_naming_it(tmp_path, cap
     err = capsys.readouterr().err
     assert code == 2 and "PRESTO_TEST_UNSET" in err and "not set" in err, err
     assert not (tmp_path / "study").exists()
+
+
+def test_a_brace_in_the_storage_url_is_a_literal_brace(tmp_path):
+    """Optuna fills {SCHEMA_VERSION} into the URL with str.format: a brace of a password or
+    a path raised KeyError ('cannot open it')."""
+    d = tmp_path / "a{b}"
+    d.mkdir()
+    study = hpo.Study(name="s", dir=str(tmp_path), config="", space="", storage_kind="rdb")
+    hpo._storage(study, f"sqlite:///{d}/hpo.db")
+    assert (d / "hpo.db").stat().st_size > 0
