@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from runtime.config import ConfigError, load_config, _section_types
+from runtime.config import ConfigError, load_config, read_toml_text, _section_types
 from submission import report as rep
 from submission import slurm
 
@@ -152,11 +152,11 @@ def load_space(path: str | Path, config: str | Path, overrides: list[str]) -> li
     non-empty, log scales positive, every bound and choice a value the config accepts."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_toml_text(path))
     except FileNotFoundError:
         raise HpoError(f"search space {path} does not exist (see docs/HPO.md for its format)") \
             from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+    except (OSError, ConfigError, tomllib.TOMLDecodeError) as e:
         raise HpoError(f"search space {path}: not a readable TOML file ({e})") from None
     extra = set(data) - {"params"}
     if extra:
@@ -840,7 +840,7 @@ def format_table(rows: list[dict], keys: list[str]) -> str:
 def best_config_text(study: Study, best: dict, rows: list[dict]) -> str:
     """The config file of the best trial: the study's config with its --set overrides and the
     trial's parameters applied, and a header saying where it came from."""
-    data = tomllib.loads(Path(study.config).read_text())
+    data = tomllib.loads(read_toml_text(study.config))
     from runtime.config import _parse_override
     for text in [*study.overrides, *trial_overrides(best["params"])]:
         section, key, value = _parse_override(text)
@@ -1041,6 +1041,9 @@ def _enqueued(texts: list[str], params: list[Param]) -> list[dict]:
     out = []
     by_key = {p.key: p for p in params}
     for text in texts:
+        if "\n" in text or "\r" in text:
+            raise HpoError(f"--enqueue {text!r} holds a line break: one setting per --enqueue, "
+                           f"its keys separated by commas")
         values = {}
         for item in text.split(","):
             key, sep, raw = item.partition("=")

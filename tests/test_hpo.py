@@ -429,3 +429,15 @@ def test_a_brace_in_the_storage_url_is_a_literal_brace(tmp_path):
     study = hpo.Study(name="s", dir=str(tmp_path), config="", space="", storage_kind="rdb")
     hpo._storage(study, f"sqlite:///{d}/hpo.db")
     assert (d / "hpo.db").stat().st_size > 0
+
+
+def test_a_config_and_space_with_a_utf8_bom_are_read(tmp_path, monkeypatch):
+    config = tmp_path / CPU_CONFIG.name
+    config.write_bytes(b"\xef\xbb\xbf" + CPU_CONFIG.read_bytes())
+    space = tmp_path / "space.toml"
+    space.write_bytes(b"\xef\xbb\xbf" + SPACE.encode())
+    args = _args(tmp_path, space=space)
+    args[args.index("--config") + 1] = str(config)
+    monkeypatch.setattr(hpo, "run_trial", FakeRuns())
+    assert submission_main([*args, "--trials", "1"]) == 0     # the best config written too
+    assert load_config(tmp_path / "study" / f"{CPU_CONFIG.stem}_hpo.toml").optim.lr == 0.01
