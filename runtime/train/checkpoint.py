@@ -94,6 +94,14 @@ class CheckpointWriteError(RuntimeError):
     exit_code = 3
 
 
+def _has_run_stop(log: Path) -> bool:
+    """Whether an MLPerf log (another run's) holds run_stop: that run is finished."""
+    try:
+        return '"key": "run_stop"' in log.read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def rank_file(rank: int) -> str:
     return f"rank_{rank:05d}.pt"
 
@@ -353,15 +361,22 @@ class CheckpointManager:
         if has and owner != str(run_dir):
             other = owner or "a run that recorded no run directory"
             if not adopt:
+                # The advice must be what a rerun can do: a finished run is not continued.
+                finished = owner is not None and _has_run_stop(Path(owner) / "mlperf_bert.log")
+                go_on = (f"{other} is a finished run (its MLPerf log has run_stop): it is not "
+                         f"continued. For a new run, choose another train.checkpoint_dir, or "
+                         f"start from its last weights with model.init="
+                         f"{find_latest(self.directory, verify=False, warn=lambda m: None).path}"
+                         if finished else
+                         f"To continue that run, rerun it in its own directory (run_and_time.sh "
+                         f"does so by itself when neither RUN_DIR nor -- train.output_dir is "
+                         f"given); for a new run, choose another train.checkpoint_dir")
                 return ("refused",
                         f"train.checkpoint_dir {self.directory} holds the checkpoints of "
                         f"{other}, not of this run ({run_dir}): continuing them here would "
-                        f"make one run with two MLPerf logs. To continue that run, rerun it "
-                        f"in its own directory (run_and_time.sh does so by itself when neither "
-                        f"RUN_DIR nor -- train.output_dir is given); for a new run, choose "
-                        f"another train.checkpoint_dir; to continue these checkpoints in this "
-                        f"new log, which then says where they came from, set "
-                        f"train.adopt_checkpoints=true")
+                        f"make one run with two MLPerf logs. {go_on}; to continue these "
+                        f"checkpoints in this new log, which then says where they came from, "
+                        f"set train.adopt_checkpoints=true")
             adopted = other
         if owner != str(run_dir):
             self.directory.mkdir(parents=True, exist_ok=True)
