@@ -443,9 +443,12 @@ class CheckpointManager:
             f"step {step}: it needs about "
             + (f"{need:,} bytes" if need else "as much as the model and optimizer state")
             + (f", {free:,} free" if free is not None else "") + "; "
-            + (f"the previous checkpoint ({last.path.name}) is kept" if last else
-               "no earlier checkpoint exists")
-            + " - free space (or set train.checkpoint_dir on another disk) and rerun to resume")
+            + (f"the previous checkpoint ({last.path.name}) is kept - free space there and "
+               f"rerun the same command: it resumes from {last.path}" if last else
+               "no earlier checkpoint exists - free space (or set train.checkpoint_dir on "
+               "another disk) and run again: with no checkpoint this run cannot be continued, "
+               "and the same command starts a new run in a new run directory (if you named "
+               "this one with RUN_DIR or train.output_dir, name another)"))
 
     def _write_shared(self, tmp: Path) -> None:
         from safetensors.torch import save as safetensors_bytes
