@@ -236,6 +236,8 @@ def fault_diskfull(work: Path, data: Path, ref: Path) -> dict:
         rc, text, t1 = wait(proc)
         trained = max(r["step"] for r in step_records(run_dir))
         words = "No space left" in text and "it resumes from" in text
+        said = next((ln for ln in text.splitlines() if "No space left" in ln
+                     or "no space left" in ln), text.strip().splitlines()[-1:])
         (disk / "filler").unlink()
         rc2, _, _ = wait(launch(run_dir, [], data))
         log = run_dir / "mlperf_bert.log"
@@ -264,7 +266,7 @@ def fault_diskfull(work: Path, data: Path, ref: Path) -> dict:
                 "note": f"filled at step {trained}, resumed from step {res.get('step')}; "
                         f"log lines whole: {whole}, partial lines dropped: "
                         f"{'; '.join(repaired) or 'none'}, "
-                        f"checker: {'SUCCESS' if passed else 'FAILED'}"}
+                        f"checker: {'SUCCESS' if passed else 'FAILED'}; said: {str(said)[:600]}"}
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 

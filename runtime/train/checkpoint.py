@@ -430,8 +430,13 @@ class CheckpointManager:
 
     def _no_space(self, tmp: Path, step: int, e: OSError) -> CheckpointWriteError:
         """The disk filled while writing checkpoint ``step``: drop the partial one (the last
-        complete checkpoint stays) and say where, how much it needs and what to do."""
-        shutil.rmtree(tmp, ignore_errors=True)
+        complete checkpoint stays) and say where, how much it needs and what to do. With
+        several ranks the partial ``.step_<N>.tmp`` stays (it has no manifest: not a
+        checkpoint), for the next save to remove: the other ranks may still be writing into it,
+        and removing it under them turned their write into a FileNotFoundError that named the
+        wrong cause."""
+        if self.world_size == 1:
+            shutil.rmtree(tmp, ignore_errors=True)
         last = find_latest(self.directory, verify=False, warn=lambda m: None)
         need = sum(f["bytes"] for f in last.manifest["files"].values()) if last else None
         try:
