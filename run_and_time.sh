@@ -6,7 +6,7 @@
 #
 # Environment (every one optional):
 #   CONFIG     config TOML              default submission/configs/config_CPU_1x2x32x1.toml
-#   SEED       overrides train.seed     default: train.seed of CONFIG
+#   SEED       overrides train.seed     default: train.seed of CONFIG (0 .. 4294967295)
 #   LOGDIR     where run directories go default results/ (in the repository)
 #   RUN_DIR    this run's train.output_dir (the MLPerf log is RUN_DIR/mlperf_bert.log); the
 #              same as `-- train.output_dir=DIR` (giving both, different, is an error).
