@@ -162,6 +162,7 @@ drop_unused_run_dir() {   # after a refusal (exit 2): RUN_DIR if this script mad
     [[ -z "$left" ]] || return 0
     rm -rf -- "$RUN_DIR" \
         && printf 'run_and_time.sh: removed the run directory %s that this refused run made: nothing of a run was written there (the messages are above)\n' "$RUN_DIR" >&2
+    return 0   # a directory that would not go is no reason to change the run's exit status
 }
 fresh_dir() {   # mkdir is atomic: two runs started in the same second get _2, _3 ...
     local base="$1" d="$1" n=1 why
