@@ -304,11 +304,11 @@ def storage_secrets(url: Optional[str]) -> list[str]:
     and the expanded one, raw and percent-decoded) and each secret query value; longest
     first, so a longer one is hidden whole."""
     from urllib.parse import unquote, unquote_plus
-    found = set()
-    forms = [url] if not url else [url, _ENV_REF.sub(lambda m: os.environ.get(m.group(1), ""),
-                                                     url)]
-    for form in forms:
-        if not form or "://" not in form:
+    found: set[str] = set()
+    if not url:
+        return []
+    for form in (url, _ENV_REF.sub(lambda m: os.environ.get(m.group(1), ""), url)):
+        if "://" not in form:
             continue
         rest = form.partition("://")[2]
         where, _, query = rest.partition("?")
