@@ -6,7 +6,7 @@
 #
 # Environment (every one optional):
 #   CONFIG     config TOML              default submission/configs/config_CPU_1x2x32x1.toml
-#   SEED       overrides train.seed     default: train.seed of CONFIG
+#   SEED       overrides train.seed     default: train.seed of CONFIG (0 .. 4294967295)
 #   LOGDIR     where run directories go default results/ (in the repository)
 #   RUN_DIR    this run's train.output_dir (the MLPerf log is RUN_DIR/mlperf_bert.log); the
 #              same as `-- train.output_dir=DIR` (giving both, different, is an error).
@@ -69,6 +69,9 @@ case "${1-}" in -h|--help) usage; exit 0 ;; --) shift ;; esac
 OVERRIDES=()
 OUT_OVERRIDE=""
 for arg in "$@"; do
+    # One argument, one key: TOML would read a second line as a second key, and drop it.
+    [[ "$arg" != *[$'\n\r']* ]] \
+        || die "argument $(printf %q "$arg") holds a line break: give each section.key=value as its own argument"
     [[ "$arg" == *.*=* && "$arg" != -* ]] \
         || die "argument '$arg' is not a section.key=value override (usage: $0 [-- section.key=value ...])"
     if [[ "$arg" == train.output_dir=* ]]; then   # one place for the run: RUN_DIR
@@ -103,7 +106,11 @@ cd "$HERE"   # python -m submission.train needs the repository on the path: run 
 
 # -- launch values from the config (one line per --get, in order) ------------------------------
 SEED_SET=()
-[[ -n "${SEED:-}" ]] && SEED_SET=(--set "train.seed=$SEED")
+if [[ -n "${SEED:-}" ]]; then   # numpy's and torch's generators take 0 .. 2^32-1
+    [[ "$SEED" =~ ^[0-9]{1,10}$ ]] && ((10#$SEED <= 4294967295)) \
+        || die "SEED='$SEED' is not a whole number from 0 to 4294967295 (it sets train.seed; unset SEED for the config's)"
+    SEED_SET=(--set "train.seed=$SEED")
+fi
 if ! VALUES="$("$PYTHON" -m runtime.config "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" \
         --get system.nodes --get system.ranks_per_node --get system.launcher --get train.seed \
         --get train.checkpoint_dir)"; then
@@ -146,6 +153,17 @@ owner_run() {   # the interrupted run that checkpoint directory $1 belongs to (i
     fi
     printf '%s\n' "$d"
 }
+RUN_DIR_NEW=0   # 1: this script made RUN_DIR (a refused run takes it away again)
+drop_unused_run_dir() {   # after a refusal (exit 2): RUN_DIR if this script made it and it holds nothing of a run
+    local left
+    ((RUN_DIR_NEW)) && [[ -d "$RUN_DIR" ]] || return 0
+    left="$(cd "$RUN_DIR" && find . -mindepth 1 ! -name launcher.log ! -name .lock \
+            ! -path ./ranks ! -path './ranks/*' -print -quit 2>/dev/null)" || return 0
+    [[ -z "$left" ]] || return 0
+    rm -rf -- "$RUN_DIR" \
+        && printf 'run_and_time.sh: removed the run directory %s that this refused run made: nothing of a run was written there (the messages are above)\n' "$RUN_DIR" >&2
+    return 0   # a directory that would not go is no reason to change the run's exit status
+}
 fresh_dir() {   # mkdir is atomic: two runs started in the same second get _2, _3 ...
     local base="$1" d="$1" n=1 why
     why="$(mkdir -p -- "$(dirname "$base")" 2>&1)" \
@@ -170,7 +188,9 @@ if [[ -z "${RUN_DIR:-}" ]]; then
             RUN_DIR="$(owner_run "$CKPT_DIR")"
             [[ -n "$RUN_DIR" ]] && printf 'run_and_time.sh: resuming the interrupted run in %s, whose checkpoints train.checkpoint_dir %s holds (RESUME=0 starts a new one)\n' "$RUN_DIR" "$CKPT_DIR" >&2
         fi
-        [[ -n "${RUN_DIR:-}" ]] || RUN_DIR="$(fresh_dir "$LOGDIR/${NAME}_$(date +%Y%m%d_%H%M%S)")"
+        if [[ -z "${RUN_DIR:-}" ]]; then
+            RUN_DIR="$(fresh_dir "$LOGDIR/${NAME}_$(date +%Y%m%d_%H%M%S)")" RUN_DIR_NEW=1
+        fi
     fi
 fi
 RUN_DIR="$(abspath "$RUN_DIR")"
@@ -179,6 +199,7 @@ RUN_DIR="$(abspath "$RUN_DIR")"
 if [[ -e "$RUN_DIR" && ! -d "$RUN_DIR" ]]; then
     die "RUN_DIR '$RUN_DIR' exists and is not a directory: name a directory (or leave RUN_DIR unset for a fresh one in LOGDIR)"
 fi
+[[ -e "$RUN_DIR" ]] || RUN_DIR_NEW=1
 WHY="$(mkdir -p -- "$RUN_DIR" 2>&1)" \
     || die "cannot create RUN_DIR '$RUN_DIR': ${WHY##*: } (choose a writable place for RUN_DIR or LOGDIR)"
 WHY="$( { : > "$RUN_DIR/.write_test"; } 2>&1)" \
@@ -198,7 +219,7 @@ fi
 # job step; else empty), then the launch argv. On a bad value it prints our message and exits 2.
 mapfile -d '' -t LAUNCH < <("$PYTHON" -m submission.launchers argv --launcher "$LAUNCHER" \
     --nodes "$NODES" --ranks "$RANKS" --config "$CONFIG" -- "${TRAIN[@]}")
-wait "$!" || exit 2   # < <(...) hides the status from set -e; the message is on stderr already
+wait "$!" || { drop_unused_run_dir; exit 2; }   # < <(...) hides the status from set -e; the message is on stderr already
 ((${#LAUNCH[@]} > 2)) || die "python -m submission.launchers printed no launch command"
 FORWARD="${LAUNCH[0]}" SELF_RANK="${LAUNCH[1]}" CMD=("${LAUNCH[@]:2}")
 PRINT_RESULT=1
@@ -274,6 +295,7 @@ if ((RC != 0)); then
         CODE="$("$PYTHON" -m submission.rank_status "$RUN_DIR" --rc "$RC" --launcher "$LAUNCHER" \
                 --launcher-log "$LAUNCH_LOG" --since "$START")" \
             && [[ "$CODE" =~ ^[0-9]+$ ]] && RC="$CODE"
+        ((RC != 2)) || drop_unused_run_dir
     fi
     exit "$RC"
 fi

@@ -2,7 +2,7 @@
 run end where the uninterrupted one does.
 
     python -m bench.faults [--runs 3] [--data data/cpu128]
-                           [--faults kill,sigterm,corrupt,nan,fp16,swap]
+                           [--faults kill,sigterm,corrupt,nan,fp16,swap,diskfull]
                            [--out bench/results/faults.json]
 
 A tiny BERT (1 layer, hidden 64) on 2 MPI ranks, launched by run_and_time.sh as a user would,
@@ -20,8 +20,12 @@ steps. First one uninterrupted reference run (its checkpoints all kept); then pe
   swap     SIGTERM at step 13 (a checkpoint), then the rerun with ``optim.name=adamw`` on LAMB's
            checkpoint (a careless resume: it once loaded LAMB's moments into AdamW and trained
            on); then the unchanged command
+  diskfull the run directory on a 256 MiB tmpfs (``mount -t tmpfs``: root) that a filler file
+           fills at step 13: the next log or checkpoint write fails; then the filler goes and
+           the unchanged command runs again (a full disk used to leave half a line that the
+           resume record was glued to)
 
-For each: detected (the exit status the fault must give - 3, 4, 2, 3, 3, 2 - and the message
+For each: detected (the exit status the fault must give - 3, 4, 2, 3, 3, 2, 3 - and the message
 naming the rank, the file or the divergence), seconds from the fault to the end of the run,
 samples lost (trained but not in the checkpoint the run continues from, or, for the storms,
 since the checkpoint kept), and whether the result equals the uninterrupted run: for kill and
@@ -37,6 +41,7 @@ bench.faults``). Prints a table and a final JSON line; writes the record to ``--
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -52,8 +57,8 @@ from bench.common import finish, record
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
-FAULTS = ("kill", "sigterm", "corrupt", "nan", "fp16", "swap")
-EXPECT = {"kill": 3, "sigterm": 4, "corrupt": 2, "nan": 3, "fp16": 3, "swap": 2}
+FAULTS = ("kill", "sigterm", "corrupt", "nan", "fp16", "swap", "diskfull")
+EXPECT = {"kill": 3, "sigterm": 4, "corrupt": 2, "nan": 3, "fp16": 3, "swap": 2, "diskfull": 3}
 GBS, EVERY, HIT, STORM = 16, 80, 13, 23
 
 
@@ -101,7 +106,9 @@ def step_records(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
-    return [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "step"]
+    text = path.read_text()
+    whole = text[:text.rfind("\n") + 1]   # a line being written, or cut short by a full disk
+    return [r for r in map(json.loads, whole.splitlines()) if r["kind"] == "step"]
 
 
 def trajectory(run_dir: Path) -> tuple[dict, dict]:
@@ -211,6 +218,59 @@ def fault_swap(work: Path, data: Path, ref: Path) -> dict:
                                                           " - BUT the run directory changed")}
 
 
+def fault_diskfull(work: Path, data: Path, ref: Path) -> dict:
+    """The run directory's disk fills at step HIT; space freed, the same command again: exit 3
+    naming the file and the checkpoint a rerun resumes from, then a resumed log whose every
+    line parses and which the compliance checker passes, equal to the uninterrupted run."""
+    disk = work / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(disk)], check=True)
+    try:
+        run_dir = disk / "run"
+        proc = launch(run_dir, [], data)
+        wait_for_step(run_dir, HIT, proc)
+        with contextlib.suppress(OSError), open(disk / "filler", "wb") as f:
+            while True:
+                f.write(bytes(1 << 20))
+        t0 = time.time()
+        rc, text, t1 = wait(proc)
+        trained = max(r["step"] for r in step_records(run_dir))
+        words = "No space left" in text and "it resumes from" in text
+        said = next((ln for ln in text.splitlines() if "No space left" in ln
+                     or "no space left" in ln), text.strip().splitlines()[-1:])
+        (disk / "filler").unlink()
+        rc2, _, _ = wait(launch(run_dir, [], data))
+        log = run_dir / "mlperf_bert.log"
+        lines = [ln for ln in log.read_text().splitlines() if ":::MLLOG " in ln]
+        whole = True
+        for ln in lines:
+            try:
+                json.loads(ln.split(":::MLLOG ", 1)[1])
+            except ValueError:
+                whole = False
+        res = resumed_from(run_dir) if whole else {}
+        text_m = (run_dir / "metrics.jsonl").read_text()
+        cut = [n for r in map(json.loads, text_m[:text_m.rfind("\n") + 1].splitlines())
+               if r["kind"] == "resume" for n in r.get("notes", []) if "partial last" in n]
+        repaired = [*([res["log_repaired"]] if res.get("log_repaired") else []), *cut]
+        checker = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker",
+                                  "--usage", "training", "--ruleset", "5.0.0", str(log)],
+                                 capture_output=True, text=True, cwd=work)
+        passed = checker.returncode == 0 and "SUCCESS" in checker.stdout + checker.stderr
+        lost = (trained - int(res.get("step", 0))) * GBS
+        equal = rc2 == 1 and whole and passed and trajectory(run_dir) == trajectory(ref)
+        return {"detected": rc == EXPECT["diskfull"] and words, "exit": rc,
+                "seconds": t1 - t0, "samples_lost": lost,
+                "since_checkpoint": (trained % (EVERY // GBS)) * GBS, "resumed_exit": rc2,
+                "equal": equal,
+                "note": f"filled at step {trained}, resumed from step {res.get('step')}; "
+                        f"log lines whole: {whole}, partial lines dropped: "
+                        f"{'; '.join(repaired) or 'none'}, "
+                        f"checker: {'SUCCESS' if passed else 'FAILED'}; said: {str(said)[:600]}"}
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 def fault_storm(kind: str, work: Path, data: Path, ref: Path) -> dict:
     run_dir = work / "run"
     rc, text, t1 = wait(launch_faulty(run_dir, kind, data))
@@ -263,6 +323,8 @@ def main(argv=None) -> int:
                     res = fault_corrupt(work, data)
                 elif f == "swap":
                     res = fault_swap(work, data, ref)
+                elif f == "diskfull":
+                    res = fault_diskfull(work, data, ref)
                 else:
                     res = fault_storm(f, work, data, ref)
                 results[f].append(res)

@@ -358,6 +358,9 @@ class TrainConfig:
         if self.max_nonfinite_steps < 0:
             raise ConfigError(f"train.max_nonfinite_steps must be >= 0 (0 = stop at the "
                               f"first non-finite step), got {self.max_nonfinite_steps}")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise ConfigError(f"train.seed must be a whole number from 0 to {SEED_MAX} (what "
+                              f"numpy's and torch's generators take), got {self.seed}")
 
     def sample_budget(self) -> int:
         """The samples the run trains at most: max_steps × the global batch, or
@@ -624,6 +627,9 @@ def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
 
 
 def _parse_override(text: str) -> tuple[str, str, Any]:
+    if "\n" in text or "\r" in text:   # TOML would read the rest as more lines, and drop it
+        raise ConfigError(f"override {text!r} holds a line break: give each section.key=value "
+                          f"as its own argument (a string value with a line break: \"...\\n...\")")
     name, sep, raw = text.partition("=")
     section, dot, key = name.strip().partition(".")
     if not sep or not dot:
@@ -633,6 +639,24 @@ def _parse_override(text: str) -> tuple[str, str, Any]:
     except tomllib.TOMLDecodeError:
         value = raw  # bare strings need no quotes on the command line
     return section, key, value
+
+
+SEED_MAX = 2 ** 32 - 1
+
+
+def read_toml_text(path: str | Path) -> str:
+    """A TOML file's text: UTF-8 (else ConfigError naming the byte and line), a leading
+    byte-order mark dropped (Windows editors write one; TOML's grammar has none)."""
+    path = Path(path)
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} on line "
+                          f"{line}): TOML files are UTF-8 - save it as UTF-8 (iconv -t "
+                          f"UTF-8), or check that this is the config you meant") from None
+    return text.removeprefix("\ufeff")
 
 
 # Keys every config file must name (here or in an override): the defaults are BERT-base at
@@ -667,14 +691,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
-        raw = path.read_bytes()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = raw[:e.start].count(b"\n") + 1
-            raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} on line "
-                              f"{line}): TOML files are UTF-8 - save it as UTF-8 (iconv -t "
-                              f"UTF-8), or check that this is the config you meant") from None
+        text = read_toml_text(path)
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from runtime.config import ConfigError, load_config, _section_types
+from runtime.config import ConfigError, load_config, read_toml_text, _section_types
 from submission import report as rep
 from submission import slurm
 
@@ -84,6 +84,19 @@ SEARCHABLE_SECTIONS = ("optim", "schedule")
 SEARCHABLE_KEYS = ("train.max_grad_norm", "train.clip_mode", "model.hidden_dropout_prob",
                    "model.attention_probs_dropout_prob")
 PARAM_FIELDS = {"low", "high", "log", "step", "choices"}
+# Keys a trial must have to itself, refused in --set (exit 2, before the study starts): with
+# one checkpoint directory for all, every trial after the first resumed the first one's final
+# checkpoint, trained 0 steps and scored its value.
+_OWN_CHECKPOINTS = ("each trial writes its checkpoints into its own run directory (a shared "
+                    "train.checkpoint_dir makes every later trial resume an earlier trial's "
+                    "checkpoint and train nothing); a study does not continue checkpoints")
+TRIAL_OWN_KEYS = {
+    "train.output_dir": "each trial's run directory is the study's (trials/trial_<n>)",
+    "train.checkpoint_dir": _OWN_CHECKPOINTS,
+    "train.adopt_checkpoints": _OWN_CHECKPOINTS,
+    "train.seed": "the seed is the config's (train.seed in the file): every trial trains the "
+                  "same data order and initial weights, so values compare",
+}
 EXIT_OK, EXIT_NONE_COMPLETE, EXIT_BAD_INPUT, EXIT_STOPPED = 0, 1, 2, 4
 
 
@@ -139,11 +152,11 @@ def load_space(path: str | Path, config: str | Path, overrides: list[str]) -> li
     non-empty, log scales positive, every bound and choice a value the config accepts."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_toml_text(path))
     except FileNotFoundError:
         raise HpoError(f"search space {path} does not exist (see docs/HPO.md for its format)") \
             from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+    except (OSError, ConfigError, tomllib.TOMLDecodeError) as e:
         raise HpoError(f"search space {path}: not a readable TOML file ({e})") from None
     extra = set(data) - {"params"}
     if extra:
@@ -243,11 +256,78 @@ def trial_overrides(params: dict) -> list[str]:
 
 # -------------------------------------------------------------------------------- the study
 
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Query arguments that carry a secret (libpq's password/sslpassword, MySQL's passwd, tokens).
+_SECRET_ARG = re.compile(r"pass|pwd|secret|token|credential|auth", re.IGNORECASE)
+
+
 def redact(url: Optional[str]) -> str:
-    """A storage URL fit to print: the password replaced by ***."""
+    """A storage URL fit to print: the password of its userinfo and every secret query
+    argument (``?password=``) replaced by ***. The userinfo runs to the last '@' before the
+    query, so a password may hold any character ('/', ':', '@' included); ``${VAR}``
+    references are shown as written (their values are never in the URL given)."""
     if not url:
         return "journal"
-    return re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", url)
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "<not a URL: not shown>"
+    where, q, query = rest.partition("?")
+    if "@" in where:
+        userinfo, host = where.rsplit("@", 1)
+        user, colon, _ = userinfo.partition(":")
+        where = f"{user}:***@{host}" if colon else f"{userinfo}@{host}"
+    if q:
+        query = "&".join(f"{k}=***" if eq and _SECRET_ARG.search(k) else f"{k}{eq}{v}"
+                         for k, eq, v in (arg.partition("=") for arg in query.split("&")))
+    return f"{scheme}://{where}{q}{query}"
+
+
+def storage_env_names(url: Optional[str]) -> list[str]:
+    """The environment variables a storage URL refers to (``${NAME}``)."""
+    return _ENV_REF.findall(url or "")
+
+
+def expand_storage(url: str) -> str:
+    """``${NAME}`` references replaced by the environment's values (exit 2 naming an unset
+    one): a password kept in a variable never reaches a command line, ps, a job script or
+    study.json."""
+    missing = [n for n in storage_env_names(url) if n not in os.environ]
+    if missing:
+        raise HpoError(f"--storage {redact(url)}: ${{{missing[0]}}} names an environment "
+                       f"variable that is not set here: export it (Slurm workers get this "
+                       f"environment too) or write the value into the URL")
+    return _ENV_REF.sub(lambda m: os.environ[m.group(1)], url)
+
+
+def storage_secrets(url: Optional[str]) -> list[str]:
+    """Every secret of a storage URL as it may appear in a message: the password (the URL's
+    and the expanded one, raw and percent-decoded) and each secret query value; longest
+    first, so a longer one is hidden whole."""
+    from urllib.parse import unquote, unquote_plus
+    found: set[str] = set()
+    if not url:
+        return []
+    for form in (url, _ENV_REF.sub(lambda m: os.environ.get(m.group(1), ""), url)):
+        if "://" not in form:
+            continue
+        rest = form.partition("://")[2]
+        where, _, query = rest.partition("?")
+        if "@" in where:
+            found.add(where.rsplit("@", 1)[0].partition(":")[2])
+        for arg in query.split("&") if query else ():
+            k, eq, v = arg.partition("=")
+            if eq and _SECRET_ARG.search(k):
+                found.add(v)
+    found |= {os.environ.get(n, "") for n in storage_env_names(url)}
+    found |= {f(x) for x in list(found) for f in (unquote, unquote_plus)}
+    return sorted((x for x in found if len(x) >= 3), key=len, reverse=True)
+
+
+def scrub(text: str, url: Optional[str]) -> str:
+    """``text`` (a driver's or server's message) with every secret of ``url`` as ***."""
+    for secret in storage_secrets(url):
+        text = text.replace(secret, "***")
+    return text
 
 
 @dataclass
@@ -344,13 +424,13 @@ def _storage(study: Study, url: Optional[str]):
     if not url:
         raise HpoError(f"study {study.name} keeps its trials in {study.storage_kind}: give the "
                        f"URL again (--storage, or {STORAGE_ENV} for a worker)")
+    full = expand_storage(url)
     try:
-        return optuna.storages.RDBStorage(url)
-    except Exception as e:  # a driver's or server's error: say it without the password
-        msg = str(e).replace(url, redact(url))
-        password = re.search(r"//[^/:@]*:([^@/]*)@", url)
-        if password and password.group(1):
-            msg = msg.replace(password.group(1), "***")
+        # Optuna fills {SCHEMA_VERSION} into the URL with str.format: a brace of a password
+        # (or of a value from the environment) is a literal brace.
+        return optuna.storages.RDBStorage(full.replace("{", "{{").replace("}", "}}"))
+    except Exception as e:  # a driver's or server's error: say it without the secrets
+        msg = scrub(str(e).replace(full, redact(url)).replace(url, redact(url)), url)
         raise HpoError(f"--storage {redact(url)}: cannot open it ({type(e).__name__}: "
                        f"{msg.splitlines()[0] if msg else ''})") from None
 
@@ -534,17 +614,20 @@ def prune_warmup_samples(cfg, fraction: float) -> int:
 
 def run_trial(study: Study, trial, target: float, stop: _Stop,
               env_extra: Optional[dict] = None, on_stop=lambda: None,
-              warmup_samples: int = 0) -> Outcome:
+              warmup_samples: int = 0, keep_out: tuple = (STORAGE_ENV,)) -> Outcome:
     """Run the trial's training with run_and_time.sh, report its evaluations, prune it when
     the pruner says so; the outcome from its exit status, summary and MLPerf log. When the
     worker is asked to stop, ``on_stop`` runs at once (Slurm kills a cancelled task a few
-    seconds after its SIGTERM: the trial's fate must be written before the run has ended)."""
+    seconds after its SIGTERM: the trial's fate must be written before the run has ended).
+    ``keep_out``: environment variables the run must not get (the storage URL and the
+    variables it names: the run needs no storage, and its output is no place for secrets)."""
     run_dir = study.path / "trials" / f"trial_{trial.number}"
     if run_dir.exists():  # an earlier attempt of this number cannot be (results never overwritten)
         run_dir = run_dir.with_name(f"{run_dir.name}_{int(time.time())}")
     overrides = [*study.overrides, *trial_overrides(trial.params)]
-    env = dict(os.environ, CONFIG=study.config, RUN_DIR=str(run_dir), RESUME="0",
-               **(env_extra or {}))
+    # The run needs no storage: neither the URL nor the variables it names reach it.
+    env = {k: v for k, v in os.environ.items() if k not in keep_out}
+    env.update(CONFIG=study.config, RUN_DIR=str(run_dir), RESUME="0", **(env_extra or {}))
     trial.set_user_attr("run_dir", str(run_dir))
     log = open(study.path / "trials" / f"{run_dir.name}.out", "ab")
     proc = subprocess.Popen(["bash", str(RUN_AND_TIME), "--", *overrides], cwd=ROOT, env=env,
@@ -609,6 +692,14 @@ def run_trial(study: Study, trial, target: float, stop: _Stop,
         return Outcome("pruned", attrs={**attrs, "diverged": True})
     if rc not in (0, 1):
         return Outcome("fail", attrs=attrs, message=f"exit {rc}: {tail}")
+    resumed = summary.get("resumed_from")
+    if resumed is not None or summary.get("steps") == 0:
+        # Not this trial's parameters' result: the checkpoint's run trained (most of) it.
+        since = int(summary.get("steps") or 0) - int((resumed or {}).get("step") or 0)
+        return Outcome("fail", attrs={**attrs, "steps_trained": since},
+                       message=f"exit {rc}, but the run resumed a checkpoint "
+                               f"({(resumed or {}).get('checkpoint', 'none')}) and trained "
+                               f"{since} step(s) itself: not a result of these parameters")
     res = rep.analyse_log(run_dir.name, run_dir / "mlperf_bert.log")
     if rc == 0 and res.status == "success" and res.samples_to_converge:
         value = float(res.samples_to_converge if study.objective == "samples"
@@ -670,7 +761,8 @@ def work(study: Study, url: Optional[str] = None, worker: int = 0,
                     fail_and_retry(ostudy, ostudy._storage.get_trial(trial._trial_id),
                                    f"worker stopped by a signal ({stop.signum})")
             o = run_trial(study, trial, target, stop, env_extra, on_stop=give_back,
-                          warmup_samples=warmup)
+                          warmup_samples=warmup,
+                          keep_out=(STORAGE_ENV, *storage_env_names(url)))
             frozen = ostudy._storage.get_trial(trial._trial_id)
             if frozen.state != TrialState.RUNNING:   # failed already: a stop, or reaped
                 o = Outcome("retry", message=frozen.user_attrs.get("fail_reason", ""))
@@ -748,7 +840,7 @@ def format_table(rows: list[dict], keys: list[str]) -> str:
 def best_config_text(study: Study, best: dict, rows: list[dict]) -> str:
     """The config file of the best trial: the study's config with its --set overrides and the
     trial's parameters applied, and a header saying where it came from."""
-    data = tomllib.loads(Path(study.config).read_text())
+    data = tomllib.loads(read_toml_text(study.config))
     from runtime.config import _parse_override
     for text in [*study.overrides, *trial_overrides(best["params"])]:
         section, key, value = _parse_override(text)
@@ -949,6 +1041,9 @@ def _enqueued(texts: list[str], params: list[Param]) -> list[dict]:
     out = []
     by_key = {p.key: p for p in params}
     for text in texts:
+        if "\n" in text or "\r" in text:
+            raise HpoError(f"--enqueue {text!r} holds a line break: one setting per --enqueue, "
+                           f"its keys separated by commas")
         values = {}
         for item in text.split(","):
             key, sep, raw = item.partition("=")
@@ -1011,9 +1106,14 @@ def prepare(a) -> tuple[Study, Optional[str], list[Param], Any]:
     except ConfigError as e:
         raise HpoError(f"config {config}: {e}") from None
     for text in a.overrides:
-        if text.partition("=")[0].strip() in ("train.output_dir", "train.seed"):
-            raise HpoError(f"--set {text}: each trial's run directory is the study's; the seed "
-                           f"is the config's (train.seed in the file)")
+        key = text.partition("=")[0].strip()
+        if key in TRIAL_OWN_KEYS:
+            raise HpoError(f"--set {text}: {TRIAL_OWN_KEYS[key]}")
+    if cfg.train.checkpoint_dir:
+        raise HpoError(f"config {config}: train.checkpoint_dir = "
+                       f"{cfg.train.checkpoint_dir!r}: {TRIAL_OWN_KEYS['train.checkpoint_dir']} "
+                       f"- use a config without it (the study's copy of it, or --config of "
+                       f"another file)")
     space = Path(a.space).resolve()
     params = load_space(space, config, a.overrides)
     name = a.study or f"{config.stem}_hpo"
@@ -1032,6 +1132,8 @@ def prepare(a) -> tuple[Study, Optional[str], list[Param], Any]:
         raise HpoError(f"--heartbeat-grace {a.heartbeat_grace} must be at least 3 x "
                        f"--heartbeat ({a.heartbeat}): a live worker would look dead")
     enqueued = _enqueued(a.enqueue, params)
+    if a.storage:   # reachable, and its ${VAR}s set, before the directory is claimed
+        _storage(study, a.storage)
     claim_dir(study)
     return study, a.storage, params, (cfg, enqueued)
 

@@ -66,7 +66,7 @@ from mlperf_logging import mllog
 from mlperf_logging.mllog import constants as C
 
 from runtime.events import Event, RunState
-from runtime.observe.metrics import LogWriteError
+from runtime.observe.metrics import LogWriteError, drop_partial_line
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[1])
 
@@ -88,13 +88,24 @@ _OPT_KEYS = {
 
 class _StrictFileHandler(logging.FileHandler):
     """A FileHandler that does not swallow a failed write (logging's default prints the error
-    and goes on, losing the line): a full disk ends the run, named (LogWriteError)."""
+    and goes on, losing the line): a full disk ends the run, named (LogWriteError). After a
+    failed write it writes nothing more: mllog catches the error and logs "Failed to encode"
+    on a new line, which would turn the half line a full disk left into a whole, unparsable
+    one (a resumed run drops a partial last line, not a complete one)."""
+
+    failed: LogWriteError | None = None
+
+    def emit(self, record) -> None:
+        if self.failed is not None:
+            raise LogWriteError(*self.failed.args)
+        super().emit(record)
 
     def handleError(self, record) -> None:  # noqa: N802 - logging's name
         import sys as _sys
         err = _sys.exc_info()[1]
         if isinstance(err, OSError):
-            raise LogWriteError.of(self.baseFilename, err) from None
+            self.failed = LogWriteError.of(self.baseFilename, err)
+            raise LogWriteError(*self.failed.args) from None
         super().handleError(record)
 
 class MLPerfLogger:
@@ -128,6 +139,7 @@ class MLPerfLogger:
         self._handlers: list[logging.Handler] = []
         self.mllogger = None
         self.continuing = False   # a resumed run appending to its own log
+        self.repaired: str | None = None   # what was dropped of a partial last line
         if not self.is_main:
             return
         # A bare Logger (not logging.getLogger): no parent, so nothing can reach the root
@@ -165,9 +177,14 @@ class MLPerfLogger:
     # -- event handlers --------------------------------------------------------------------
 
     def _open_file(self) -> None:
-        """At RUN_START: the file (appended to when continuing a resumed run), then every
-        line held back since INIT_START."""
+        """At RUN_START: the file (appended to when continuing a resumed run, from its last
+        complete line: a full disk may have left half of one), then every line held back since
+        INIT_START."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.continuing:
+            self.repaired = drop_partial_line(self.log_path)
+            if self.repaired:
+                print(f"mllog: {self.repaired}", file=sys.stderr, flush=True)
         handler = _StrictFileHandler(self.log_path, mode="a" if self.continuing else "w",
                                      encoding="utf-8")
         handler.setLevel(logging.INFO)
@@ -228,7 +245,9 @@ class MLPerfLogger:
                 # what this attempt changed (runtime.train.resume_rules: keys that may change)
                 "config_changes": list(r.get("config_changes") or []),
                 # another run directory's checkpoints, continued on request (adopt_checkpoints)
-                "adopted_from_run": r.get("adopted_from_run")})
+                "adopted_from_run": r.get("adopted_from_run"),
+                # a partial last line (a full disk's) dropped before this attempt appended
+                "log_repaired": self.repaired})
 
     def _on_block_start(self, state: RunState) -> None:
         meta: dict[str, Any] = {C.FIRST_EPOCH_NUM: int(state.block_start_samples)}

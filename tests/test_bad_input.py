@@ -143,6 +143,27 @@ def test_empty_or_undecodable_config_files(tmp_path, content, words):
     assert proc.returncode == 2 and str(path) in proc.stderr
 
 
+def test_a_config_starting_with_a_utf8_bom_is_read_like_the_same_file_without_it(tmp_path):
+    """Windows editors save UTF-8 with a byte-order mark: TOML said "Invalid statement (at
+    line 1, column 1)"."""
+    path = tmp_path / CPU_CONFIG.name
+    path.write_bytes(b"\xef\xbb\xbf" + CPU_CONFIG.read_bytes())
+    assert load_config(path).to_dict() == load_config(CPU_CONFIG).to_dict()
+    proc = subprocess.run([sys.executable, "-m", "runtime.config", str(path), "--get",
+                           "train.seed"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "42", proc.stderr
+
+
+@pytest.mark.parametrize("override", ["train.log_every_steps=5\ntrain.max_steps=2",
+                                      "train.log_every_steps=5\r\ntrain.max_steps=2",
+                                      'optim.name="lamb"\noptim.lr=1'])
+def test_an_override_holding_a_line_break_is_refused_not_cut_short(override):
+    """One argument, two TOML lines: the second key was dropped without a word."""
+    with pytest.raises(ConfigError, match="line break") as e:
+        load_config(CPU_CONFIG, [override])
+    assert repr(override) in str(e.value)
+
+
 @pytest.mark.parametrize("override,key", [
     ("optim.lr=nan", "optim.lr"), ("optim.lr=inf", "optim.lr"), ("optim.eps=0", "optim.eps"),
     ("optim.beta2=nan", "optim.beta2"), ("data.eval_batch_size=0", "data.eval_batch_size"),
@@ -157,6 +178,7 @@ def test_empty_or_undecodable_config_files(tmp_path, content, words):
     ("train.max_nonfinite_steps=-1", "train.max_nonfinite_steps"),
     ("model.hidden_dropout_prob=nan", "model.hidden_dropout_prob"),
     ("train.init_loss_scale=inf", "train.init_loss_scale"),
+    ("train.seed=-1", "train.seed"), ("train.seed=4294967296", "train.seed"),
 ])
 def test_values_that_make_no_sense_are_refused_by_config_and_submit(override, key, tmp_path):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -400,6 +400,25 @@ def test_files_past_the_manifest_check_are_named_when_they_cannot_be_restored(
         assert exit_code_of(e.value) == 2
 
 
+def test_a_full_disk_at_the_first_checkpoint_does_not_offer_a_resume(small_dataset, single_ctx,
+                                                                     tmp_path, monkeypatch):
+    """No earlier checkpoint: the rerun starts a new run - the message says so (it said
+    "rerun to resume")."""
+    import errno
+    from runtime.train import checkpoint as ck
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    monkeypatch.setattr(ck, "_write_bytes", full)
+    cfg = tiny(small_dataset, tmp_path / "run", "train.checkpoint_every_samples=32",
+               "train.max_steps=3")
+    with pytest.raises(ck.CheckpointWriteError) as e:
+        fit(cfg, single_ctx)
+    text = str(e.value)
+    assert "no earlier checkpoint exists" in text and "resume" not in text, text
+    assert "cannot be continued" in text and "new run directory" in text, text
+
+
 def test_a_full_disk_while_checkpointing_names_the_directory_and_keeps_the_last_one(
         small_dataset, single_ctx, tmp_path, monkeypatch):
     """ENOSPC in the middle of writing the step-4 checkpoint: CheckpointWriteError (exit 3)
@@ -422,6 +441,8 @@ def test_a_full_disk_while_checkpointing_names_the_directory_and_keeps_the_last_
     text = str(e.value)
     assert f"no space left in {root}" in text and "step 4" in text, text
     assert "bytes" in text and "free" in text and "(step_00000002) is kept" in text, text
+    assert "rerun the same command: it resumes from" in text, text   # what a rerun does
+    assert "another disk" not in text      # a rerun with another checkpoint_dir starts over
     assert [p.name for p in root.iterdir() if p.name.startswith((".step", "step"))] == \
         ["step_00000002"]
     assert find_latest(root).step == 2

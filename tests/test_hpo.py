@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from runtime.config import load_config
 from submission import hpo
 from submission.__main__ import main as submission_main
 from tests.support.runs import CPU_CONFIG
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SPACE = """
 [params."optim.lr"]
@@ -84,7 +88,7 @@ def test_a_storage_password_is_never_printed_or_written(tmp_path, capsys):
     out = capsys.readouterr()
     assert code == 2 and "cannot open it" in out.err, out
     assert "s3cr3t-pw" not in out.out + out.err and "presto:***@" in out.err
-    assert "s3cr3t-pw" not in (tmp_path / "study" / "study.json").read_text()
+    assert not (tmp_path / "study").exists()    # refused before the directory is claimed
     assert hpo.redact(url) == "postgresql://presto:***@127.0.0.1:9/hpo"
 
 
@@ -123,7 +127,7 @@ class FakeRuns:
         self.stop_on = set(stop_on)
 
     def __call__(self, study, trial, target, stop, env_extra=None, on_stop=lambda: None,
-                 warmup_samples=0):
+                 warmup_samples=0, keep_out=()):
         self.seen.append((trial.number, dict(trial.params)))
         if trial.number in self.stop_on:
             stop.signum = 15
@@ -256,3 +260,184 @@ def test_no_trial_is_pruned_before_its_warm_up_share_of_the_budget(tmp_path, cap
     d = tmp_path / "study"
     assert submission_main(_args(tmp_path, "--prune-warmup", "1.5", d=d)) == 2
     assert "--prune-warmup 1.5: a fraction" in capsys.readouterr().err and not d.exists()
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (['train.checkpoint_dir="{tmp}/shared"'], "train.checkpoint_dir"),
+    (['train.checkpoint_dir="{tmp}/shared"', "train.adopt_checkpoints=true"],
+     "train.checkpoint_dir"),
+    (["train.adopt_checkpoints=true"], "train.adopt_checkpoints"),
+    (['train.output_dir="{tmp}/out"'], "train.output_dir"),
+    (["train.seed=3"], "train.seed"),
+])
+def test_overrides_that_make_trials_share_state_are_refused_before_the_study(tmp_path, capsys,
+                                                                           monkeypatch, sets,
+                                                                           needle):
+    """One checkpoint directory for every trial made each trial after the first resume the
+    first one's final checkpoint, train 0 steps and score the same value (exit 0); each
+    trial's checkpoints, run directory and seed are its own: exit 2 naming the key, nothing
+    written."""
+    monkeypatch.setattr(hpo, "run_trial", FakeRuns())   # were it not refused: no real runs
+    args = [a for s in sets for a in ("--set", s.format(tmp=tmp_path))]
+    code = submission_main(_args(tmp_path, *args))
+    err = capsys.readouterr().err
+    assert code == 2 and f"--set {sets[0].split('=')[0]}" in err and needle in err, err
+    assert not (tmp_path / "study").exists() and not (tmp_path / "shared").exists()
+
+
+def test_a_config_file_whose_checkpoint_dir_all_trials_would_share_is_refused(tmp_path,
+                                                                              capsys,
+                                                                              monkeypatch):
+    monkeypatch.setattr(hpo, "run_trial", FakeRuns())
+    text = CPU_CONFIG.read_text().replace("[train]", f'[train]\ncheckpoint_dir = '
+                                                     f'"{tmp_path}/shared"', 1)
+    config = tmp_path / "config_CPU_1x2x32x1.toml"
+    config.write_text(text)
+    assert load_config(config).train.checkpoint_dir == f"{tmp_path}/shared"
+    args = _args(tmp_path)
+    args[args.index("--config") + 1] = str(config)
+    code = submission_main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and str(config) in err and "train.checkpoint_dir" in err, err
+    assert not (tmp_path / "study").exists()
+
+
+STAND_IN = """#!/usr/bin/env bash
+# run_and_time.sh's stand-in: what a run that resumed a finished checkpoint leaves - its
+# MLPerf log says success, its summary that it trained nothing after the resume.
+set -e
+mkdir -p "$RUN_DIR"
+cp "$PRESTO_TEST_LOG" "$RUN_DIR/mlperf_bert.log"
+printf '{"status": "success", "steps": 10, "samples": 160, "resumed_from": {"step": %s}}' \\
+    "$PRESTO_TEST_RESUMED_STEP" > "$RUN_DIR/summary.json"
+: > "$RUN_DIR/metrics.jsonl"
+exit 0
+"""
+
+
+@pytest.mark.parametrize("resumed_step", ["10", "4"])
+def test_a_trial_that_continued_a_checkpoint_never_completes(tmp_path, monkeypatch,
+                                                             resumed_step):
+    """Defence in depth: a trial whose run resumed a checkpoint (0 steps trained, or some) is
+    not its parameters' result - FAIL, so a study of such trials reports no success (exit 1,
+    no config)."""
+    from tests.support.mllog import simulate
+    script = tmp_path / "run_and_time.sh"
+    script.write_text(STAND_IN)
+    monkeypatch.setattr(hpo, "RUN_AND_TIME", script)
+    monkeypatch.setenv("PRESTO_TEST_LOG", str(simulate(tmp_path / "ok.log", [0.5, 0.721])))
+    monkeypatch.setenv("PRESTO_TEST_RESUMED_STEP", resumed_step)
+    lines = []
+    code = hpo.run_command(hpo_args(tmp_path, "--trials", "2"), out=lines.append)
+    assert code == 1, lines
+    study = hpo.read_study(tmp_path / "study")
+    assert [s for _, s, _ in _states(study)] == ["FAIL", "FAIL"]
+    assert any("resumed a checkpoint" in line for line in lines), lines
+    assert not (tmp_path / "study" / f"{CPU_CONFIG.stem}_hpo.toml").exists()
+
+
+SECRET = "s3cr/t:p@ss-7"   # a password with '/', ':' and '@': userinfo takes any character
+ENV_SECRET = "env-held-s3cret"
+
+
+def _files_holding(root: Path, needles: list[str]) -> list[str]:
+    """Every file under root (any depth) whose bytes hold one of needles."""
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            found += [f"{path}: {n!r}" for n in needles if n.encode() in data]
+    return found
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql://presto:s3cr/t:p@ss-7@127.0.0.1:9/hpo", "postgresql://presto:***@"),
+    ("postgresql://presto:s3cr%2Ft@127.0.0.1:9/hpo", "postgresql://presto:***@"),
+    ("postgresql://presto@127.0.0.1:9/hpo?sslmode=disable&password=s3cr/t:p@ss-7",
+     "password=***"),
+    ("postgresql://presto:${PRESTO_TEST_PW}@127.0.0.1:9/hpo", "postgresql://presto:***@"),
+    ("sqlite://presto:s3cr/t:p@ss-7@/{tmp}/hpo.db", "sqlite://presto:***@"),
+])
+def test_no_form_of_storage_url_shows_its_secret_in_any_stream_or_file(tmp_path, url, shown):
+    """`python -m submission hpo --storage URL` as a user runs it, for each form a password
+    takes (userinfo with '/', ':' and '@'; percent-encoded; ?password=; ${VAR} from the
+    environment): the storage cannot be opened here (no server, no driver) - exit 2 - and
+    neither stream nor any file written holds the password, raw or decoded."""
+    url = url.replace("{tmp}", str(tmp_path))
+    env = dict(os.environ, PRESTO_TEST_PW=ENV_SECRET)
+    proc = subprocess.run([sys.executable, "-m", "submission",
+                           *_args(tmp_path, "--storage", url)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    secrets = [SECRET, "s3cr/t", "s3cr%2Ft", "p@ss-7", ENV_SECRET]
+    assert proc.returncode == 2 and "cannot open it" in proc.stderr, proc.stderr
+    assert shown in proc.stderr, proc.stderr
+    streams = proc.stdout + proc.stderr
+    assert not [s for s in secrets if s in streams], streams
+    assert not _files_holding(tmp_path, secrets)
+
+
+def test_a_study_on_a_url_with_secrets_keeps_them_out_of_every_output(tmp_path, monkeypatch,
+                                                                        capfd):
+    """A real study on SQLite whose URL carries ?password= from an environment variable
+    (${VAR}: the secret is never on the command line) and a literal secret query value: the
+    trials' runs get neither the URL nor the variable (a stand-in run_and_time.sh writes its
+    environment into its run directory), and no stream or file of the study holds them."""
+    from tests.support.mllog import simulate
+    script = tmp_path / "run_and_time.sh"
+    script.write_text('#!/usr/bin/env bash\nset -e\nmkdir -p "$RUN_DIR"\n'
+                      'cp "$PRESTO_TEST_LOG" "$RUN_DIR/mlperf_bert.log"\n'
+                      'env > "$RUN_DIR/environment.txt"\n'
+                      'printf \'{"status": "success", "steps": 10, "samples": 160}\' '
+                      '> "$RUN_DIR/summary.json"\n: > "$RUN_DIR/metrics.jsonl"\n')
+    monkeypatch.setattr(hpo, "RUN_AND_TIME", script)
+    monkeypatch.setenv("PRESTO_TEST_LOG", str(simulate(tmp_path / "ok.log", [0.5, 0.721])))
+    monkeypatch.setenv("PRESTO_TEST_PW", ENV_SECRET)
+    db = tmp_path / "db"
+    db.mkdir()
+    monkeypatch.setenv("PRESTO_TEST_DB", str(db))
+    url = "sqlite:///${PRESTO_TEST_DB}/hpo.db?password=${PRESTO_TEST_PW}&token=" + SECRET
+    code = submission_main(_args(tmp_path, "--storage", url, "--trials", "2"))
+    out, err = capfd.readouterr()
+    assert code == 0, out + err
+    assert (db / "hpo.db").stat().st_size > 0          # ${PRESTO_TEST_DB} was expanded
+    assert "password=***&token=***" in out, out
+    assert not [s for s in (SECRET, ENV_SECRET) if s in out + err], out + err
+    runs = list((tmp_path / "study" / "trials").glob("trial_*/environment.txt"))
+    assert len(runs) == 2 and "PRESTO_TEST_LOG" in runs[0].read_text()
+    assert not any(hpo.STORAGE_ENV in r.read_text() or "PRESTO_TEST_PW" in r.read_text()
+                   for r in runs)
+    assert not _files_holding(tmp_path / "study", [SECRET, ENV_SECRET])
+    held = json.loads((tmp_path / "study" / "study.json").read_text())["storage_kind"]
+    assert held == "sqlite:///${PRESTO_TEST_DB}/hpo.db?password=***&token=***"
+
+
+def test_an_unset_variable_in_the_storage_url_is_refused_naming_it(tmp_path, capsys,
+                                                                   monkeypatch):
+    monkeypatch.delenv("PRESTO_TEST_UNSET", raising=False)
+    code = submission_main(_args(tmp_path, "--storage",
+                                 "postgresql://presto:${PRESTO_TEST_UNSET}@127.0.0.1:9/hpo"))
+    err = capsys.readouterr().err
+    assert code == 2 and "PRESTO_TEST_UNSET" in err and "not set" in err, err
+    assert not (tmp_path / "study").exists()
+
+
+def test_a_brace_in_the_storage_url_is_a_literal_brace(tmp_path):
+    """Optuna fills {SCHEMA_VERSION} into the URL with str.format: a brace of a password or
+    a path raised KeyError ('cannot open it')."""
+    d = tmp_path / "a{b}"
+    d.mkdir()
+    study = hpo.Study(name="s", dir=str(tmp_path), config="", space="", storage_kind="rdb")
+    hpo._storage(study, f"sqlite:///{d}/hpo.db")
+    assert (d / "hpo.db").stat().st_size > 0
+
+
+def test_a_config_and_space_with_a_utf8_bom_are_read(tmp_path, monkeypatch):
+    config = tmp_path / CPU_CONFIG.name
+    config.write_bytes(b"\xef\xbb\xbf" + CPU_CONFIG.read_bytes())
+    space = tmp_path / "space.toml"
+    space.write_bytes(b"\xef\xbb\xbf" + SPACE.encode())
+    args = _args(tmp_path, space=space)
+    args[args.index("--config") + 1] = str(config)
+    monkeypatch.setattr(hpo, "run_trial", FakeRuns())
+    assert submission_main([*args, "--trials", "1"]) == 0     # the best config written too
+    assert load_config(tmp_path / "study" / f"{CPU_CONFIG.stem}_hpo.toml").optim.lr == 0.01

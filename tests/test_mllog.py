@@ -8,6 +8,7 @@ the benchmark list, so every BERT log fails 5.1.0 on that one key (a test below 
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 import subprocess
@@ -279,3 +280,122 @@ def test_a_full_disk_ends_the_run_naming_the_log_instead_of_losing_lines(tmp_pat
     with pytest.raises(LogWriteError, match="/dev/full"):
         metrics.on_event(Event.RUN_START, state)
         metrics.on_event(Event.EVAL_STOP, state)
+
+
+# ------------------------------------------------------- a full disk, then the documented rerun
+
+class _FillsUp:
+    """A file whose disk fills: each write puts half its text down, then ENOSPC - the partial
+    last line a real full disk leaves."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, text):
+        import errno
+        self.f.write(text[:len(text) // 2])
+        self.f.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+class _DiskFillsAt:
+    """Arms _FillsUp on the MLPerf log and the metrics file at the logging point of ``step``
+    (first in the callback list: the other callbacks' writes at that point fail)."""
+
+    def __init__(self, step, mllogger, metrics):
+        self.step, self.mllogger, self.metrics, self.armed = step, mllogger, metrics, False
+
+    def on_event(self, event, state):
+        if event is Event.LOG and state.step >= self.step and not self.armed:
+            self.armed = True
+            handler = next(h for h in self.mllogger._handlers
+                           if isinstance(h, logging.FileHandler))
+            handler.stream = _FillsUp(handler.stream)
+            self.metrics._file = _FillsUp(self.metrics._file)
+
+
+def _attempt(cfg, ctx, out: Path, fill_at: int | None = None, first: str = "mllog"):
+    """One attempt of a run in ``out`` with the real MLPerf logger and metrics file; the
+    disk fills at ``fill_at``, under ``first`` of the two ("mllog" | "metrics") - the one
+    written first after it fills. The exception it ended with (None: it ended)."""
+    from runtime.events import CallbackList
+    from runtime.launch import signals
+    from runtime.observe.metrics import MetricsWriter
+    from runtime.train.trainer import Trainer
+    mllogger = MLPerfLogger(out / "mlperf_bert.log", is_main=True)
+    metrics = MetricsWriter(out / "metrics.jsonl")
+    cbs = [mllogger, metrics] if first == "mllog" else [metrics, mllogger]
+    if fill_at is not None:
+        cbs.insert(0, _DiskFillsAt(fill_at, mllogger, metrics))
+    trainer = Trainer(cfg, ctx, CallbackList(cbs), log=lambda m: None)
+    try:
+        trainer.fit()
+        return None
+    except Exception as e:  # noqa: BLE001 - the test looks at it
+        return e
+    finally:
+        trainer.close()
+        mllogger.close()
+        signals.clear()
+
+
+def _run_cfg(data_dir, out, *extra):
+    from tests.support.tiny import tiny_config
+    return tiny_config(data_dir, f'train.output_dir="{out}"', "train.max_steps=12",
+                       "train.eval_iter_start_samples=64", "train.eval_iter_samples=64",
+                       "train.target_mlm_accuracy=0.99", "train.log_every_steps=2",
+                       "data.eval_batch_size=32", "schedule.warmup_steps=3",
+                       "schedule.total_steps=40", 'submission.division="open"', *extra)
+
+
+@pytest.mark.parametrize("first", ["mllog", "metrics"])
+def test_a_rerun_after_a_full_disk_drops_the_partial_line_and_the_log_stays_whole(
+        small_dataset, single_ctx, tmp_path, first):
+    """The disk fills at step 6 under the MLPerf log (or metrics.jsonl): it ends in a partial
+    line. The run's message says what a rerun does (resume from the step-4 checkpoint); the
+    rerun drops the partial line, says so (presto_resumed log_repaired, or the metrics' resume
+    record), and every line of both files parses - presto_resumed included, which the full
+    disk's half line used to swallow - and the checker passes."""
+    from runtime.observe.metrics import LogWriteError
+    out = tmp_path / "run"
+    cfg = _run_cfg(small_dataset, out, "train.checkpoint_every_samples=32")
+    e = _attempt(cfg, single_ctx, out, fill_at=6, first=first)
+    assert isinstance(e, LogWriteError), e
+    text = str(e)
+    assert "rerun the same command: it resumes from" in text and "step_00000004" in text, text
+    log, metrics = out / "mlperf_bert.log", out / "metrics.jsonl"
+    cut = log if first == "mllog" else metrics
+    assert not cut.read_bytes().endswith(b"\n")
+    assert _attempt(cfg, single_ctx, out) is None
+    events = parse(log)                              # every :::MLLOG line is whole JSON
+    assert len(events) == sum(1 for ln in log.read_text().splitlines() if ln.strip())
+    resumed = [r for r in events if r["key"] == "presto_resumed"]
+    assert len(resumed) == 1 and resumed[0]["metadata"]["step"] == 4
+    records = [json.loads(ln) for ln in metrics.read_text().splitlines()]
+    resume = [r for r in records if r["kind"] == "resume"]
+    assert len(resume) == 1 and records[-1]["kind"] == "run_stop"
+    repaired_log = resumed[0]["metadata"]["log_repaired"]
+    repaired_metrics = [n for n in resume[0]["notes"] if "partial last line" in n]
+    if first == "mllog":
+        assert "partial last line" in repaired_log and not repaired_metrics
+    else:
+        assert repaired_log is None and len(repaired_metrics) == 1
+    verdict = check(log)
+    assert verdict.passed, verdict.output[-3000:]
+
+
+def test_without_a_checkpoint_the_full_disk_message_does_not_offer_a_resume(
+        small_dataset, single_ctx, tmp_path):
+    """No checkpoints: a rerun starts a new run (run_and_time.sh gives it a new directory;
+    this one's log cannot be continued) - the message says that, not "resume from the last
+    checkpoint", which the rerun then refused."""
+    from runtime.observe.metrics import LogWriteError
+    out = tmp_path / "run"
+    e = _attempt(_run_cfg(small_dataset, out), single_ctx, out, fill_at=4)
+    assert isinstance(e, LogWriteError), e
+    text = str(e)
+    assert "resume" not in text and "cannot be continued" in text, text
+    assert "new run directory" in text and "train.checkpoint_every_samples = 0" in text, text

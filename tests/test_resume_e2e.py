@@ -206,7 +206,8 @@ def test_a_checkpoint_dir_belongs_to_one_run_and_the_rerun_finds_it(small_datase
     """train.checkpoint_dir outside the run directory: the rerun of the same command (no
     RUN_DIR) resumes into the run the checkpoints belong to - one run, one MLPerf log; a new run
     directory is refused them (exit 2, naming both) unless train.adopt_checkpoints, and then
-    its new log says whose they were."""
+    its new log says whose they were. Once that run is finished, the refusal says so and
+    offers no way to continue it, and the refused run leaves no run directory."""
     logdir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
     extra = overrides(small_dataset, **{"train.checkpoint_dir": f'"{ckpt}"',
                                         "train.max_steps": 15})
@@ -230,6 +231,16 @@ def test_a_checkpoint_dir_belongs_to_one_run_and_the_rerun_finds_it(small_datase
     keys = [e["key"] for e in mllog_events(run_a / "mlperf_bert.log")]
     assert keys.count("run_start") == 1 and keys.count("run_stop") == 1
     assert max(steps(run_a)) == 15
+
+    # run_a is finished now: the same command starts a new run, whose ranks refuse the
+    # checkpoints (exit 2) - without advice to continue the finished run, and without leaving
+    # the new run directory behind.
+    refused = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=240)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 2, said[-3000:]
+    assert f"{run_a} is a finished run" in said and "To continue that run" not in said, said
+    assert list(logdir.iterdir()) == [run_a], said[-3000:]
 
     run_b = tmp_path / "b"
     rc, out, err = run(run_b, extra)

@@ -411,3 +411,55 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_launch(sandbox):
     assert proc.returncode == 2 and calls == [], proc.stderr
     assert "this run cannot fit in memory: each rank needs about" in proc.stderr, proc.stderr
     assert "largest micro-batch that fits is about" in proc.stderr
+
+
+# ------------------------------------------------------------------ bad input, nothing left
+
+@pytest.mark.parametrize("seed", ["-1", "abc", "1.5", "4294967296", "99999999999999999999"])
+def test_a_seed_that_is_not_a_whole_number_in_range_is_refused_naming_seed(sandbox, seed):
+    """SEED=-1 reached numpy in every rank: exit 3 with a traceback."""
+    root, _ = sandbox
+    cfg = write_config(root, "mpiexec")
+    proc, calls = run(sandbox, cfg, SEED=seed)
+    assert proc.returncode == 2 and f"SEED='{seed}'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not calls
+    assert not (root / "log dir").exists()
+    proc, calls = run(sandbox, cfg, SEED="4294967295")   # the largest numpy takes
+    assert proc.returncode == 0 and calls, proc.stderr
+
+
+def test_an_override_holding_a_line_break_is_refused_naming_it(sandbox):
+    """`-- $'train.log_every_steps=5\\ntrain.max_steps=2'` is one argument: TOML read it as
+    two lines and the second key was silently dropped."""
+    root, _ = sandbox
+    cfg = write_config(root, "mpiexec")
+    proc, calls = run(sandbox, cfg, "--", "train.log_every_steps=5\ntrain.max_steps=2")
+    assert proc.returncode == 2 and not calls, proc.stderr
+    assert "train.max_steps" in proc.stderr and "line break" in proc.stderr, proc.stderr
+    assert not (root / "log dir").exists()
+    proc, calls = run(sandbox, cfg, "--", 'train.output_dir="a\nb"')
+    assert proc.returncode == 2 and not calls and "line break" in proc.stderr, proc.stderr
+
+
+def test_a_refused_run_leaves_no_empty_run_directory(sandbox):
+    """A run refused after run_and_time.sh made its directory - by the launchers' checks or
+    by the ranks (exit 2: another run's checkpoints, a bad data set) - leaves no empty run
+    directory behind; a directory that held something before is kept as it was."""
+    root, _ = sandbox
+    logdir = root / "log dir"
+    cfg = write_config(root, "mpiexec")
+    proc, calls = run(sandbox, cfg, rc=2)          # the ranks refused their input
+    assert proc.returncode == 2 and calls, proc.stderr
+    assert list(logdir.iterdir()) == [], proc.stderr
+    assert "removed the run directory" in proc.stderr, proc.stderr
+    wide = write_config(root, "mpiexec", nodes=2, ranks=2, name="config_TEST_2x2x4x1.toml")
+    proc, calls = run(sandbox, wide)               # refused by the launcher's row: no HOSTFILE
+    assert proc.returncode == 2 and not calls and "HOSTFILE" in proc.stderr
+    assert list(logdir.iterdir()) == [], proc.stderr
+    mine = root / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    proc, calls = run(sandbox, cfg, rc=2, RUN_DIR=str(mine))
+    assert proc.returncode == 2 and (mine / "notes.txt").read_text() == "mine"
+    proc, calls = run(sandbox, cfg, rc=3)          # a failed run's directory is evidence
+    assert proc.returncode == 3 and len(list(logdir.iterdir())) == 1

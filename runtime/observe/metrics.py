@@ -29,19 +29,25 @@ class MetricsWriter:
         self.path = Path(path)
         self.every = max(1, every)
         self._file = None
+        self._failed: LogWriteError | None = None
 
     def on_event(self, event: Event, state: RunState) -> None:
         if not state.is_main:
             return
         if event is Event.RUN_START:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            # A resumed run continues its file (time_s restarts at 0 after the resume record).
+            # A resumed run continues its file (time_s restarts at 0 after the resume record),
+            # from its last complete line: a full disk may have left half of one.
+            repaired = drop_partial_line(self.path) if state.resume is not None else None
+            if repaired:
+                print(f"metrics: {repaired}", file=sys.stderr, flush=True)
             self._file = open(self.path, "a" if state.resume is not None else "w")
             self._t0 = time.perf_counter()
             if state.resume is not None:
                 self._write({"kind": "resume", "time_s": 0.0, **{
                     k: v for k, v in state.resume.items() if k != "notes"},
-                    "notes": state.resume.get("notes", [])})
+                    "notes": [*state.resume.get("notes", []), *([repaired] if repaired
+                                                                  else [])]})
         elif event is Event.LOG and self._file:
             for m in state.logged_steps:  # every step since the last LOG, written now
                 if m.step % self.every:
@@ -66,16 +72,21 @@ class MetricsWriter:
             self._file = None
 
     def _write(self, rec: dict) -> None:
+        if self._failed is not None:   # after a failed write nothing more: it would be glued
+            raise LogWriteError(*self._failed.args)   # to the half line the disk left
         try:
             self._file.write(json.dumps(rec) + "\n")
             self._file.flush()
         except OSError as e:
-            raise LogWriteError.of(self.path, e) from None
+            self._failed = LogWriteError.of(self.path, e)
+            raise LogWriteError(*self._failed.args) from None
 
 
 class LogWriteError(RuntimeError):
     """A log line that could not be written (a full disk): names the file, its directory and
-    what to do; a runtime failure (exit 3) - the checkpoints already written stay."""
+    the free space; a runtime failure (exit 3) - the checkpoints already written stay. What a
+    rerun will do depends on the run (is there a checkpoint to resume?): the trainer adds it
+    (``advise``), where it knows."""
 
     exit_code = 3
 
@@ -88,8 +99,45 @@ class LogWriteError(RuntimeError):
         except OSError:
             free = "free space unknown"
         return cls(f"cannot write {path} ({e.strerror or e}): its disk ({path.parent}) is "
-                   f"full or failing, {free} - free space and rerun the same command to resume "
-                   f"from the last checkpoint (the log is continued)")
+                   f"full or failing, {free}")
+
+    def advise(self, what_to_do: str) -> "LogWriteError":
+        """The message, with what to do appended once."""
+        if not getattr(self, "advised", False):
+            self.args = (f"{self.args[0]} - {what_to_do}",)
+            self.advised = True
+        return self
+
+
+def drop_partial_line(path: Path) -> str | None:
+    """Cut ``path`` back to its last complete line when a write was cut short (a full disk
+    leaves half a line, and an appended record would be glued to it); what was dropped, or
+    None when the file ends with a newline (or is missing or empty)."""
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, 2)
+            if size == 0:
+                return None
+            f.seek(max(0, size - 1))
+            if f.read(1) == b"\n":
+                return None
+            keep, pos = 0, size
+            while pos > 0:   # the last newline, read backwards in blocks
+                step = min(65536, pos)
+                pos -= step
+                f.seek(pos)
+                block = f.read(step)
+                nl = block.rfind(b"\n")
+                if nl >= 0:
+                    keep = pos + nl + 1
+                    break
+            f.truncate(keep)
+    except FileNotFoundError:
+        return None
+    # Not the dropped text: in the MLPerf log it would hold ":::MLLOG" and key names, which
+    # the checkers find by searching raw lines.
+    return (f"dropped a partial last line of {size - keep} bytes from {path} (a write cut "
+            f"short, e.g. by a full disk)")
 
 
 class ProgressPrinter:

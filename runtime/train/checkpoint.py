@@ -94,6 +94,14 @@ class CheckpointWriteError(RuntimeError):
     exit_code = 3
 
 
+def _has_run_stop(log: Path) -> bool:
+    """Whether an MLPerf log (another run's) holds run_stop: that run is finished."""
+    try:
+        return '"key": "run_stop"' in log.read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def rank_file(rank: int) -> str:
     return f"rank_{rank:05d}.pt"
 
@@ -353,15 +361,22 @@ class CheckpointManager:
         if has and owner != str(run_dir):
             other = owner or "a run that recorded no run directory"
             if not adopt:
+                # The advice must be what a rerun can do: a finished run is not continued.
+                finished = owner is not None and _has_run_stop(Path(owner) / "mlperf_bert.log")
+                go_on = (f"{other} is a finished run (its MLPerf log has run_stop): it is not "
+                         f"continued. For a new run, choose another train.checkpoint_dir, or "
+                         f"start from its last weights with model.init="
+                         f"{find_latest(self.directory, verify=False, warn=lambda m: None).path}"
+                         if finished else
+                         f"To continue that run, rerun it in its own directory (run_and_time.sh "
+                         f"does so by itself when neither RUN_DIR nor -- train.output_dir is "
+                         f"given); for a new run, choose another train.checkpoint_dir")
                 return ("refused",
                         f"train.checkpoint_dir {self.directory} holds the checkpoints of "
                         f"{other}, not of this run ({run_dir}): continuing them here would "
-                        f"make one run with two MLPerf logs. To continue that run, rerun it "
-                        f"in its own directory (run_and_time.sh does so by itself when neither "
-                        f"RUN_DIR nor -- train.output_dir is given); for a new run, choose "
-                        f"another train.checkpoint_dir; to continue these checkpoints in this "
-                        f"new log, which then says where they came from, set "
-                        f"train.adopt_checkpoints=true")
+                        f"make one run with two MLPerf logs. {go_on}; to continue these "
+                        f"checkpoints in this new log, which then says where they came from, "
+                        f"set train.adopt_checkpoints=true")
             adopted = other
         if owner != str(run_dir):
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -415,8 +430,13 @@ class CheckpointManager:
 
     def _no_space(self, tmp: Path, step: int, e: OSError) -> CheckpointWriteError:
         """The disk filled while writing checkpoint ``step``: drop the partial one (the last
-        complete checkpoint stays) and say where, how much it needs and what to do."""
-        shutil.rmtree(tmp, ignore_errors=True)
+        complete checkpoint stays) and say where, how much it needs and what to do. With
+        several ranks the partial ``.step_<N>.tmp`` stays (it has no manifest: not a
+        checkpoint), for the next save to remove: the other ranks may still be writing into it,
+        and removing it under them turned their write into a FileNotFoundError that named the
+        wrong cause."""
+        if self.world_size == 1:
+            shutil.rmtree(tmp, ignore_errors=True)
         last = find_latest(self.directory, verify=False, warn=lambda m: None)
         need = sum(f["bytes"] for f in last.manifest["files"].values()) if last else None
         try:
@@ -428,9 +448,12 @@ class CheckpointManager:
             f"step {step}: it needs about "
             + (f"{need:,} bytes" if need else "as much as the model and optimizer state")
             + (f", {free:,} free" if free is not None else "") + "; "
-            + (f"the previous checkpoint ({last.path.name}) is kept" if last else
-               "no earlier checkpoint exists")
-            + " - free space (or set train.checkpoint_dir on another disk) and rerun to resume")
+            + (f"the previous checkpoint ({last.path.name}) is kept - free space there and "
+               f"rerun the same command: it resumes from {last.path}" if last else
+               "no earlier checkpoint exists - free space (or set train.checkpoint_dir on "
+               "another disk) and run again: with no checkpoint this run cannot be continued, "
+               "and the same command starts a new run in a new run directory (if you named "
+               "this one with RUN_DIR or train.output_dir, name another)"))
 
     def _write_shared(self, tmp: Path) -> None:
         from safetensors.torch import save as safetensors_bytes

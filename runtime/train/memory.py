@@ -12,8 +12,11 @@ bytes per layer with 16-bit activations - doubled in fp32 - plus the masked-LM l
 softmax and its gradient over the vocabulary), and a fixed runtime overhead per rank - and the
 check: on the CPU, every rank of a node against the node's available memory
 (/proc/meminfo MemAvailable); on CUDA, one rank against ``system.device_memory_gb`` (0: not
-checked). A run that cannot fit is refused (exit 2) with the estimate, the memory there is and
-the largest local micro-batch that would fit.
+checked). A run that cannot fit is refused (exit 2) with the estimate, the memory there is, the
+largest micro-batch that would fit and the gradient accumulation that gives one (the same
+global batch), or what else to change. The micro-batch is global / (ranks × accumulation):
+tests/test_memory.py holds the estimate against the peak measured on a CPU across
+accumulation values.
 Never: builds the model, imports torch or allocates anything - an estimate, meant to catch the
 config that cannot fit (BERT-base at a local batch of 224 on a 24 GiB node), not to cut close.
 """
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from runtime.config import Config, ConfigError, load_config
+from runtime.model import arithmetic
 
 GIB = 1024 ** 3
 OVERHEAD_BYTES = 600 * 1024 ** 2   # torch, the process group, the data reader, per rank
@@ -33,15 +37,9 @@ HEADROOM = 0.9                     # of the memory there is: the OS and the page
 
 
 def parameter_count(cfg: Config) -> int:
-    """Parameters of BertForPreTraining with the tied decoder counted once."""
-    m = cfg.model
-    h, i, v = m.hidden_size, m.intermediate_size, m.vocab_size
-    embeddings = (v + m.max_position_embeddings + m.type_vocab_size) * h + 2 * h
-    layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
-    pooler = h * h + h
-    mlm = (h * h + h) + 2 * h + v          # transform, its LayerNorm, the decoder's bias
-    nsp = 2 * h + 2
-    return embeddings + m.num_hidden_layers * layer + pooler + mlm + nsp
+    """Parameters of BertForPreTraining with the tied decoder counted once (the model's
+    arithmetic: runtime.model.arithmetic.parameter_count)."""
+    return arithmetic.parameter_count(cfg.model)
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ def estimate(cfg: Config, world_size: Optional[int] = None) -> Estimate:
     """One rank's memory for ``cfg`` on ``world_size`` ranks (default: the config's)."""
     s = cfg.system
     world = world_size or s.nodes * s.ranks_per_node
-    micro = cfg.local_batch_size(world) // cfg.train.gradient_accumulation_steps
+    micro = cfg.local_batch_size(world)   # global / (ranks x accumulation): one micro-batch
     p = parameter_count(cfg)
     state = 4 if cfg.optim.name == "lars" else 8
     static = p * (4 + 4 + 4 + state)      # weights, gradients, buckets, optimizer state
@@ -120,16 +118,36 @@ def problem(cfg: Config, host_bytes: Optional[int] = None) -> Optional[str]:
     if need <= budget:
         return None
     fit = est.largest_micro_batch(budget)
-    accum = cfg.train.gradient_accumulation_steps
     return (f"{cfg.source}: this run cannot fit in memory: {per} needs about "
             f"{need / GIB:.1f} GiB ({est.params / 1e6:.1f} M parameters with their gradients "
             f"and optimizer state {est.static / GIB:.1f} GiB, activations of a micro-batch of "
             f"{est.micro_batch} x {cfg.data.max_seq_length} tokens "
             f"{est.per_sample * est.micro_batch / GIB:.1f} GiB), against {where} "
-            f"(at most {HEADROOM:.0%} used). The largest micro-batch that fits is about {fit} "
-            + (f"sequences: raise train.gradient_accumulation_steps (now {accum}) or lower "
-               f"train.global_batch_size, or use a smaller [model]" if fit else
-               "- not even one sequence: use a smaller [model] or more memory"))
+            f"(at most {HEADROOM:.0%} used). " + _advice(cfg, fit))
+
+
+def _advice(cfg: Config, fit: int) -> str:
+    """What would fit: the smallest gradient accumulation whose micro-batch (global / ranks /
+    accumulation, a whole number) is at most ``fit`` sequences - the global batch, and so the
+    run's hyperparameters, unchanged - else what else to change."""
+    t, s = cfg.train, cfg.system
+    world = s.nodes * s.ranks_per_node
+    if fit < 1:
+        return ("Not even a micro-batch of one sequence fits: use a smaller [model] or more "
+                "memory")
+    per_rank = t.global_batch_size // world
+    accum = next((a for a in range(t.gradient_accumulation_steps + 1, per_rank + 1)
+                  if t.global_batch_size % (world * a) == 0 and per_rank // a <= fit), None)
+    if accum is None:
+        return (f"The largest micro-batch that fits is about {fit} sequences, and no "
+                f"gradient accumulation divides train.global_batch_size = "
+                f"{t.global_batch_size} over {world} ranks into micro-batches that small: lower "
+                f"train.global_batch_size, or use a smaller [model] or more memory")
+    return (f"The largest micro-batch that fits is about {fit} sequences: set "
+            f"train.gradient_accumulation_steps = {accum} (a micro-batch of {per_rank // accum}) "
+            f"instead of {t.gradient_accumulation_steps} (a micro-batch of "
+            f"{per_rank // t.gradient_accumulation_steps}) - the global batch stays "
+            f"{t.global_batch_size} - or use a smaller [model] or more memory")
 
 
 def main(argv=None) -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -46,8 +47,9 @@ from runtime.observe import noise_scale
 from loaders.collate import IGNORE_INDEX
 from runtime.model.arithmetic import attention_layout, batch_work, computed_tokens, step_flops
 from runtime.observe.balance_meter import BalanceMeter
-from runtime.observe.mfu import peak_of
 from runtime.observe.hostsync import SIM_DEVICE
+from runtime.observe.metrics import LogWriteError
+from runtime.observe.mfu import peak_of
 from runtime.observe.step_log import StepLog, StepRecord
 from runtime.optim.grad_scale import step_multiplier
 from runtime.optim.optimizers import set_lr
@@ -391,17 +393,39 @@ class Trainer:
             if t.eval_before_training and self.resume_from is None:
                 self._eval_and_log()
             self._train_to_target()
-        except BaseException:
+        except BaseException as e:
             # The log still closes, then we re-raise: with run_stop aborted when nothing can
             # continue this run, else as interrupted (the resumed attempt closes it).
             st.stop_reason = "error"
             st.status = "interrupted" if self.control.resumable() else "aborted"
             st.derived["throughput"] = self.step_log.run_figures()
-            fire(Event.RUN_STOP, st)
+            try:
+                fire(Event.RUN_STOP, st)
+            except LogWriteError as again:   # the log's disk is still full: the first error
+                if not isinstance(e, LogWriteError):   # is the one to report
+                    print(f"also: {again}", file=sys.stderr, flush=True)
+            if isinstance(e, LogWriteError):
+                e.advise(self._after_a_failed_write())
             raise
         st.derived["throughput"] = self.step_log.run_figures()  # TFLOP/s, MFU of the run
-        fire(Event.RUN_STOP, st)
+        try:
+            fire(Event.RUN_STOP, st)
+        except LogWriteError as e:
+            raise e.advise(self._after_a_failed_write()) from None
         return st
+
+    def _after_a_failed_write(self) -> str:
+        """What to do after a log write failed, as a rerun of the same command will do it."""
+        c = self.control
+        if c.resumable():
+            return (f"free space and rerun the same command: it resumes from "
+                    f"{c.last_checkpoint()} and continues this run's log (a line the full disk "
+                    f"cut short is dropped)")
+        why = ("this run writes no checkpoints (train.checkpoint_every_samples = 0)"
+               if not c.checkpointing else "it wrote no checkpoint before the write failed")
+        return (f"free space and run again: {why}, so it cannot be continued - the same "
+                f"command starts a new run in a new run directory (run_and_time.sh makes one; "
+                f"if you named this one with RUN_DIR or train.output_dir, name another)")
 
     @property
     def stop(self) -> Optional[str]:

@@ -40,3 +40,31 @@ def memory_growth(name: str) -> dict:
         growth[backend] = _peak_growth_bytes(lambda: opt.step(grad_scale=0.5))
         del opt, named
     return growth
+
+
+def activation_growth(config: str, overrides: list[str], micro_batches: list[int]) -> dict:
+    """Peak resident growth of one training micro-step (forward and backward, dropout on) of
+    ``config``'s model at each micro-batch of full-length rows with
+    ``data.max_predictions_per_seq`` masked positions each: what the activations of that
+    micro-batch take. Gradients exist before (a first step at one row), so only the
+    activations (and the autograd temporaries) grow. Run in a fresh process with
+    MALLOC_MMAP_THRESHOLD_ low, so that a freed tensor leaves the resident set."""
+    from runtime.config import load_config
+    from runtime.train.build import build_model
+    cfg = load_config(config, overrides)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = build_model(cfg).train()
+    seq, preds, vocab = (cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
+                         cfg.model.vocab_size)
+
+    def step(b: int) -> None:
+        ids = torch.randint(1000, vocab, (b, seq))
+        labels = torch.full((b, seq), -100)
+        labels[:, 1:1 + preds] = ids[:, 1:1 + preds]
+        out = model(ids, torch.zeros_like(ids), torch.ones_like(ids), masked_lm_labels=labels,
+                    next_sentence_labels=torch.zeros(b, dtype=torch.long))
+        out.loss.backward()
+
+    step(1)
+    return {b: _peak_growth_bytes(lambda b=b: step(b)) for b in micro_batches}
