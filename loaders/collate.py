@@ -53,6 +53,9 @@ class Batch:
     """Where the real tokens and the masked-LM labels are, computed on the host (``Layout``):
     the model needs no device-to-host read to find them. None: the model derives them from
     ``attention_mask`` and ``masked_lm_labels`` on the device (host syncs)."""
+    num_masked_labels: int | None = None
+    """The masked-LM labels, counted by collation on the host (a static batch's slots hold
+    more); None where a pipeline did not count them."""
 
     @property
     def size(self) -> int:
@@ -246,7 +249,9 @@ def pad_rows(rows: Rows, width: int | None = None) -> Batch:
         num_real_tokens=int(lengths.sum()),
         num_padded_tokens=len(rows) * width,
         sequence_lengths=row_sequence_lengths(rows),
-        layout=host_layout(lengths, width, rows.attention_mask, rows.masked_lm_labels),
+        layout=(layout := host_layout(lengths, width, rows.attention_mask,
+                                      rows.masked_lm_labels)),
+        num_masked_labels=int(layout.masked_tokens.shape[0]),
     )
 
 

@@ -295,11 +295,13 @@ class Trainer:
     def _model_flops(self, batch) -> float:
         """The model FLOPs of one host micro-batch (runtime.model.arithmetic: its real
         tokens, Σ n², masked positions and sequences)."""
-        lengths = batch.sequence_lengths
+        lengths = batch.sequence_lengths  # host numbers collation recorded
         if lengths is None:  # a pipeline that did not record them: read from the mask
             lengths = [[int(c) for c in torch.bincount(row)[1:].tolist() if c]
                        for row in batch.attention_mask]
-        masked = int((batch.masked_lm_labels != IGNORE_INDEX).sum())
+        masked = batch.num_masked_labels
+        if masked is None:  # (a host tensor: no device read, but a read all the same)
+            masked = int((batch.masked_lm_labels != IGNORE_INDEX).sum())
         return step_flops(self.cfg.model, masked=masked, **batch_work(lengths))
 
     def _step(self, batches) -> dict:
