@@ -495,7 +495,7 @@ def test_every_rank_of_a_refusal_notes_it_before_any_leaves(launcher):
     out_dir = Path(proc.out_dir)
     try:
         rc, out, elapsed, _ = _finish(proc, started, tag, keep_out=True)
-        assert rc == 2, out[-4000:]
+        assert rc == (1 if launcher == "torchrun" else 2), out[-4000:]   # torchrun folds it
         assert sorted(p.name for p in out_dir.glob("noted*")) == ["noted0", "noted1"], out[-4000:]
         assert "refused alike on every rank" in out
     finally:

@@ -1,8 +1,9 @@
 """run_and_time.sh: fail-fast checks, the launch command per launcher, the RESULT line.
 
 PYTHON, MPIEXEC, MPIRUN and SRUN are stub scripts that record their argv and exit with
-$STUB_RC; the PYTHON stub passes `-m runtime.config`, `-m runtime.train.memory` and `-m
-submission.launchers` on to the real interpreter, so the launch values really come from the config and the launch command from
+$STUB_RC; the PYTHON stub passes `-m runtime.config`, `-m runtime.train.memory`, `-m
+submission.launchers` and `-m submission.session` (which starts the launcher) on to the real
+interpreter, so the launch values really come from the config and the launch command from
 the launchers' table (whose rows tests/test_launchers.py checks one by one). Everything lives under a directory with a space in its name
 to prove the quoting. The real end-to-end run is tested elsewhere (it trains).
 """
@@ -33,7 +34,7 @@ if argv[:2] == ["-m", "runtime.config"] and os.environ.get("STUB_CONFIG_DELAY"):
     import time
     time.sleep(float(os.environ["STUB_CONFIG_DELAY"]))
 if argv[:2] in (["-m", "runtime.config"], ["-m", "submission.launchers"],
-                ["-m", "runtime.train.memory"]):
+                ["-m", "runtime.train.memory"], ["-m", "submission.session"]):
     os.execv({sys.executable!r}, [{sys.executable!r}] + argv)
 with open(os.environ["STUB_LOG"], "a") as f:
     f.write(json.dumps({{"prog": os.path.basename(sys.argv[0]), "argv": argv}}) + "\\n")
