@@ -54,8 +54,8 @@
 # this script alone, and gets the stop request by itself if this script is killed (its
 # parent-death signal). Every rank checkpoints (train.checkpoint_every_samples > 0) at its
 # next logging point and exits 4; the script waits for the launcher; nothing is left running.
-# Rerun the same command to resume. To end a run at once: kill -9 -- -PID (PID: the
-# launcher's, printed with the stop request; it leads its own process group).
+# Rerun the same command to resume. To end a run at once, without a checkpoint, SIGKILL its
+# ranks (their PIDs are in RUN_DIR/ranks/rank_*.json).
 #
 # Locks: RUN_DIR, and train.checkpoint_dir when checkpoints go elsewhere, are held by one live
 # run (an flock on DIR/.lock, taken here before anything is launched or written, kept by the
@@ -328,7 +328,7 @@ pass_stop_on() {   # true once the stop request has gone to the launcher (or may
     if armed || { [[ -n "$HOLD_UNTIL" ]] && ((SECONDS >= HOLD_UNTIL)); }; then
         [[ -n "$HOLD_UNTIL" ]] && ! armed \
             && say "not every rank said it can take a stop request within ${STOP_HOLD_S} s: passing it on anyway"
-        say "passing the stop request on: SIG$FORWARD to $LAUNCHER pid $LAUNCH_PID (to end the run at once: kill -9 -- -$LAUNCH_PID)"
+        say "passing the stop request on: SIG$FORWARD to $LAUNCHER pid $LAUNCH_PID"
         kill -s "$FORWARD" "$LAUNCH_PID" 2>/dev/null || true
         FORWARDED=1
         return 0
