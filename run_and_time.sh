@@ -64,7 +64,7 @@
 set -euo pipefail
 
 # -- stop requests, from the first line on (see "Signals" above) -----------------------------
-GOT_SIGNAL="" LAUNCH_PID="" FORWARDED=0 CREATED_RUN_DIR=""
+GOT_SIGNAL="" LAUNCH_PID="" FORWARDED=0 CREATED_RUN_DIR="" HELD=""
 say() { printf 'run_and_time.sh: %s\n' "$*" >&2 || true; }   # a closed terminal fails writes
 on_signal() {
     if [[ -n "$GOT_SIGNAL" ]]; then
@@ -79,8 +79,10 @@ for sig in TERM INT HUP USR1; do trap "on_signal $sig" "$sig"; done
 
 forget_run_dir() {   # a run directory this script made and nothing but its own files in it
     [[ -n "$CREATED_RUN_DIR" && -d "$CREATED_RUN_DIR" ]] || return 0
-    rm -rf -- "$CREATED_RUN_DIR/.armed" "$CREATED_RUN_DIR/ranks"
-    rm -f -- "$CREATED_RUN_DIR/.lock" "$CREATED_RUN_DIR/launcher.log"
+    if [[ -n "$HELD" ]]; then   # its files, then; never another run's lock
+        rm -rf -- "$CREATED_RUN_DIR/.armed" "$CREATED_RUN_DIR/ranks"
+        rm -f -- "$CREATED_RUN_DIR/.lock" "$CREATED_RUN_DIR/launcher.log"
+    fi
     rmdir -- "$CREATED_RUN_DIR" 2>/dev/null || true
 }
 stopped_before_launch() {
@@ -288,6 +290,10 @@ if [[ "$MODE" == train && -n "$CKPT_DIR" && "$CKPT_EVERY" != 0 ]]; then
 fi
 if command -v flock >/dev/null && { [[ -z "$SELF_RANK" && "$STARTS" == "$NP" ]] || [[ "$SELF_RANK" == 0 ]]; }; then
     hold "$RUN_DIR" RUN_DIR
+    HELD=1
+    # Ours now: what killed attempts left there goes (not with a task of a step: the other
+    # tasks of the step, this run's too, announce their ranks there already).
+    [[ -n "$SELF_RANK" ]] || rm -rf -- "$RUN_DIR/.armed"
     if [[ -n "$CKPT_OWN" ]]; then
         WHY="$(mkdir -p -- "$CKPT_OWN" 2>&1)" \
             || die "cannot create train.checkpoint_dir '$CKPT_OWN': ${WHY##*: } (choose a writable place)"
@@ -359,7 +365,9 @@ while :; do
         running "$LAUNCH_PID" && continue
     fi
     wait "$LAUNCH_PID"; RC=$?
-    if ((RC > 128)) && running "$LAUNCH_PID"; then continue; fi   # a trap, not the end
+    ((RC > 128)) || break
+    running "$LAUNCH_PID" && continue   # a trap ended the wait, not the launcher
+    wait "$LAUNCH_PID" 2>/dev/null; R2=$?; ((R2 == 127)) || RC=$R2   # its own status
     break
 done
 rm -rf -- "$ARMED_DIR"
