@@ -37,8 +37,10 @@ leading its own process group as a job in a terminal does; then the same command
 and the sharing rows, under mpiexec:
   same_rundir   a second run_and_time.sh on the RUN_DIR of a run launched a moment before (it
                 exited 3, wrote into the first's launcher.log and reported its ranks as killed)
-  share_ckpt    a second run, in another run directory, with the train.checkpoint_dir of a
-                live run at step 13 (two runs overwrote each other's checkpoints)
+  share_ckpt    a second run (seed 8), in another run directory, started at a run's launch
+                with its fresh train.checkpoint_dir (two runs overwrote each other's
+                checkpoints; "equal" also asks that the newest checkpoint there is the first
+                run's, hashing as the uninterrupted run's)
 Detected: exit 4 with a checkpoint at the stop ("stopping on signal", every rank's record 4)
 and no launcher crash report; for the sharing rows exit 2 naming the live run's
 run_and_time.sh, nothing of the live run touched (its launcher.log, run.json), no directory of
@@ -61,6 +63,7 @@ bench.faults``). Prints a table and a final JSON line; writes the record to ``--
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -296,21 +299,33 @@ def fault_same_rundir(work: Path, data: Path, ref: Path) -> dict:
 
 
 def fault_share_ckpt(work: Path, data: Path, ref: Path) -> dict:
+    """A second run (seed 8, another run directory) started at the first's launch with the
+    same fresh train.checkpoint_dir: refused, or - as before issue 37 - both write there."""
     ckpt, a, b = work / "ckpt", work / "a", work / "b"
     extra = [f'train.checkpoint_dir="{ckpt}"']
     first = launch(a, extra, data)
-    wait_for_step(a, HIT, first)
-    owner = (ckpt / "run.json").read_bytes()
+    deadline = time.time() + 120
+    while not (a / "launcher.log").exists() and time.time() < deadline:
+        time.sleep(0.01)
     t0 = time.time()
-    rc, text, t1 = wait(launch(b, extra, data))
+    rc, text, t1 = wait(launch(b, [*extra, "train.seed=8"], data))
     rc1, _, _ = wait(first)
     named = f"is in use by another run (run_and_time.sh pid {first.pid} on " in text \
         and f"run directory {a}" in text
-    untouched = (ckpt / "run.json").read_bytes() == owner and not b.exists()
+    owner = None
+    with contextlib.suppress(OSError, ValueError):
+        owner = json.loads((ckpt / "run.json").read_text()).get("run_dir")
+    from runtime.train.checkpoint import find_latest
+    last = find_latest(ckpt, warn=lambda m: None)
+    mine = bool(last and same_state(last.path, ref / "checkpoints" / last.path.name))
+    untouched = owner == str(a) and not b.exists()
     return {"detected": rc == EXPECT["share_ckpt"] and named and untouched, "exit": rc,
             "seconds": t1 - t0, "samples_lost": 0, "since_checkpoint": 0, "live_exit": rc1,
-            "equal": rc1 == 1 and trajectory(a) == trajectory(ref),
-            "note": f"refused while the first run was at step {HIT}+; the first ended with {rc1}"}
+            "equal": rc1 == 1 and trajectory(a) == trajectory(ref) and mine,
+            "note": f"second run started at the first's launch, ended {t1 - t0:.1f} s later; "
+                    f"run.json names {owner}; the newest checkpoint there is "
+                    f"{'the first run' if mine else 'NOT the first run'}'s; the first ended "
+                    f"with {rc1}"}
 
 
 def fault_corrupt(work: Path, data: Path) -> dict:
