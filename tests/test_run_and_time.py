@@ -224,6 +224,22 @@ def test_launcher_failure_exits_nonzero_without_result(sandbox):
     assert "FAILED" in proc.stderr and "status 1" in proc.stderr
 
 
+def test_a_run_its_ranks_refuse_leaves_no_run_directory_behind(sandbox, tmp_path):
+    """Exit 2 from the launch (the ranks refused the run: bad input): the fresh run directory
+    run_and_time.sh made holds only its own files (launcher.log, the lock) and goes; one the
+    user named and that existed stays, as does anything the ranks wrote."""
+    root, _ = sandbox
+    cfg = write_config(root, "mpiexec")
+    proc, calls = run(sandbox, cfg, rc=2)
+    assert proc.returncode == 2 and calls, proc.stderr
+    assert not list((root / "log dir").iterdir()), proc.stderr
+    assert "removed " in proc.stderr and "the refused run left nothing in it" in proc.stderr
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    proc, calls = run(sandbox, cfg, rc=2, RUN_DIR=str(mine))
+    assert proc.returncode == 2 and mine.is_dir()
+
+
 def test_extra_overrides_are_passed_and_validated(sandbox):
     root, _ = sandbox
     cfg = write_config(root, "mpiexec")
