@@ -5,7 +5,8 @@ Slurm cluster of tests/slurm_cluster.py) on real shards:
 * Ctrl-C twice and a closed terminal - SIGINT, SIGINT and SIGHUP to the script's whole process
   group, which the test creates as a terminal would - stop a run exactly like one SIGTERM:
   every rank checkpoints at its next logging point and exits 4, presto_interrupted is logged,
-  nothing is left running, and the rerun continues bit for bit (mpiexec, the default);
+  nothing is left running, and the rerun continues bit for bit (mpiexec, the default: each
+  alone; mpirun, torchrun and srun: all three in one run);
 * a SIGTERM right after the launch, while the ranks still start: exit 4, no launcher crash;
 * SIGKILL to run_and_time.sh alone: the ranks still stop (their launcher gets the stop request
   as its parent-death signal) well within 60 s, and the rerun continues bit for bit;
@@ -51,14 +52,16 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank_*.json"))]
 
 
-def assert_stopped_like_sigterm(run_dir: Path, out: str) -> int:
-    """Every rank exited 4 at one step after checkpointing there, the MPLerf log ends with
-    presto_interrupted, nothing runs: the step it stopped at."""
+def assert_stopped_like_sigterm(run_dir: Path, out: str, checkpoints: Path | None = None) -> int:
+    """Every rank exited 4 at one step after checkpointing there (in ``checkpoints``, default
+    the run directory's), the MLPerf log ends with presto_interrupted, nothing runs: the step
+    it stopped at."""
     status = records(run_dir)
     assert [s["exit"] for s in status] == [4, 4], status
     assert len({s["step"] for s in status}) == 1, status
     stopped = status[0]["step"]
-    assert (run_dir / "checkpoints" / f"step_{stopped:08d}" / "checkpoint.json").is_file()
+    ckpt = checkpoints or run_dir / "checkpoints"
+    assert (ckpt / f"step_{stopped:08d}" / "checkpoint.json").is_file()
     events = mllog_events(run_dir / "mlperf_bert.log")
     assert events[-1]["key"] == "presto_interrupted" and "run_stop" not in [e["key"] for e in events]
     assert "stopping on signal" in out, out[-3000:]
@@ -87,8 +90,17 @@ def signal_group(proc: subprocess.Popen, sigs: str) -> None:
         time.sleep(0.3)
 
 
-@pytest.mark.parametrize("sigs", ["INT INT", "HUP"])
-@pytest.mark.parametrize("launcher", [pytest.param(n, marks=m) for n, m in LAUNCHERS.items()])
+# mpiexec, the default launcher: each probe alone, and the rerun continues bit for bit (after
+# Ctrl-C twice; the rerun does not care how the run was stopped). The other launchers: Ctrl-C
+# twice, then the terminal closed, in one run (each alone is a stub test and a bench.faults row).
+STOPS = [pytest.param("mpiexec", "INT INT", id="mpiexec-INT-INT"),
+         pytest.param("mpiexec", "HUP", id="mpiexec-HUP"),
+         pytest.param("mpirun", "INT INT HUP", id="mpirun-INT-INT-HUP", marks=needs_openmpi),
+         pytest.param("torchrun", "INT INT HUP", id="torchrun-INT-INT-HUP",
+                      marks=needs_torchrun)]
+
+
+@pytest.mark.parametrize("launcher,sigs", STOPS)
 def test_ctrl_c_twice_and_a_closed_terminal_stop_a_run_like_one_sigterm(
         small_dataset, reference_run, tmp_path, launcher, sigs):
     run_dir = tmp_path / "run"
@@ -100,22 +112,20 @@ def test_ctrl_c_twice_and_a_closed_terminal_stop_a_run_like_one_sigterm(
     assert rc == 4, out[-3000:] + err[-3000:]
     assert f"got SIG{sigs.split()[0]}" in err
     stopped = assert_stopped_like_sigterm(run_dir, out + err)
-    if launcher == "mpiexec":   # the rerun does not care how it was stopped: once is enough
+    if sigs == "INT INT":
         assert_rerun_continues_exactly(run_dir, small_dataset, reference_run, stopped)
 
 
-@pytest.mark.parametrize("sigs", ["INT INT", "HUP"])
 def test_srun_ctrl_c_twice_and_a_closed_terminal_stop_a_run_like_one_sigterm(
-        slurm_cluster, small_dataset, tmp_path, sigs):
+        slurm_cluster, small_dataset, tmp_path):
     """srun outside a job (from a login shell): srun aborts the step on a second SIGINT
     within a second; run_and_time.sh passes it one USR1."""
     run_dir = tmp_path / "run"
     env = slurm_cluster.client_env()
-    env.pop("RUN_DIR", None)
     proc = start(run_dir, overrides(small_dataset, **{"system.launcher": '"srun"'}),
                  **{k: env[k] for k in ("PATH", "SLURM_CONF")})
     wait_for_step(run_dir, 6, proc)
-    signal_group(proc, sigs)
+    signal_group(proc, "INT INT HUP")
     rc, out, err = finish(proc)
     assert rc == 4, out[-3000:] + err[-3000:]
     assert_stopped_like_sigterm(run_dir, out + err)
@@ -187,21 +197,24 @@ def test_a_second_run_on_a_run_directory_just_launched_is_refused_and_touches_no
 
 
 def test_two_runs_cannot_share_a_checkpoint_directory(small_dataset, tmp_path):
-    """A fresh train.checkpoint_dir given to two runs: the second is refused (exit 2, naming
-    the first's run directory) before anything is written; the first's checkpoints stay its
-    own (once, the first run reported four checkpoints that were all the second's)."""
+    """A fresh train.checkpoint_dir given to two runs started together (the second with
+    another seed, in another run directory): the second is refused (exit 2, naming the first's
+    run directory) before anything is written, and the directory stays the first's (once, the
+    first run reported four checkpoints that were all the second's)."""
     ckpt, run_a, run_b = tmp_path / "ckpt", tmp_path / "a", tmp_path / "b"
     extra = overrides(small_dataset, **{"train.checkpoint_dir": f'"{ckpt}"'})
     first = start(run_a, extra)
-    wait_for_step(run_a, 6, first)
-    before = (ckpt / "run.json").read_bytes()
-    rc, out, err = run(run_b, extra)
+    deadline = time.time() + 60
+    while not (run_a / "launcher.log").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    rc, out, err = run(run_b, [*extra, "train.seed=8"])
     assert rc == 2, out[-3000:] + err[-3000:]
     assert f"train.checkpoint_dir '{ckpt}' is in use by another run (run_and_time.sh pid " \
            f"{first.pid} on " in err and f"run directory {run_a}" in err, err[-3000:]
     assert not run_b.exists()          # nothing of the refused run is left
-    assert (ckpt / "run.json").read_bytes() == before
+    wait_for_step(run_a, 6, first)
     first.send_signal(signal.SIGTERM)
     rc, out, err = finish(first)
     assert rc == 4, out[-3000:] + err[-3000:]
     assert json.loads((ckpt / "run.json").read_text())["run_dir"] == str(run_a)
+    assert_stopped_like_sigterm(run_a, out + err, checkpoints=ckpt)
