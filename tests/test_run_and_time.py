@@ -9,9 +9,11 @@ to prove the quoting. The real end-to-end run is tested elsewhere (it trains).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -440,6 +442,40 @@ def _signals_reach_the_launcher_once(sandbox, sigs, launcher, group):
     assert "stub still writing 1999" in out
     (log,) = (root / "log dir").glob("*/launcher.log")
     assert "stub still writing 1999" in log.read_text()
+
+
+def test_a_closed_terminal_stops_the_run_like_one_sigterm(sandbox):
+    """run_and_time.sh in a real terminal (a pty whose session it leads), which is then closed:
+    the kernel sends SIGHUP to the terminal's foreground process group and every later write
+    to the terminal fails (EIO). The launcher gets one stop request and nothing else, and the
+    script still exits with the run's 4 (a failed write once made it exit 1 after the ranks
+    had stopped)."""
+    import pty
+    root, _ = sandbox
+    env, files = signal_stub(sandbox)
+    pid, fd = pty.fork()
+    if pid == 0:   # the child: the session leader of the new terminal
+        try:
+            default_stop_signals()
+            os.chdir(root)
+            os.execve(str(SCRIPT), [str(SCRIPT)], env)
+        finally:
+            os._exit(127)
+    try:
+        deadline = time.time() + 30
+        while not (files / "ready").exists() and time.time() < deadline:
+            with contextlib.suppress(OSError):
+                os.read(fd, 65536) if select.select([fd], [], [], 0.05)[0] else None
+        assert (files / "ready").exists(), "the launcher never started"
+        os.close(fd)   # the terminal is closed
+        fd = -1
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 4
+        assert (files / "got").read_text().split() == ["SIGUSR1"]
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        end_stubs(files)
 
 
 def test_a_stop_request_during_start_up_waits_until_the_ranks_can_take_it(sandbox):
