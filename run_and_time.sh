@@ -44,14 +44,58 @@
 # (the ranks' own status: launchers that fold it - torchrun reports 1 for any failure - are
 # corrected from the ranks' records).
 #
-# Signals: TERM, INT, HUP and USR1 to this script are passed to the ranks as a stop request
-# (as the launcher's row says: USR1 through mpiexec, mpirun and srun, which forward it; TERM
-# through torchrun, whose agent gives workers 30 s before SIGKILL), and the script waits for
-# the launcher: every rank checkpoints (train.checkpoint_every_samples > 0) at its next
-# logging point and exits 4; nothing is left running. Rerun the same command to resume.
+# Signals: TERM, INT, HUP and USR1 to this script - once or repeated, to it alone or to its
+# whole process group (Ctrl-C twice, a closed terminal, systemd) - are one stop request. Before
+# the launch the script stops (exit 4, nothing ran). After it the request goes to the ranks
+# once, as soon as every rank can take it (a rank killed by a stop signal that comes before
+# its handlers are in would fail the run): as the launcher's row says, USR1 through mpiexec,
+# mpirun and srun, which forward it, TERM through torchrun, whose agent gives workers 30 s
+# before SIGKILL. The launcher runs in a session of its own, so the terminal's signals reach
+# this script alone, and gets the stop request by itself if this script is killed (its
+# parent-death signal). Every rank checkpoints (train.checkpoint_every_samples > 0) at its
+# next logging point and exits 4; the script waits for the launcher; nothing is left running.
+# Rerun the same command to resume. To end a run at once, without a checkpoint, SIGKILL its
+# ranks (their PIDs are in RUN_DIR/ranks/rank_*.json).
+#
+# Locks: RUN_DIR, and train.checkpoint_dir when checkpoints go elsewhere, are held by one live
+# run (an flock on DIR/.lock, taken here before anything is launched or written, kept by the
+# launcher and the ranks until the last of them ends): another run on either is refused with
+# exit 2 naming the run that holds it.
 set -euo pipefail
 
-die() { printf 'run_and_time.sh: %s\n' "$*" >&2; exit 2; }
+# -- stop requests, from the first line on (see "Signals" above) -----------------------------
+GOT_SIGNAL="" LAUNCH_PID="" FORWARDED=0 CREATED_RUN_DIR="" HELD=""
+say() { printf 'run_and_time.sh: %s\n' "$*" >&2 || true; }   # a closed terminal fails writes
+on_signal() {
+    if [[ -n "$GOT_SIGNAL" ]]; then
+        say "got SIG$1 again: the stop request (SIG$GOT_SIGNAL) stands; nothing more is sent"
+        return 0
+    fi
+    GOT_SIGNAL="$1"
+    say "got SIG$1: asking the ranks to checkpoint and stop at their next logging point"
+    return 0
+}
+for sig in TERM INT HUP USR1; do trap "on_signal $sig" "$sig"; done
+
+forget_run_dir() {   # a run directory this script made and nothing but its own files in it
+    [[ -n "$CREATED_RUN_DIR" && -d "$CREATED_RUN_DIR" ]] || return 0
+    if [[ -n "$HELD" ]]; then   # its files, then; never another run's lock
+        rm -rf -- "$CREATED_RUN_DIR/.armed" "$CREATED_RUN_DIR/ranks"
+        rm -f -- "$CREATED_RUN_DIR/.lock" "$CREATED_RUN_DIR/launcher.log"
+    fi
+    rmdir -- "$CREATED_RUN_DIR" 2>/dev/null || true
+}
+stopped_before_launch() {
+    say "stopped by SIG$GOT_SIGNAL before the launch: nothing ran"
+    forget_run_dir
+    exit 4
+}
+die() {
+    [[ -z "$GOT_SIGNAL" ]] || stopped_before_launch   # a step the signal itself cut short
+    say "$*"
+    forget_run_dir
+    exit 2
+}
 usage() {
     sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
     local py="${PYTHON:-$HERE/.venv/bin/python}"
@@ -113,11 +157,12 @@ if [[ -n "${SEED:-}" ]]; then   # numpy's and torch's generators take 0 .. 2^32-
 fi
 if ! VALUES="$("$PYTHON" -m runtime.config "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" \
         --get system.nodes --get system.ranks_per_node --get system.launcher --get train.seed \
-        --get train.checkpoint_dir)"; then
+        --get train.checkpoint_dir --get train.checkpoint_every_samples)"; then
     die "cannot read '$CONFIG' (the config error is above)"
 fi
 mapfile -t V <<<"$VALUES"
 NODES="${V[0]-}" RANKS="${V[1]-}" LAUNCHER="${V[2]-}" SEED="${V[3]-}" CKPT_DIR="${V[4]-}"
+CKPT_EVERY="${V[5]-0}"
 : "${NODES:?system.nodes missing from the config output}"
 : "${RANKS:?system.ranks_per_node missing from the config output}"
 : "${LAUNCHER:?system.launcher missing from the config output}"
@@ -153,17 +198,6 @@ owner_run() {   # the interrupted run that checkpoint directory $1 belongs to (i
     fi
     printf '%s\n' "$d"
 }
-RUN_DIR_NEW=0   # 1: this script made RUN_DIR (a refused run takes it away again)
-drop_unused_run_dir() {   # after a refusal (exit 2): RUN_DIR if this script made it and it holds nothing of a run
-    local left
-    ((RUN_DIR_NEW)) && [[ -d "$RUN_DIR" ]] || return 0
-    left="$(cd "$RUN_DIR" && find . -mindepth 1 ! -name launcher.log ! -name .lock \
-            ! -path ./ranks ! -path './ranks/*' -print -quit 2>/dev/null)" || return 0
-    [[ -z "$left" ]] || return 0
-    rm -rf -- "$RUN_DIR" \
-        && printf 'run_and_time.sh: removed the run directory %s that this refused run made: nothing of a run was written there (the messages are above)\n' "$RUN_DIR" >&2
-    return 0   # a directory that would not go is no reason to change the run's exit status
-}
 fresh_dir() {   # mkdir is atomic: two runs started in the same second get _2, _3 ...
     local base="$1" d="$1" n=1 why
     why="$(mkdir -p -- "$(dirname "$base")" 2>&1)" \
@@ -189,24 +223,30 @@ if [[ -z "${RUN_DIR:-}" ]]; then
             [[ -n "$RUN_DIR" ]] && printf 'run_and_time.sh: resuming the interrupted run in %s, whose checkpoints train.checkpoint_dir %s holds (RESUME=0 starts a new one)\n' "$RUN_DIR" "$CKPT_DIR" >&2
         fi
         if [[ -z "${RUN_DIR:-}" ]]; then
-            RUN_DIR="$(fresh_dir "$LOGDIR/${NAME}_$(date +%Y%m%d_%H%M%S)")" RUN_DIR_NEW=1
+            RUN_DIR="$(fresh_dir "$LOGDIR/${NAME}_$(date +%Y%m%d_%H%M%S)")"
+            CREATED_RUN_DIR="$RUN_DIR"
         fi
     fi
 fi
 RUN_DIR="$(abspath "$RUN_DIR")"
+[[ -z "$CREATED_RUN_DIR" ]] || CREATED_RUN_DIR="$RUN_DIR"
 
 # -- the run directory, usable before anything launches: a rank would fail later, and worse ---
 if [[ -e "$RUN_DIR" && ! -d "$RUN_DIR" ]]; then
     die "RUN_DIR '$RUN_DIR' exists and is not a directory: name a directory (or leave RUN_DIR unset for a fresh one in LOGDIR)"
 fi
-[[ -e "$RUN_DIR" ]] || RUN_DIR_NEW=1
-WHY="$(mkdir -p -- "$RUN_DIR" 2>&1)" \
-    || die "cannot create RUN_DIR '$RUN_DIR': ${WHY##*: } (choose a writable place for RUN_DIR or LOGDIR)"
-WHY="$( { : > "$RUN_DIR/.write_test"; } 2>&1)" \
-    || die "cannot write in RUN_DIR '$RUN_DIR': ${WHY##*: } (choose a writable place for RUN_DIR or LOGDIR)"
-rm -f -- "$RUN_DIR/.write_test"
+if [[ ! -e "$RUN_DIR" ]]; then
+    WHY="$(mkdir -p -- "$RUN_DIR" 2>&1)" \
+        || die "cannot create RUN_DIR '$RUN_DIR': ${WHY##*: } (choose a writable place for RUN_DIR or LOGDIR)"
+    CREATED_RUN_DIR="$RUN_DIR"
+fi
+# The locks' line: who holds them, for the message of a run they refuse; rank 0 accepts the
+# locks held under it as this run's.
+HOLDER="run_and_time.sh pid $$ on $(hostname) since $(date +'%Y-%m-%d %H:%M:%S') for run directory $RUN_DIR"
+ARMED_DIR="$RUN_DIR/.armed/$(hostname).$$"   # where this launch's ranks say they can stop
 TRAIN=("$PYTHON" -m submission.train --config "$CONFIG" --set "train.seed=$SEED"
-       --set "train.output_dir=$RUN_DIR" "${OVERRIDES[@]}")
+       --set "train.output_dir=$RUN_DIR" --lock-holder "$HOLDER" --signals-ready "$ARMED_DIR"
+       "${OVERRIDES[@]}")
 if [[ "$MODE" == tune ]]; then   # the bucket tuner, launched exactly as training would be
     TRAIN=("$PYTHON" -m runtime.calibrate.tune --config "$CONFIG" --set "train.seed=$SEED"
            --out "$RUN_DIR" "${OVERRIDES[@]}")
@@ -216,78 +256,139 @@ fi
 # Each launcher's command line, fail-fast checks, stop signal and whether this task is itself a
 # rank are one row of submission/launchers.py. It prints NUL-ended items (an argument may hold
 # spaces or newlines): the signal to forward, this task's rank when it is one (srun inside a
-# job step; else empty), then the launch argv. On a bad value it prints our message and exits 2.
+# job step; else empty), how many ranks the launch starts, then the launch argv. On a bad value
+# it prints our message and exits 2.
 mapfile -d '' -t LAUNCH < <("$PYTHON" -m submission.launchers argv --launcher "$LAUNCHER" \
     --nodes "$NODES" --ranks "$RANKS" --config "$CONFIG" -- "${TRAIN[@]}")
-wait "$!" || { drop_unused_run_dir; exit 2; }   # < <(...) hides the status from set -e; the message is on stderr already
-((${#LAUNCH[@]} > 2)) || die "python -m submission.launchers printed no launch command"
-FORWARD="${LAUNCH[0]}" SELF_RANK="${LAUNCH[1]}" CMD=("${LAUNCH[@]:2}")
+if ! wait "$!"; then   # < <(...) hides the status from set -e; the message is on stderr
+    [[ -z "$GOT_SIGNAL" ]] || stopped_before_launch
+    forget_run_dir
+    exit 2
+fi
+((${#LAUNCH[@]} > 3)) || die "python -m submission.launchers printed no launch command"
+FORWARD="${LAUNCH[0]}" SELF_RANK="${LAUNCH[1]}" STARTS="${LAUNCH[2]}" CMD=("${LAUNCH[@]:3}")
 PRINT_RESULT=1
 [[ -z "$SELF_RANK" || "$SELF_RANK" == 0 ]] || PRINT_RESULT=0   # every task runs this script
 
-# A live run holds RUN_DIR/.lock (rank 0's flock): refuse before anything is written there.
-# (Tasks of the same srun step other than rank 0 skip this: their own rank 0 may hold it.)
-if [[ -z "$SELF_RANK" || "$SELF_RANK" == 0 ]] && [[ -f "$RUN_DIR/.lock" ]] \
-        && command -v flock >/dev/null && ! flock -n "$RUN_DIR/.lock" true 2>/dev/null; then
-    die "RUN_DIR '$RUN_DIR' is in use by another run ($(head -n 1 "$RUN_DIR/.lock" 2>/dev/null || echo 'a live process')): wait for it to end, or choose another RUN_DIR; nothing was written there"
+# -- the locks: held from here until the last process of this run ends ------------------------
+# The lock file stays open (no close-on-exec) in this script, so the launcher and every rank
+# it starts inherit it: a run whose script was killed still holds its directories while its
+# ranks stop. Only a launch that starts every rank (or the task that is rank 0) holds them: a
+# run started node by node (torchrun on several nodes) leaves them to its rank 0. Without
+# flock(1) rank 0 takes them itself, a few seconds later.
+hold() {   # hold DIR WHAT: DIR/.lock for this run, or exit 2 naming the run that holds it
+    local dir="$1" what="$2" fd line why
+    why="$( { : >> "$dir/.lock"; } 2>&1)" \
+        || die "cannot write in $what '$dir': ${why##*: } (choose a writable place for $what)"
+    exec {fd}>>"$dir/.lock"
+    if ! flock -n "$fd"; then
+        exec {fd}>&-
+        line="$(head -n 1 "$dir/.lock" 2>/dev/null)" || true
+        die "$what '$dir' is in use by another run (${line:-a live process}): wait for it to end, or choose another $what; nothing was written there"
+    fi
+    printf '%s\n' "$HOLDER" > "$dir/.lock"
+}
+CKPT_OWN=""   # the checkpoint directory when it is not inside the run directory
+if [[ "$MODE" == train && -n "$CKPT_DIR" && "$CKPT_EVERY" != 0 ]]; then
+    CKPT_OWN="$(abspath "$CKPT_DIR")"
+    case "$(realpath -m -- "$CKPT_OWN")/" in
+        "$(realpath -m -- "$RUN_DIR")"/*) CKPT_OWN="" ;;
+    esac
 fi
+if command -v flock >/dev/null && { [[ -z "$SELF_RANK" && "$STARTS" == "$NP" ]] || [[ "$SELF_RANK" == 0 ]]; }; then
+    hold "$RUN_DIR" RUN_DIR
+    HELD=1
+    # Ours now: what killed attempts left there goes (not with a task of a step: the other
+    # tasks of the step, this run's too, announce their ranks there already).
+    [[ -n "$SELF_RANK" ]] || rm -rf -- "$RUN_DIR/.armed"
+    if [[ -n "$CKPT_OWN" ]]; then
+        WHY="$(mkdir -p -- "$CKPT_OWN" 2>&1)" \
+            || die "cannot create train.checkpoint_dir '$CKPT_OWN': ${WHY##*: } (choose a writable place)"
+        hold "$CKPT_OWN" train.checkpoint_dir
+    fi
+fi
+[[ -z "$GOT_SIGNAL" ]] || stopped_before_launch
+rm -rf -- "$ARMED_DIR"
+mkdir -p -- "$ARMED_DIR"
 
 # -- run and time ----------------------------------------------------------------------------
 START=$(date +%s)
 START_FMT="$(LC_ALL=C date +'%Y-%m-%d %r')"   # %r in the C locale: 02:03:04 PM
-echo "STARTING TIMING RUN AT $START_FMT"
-printf 'run_and_time.sh: %s ranks via %s, seed %s, output %s\n' "$NP" "$LAUNCHER" "$SEED" "$RUN_DIR" >&2
-printf 'run_and_time.sh: launching:' >&2; printf ' %q' "${CMD[@]}" >&2; printf '\n' >&2
+echo "STARTING TIMING RUN AT $START_FMT" || true   # from here on a closed terminal stops nothing
+say "$NP ranks via $LAUNCHER, seed $SEED, output $RUN_DIR"
+say "launching:$(printf ' %q' "${CMD[@]}")"
 
-# The launcher runs in the background so that this shell can pass signals on (a foreground
-# child would hold a trap until it ended) and wait for it: nothing outlives this script.
-LAUNCH_PID="" GOT_SIGNAL="" PENDING=0
-forward() {
-    GOT_SIGNAL="$1" PENDING=1
-    printf 'run_and_time.sh: got SIG%s: asking the ranks to checkpoint and stop (SIG%s to %s pid %s)\n' \
-        "$1" "$FORWARD" "$LAUNCHER" "${LAUNCH_PID:-none}" >&2
-    [[ -n "$LAUNCH_PID" ]] && kill -s "$FORWARD" "$LAUNCH_PID" 2>/dev/null
-    return 0
+# The launcher runs in the background so that this shell can hold and pass a stop request on
+# (a foreground child would hold a trap until it ended) and wait for it: nothing outlives this
+# script. submission.session makes it a session of its own with the stop request as its
+# parent-death signal (a task that is itself a rank stays in Slurm's session).
+SESSION=("$PYTHON" -m submission.session --stop-signal "$FORWARD" --parent "$$")
+[[ -z "$SELF_RANK" ]] || SESSION+=(--same-session)
+STOP_HOLD_S=60   # at most this long after a stop request for the ranks to say they can take it
+armed() {   # every rank this launch started can take a stop request (or tune: no such word)
+    [[ "$MODE" != train ]] && return 0
+    local said=("$ARMED_DIR"/*)
+    [[ -e "${said[0]}" ]] && ((${#said[@]} >= STARTS))
 }
-for sig in TERM INT HUP USR1; do trap "forward $sig" "$sig"; done
-if [[ -n "$GOT_SIGNAL" ]]; then
-    printf 'run_and_time.sh: stopped by SIG%s before the launch\n' "$GOT_SIGNAL" >&2
-    exit 4
-fi
+running() {   # the launcher has not ended (a zombie has: kill -0 would say it runs)
+    local stat
+    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || { kill -0 "$1" 2>/dev/null; return; }
+    stat="${stat##*) }"
+    [[ "${stat%% *}" != Z ]]
+}
+HOLD_UNTIL=""
+pass_stop_on() {   # true once the stop request has gone to the launcher (or may not yet)
+    if armed || { [[ -n "$HOLD_UNTIL" ]] && ((SECONDS >= HOLD_UNTIL)); }; then
+        [[ -n "$HOLD_UNTIL" ]] && ! armed \
+            && say "not every rank said it can take a stop request within ${STOP_HOLD_S} s: passing it on anyway"
+        say "passing the stop request on: SIG$FORWARD to $LAUNCHER pid $LAUNCH_PID"
+        kill -s "$FORWARD" "$LAUNCH_PID" 2>/dev/null || true
+        FORWARDED=1
+        return 0
+    fi
+    if [[ -z "$HOLD_UNTIL" ]]; then
+        HOLD_UNTIL=$((SECONDS + STOP_HOLD_S))
+        say "the ranks are still starting: the stop request goes to them as soon as they can take it"
+    fi
+    return 1
+}
 
 set +e
 LAUNCH_LOG=""
 if [[ -n "$SELF_RANK" ]]; then   # CMD is this task's rank
-    "${CMD[@]}" &
+    "${SESSION[@]}" -- "${CMD[@]}" < /dev/null &
 else
-    mkdir -p "$RUN_DIR"
     LAUNCH_LOG="$RUN_DIR/launcher.log"   # the launcher's word on a dead rank, for the summary
     # The tees ignore the stop signals: Ctrl-C (INT to the whole process group) or systemd's
     # TERM to every process must not end them while the ranks still write - the launcher would
     # then die of SIGPIPE in the middle of the checkpoint. They end when the launcher does.
-    "${CMD[@]}" > >(trap '' INT TERM HUP USR1; exec tee -a "$LAUNCH_LOG") \
+    "${SESSION[@]}" -- "${CMD[@]}" < /dev/null > >(trap '' INT TERM HUP USR1; exec tee -a "$LAUNCH_LOG") \
         2> >(trap '' INT TERM HUP USR1; exec tee -a "$LAUNCH_LOG" >&2) &
 fi
 LAUNCH_PID=$!
 while :; do
-    PENDING=0
+    if [[ -n "$GOT_SIGNAL" ]] && ((!FORWARDED)) && ! pass_stop_on; then
+        sleep 0.1   # holding the request: the ranks are still starting
+        running "$LAUNCH_PID" && continue
+    fi
     wait "$LAUNCH_PID"; RC=$?
-    if ((PENDING)) && kill -0 "$LAUNCH_PID" 2>/dev/null; then continue; fi   # a trap, not the end
-    if ((PENDING)); then wait "$LAUNCH_PID" 2>/dev/null; R2=$?; ((R2 == 127)) || RC=$R2; fi
+    ((RC > 128)) || break
+    running "$LAUNCH_PID" && continue   # a trap ended the wait, not the launcher
+    wait "$LAUNCH_PID" 2>/dev/null; R2=$?; ((R2 == 127)) || RC=$R2   # its own status
     break
 done
+rm -rf -- "$ARMED_DIR"
+rmdir -- "$RUN_DIR/.armed" 2>/dev/null
 set -e
 
 END=$(date +%s)
-echo "ENDING TIMING RUN AT $(LC_ALL=C date +'%Y-%m-%d %r')"
+echo "ENDING TIMING RUN AT $(LC_ALL=C date +'%Y-%m-%d %r')" || true
 if ((RC != 0)); then
-    printf 'run_and_time.sh: FAILED: %s exited with status %s after %s s; no RESULT line (logs in %s)\n' \
-        "$LAUNCHER" "$RC" "$((END - START))" "$RUN_DIR" >&2
+    say "FAILED: $LAUNCHER exited with status $RC after $((END - START)) s; no RESULT line (logs in $RUN_DIR)"
     if [[ -n "$SELF_RANK" ]]; then
         if ((RC > 128)); then   # this task's rank died from a signal: say which rank, where
             STEP="$(sed -n 's/.*"step": \([0-9]*\).*/\1/p' "$RUN_DIR/ranks/rank_$(printf %05d "$SELF_RANK").json" 2>/dev/null)"
-            printf 'run_and_time.sh: rank %s (pid %s on %s) was killed by signal %s after step %s\n' \
-                "$SELF_RANK" "$LAUNCH_PID" "$(hostname)" "$((RC - 128))" "${STEP:-?}" >&2
+            say "rank $SELF_RANK (pid $LAUNCH_PID on $(hostname)) was killed by signal $((RC - 128)) after step ${STEP:-?}"
             RC=3
         fi
     elif [[ "$MODE" == train ]]; then
@@ -295,7 +396,12 @@ if ((RC != 0)); then
         CODE="$("$PYTHON" -m submission.rank_status "$RUN_DIR" --rc "$RC" --launcher "$LAUNCHER" \
                 --launcher-log "$LAUNCH_LOG" --since "$START")" \
             && [[ "$CODE" =~ ^[0-9]+$ ]] && RC="$CODE"
-        ((RC != 2)) || drop_unused_run_dir
+    fi
+    if ((RC == 2)) && [[ -n "$CREATED_RUN_DIR" && ! -e "$RUN_DIR/mlperf_bert.log" ]]; then
+        # Refused by the ranks (bad input): the directory this script made holds only the
+        # launcher's words, said above - no empty run directory is left behind.
+        forget_run_dir
+        [[ -e "$RUN_DIR" ]] || say "removed $RUN_DIR: the refused run left nothing in it"
     fi
     exit "$RC"
 fi
@@ -303,5 +409,5 @@ if [[ "$MODE" == tune ]]; then
     exit 0   # not a timed run: the tuner printed its table and where the plan went
 fi
 if ((PRINT_RESULT)); then
-    echo "RESULT,bert,$SEED,$((END - START)),$USER,$START_FMT"
+    echo "RESULT,bert,$SEED,$((END - START)),$USER,$START_FMT" || true
 fi

@@ -2,7 +2,9 @@
 run end where the uninterrupted one does.
 
     python -m bench.faults [--runs 3] [--data data/cpu128]
-                           [--faults kill,sigterm,corrupt,nan,fp16,swap,diskfull]
+                           [--faults kill,sigterm,int2,hup,early,wrapper_kill,same_rundir,
+                                     share_ckpt,corrupt,nan,fp16,swap,diskfull]
+                           [--launchers mpiexec[,mpirun,torchrun,srun]]
                            [--out bench/results/faults.json]
 
 A tiny BERT (1 layer, hidden 64) on 2 MPI ranks, launched by run_and_time.sh as a user would,
@@ -24,6 +26,30 @@ steps. First one uninterrupted reference run (its checkpoints all kept); then pe
            fills at step 13: the next log or checkpoint write fails; then the filler goes and
            the unchanged command runs again (a full disk used to leave half a line that the
            resume record was glued to)
+
+The signal rows (issue 37), each run under every launcher of ``--launchers`` (row
+``int2@torchrun``; srun needs a Slurm cluster: SLURM_CONF set, srun on PATH), the script
+leading its own process group as a job in a terminal does; then the same command again:
+  int2          SIGINT to the whole process group at step 13 and again 0.3 s later (Ctrl-C
+                twice: MPICH's mpiexec aborted the job, srun killed the step)
+  hup           SIGHUP to the whole process group at step 13 (a closed terminal: it killed
+                mpiexec)
+  early         SIGTERM to run_and_time.sh 50 ms after its launch line, while the ranks start
+                (MPICH reported "BAD TERMINATION ... Segmentation fault", exit 3)
+  wrapper_kill  SIGKILL to run_and_time.sh alone at step 13 (its ranks trained on as orphans);
+                the seconds are to the last rank gone
+and the sharing rows, under mpiexec:
+  same_rundir   a second run_and_time.sh on the RUN_DIR of a run launched a moment before (it
+                exited 3, wrote into the first's launcher.log and reported its ranks as killed)
+  share_ckpt    a second run (seed 8), in another run directory, started at a run's launch
+                with its fresh train.checkpoint_dir (two runs overwrote each other's
+                checkpoints; "equal" also asks that the newest checkpoint there is the first
+                run's, hashing as the uninterrupted run's)
+Detected: exit 4 with a checkpoint at the stop ("stopping on signal", every rank's record 4)
+and no launcher crash report; for the sharing rows exit 2 naming the live run's
+run_and_time.sh, nothing of the live run touched (its launcher.log, run.json), no directory of
+the refused run left; the seconds are to the refusal, and "equal" asks whether the live run
+then ends equal to the uninterrupted one.
 
 For each: detected (the exit status the fault must give - 3, 4, 2, 3, 3, 2, 3 - and the message
 naming the rank, the file or the divergence), seconds from the fault to the end of the run,
@@ -57,8 +83,13 @@ from bench.common import finish, record
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
-FAULTS = ("kill", "sigterm", "corrupt", "nan", "fp16", "swap", "diskfull")
-EXPECT = {"kill": 3, "sigterm": 4, "corrupt": 2, "nan": 3, "fp16": 3, "swap": 2, "diskfull": 3}
+SIGNALS = ("int2", "hup", "early", "wrapper_kill")     # run under each of --launchers
+SHARING = ("same_rundir", "share_ckpt")
+FAULTS = ("kill", "sigterm", *SIGNALS, *SHARING, "corrupt", "nan", "fp16", "swap", "diskfull")
+EXPECT = {"kill": 3, "sigterm": 4, "corrupt": 2, "nan": 3, "fp16": 3, "swap": 2, "diskfull": 3,
+          **{f: 4 for f in SIGNALS}, **{f: 2 for f in SHARING}}
+LAUNCHERS = ("mpiexec", "mpirun", "torchrun", "srun")
+CRASH = ("BAD TERMINATION", "Segmentation fault", "exited on signal")   # launchers' crash words
 GBS, EVERY, HIT, STORM = 16, 80, 13, 23
 
 
@@ -72,11 +103,25 @@ def overrides(data: Path) -> list[str]:
             "train.max_nonfinite_steps=3", "system.dist_timeout_s=30"]
 
 
-def launch(run_dir: Path, extra: list[str], data: Path) -> subprocess.Popen:
+def default_stop_signals() -> None:
+    """The stop signals at their defaults in run_and_time.sh, whatever this process inherited
+    (bash cannot trap a signal ignored at its start: nohup, background jobs)."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def launch(run_dir: Path, extra: list[str], data: Path,
+           launcher: str = "mpiexec") -> subprocess.Popen:
+    """run_and_time.sh leading its own process group (a job in a terminal)."""
     env = dict(os.environ, CONFIG=str(CONFIG), SEED="7", RUN_DIR=str(run_dir))
+    if launcher == "mpirun":   # Open MPI's: the venv's mpirun is MPICH's
+        env["MPIRUN"] = shutil.which("mpirun.openmpi") or "mpirun"
+    if launcher != "mpiexec":
+        extra = [*extra, f'system.launcher="{launcher}"']
     return subprocess.Popen(["bash", str(ROOT / "run_and_time.sh"), "--", *overrides(data),
                              *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=default_stop_signals)
 
 
 def launch_faulty(run_dir: Path, fault: str, data: Path) -> subprocess.Popen:
@@ -174,6 +219,119 @@ def fault_interrupt(kind: str, work: Path, data: Path, ref: Path) -> dict:
             "samples_lost": lost, "since_checkpoint": (trained % (EVERY // GBS)) * GBS,
             "resumed_exit": rc2, "equal": rc2 == 1 and got == want,
             "note": f"stopped at step {trained}, resumed from step {res.get('step')}"}
+
+
+def rank_records(run_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank_*.json"))]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def fault_signal(kind: str, launcher: str, work: Path, data: Path, ref: Path) -> dict:
+    """int2, hup, early, wrapper_kill under ``launcher``; then the same command (mpiexec:
+    the launcher is not part of the state) must continue equal to the reference."""
+    run_dir = work / "run"
+    proc = launch(run_dir, [], data, launcher)
+    seen = ""
+    if kind == "early":
+        while proc.poll() is None:
+            line = proc.stderr.readline()
+            seen += line
+            if "launching:" in line or not line:
+                break
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+    else:
+        wait_for_step(run_dir, HIT, proc)
+        if kind == "int2":
+            os.killpg(proc.pid, signal.SIGINT)
+            time.sleep(0.3)
+            os.killpg(proc.pid, signal.SIGINT)
+        elif kind == "hup":
+            os.killpg(proc.pid, signal.SIGHUP)
+        else:
+            os.kill(proc.pid, signal.SIGKILL)
+    t0 = time.time()
+    rc, text, t1 = wait(proc)
+    text = seen + text
+    records = rank_records(run_dir)
+    if kind == "wrapper_kill":   # no script left to say anything: the ranks' own words
+        deadline = time.time() + 120
+        while any(alive(int(r["pid"])) for r in records) and time.time() < deadline:
+            time.sleep(0.05)
+            records = rank_records(run_dir)
+        t1 = time.time()
+        text = (run_dir / "launcher.log").read_text(errors="replace")
+        rc = 4 if [r.get("exit") for r in records] == [4, 4] else -1
+    recs = step_records(run_dir)
+    trained = max((r["step"] for r in recs), default=0)
+    stopped = [r.get("exit") for r in records] == [4, 4] and "stopping on signal" in text
+    crash = [w for w in CRASH if w in text]
+    rc2, text2, _ = wait(launch(run_dir, [], data))
+    res = resumed_from(run_dir)
+    lost = (trained - int(res.get("step", 0))) * GBS
+    return {"detected": rc == EXPECT[kind] and stopped and not crash, "exit": rc,
+            "seconds": t1 - t0, "samples_lost": lost, "since_checkpoint": 0,
+            "resumed_exit": rc2, "equal": rc2 == 1 and trajectory(run_dir) == trajectory(ref),
+            "note": f"stopped at step {trained}, resumed from step {res.get('step')}"
+                    + (f"; launcher crash words: {crash}" if crash else "")}
+
+
+def fault_same_rundir(work: Path, data: Path, ref: Path) -> dict:
+    run_dir = work / "run"
+    first = launch(run_dir, [], data)
+    deadline = time.time() + 120
+    while not (run_dir / "launcher.log").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    t0 = time.time()
+    rc, text, t1 = wait(launch(run_dir, [], data))
+    first_step = max((r["step"] for r in step_records(run_dir)), default=0)
+    rc1, _, _ = wait(first)
+    log = (run_dir / "launcher.log").read_text(errors="replace")
+    named = f"is in use by another run (run_and_time.sh pid {first.pid} on " in text
+    itself = "rank 0 (pid" not in text and "rank 1 (pid" not in text
+    untouched = "in use by another run" not in log and log.count("STARTING") == 0 \
+        and log.count("launching:") == 0
+    return {"detected": rc == EXPECT["same_rundir"] and named and itself and untouched,
+            "exit": rc, "seconds": t1 - t0, "samples_lost": 0, "since_checkpoint": 0,
+            "live_exit": rc1, "equal": rc1 == 1 and trajectory(run_dir) == trajectory(ref),
+            "note": f"second run started at the first's launch, refused {t1 - t0:.1f} s later "
+                    f"(the first at step {first_step}); the first ended with {rc1}"}
+
+
+def fault_share_ckpt(work: Path, data: Path, ref: Path) -> dict:
+    """A second run (seed 8, another run directory) started at the first's launch with the
+    same fresh train.checkpoint_dir: refused, or - as before issue 37 - both write there."""
+    ckpt, a, b = work / "ckpt", work / "a", work / "b"
+    extra = [f'train.checkpoint_dir="{ckpt}"']
+    first = launch(a, extra, data)
+    deadline = time.time() + 120
+    while not (a / "launcher.log").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    t0 = time.time()
+    rc, text, t1 = wait(launch(b, [*extra, "train.seed=8"], data))
+    rc1, _, _ = wait(first)
+    named = f"is in use by another run (run_and_time.sh pid {first.pid} on " in text \
+        and f"run directory {a}" in text
+    owner = None
+    with contextlib.suppress(OSError, ValueError):
+        owner = json.loads((ckpt / "run.json").read_text()).get("run_dir")
+    from runtime.train.checkpoint import find_latest
+    last = find_latest(ckpt, warn=lambda m: None)
+    mine = bool(last and same_state(last.path, ref / "checkpoints" / last.path.name))
+    untouched = owner == str(a) and not b.exists()
+    return {"detected": rc == EXPECT["share_ckpt"] and named and untouched, "exit": rc,
+            "seconds": t1 - t0, "samples_lost": 0, "since_checkpoint": 0, "live_exit": rc1,
+            "equal": rc1 == 1 and trajectory(a) == trajectory(ref) and mine,
+            "note": f"second run started at the first's launch, ended {t1 - t0:.1f} s later; "
+                    f"run.json names {owner}; the newest checkpoint there is "
+                    f"{'the first run' if mine else 'NOT the first run'}'s; the first ended "
+                    f"with {rc1}"}
 
 
 def fault_corrupt(work: Path, data: Path) -> dict:
@@ -296,16 +454,26 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--data", type=Path, default=ROOT / "data" / "cpu128")
     ap.add_argument("--faults", default=",".join(FAULTS))
+    ap.add_argument("--launchers", default="mpiexec",
+                    help=f"the launchers of the signal rows ({', '.join(SIGNALS)}): any of "
+                         f"{', '.join(LAUNCHERS)}")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     faults = [f for f in a.faults.split(",") if f]
     unknown = set(faults) - set(FAULTS)
     if unknown:
         ap.error(f"unknown fault(s) {sorted(unknown)}; choose from {FAULTS}")
+    launchers = [x for x in a.launchers.split(",") if x]
+    if set(launchers) - set(LAUNCHERS):
+        ap.error(f"unknown launcher(s) {sorted(set(launchers) - set(LAUNCHERS))}; choose from "
+                 f"{LAUNCHERS}")
+    rows = [f"{f}@{x}" if f in SIGNALS and x != "mpiexec" else f
+            for f in faults for x in (launchers if f in SIGNALS else ["mpiexec"])]
     data = a.data.resolve()
     rec = record("faults", sys.argv[1:] if argv is None else argv, runs=a.runs, faults=faults,
-                 config=str(CONFIG.name), overrides=overrides(Path("DATA")), data=str(a.data))
-    results: dict[str, list[dict]] = {f: [] for f in faults}
+                 launchers=launchers, config=str(CONFIG.name),
+                 overrides=overrides(Path("DATA")), data=str(a.data))
+    results: dict[str, list[dict]] = {f: [] for f in rows}
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="faults_") as tmp:
         tmp = Path(tmp)
@@ -314,10 +482,17 @@ def main(argv=None) -> int:
         if rc != 1:
             raise SystemExit(f"the reference run failed ({rc}):\n{text[-3000:]}")
         for r in range(a.runs):
-            for f in faults:
-                work = tmp / f"{f}{r}"
+            for f in rows:
+                work = tmp / f"{f.replace('@', '_')}{r}"
                 work.mkdir()
-                if f in ("kill", "sigterm"):
+                kind, _, launcher = f.partition("@")
+                if kind in SIGNALS:
+                    res = fault_signal(kind, launcher or "mpiexec", work, data, ref)
+                elif f == "same_rundir":
+                    res = fault_same_rundir(work, data, ref)
+                elif f == "share_ckpt":
+                    res = fault_share_ckpt(work, data, ref)
+                elif f in ("kill", "sigterm"):
                     res = fault_interrupt(f, work, data, ref)
                 elif f == "corrupt":
                     res = fault_corrupt(work, data)
@@ -328,12 +503,12 @@ def main(argv=None) -> int:
                 else:
                     res = fault_storm(f, work, data, ref)
                 results[f].append(res)
-                print(f"round {r + 1} {f:8} detected={res['detected']} exit={res['exit']} "
+                print(f"round {r + 1} {f:12} detected={res['detected']} exit={res['exit']} "
                       f"{res['seconds']:.1f} s lost={res['samples_lost']} equal={res['equal']}"
                       f"  ({res['note']})", flush=True)
-    rows = {}
+    table = {}
     for f, rs in results.items():
-        rows[f] = {"runs": len(rs), "detected": sum(bool(x["detected"]) for x in rs),
+        table[f] = {"runs": len(rs), "detected": sum(bool(x["detected"]) for x in rs),
                    "seconds_median": statistics.median(x["seconds"] for x in rs),
                    "seconds_max": max(x["seconds"] for x in rs),
                    "samples_lost_max": max(x["samples_lost"] for x in rs),
@@ -342,12 +517,12 @@ def main(argv=None) -> int:
                        x["samples_lost"] <= EVERY for x in rs),
                    "equal": (None if all(x["equal"] is None for x in rs)
                              else sum(bool(x["equal"]) for x in rs))}
-    rec.update(wall_s=round(time.time() - t_start, 1), rows=rows, results=results)
-    print(f"\n{'fault':8} {'runs':>4} {'detected':>8} {'s median':>9} {'s max':>6} "
+    rec.update(wall_s=round(time.time() - t_start, 1), rows=table, results=results)
+    print(f"\n{'fault':20} {'runs':>4} {'detected':>8} {'s median':>9} {'s max':>6} "
           f"{'lost max':>8}  equal to uninterrupted")
-    for f, row in rows.items():
+    for f, row in table.items():
         eq = "n/a" if row["equal"] is None else f"{row['equal']}/{row['runs']}"
-        print(f"{f:8} {row['runs']:4d} {row['detected']:>4}/{row['runs']:<3} "
+        print(f"{f:20} {row['runs']:4d} {row['detected']:>4}/{row['runs']:<3} "
               f"{row['seconds_median']:9.1f} {row['seconds_max']:6.1f} "
               f"{row['samples_lost_max']:8d}  {eq}")
     finish(rec, a.out)

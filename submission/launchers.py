@@ -24,7 +24,8 @@ Adding a launcher: docs/LAUNCH.md "Adding a launcher".
 ``python -m submission.launchers argv --launcher L --nodes N --ranks R [--config FILE] -- CMD...``
 writes, each item ended by a NUL byte (an argument may hold spaces or newlines; bash reads them
 with ``mapfile -d ''``): the signal to forward (``USR1``), this process's rank when it is one
-(else an empty item), then the launch argv. A missing variable or an unknown launcher exits 2
+(else an empty item), how many ranks this launch starts (every rank, one node's for a launcher
+that does not start every node, 1 for a process that is a rank), then the launch argv. A missing variable or an unknown launcher exits 2
 with run_and_time.sh's message on stderr, prefixed ``run_and_time.sh:`` as its ``die`` does.
 """
 from __future__ import annotations
@@ -315,13 +316,24 @@ def describe() -> str:
     return "\n".join(out)
 
 
+def ranks_started(spec: LauncherSpec, launch: Launch) -> int:
+    """How many ranks one launch of ``spec`` starts from this process: run_and_time.sh waits
+    for that many to say they can take a stop request, and holds the run's locks itself only
+    when the launch starts every rank (or is rank 0)."""
+    if spec.self_rank(launch.env) is not None:
+        return 1
+    return launch.world_size if spec.starts_every_node else launch.ranks_per_node
+
+
 def launch_items(launcher: str, launch: Launch) -> list[str]:
-    """What ``argv`` prints: the signal to forward, this process's rank or '', the argv."""
+    """What ``argv`` prints: the signal to forward, this process's rank or '', the number of
+    ranks the launch starts, the argv."""
     spec = spec_for(launcher, launch.config)
     if not launch.command:
         raise LauncherError("no rank command after '--' (PYTHON -m MODULE ARGS)")
     rank = spec.self_rank(launch.env)
-    return [spec.forward_signal, "" if rank is None else str(rank), *spec.argv(launch)]
+    return [spec.forward_signal, "" if rank is None else str(rank),
+            str(ranks_started(spec, launch)), *spec.argv(launch)]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -331,7 +343,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m submission.launchers",
         description="the launch of one run for run_and_time.sh: NUL-ended items on stdout - "
-                    "the signal to forward, this process's rank or '', the launch argv")
+                    "the signal to forward, this process's rank or '', the ranks the launch "
+                    "starts, the launch argv")
     ap.add_argument("action", choices=["argv", "describe"],
                     help="argv: the launch (needs the options below); describe: the launchers")
     ap.add_argument("--launcher", help="system.launcher")

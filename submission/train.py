@@ -10,8 +10,17 @@ everything went.
 
 The run directory (``train.output_dir``) holds one run, never overwritten: a directory whose
 MLPerf log has run_stop (a finished run), or a log but no checkpoint to continue it from, is
-refused; so is one another live run holds (rank 0 keeps an flock on ``<dir>/.lock``). A log
-without run_stop and a complete checkpoint: the run resumes and continues that log.
+refused; so is one another live run holds - an flock on ``<dir>/.lock``, and on
+``<train.checkpoint_dir>/.lock`` when checkpoints go elsewhere: a checkpoint directory is held
+by one live run too. run_and_time.sh takes both locks before it launches and hands rank 0 its
+holder line (``--lock-holder``): rank 0 accepts a lock held under that line, and takes the
+lock itself when nobody holds it (a launch without run_and_time.sh). A log without run_stop
+and a complete checkpoint: the run resumes and continues that log.
+
+``--signals-ready DIR`` (run_and_time.sh's): once the stop-signal handlers are in - the first
+thing this module does - a file in DIR says so (runtime.launch.signals.announce); the script
+holds a stop request until every rank has said it, since a stop signal before the handlers
+would kill the rank.
 
 Exit status: 0 success, 1 target not reached, 2 bad input, 3 runtime failure, 4 stopped by a
 signal - what each covers is the table in README.md, "Exit status" (run_and_time.sh and run.sub
@@ -35,6 +44,8 @@ if __name__ == "__main__":
     # entry point - a module that imports this one (a test, pytest itself) keeps its own
     # handlers; main() installs them for callers that run it (bench.fault_rank).
     signals.install()
+    if "--signals-ready" in sys.argv[:-1]:
+        signals.announce(sys.argv[sys.argv.index("--signals-ready") + 1])
 
 # Before CUDA's caching allocator starts: every batch has its own shapes (rows padded to their
 # longest, or a varying number of real tokens), which fragments fixed-size segments; growable
@@ -100,6 +111,11 @@ def parse_args(argv):
     ap.add_argument("--config", required=True, help="config TOML (submission/configs/...)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override one config key (repeatable)")
+    ap.add_argument("--lock-holder", default="", metavar="LINE",
+                    help="run_and_time.sh's: the line of the locks it holds for this run on "
+                         "the run and checkpoint directories (rank 0 accepts them)")
+    ap.add_argument("--signals-ready", default="", metavar="DIR",
+                    help="run_and_time.sh's: say in DIR when the stop-signal handlers are in")
     return ap.parse_args(argv)
 
 
@@ -111,12 +127,43 @@ def set_threads(cfg, local_world_size: int) -> None:
 
 # ------------------------------------------------------------------------ the run directory
 
-_lock_file = None  # rank 0 holds it open (and locked) for the life of the process
+_held: list = []  # the lock files rank 0 holds open (and locked) for the life of the process
 
 
-def run_dir_problem(cfg) -> str | None:
-    """Why ``train.output_dir`` cannot take this run (None: it can). Rank 0 only."""
-    global _lock_file
+def hold(directory: Path, holder: str, ours: str = "") -> str | None:
+    """Hold ``directory/.lock`` for this run (rank 0): None when it is this run's - locked now
+    (its first line then says ``holder``), or held for this run by run_and_time.sh under the
+    line ``ours`` -, else the first line of the run that holds it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = open(directory / LOCK_NAME, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        line = lock.readline().strip()
+        lock.close()
+        return None if ours and line == ours else (line or "another process")
+    lock.seek(0)
+    lock.truncate()
+    lock.write(holder + "\n")
+    lock.flush()
+    _held.append(lock)
+    return None
+
+
+def own_checkpoint_dir(cfg) -> Path | None:
+    """The checkpoint directory when it needs a lock of its own: checkpoints on and kept
+    outside the run directory (inside it, the run directory's lock covers them)."""
+    if cfg.train.checkpoint_every_samples <= 0 or not cfg.train.checkpoint_dir:
+        return None
+    out = Path(cfg.train.output_dir).resolve()
+    ckpt = Path(cfg.train.checkpoint_dir).resolve()
+    return None if ckpt == out or out in ckpt.parents else ckpt
+
+
+def run_dir_problem(cfg, lock_holder: str = "") -> str | None:
+    """Why ``train.output_dir`` (or ``train.checkpoint_dir``) cannot take this run (None: it
+    can). Rank 0 only. ``lock_holder``: the line of run_and_time.sh's locks for this run."""
     out = Path(cfg.train.output_dir)
     log = out / LOG_NAME
     if log.is_file() and log.stat().st_size > 0:
@@ -133,28 +180,24 @@ def run_dir_problem(cfg) -> str | None:
             return (f"{out} holds the log of an interrupted run ({log}, no run_stop) and no "
                     f"complete checkpoint in {cfg.train.checkpoint_path()} to continue it "
                     f"from: choose another train.output_dir")
-    out.mkdir(parents=True, exist_ok=True)
-    lock = open(out / LOCK_NAME, "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        lock.seek(0)
-        holder = lock.read().strip() or "another process"
-        lock.close()
+    line = (f"pid {os.getpid()} on {socket.gethostname()} since "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} for run directory {out.resolve()}")
+    holder = hold(out, line, lock_holder)
+    if holder:
         return (f"{out} is in use by another run ({holder}): wait for it to end, or choose "
                 f"another train.output_dir")
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"pid {os.getpid()} on {socket.gethostname()} since "
-               f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    lock.flush()
-    _lock_file = lock
+    ckpt = own_checkpoint_dir(cfg)
+    holder = hold(ckpt, line, lock_holder) if ckpt else None
+    if holder:
+        return (f"train.checkpoint_dir {ckpt} is in use by another run ({holder}): two runs "
+                f"writing one checkpoint directory overwrite each other's checkpoints - wait "
+                f"for it to end, or choose another train.checkpoint_dir")
     rank_status.clear(out)  # an earlier attempt's rank records (a resume) are not this one's
     return None
 
 
-def check_run_dir(cfg, rank: int) -> None:
-    problem = run_dir_problem(cfg) if rank == 0 else None
+def check_run_dir(cfg, rank: int, lock_holder: str = "") -> None:
+    problem = run_dir_problem(cfg, lock_holder) if rank == 0 else None
     problem = broadcast_object(problem)
     if problem:
         raise RunDirError(problem)
@@ -162,11 +205,11 @@ def check_run_dir(cfg, rank: int) -> None:
 
 # ------------------------------------------------------------------------------ the run
 
-def train(cfg, info, cache_clear: bool | None = None) -> int:
+def train(cfg, info, cache_clear: bool | None = None, lock_holder: str = "") -> int:
     ctx = init_distributed(info, device=cfg.system.device, timeout_s=cfg.system.dist_timeout_s)
     check_same_on_all_ranks("config", cfg.fingerprint())
     set_threads(cfg, info.local_world_size)
-    check_run_dir(cfg, ctx.rank)
+    check_run_dir(cfg, ctx.rank, lock_holder)
     out = Path(cfg.train.output_dir)
     status = RankStatus(out, ctx.rank, ctx.world_size)
     trainer = None
@@ -237,7 +280,8 @@ def main(argv=None) -> int:
     except LaunchError as e:
         print(f"launch error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
-    return run_guarded(lambda: train(cfg, info, cache_clear), info, exit_code=exit_code_of)
+    return run_guarded(lambda: train(cfg, info, cache_clear, args.lock_holder), info,
+                       exit_code=exit_code_of)
 
 
 if __name__ == "__main__":

@@ -341,8 +341,9 @@ def _live_ranks(tag: str) -> list[int]:
     return pids
 
 
-def _finish(proc, started, tag):
-    """(exit status, output, seconds, per-rank results from the --out files)."""
+def _finish(proc, started, tag, keep_out: bool = False):
+    """(exit status, output, seconds, per-rank results from the --out files); ``keep_out``:
+    the caller reads and removes the --out directory."""
     try:
         out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -358,7 +359,8 @@ def _finish(proc, started, tag):
             os.kill(pid, signal.SIGKILL)
         pytest.fail(f"ranks {left} outlived their launcher ({proc.args[0]}):\n{out[-4000:]}")
     results = [json.loads(p.read_text()) for p in sorted(Path(proc.out_dir).glob("rank*.json"))]
-    shutil.rmtree(proc.out_dir, ignore_errors=True)
+    if not keep_out:
+        shutil.rmtree(proc.out_dir, ignore_errors=True)
     return proc.returncode, out, elapsed, sorted(results, key=lambda r: r["rank"])
 
 
@@ -479,6 +481,25 @@ def test_a_failing_rank_ends_the_job(launcher, mode):
     if mode == "raise":
         # Not one exact line: launchers may interleave the ranks' output mid-line.
         assert "[rank 1]" in out and "injected failure on rank 1" in out, out[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.timeout(120)
+def test_every_rank_of_a_refusal_notes_it_before_any_leaves(launcher):
+    """An error every rank raises alike (a refused resume: exit 2): no rank leaves before
+    every rank has run its failure notes - the launcher ends the others the moment one exits
+    non-zero, and a rank ended before it wrote its status record was reported "killed
+    (SIGKILL, OOM, lost node)". Rank 1's note takes 2 s here."""
+    proc, started, tag = _start(launcher, "refuse")
+    out_dir = Path(proc.out_dir)
+    try:
+        rc, out, elapsed, _ = _finish(proc, started, tag, keep_out=True)
+        assert rc == (1 if launcher == "torchrun" else 2), out[-4000:]   # torchrun folds it
+        assert sorted(p.name for p in out_dir.glob("noted*")) == ["noted0", "noted1"], out[-4000:]
+        assert "refused alike on every rank" in out
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
 
 
 @pytest.mark.slow

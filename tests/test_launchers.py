@@ -277,17 +277,21 @@ def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_prints_nul_ended_items(bindir):
-    """The signal, this process's rank or '', then the argv: an item may hold spaces and
-    newlines."""
+    """The signal, this process's rank or '', the ranks the launch starts, then the argv: an
+    item may hold spaces and newlines."""
     command = [sys.executable, "-m", "submission.train", "--set", "submission.org=a b\nc"]
     proc = cli("argv", "--launcher", "mpiexec", "--nodes", "1", "--ranks", "2", "--", *command,
                MPIEXEC=str(bindir / "mpiexec"))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split(b"\0") == [b"USR1", b"", str(bindir / "mpiexec").encode(), b"-n",
-                                        b"2", *(a.encode() for a in command), b""]
+    assert proc.stdout.split(b"\0") == [b"USR1", b"", b"2", str(bindir / "mpiexec").encode(),
+                                        b"-n", b"2", *(a.encode() for a in command), b""]
     proc = cli("argv", "--launcher", "srun", "--nodes", "1", "--ranks", "2", "--", *command,
                SLURM_PROCID="1", SLURM_STEP_ID="0", SLURM_JOB_ID="5")
-    assert proc.stdout.split(b"\0")[:3] == [b"USR1", b"1", sys.executable.encode()]
+    assert proc.stdout.split(b"\0")[:4] == [b"USR1", b"1", b"1", sys.executable.encode()]
+    # torchrun starts one node's ranks: each node's run_and_time.sh waits for its own.
+    proc = cli("argv", "--launcher", "torchrun", "--nodes", "2", "--ranks", "4", "--", *command,
+               MASTER_ADDR="node0")
+    assert proc.stdout.split(b"\0")[:3] == [b"TERM", b"", b"4"]
 
 
 def test_cli_errors_are_run_and_time_messages():

@@ -1,16 +1,19 @@
 """run_and_time.sh: fail-fast checks, the launch command per launcher, the RESULT line.
 
 PYTHON, MPIEXEC, MPIRUN and SRUN are stub scripts that record their argv and exit with
-$STUB_RC; the PYTHON stub passes `-m runtime.config`, `-m runtime.train.memory` and `-m
-submission.launchers` on to the real interpreter, so the launch values really come from the config and the launch command from
+$STUB_RC; the PYTHON stub passes `-m runtime.config`, `-m runtime.train.memory`, `-m
+submission.launchers` and `-m submission.session` (which starts the launcher) on to the real
+interpreter, so the launch values really come from the config and the launch command from
 the launchers' table (whose rows tests/test_launchers.py checks one by one). Everything lives under a directory with a space in its name
 to prove the quoting. The real end-to-end run is tested elsewhere (it trains).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -28,8 +31,12 @@ RESULT_RE = re.compile(r"^RESULT,bert,(\d+),(\d+),(\S+),(\d{4}-\d\d-\d\d \d\d:\d
 STUB = f"""#!{sys.executable}
 import json, os, sys
 argv = sys.argv[1:]
+if argv[:2] == ["-m", "runtime.config"] and os.environ.get("STUB_CONFIG_DELAY"):
+    open(os.environ["STUB_CONFIG_STARTED"], "w").close()
+    import time
+    time.sleep(float(os.environ["STUB_CONFIG_DELAY"]))
 if argv[:2] in (["-m", "runtime.config"], ["-m", "submission.launchers"],
-                ["-m", "runtime.train.memory"]):
+                ["-m", "runtime.train.memory"], ["-m", "submission.session"]):
     os.execv({sys.executable!r}, [{sys.executable!r}] + argv)
 with open(os.environ["STUB_LOG"], "a") as f:
     f.write(json.dumps({{"prog": os.path.basename(sys.argv[0]), "argv": argv}}) + "\\n")
@@ -219,6 +226,22 @@ def test_launcher_failure_exits_nonzero_without_result(sandbox):
     assert "FAILED" in proc.stderr and "status 1" in proc.stderr
 
 
+def test_a_run_its_ranks_refuse_leaves_no_run_directory_behind(sandbox, tmp_path):
+    """Exit 2 from the launch (the ranks refused the run: bad input): the fresh run directory
+    run_and_time.sh made holds only its own files (launcher.log, the lock) and goes; one the
+    user named and that existed stays, as does anything the ranks wrote."""
+    root, _ = sandbox
+    cfg = write_config(root, "mpiexec")
+    proc, calls = run(sandbox, cfg, rc=2)
+    assert proc.returncode == 2 and calls, proc.stderr
+    assert not list((root / "log dir").iterdir()), proc.stderr
+    assert "removed " in proc.stderr and "the refused run left nothing in it" in proc.stderr
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    proc, calls = run(sandbox, cfg, rc=2, RUN_DIR=str(mine))
+    assert proc.returncode == 2 and mine.is_dir()
+
+
 def test_extra_overrides_are_passed_and_validated(sandbox):
     root, _ = sandbox
     cfg = write_config(root, "mpiexec")
@@ -295,15 +318,28 @@ def test_train_output_dir_override_is_the_run_directory(sandbox):
 
 
 SIGNAL_STUB = f"""#!{sys.executable}
+# A launcher that behaves like MPICH's mpiexec with two ranks: it records every signal it gets
+# and, as a rank before its handlers are in, dies of a stop signal that comes too early
+# ($STUB_ARM_DELAY seconds after the start). Then it says it can take a stop request as a rank
+# does (a file per rank in the directory after --signals-ready), waits for one, "checkpoints"
+# and exits 4 - or exits 4 after $STUB_WAIT s without one.
 import os, signal, sys, time
+argv = sys.argv[1:]
+with open(os.environ["STUB_STARTED"], "a") as f:
+    f.write(f"{{os.getpid()}}\\n")
+time.sleep(float(os.environ.get("STUB_ARM_DELAY", "0")))
 got = []
 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
     signal.signal(s, lambda n, f: got.append(signal.Signals(n).name))
+if "--signals-ready" in argv:
+    ready = argv[argv.index("--signals-ready") + 1]
+    for rank in range(int(argv[argv.index("-n") + 1])):
+        open(os.path.join(ready, f"stub.{{os.getpid()}}.{{rank}}"), "w").close()
 open(os.environ["STUB_READY"], "w").close()
-deadline = time.time() + 30
+deadline = time.time() + float(os.environ.get("STUB_WAIT", "30"))
 while not got and time.time() < deadline:
     time.sleep(0.05)
-time.sleep(0.5)   # "checkpointing": run_and_time.sh must wait for us
+time.sleep(0.5)   # "checkpointing": run_and_time.sh must wait for us; a repeat may come now
 for i in range(2000):   # the ranks still talk after the signal (through the launcher's pipes)
     print(f"stub still writing {{i}}", flush=True)
 with open(os.environ["STUB_SIGNALS"], "a") as f:
@@ -312,46 +348,242 @@ sys.exit(4)
 """
 
 
-@pytest.mark.parametrize("sig,launcher,forwarded,group", [
-    ("TERM", "mpiexec", "SIGUSR1", False), ("INT", "mpiexec", "SIGUSR1", False),
-    ("HUP", "mpirun", "SIGUSR1", False), ("USR1", "mpiexec", "SIGUSR1", False),
-    ("INT", "mpiexec", "SIGINT SIGUSR1", True), ("TERM", "mpiexec", "SIGTERM SIGUSR1", True)])
-def test_signals_reach_the_launcher_and_the_script_waits_for_it(sandbox, sig, launcher,
-                                                                forwarded, group):
-    """TERM/INT/HUP/USR1 to run_and_time.sh: the launcher gets the stop request (USR1, which
-    mpiexec, mpirun and srun forward to every rank), the script waits for it to finish and
-    exits with its status (4: stopped after a checkpoint); no RESULT line. ``group``: the
-    signal goes to every process of the script's group (Ctrl-C in a terminal, systemd's
-    TERM): the launcher's output, still flowing after it, reaches the terminal and
-    launcher.log - nothing in the pipeline died of the signal."""
+def signal_stub(sandbox, launcher: str = "mpiexec", **extra) -> tuple[dict, Path]:
+    """The environment of a run_and_time.sh run whose launcher is SIGNAL_STUB, and the
+    directory its STUB_* files go to."""
     root, stubs = sandbox
     stub = root / "bin dir" / "launcher"
-    stub.write_text(SIGNAL_STUB)
-    stub.chmod(0o755)
+    if not stub.exists():
+        stub.write_text(SIGNAL_STUB)
+        stub.chmod(0o755)
     cfg = write_config(root, launcher)
-    ready = root / "ready"
+    files = root / "stub files"
+    files.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_"))
            and k not in ("RUN_DIR", "SEED")}
     env.update(PYTHON=stubs["python"], MPIEXEC=str(stub), MPIRUN=str(stub), CONFIG=str(cfg),
                LOGDIR=str(root / "log dir"), STUB_LOG=str(root / "calls.jsonl"),
-               STUB_SIGNALS=str(root / "got"), STUB_READY=str(ready))
-    proc = subprocess.Popen([str(SCRIPT)], env=env, cwd=root, text=True,
+               STUB_SIGNALS=str(files / "got"), STUB_READY=str(files / "ready"),
+               STUB_STARTED=str(files / "started"), **extra)
+    return env, files
+
+
+def start_script(sandbox, env: dict, *args: str) -> subprocess.Popen:
+    """run_and_time.sh in the background, leading its own process group (as a job in a
+    terminal), the stop signals at their defaults."""
+    root, _ = sandbox
+    return subprocess.Popen([str(SCRIPT), *args], env=env, cwd=root, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=default_stop_signals)
-    deadline = time.time() + 30
-    while not ready.exists() and time.time() < deadline:
-        time.sleep(0.05)
-    if group:
-        os.killpg(proc.pid, getattr(signal, f"SIG{sig}"))
-    else:
-        proc.send_signal(getattr(signal, f"SIG{sig}"))
+
+
+def wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while not path.exists() and time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    if not path.exists():
+        out, err = proc.communicate(timeout=30) if proc is not None else ("", "")
+        pytest.fail(f"{path.name} never came:\n{out[-2000:]}\n{err[-3000:]}")
+
+
+def stub_pids(files: Path) -> list[int]:
+    started = files / "started"
+    return [int(x) for x in started.read_text().split()] if started.exists() else []
+
+
+def end_stubs(files: Path) -> None:
+    """Kill what is left of the stub launchers this test started (by their recorded PIDs)."""
+    for pid in stub_pids(files):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.parametrize("sigs,launcher,group", [
+    ("TERM", "mpiexec", False), ("INT", "mpiexec", False), ("HUP", "mpirun", False),
+    ("USR1", "mpiexec", False), ("TERM TERM", "mpiexec", False),
+    ("INT", "mpiexec", True), ("INT INT", "mpiexec", True), ("HUP", "mpiexec", True),
+    ("TERM", "mpiexec", True), ("INT HUP TERM", "mpirun", True)])
+def test_signals_reach_the_launcher_once_and_the_script_waits_for_it(sandbox, sigs, launcher,
+                                                                     group):
+    """TERM/INT/HUP/USR1 to run_and_time.sh, once or repeated: the launcher gets exactly one
+    stop request (USR1, which mpiexec, mpirun and srun forward to every rank) and nothing
+    else, the script waits for it to finish and exits with its status (4: stopped after a
+    checkpoint); no RESULT line. ``group``: the signals go to every process of the script's
+    process group (Ctrl-C in a terminal, twice; a closed terminal's HUP; systemd's TERM): the
+    launcher, in a session of its own, never sees them - MPICH's mpiexec aborts the job on a
+    second SIGINT and dies of SIGHUP - and its output, still flowing after them, reaches the
+    terminal and launcher.log: nothing in the pipeline died of a signal."""
+    try:
+        _signals_reach_the_launcher_once(sandbox, sigs, launcher, group)
+    finally:
+        end_stubs(sandbox[0] / "stub files")
+
+
+def _signals_reach_the_launcher_once(sandbox, sigs, launcher, group):
+    root, _ = sandbox
+    env, files = signal_stub(sandbox, launcher)
+    proc = start_script(sandbox, env)
+    wait_for(files / "ready", proc)
+    for sig in sigs.split():
+        if group:
+            os.killpg(proc.pid, getattr(signal, f"SIG{sig}"))
+        else:
+            proc.send_signal(getattr(signal, f"SIG{sig}"))
+        time.sleep(0.1)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 4, err[-3000:]
-    assert sorted((root / "got").read_text().split()) == sorted(forwarded.split())
-    assert f"got SIG{sig}" in err and "RESULT," not in out
+    assert (files / "got").read_text().split() == ["SIGUSR1"], err[-3000:]
+    first = sigs.split()[0]
+    assert f"got SIG{first}" in err and "RESULT," not in out
     assert "stub still writing 1999" in out
     (log,) = (root / "log dir").glob("*/launcher.log")
     assert "stub still writing 1999" in log.read_text()
+
+
+def test_a_closed_terminal_stops_the_run_like_one_sigterm(sandbox):
+    """run_and_time.sh in a real terminal (a pty whose session it leads), which is then closed:
+    the kernel sends SIGHUP to the terminal's foreground process group and every later write
+    to the terminal fails (EIO). The launcher gets one stop request and nothing else, and the
+    script still exits with the run's 4 (a failed write once made it exit 1 after the ranks
+    had stopped)."""
+    import pty
+    root, _ = sandbox
+    env, files = signal_stub(sandbox)
+    pid, fd = pty.fork()
+    if pid == 0:   # the child: the session leader of the new terminal
+        try:
+            default_stop_signals()
+            os.chdir(root)
+            os.execve(str(SCRIPT), [str(SCRIPT)], env)
+        finally:
+            os._exit(127)
+    try:
+        deadline = time.time() + 30
+        while not (files / "ready").exists() and time.time() < deadline:
+            with contextlib.suppress(OSError):
+                os.read(fd, 65536) if select.select([fd], [], [], 0.05)[0] else None
+        assert (files / "ready").exists(), "the launcher never started"
+        os.close(fd)   # the terminal is closed
+        fd = -1
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 4
+        assert (files / "got").read_text().split() == ["SIGUSR1"]
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        end_stubs(files)
+
+
+def test_a_stop_request_during_start_up_waits_until_the_ranks_can_take_it(sandbox):
+    """TERM 0.1 s after the launch, while the ranks are still starting (a rank dies of a stop
+    signal that arrives before its handlers are in: MPICH's mpiexec then reports a BAD
+    TERMINATION and the run exits 3): run_and_time.sh holds the request until every rank has
+    said it can take one, then passes it on once; the run stops with 4."""
+    try:
+        env, files = signal_stub(sandbox, STUB_ARM_DELAY="1.5")
+        proc = start_script(sandbox, env)
+        wait_for(files / "started", proc)
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 4, err[-3000:]
+        assert (files / "got").read_text().split() == ["SIGUSR1"], err[-3000:]
+        assert "got SIGTERM" in err and "RESULT," not in out
+    finally:
+        end_stubs(files)
+
+
+def test_a_signal_before_the_launch_stops_the_script_with_4_and_leaves_nothing(sandbox):
+    """TERM while run_and_time.sh still reads the config (python -m runtime.config is slow
+    here): exit 4, said, nothing launched and no run directory left behind."""
+    root, stubs = sandbox
+    env, files = signal_stub(sandbox, STUB_CONFIG_DELAY="1.5",
+                             STUB_CONFIG_STARTED=str(root / "stub files" / "config"))
+    proc = start_script(sandbox, env)
+    wait_for(files / "config", proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, err[-3000:]
+    assert "stopped by SIGTERM before the launch" in err, err[-3000:]
+    assert not stub_pids(files) and "STARTING TIMING RUN" not in out
+    assert not (root / "log dir").exists() or not list((root / "log dir").iterdir())
+
+
+def test_sigkill_to_the_script_stops_its_launcher(sandbox):
+    """kill -9 of run_and_time.sh alone (it cannot pass anything on): its launcher still gets
+    the stop request (its parent-death signal), so the ranks checkpoint and stop rather than
+    train on as orphans."""
+    env, files = signal_stub(sandbox)
+    try:
+        proc = start_script(sandbox, env)
+        wait_for(files / "ready", proc)
+        (pid,) = stub_pids(files)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        deadline = time.time() + 15
+        while Path(f"/proc/{pid}").exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{pid}").exists(), "the launcher outlived run_and_time.sh"
+        assert (files / "got").read_text().split() == ["SIGUSR1"]
+    finally:
+        end_stubs(files)
+
+
+def test_the_run_directory_is_held_from_before_the_launch(sandbox, tmp_path):
+    """A second run_and_time.sh with the RUN_DIR of a run that has just launched (before any
+    of its ranks could take a lock) is refused with exit 2, naming the live run; it starts no
+    launcher and writes nothing there, launcher.log included."""
+    env, files = signal_stub(sandbox)
+    run_dir = tmp_path / "the run"
+    try:
+        first = start_script(sandbox, dict(env, RUN_DIR=str(run_dir)))
+        wait_for(files / "started", first)
+        log = run_dir / "launcher.log"
+        before = sorted(p.name for p in run_dir.iterdir()), log.read_bytes()
+        second = start_script(sandbox, dict(env, RUN_DIR=str(run_dir)))
+        out, err = second.communicate(timeout=60)
+        assert second.returncode == 2, err[-3000:]
+        assert f"RUN_DIR '{run_dir}' is in use by another run (run_and_time.sh pid " \
+               f"{first.pid} on " in err, err[-3000:]
+        assert "STARTING TIMING RUN" not in out and len(stub_pids(files)) == 1
+        assert (sorted(p.name for p in run_dir.iterdir()), log.read_bytes()) == before
+        first.send_signal(signal.SIGTERM)
+        out, err = first.communicate(timeout=60)
+        assert first.returncode == 4, err[-3000:]
+    finally:
+        end_stubs(files)
+
+
+def test_a_checkpoint_directory_is_held_by_one_run(sandbox, tmp_path):
+    """Two runs in two run directories with one train.checkpoint_dir: the second is refused
+    with exit 2 naming the run that holds it, before anything is written - in the checkpoint
+    directory, or a run directory of its own left behind."""
+    root, _ = sandbox
+    env, files = signal_stub(sandbox)
+    ckpt = tmp_path / "shared checkpoints"
+    share = ["--", f'train.checkpoint_dir="{ckpt}"', "train.checkpoint_every_samples=80"]
+    run_a = tmp_path / "run a"
+    try:
+        first = start_script(sandbox, dict(env, RUN_DIR=str(run_a)), *share)
+        wait_for(files / "started", first)
+        before = sorted(p.name for p in ckpt.iterdir()), (ckpt / ".lock").read_bytes()
+        logdir = root / "log dir"
+        second = start_script(sandbox, env, *share)   # a fresh run directory in LOGDIR
+        out, err = second.communicate(timeout=60)
+        assert second.returncode == 2, err[-3000:]
+        assert f"train.checkpoint_dir '{ckpt}' is in use by another run (run_and_time.sh " \
+               f"pid {first.pid} on " in err and f"run directory {run_a}" in err, err[-3000:]
+        assert len(stub_pids(files)) == 1
+        assert (sorted(p.name for p in ckpt.iterdir()), (ckpt / ".lock").read_bytes()) == before
+        assert not logdir.exists() or not list(logdir.iterdir())
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=60) == 4
+    finally:
+        end_stubs(files)
 
 
 @pytest.fixture

@@ -453,7 +453,10 @@ def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None,
     teardown) wait for peers, which may be stuck. The process group is not destroyed on this
     path for the same reason (destroying it with collectives in flight can block).
     Errors raised identically on every rank (`RanksDisagree`) exit 1 without an abort (every
-    rank is leaving anyway); rank 0 prints the traceback, the others one line each. Bad input
+    rank is leaving anyway); rank 0 prints the traceback, the others one line each - and no
+    rank leaves before every rank has run its failure notes (at most ``NOTED_WAIT_S``):
+    launchers end the other ranks the moment one exits non-zero, and a rank ended before its
+    notes (submission/train.py's write the rank's status record) was reported as killed. Bad input
     (status 2: the message names the file, key or rank and what to do) is printed without a
     traceback on every rank. ``SystemExit(0)`` passes through; ``SystemExit(n)`` counts as a
     failure with status n. ``exit_code(exc)`` gives the status for an exception (default:
@@ -488,6 +491,8 @@ def _die(code: int, info: Optional[LaunchInfo], text: str, everywhere: bool):
         sys.stderr.flush()
     except Exception:
         pass
+    if everywhere:
+        _wait_for_peers_notes()
     mpi = sys.modules.get("mpi4py.MPI")
     if not everywhere and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         # Abort should kill us; if the launcher is slow about it, leave anyway.
@@ -499,6 +504,30 @@ def _die(code: int, info: Optional[LaunchInfo], text: str, everywhere: bool):
     if not everywhere and step is not None and code != BAD_INPUT_EXIT:
         _kill_slurm_step(step)   # (bad input: every node is alive, kill-on-bad-exit suffices)
     os._exit(code)
+
+
+NOTED_KEY = "presto/noted"
+NOTED_WAIT_S = 10.0   # an error raised on every rank: how long each waits for the others' notes
+
+
+def _wait_for_peers_notes() -> None:
+    """Every rank raised the same error and ran its failure notes before coming here: say so
+    through the store and wait until every rank has (bounded; best effort - a rank that never
+    comes, or a store that is gone, only costs the wait)."""
+    if not (_active() and torch_dist.get_world_size() > 1):
+        return
+    store = _default_store()
+    if store is None:
+        return
+    world = torch_dist.get_world_size()
+    try:
+        deadline = time.monotonic() + NOTED_WAIT_S
+        n = int(store.add(NOTED_KEY, 1))
+        while n < world and time.monotonic() < deadline:
+            time.sleep(0.01)
+            n = int(store.add(NOTED_KEY, 0))
+    except Exception:  # noqa: BLE001 - a peer or the store gone: nothing left to wait for
+        pass
 
 
 def _kill_slurm_step(step: str) -> None:

@@ -13,7 +13,9 @@ The four signals mean the same here; which one arrived is kept for the messages.
 """
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import threading
 from typing import Optional
 
@@ -34,6 +36,19 @@ def install() -> None:
         return
     for sig in STOP_SIGNALS:
         signal.signal(sig, _handler)
+
+
+def announce(directory: Optional[str]) -> None:
+    """After ``install``: create ``<directory>/<host>.<pid>``, telling whoever waits there that
+    this process can take a stop request now. Best effort (a missing or read-only directory:
+    the launcher's script stops waiting after a while and passes the request on anyway)."""
+    if not directory:
+        return
+    try:
+        path = os.path.join(directory, f"{socket.gethostname()}.{os.getpid()}")
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+    except OSError:
+        pass
 
 
 def requested() -> Optional[int]:

@@ -8,6 +8,9 @@ Started by a real launcher (mpiexec, mpirun, torchrun) from tests/test_dist.py. 
   kill       rank 1 SIGKILLs itself in the middle of a run of all-reduces
   hang       rank 1 stops answering (sleeps); rank 0's all-reduce must time out
   leave-last rank 1 takes 1 s to leave the group: rank 0, the store's host, leaves after it
+  refuse     every rank refuses alike (an error raised on all ranks, exit 2, as a refused
+             resume); rank 1's failure note takes 2 s, then writes DIR/noted<N> as each
+             rank's does (submission.train's note writes the rank's status record)
 """
 import argparse
 import json
@@ -22,6 +25,11 @@ import torch  # noqa: E402
 
 from runtime.launch import dist  # noqa: E402
 from runtime.launch.env import discover  # noqa: E402
+
+
+class Refused(RuntimeError):
+    raised_on_all_ranks = True
+    exit_code = 2
 
 
 def allreduce_steps(ctx, n, fault_rank=None, fault=None):
@@ -84,6 +92,14 @@ def main(mode: str, timeout_s: float, out_dir: str = "") -> int:
                 dist._count_left = slow
             dist.shutdown()
             print(f"DONE{ctx.rank} {time.time():.6f}", flush=True)
+        elif mode == "refuse":
+            def note(e):
+                if ctx.rank == 1:
+                    time.sleep(2.0)
+                open(os.path.join(out_dir, f"noted{ctx.rank}"), "w").close()
+            dist.on_failure(note)
+            dist.barrier()
+            raise Refused("refused alike on every rank")
         else:
             raise SystemExit(f"unknown mode {mode}")
         return 0

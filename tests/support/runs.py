@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.launch import ROOT
+from tests.support.launch import ROOT, default_stop_signals
 from tests.support.tiny import run_overrides
 
 CPU_CONFIG = ROOT / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
@@ -49,12 +49,13 @@ def run_and_time(overrides: list[str], timeout: float = 240, env_extra=None,
 
 
 def start(run_dir: Path, extra: list[str], **env_extra) -> subprocess.Popen:
-    """run_and_time.sh in the background with RUN_DIR=run_dir, in its own session (a test
-    that must kill it kills the whole group)."""
+    """run_and_time.sh in the background with RUN_DIR=run_dir, in its own session (as a job
+    in a terminal: a test can signal the whole process group, or kill it), the stop signals
+    at their defaults whatever the suite inherited."""
     env = dict(os.environ, CONFIG=str(CPU_CONFIG), SEED=SEED, RUN_DIR=str(run_dir), **env_extra)
     return subprocess.Popen(["bash", str(ROOT / "run_and_time.sh"), "--", *extra], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_stop_signals)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
