@@ -38,7 +38,7 @@ CASE:
             sharded step; it writes WORK_DIR/killed_at first. The launch must end
             (non-zero) soon after.
 
-Rank 0 writes WORK_DIR/CASE.json for each case.
+Rank 0 writes WORK_DIR/CASE-P.json for each case (P ranks).
 """
 import dataclasses
 import json
@@ -479,7 +479,7 @@ def main() -> None:
         args = (ctx, data_dir, work) if case in NEEDS_WORK else (ctx, data_dir)
         result = CASES[case](*args)
         if ctx.rank == 0:
-            (work / f"{case}.json").write_text(json.dumps(
+            (work / f"{case}-{ctx.world_size}.json").write_text(json.dumps(
                 {"result": result, "seconds": time.perf_counter() - t0,
                  "world": ctx.world_size}, indent=1, default=str))
         if case == "count":  # back to the CPU for whatever follows
