@@ -40,7 +40,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "shard.json"
 CONFIG = REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
-MODELS = {"cpu": [], "base": ["model.size=base"]}
+MODELS = {"cpu": [], "base": None}  # base: BERT-base's shape over the CPU config's keys
+
+
+def _overrides(model: str) -> list[str]:
+    if MODELS[model] is not None:
+        return MODELS[model]
+    from runtime.model.arithmetic import SIZES
+    return [f"model.{k}={v}" for k, v in SIZES[model].items()]
 MODES = ("none", "world")
 
 
@@ -153,7 +160,7 @@ def worker(models: list[str], reps: int) -> None:
     for model in models:
         built, memory = {}, {}
         for mode in reversed(MODES):  # the sharded one first: its growth is not hidden
-            cfg = load_config(CONFIG, [*MODELS[model], f"optim.shard={mode}"])
+            cfg = load_config(CONFIG, [*_overrides(model), f"optim.shard={mode}"])
             rss = _rss_kib()
             parts = build_parts(cfg, ctx, train_loader=False, eval_batches=False)
             memory[mode] = {**_buffers(parts), "rss_growth_bytes": (_rss_kib() - rss) * 1024}

@@ -144,11 +144,13 @@ class FlatBuffers:
     ``window`` (a sharded optimizer, runtime.grad_sync.shard): the element range [lo, hi),
     whole rows, that this rank steps. Parameters and gradients stay whole (``total``
     elements: the layout zero-padded so that the shards are equal); the state buffers hold
-    the window only, and the steps run on the window's rows (``step_rows``)."""
+    the window only, and the steps run on the window's rows (``step_rows``). ``params``: a
+    parameter buffer allocated by the caller (the shard's shared memory)."""
 
     def __init__(self, layout: FlatLayout, *, dtype: torch.dtype, device,
                  state_names: Sequence[str], grads: torch.Tensor | None = None,
-                 total: int | None = None, window: tuple[int, int] | None = None) -> None:
+                 total: int | None = None, window: tuple[int, int] | None = None,
+                 params: torch.Tensor | None = None) -> None:
         self.layout = layout
         self.dtype = dtype
         self.math_dtype = torch.promote_types(dtype, torch.float32)
@@ -162,7 +164,14 @@ class FlatBuffers:
                              f"{layout.total}")
         self.window = (lo, hi)
         self.sharded = window is not None
-        self.params = torch.zeros(self.total, dtype=dtype, device=self.device)
+        if params is not None:  # a parameter buffer allocated elsewhere (shared memory)
+            if params.shape != (self.total,) or params.dtype != dtype or \
+                    not params.is_contiguous():
+                raise ValueError(f"FlatBuffers: the parameter buffer must be a contiguous "
+                                 f"{dtype} vector of {self.total} elements")
+            self.params = params
+        else:
+            self.params = torch.zeros(self.total, dtype=dtype, device=self.device)
         if grads is not None:  # a gradient buffer owned elsewhere, already in this layout
             if grads.shape != (self.total,) or grads.dtype != dtype or \
                     grads.device != self.device or not grads.is_contiguous():

@@ -83,7 +83,8 @@ def test_sharded_equals_unsharded_for_every_optimizer_and_clip_mode_at_two_ranks
     assert split["lamb/global_after/accum2/fp16"] and not split["lamb/local_before/accum2/fp16"]
     facts = runs[0]["sharded"]["shard"]
     assert "allreduce of each bucket" in facts["gradient_reduction"]  # gloo, and it says so
-    assert facts["parameter_gather"] == "one broadcast per shard (gloo)"
+    # one host's CPU ranks share the parameter buffer: nothing to gather
+    assert facts["parameter_gather"].startswith("none: the group's ranks share one parameter")
 
 
 @pytest.mark.slow  # 2 ranks under mpiexec
@@ -135,11 +136,12 @@ def test_the_sharded_step_is_capture_safe_and_issues_only_its_collectives(two_ra
         assert r["events"] == [] and r["same_trace"] and r["in_place"], r
         assert r["trace_ops"] > 100
         for calls in r["calls"]:
+            # on the simulated GPU the parameters are gathered (2 broadcasts on gloo), as on
+            # NCCL; + the norm's and the per-tensor partial norms' small allreduces
             if r["reduction"] == "reduce":  # one reduce per piece of a bucket in a shard
                 want = {"reduce": r["pieces"], "all_reduce": 2, "broadcast": 2}
             else:
                 want = {"all_reduce": r["buckets"] + 2, "broadcast": 2}
-            # + the norm's and the per-tensor partial norms' small allreduces, the gather
             assert calls == want, (r["clip"], calls, want)
         assert r["pieces"] > r["buckets"]  # some bucket straddles the two shards
 

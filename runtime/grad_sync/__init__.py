@@ -28,10 +28,10 @@ from runtime.grad_sync.protocol import GradSync, SyncReport
 from runtime.grad_sync.shard import SHARD_MODES, Shard
 from runtime.grad_sync.tied import TiedEmbeddingSplit, find_tied_head
 
-__all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "BucketPlan", "DDPSync", "GradLayout", "GradSync",
-           "GradientBuckets", "Piece", "PlanError", "SHARD_MODES", "Shard", "SyncReport",
-           "TiedEmbeddingSplit", "alone_bucket", "shard_groups", "build_grad_sync", "reverse_registration_order", "split_pays",
-           "tied_sync_mode"]
+__all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "BucketPlan", "DDPSync", "GradLayout",
+           "GradSync", "GradientBuckets", "Piece", "PlanError", "SHARD_MODES", "Shard",
+           "SyncReport", "TiedEmbeddingSplit", "alone_bucket", "build_grad_sync",
+           "reverse_registration_order", "shard_groups", "split_pays", "tied_sync_mode"]
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -87,11 +87,15 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
         tied = TiedEmbeddingSplit(param, head, world_size=world_size, group=group,
                                   reduce_dtype=reduce_dtype, max_rows=rows, timeline=timeline)
     groups = shard_groups(shard, world_size, local_rank, local_world_size)
+    # CPU ranks whose shard group is on one host share one parameter buffer (shard.py); not
+    # on the simulated device (runtime.observe.hostsync), which stands in for a GPU
+    one_host = shard == "node" or local_world_size == world_size
     return GradientBuckets(model, plan, world_size=world_size, group=group,
                            clip_mode=train_cfg.clip_mode, max_grad_norm=train_cfg.max_grad_norm,
                            reduce_dtype=reduce_dtype, cap_elements=cap, timeline=timeline,
                            tied=tied, shard_groups=groups,
-                           backend="nccl" if torch.device(device).type == "cuda" else "gloo")
+                           backend="nccl" if torch.device(device).type == "cuda" else "gloo",
+                           shared_params=one_host and torch.device(device) == torch.device("cpu"))
 
 
 def shard_groups(shard: str, world_size: int, local_rank: int,

@@ -112,7 +112,7 @@ class GradientBuckets:
                  group: Any = None, clip_mode: str = "global_after", max_grad_norm: float = 1.0,
                  reduce_dtype: Optional[torch.dtype] = None, cap_elements: Optional[int] = None,
                  timeline: Any = None, tied: Any = None, align: int = GRAD_ALIGN,
-                 shard_groups: Any = None, backend: str = "gloo"):
+                 shard_groups: Any = None, backend: str = "gloo", shared_params: bool = False):
         self.clip = clip_spec(clip_mode)  # refuses an unknown mode
         self.module = model
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -150,6 +150,7 @@ class GradientBuckets:
         self._skip = False
         # optim.shard: the ranks that share one update (runtime.launch.dist.block_groups)
         self._shard_groups, self._backend = shard_groups, backend
+        self._shared_params = shared_params  # one host's CPU ranks: parameters in shared memory
         self.shard: Optional[Shard] = None
         self.layout_version = 0  # +1 whenever the buffer is laid out (again)
         self._install(plan)
@@ -171,7 +172,7 @@ class GradientBuckets:
         total = self.layout.total
         if self._shard_groups is not None:
             self.shard = Shard(total, self._shard_groups, backend=self._backend,
-                               align=self.align)
+                               align=self.align, shared=self._shared_params)
             total = self.shard.padded_total  # a zero tail: equal shards of whole rows
         self.flat = torch.zeros(total, dtype=self.dtype, device=self.device)
         self._sparse_k = (alone_bucket(plan, self._tied_name, self.sizes[self._tied_name])

@@ -28,15 +28,20 @@ Owns:
         run is the unsharded one bit for bit at any world size. The 'reduce' row runs on gloo
         too (tests/test_shard.py sets it);
   * the parameters' all-gather after the step (`gather`): every rank keeps the whole model
-    (the forward needs it, and the weight norms of LAMB/LARS need no communication), each
-    updates its shard, then NCCL ``all_gather_into_tensor`` in place, gloo one broadcast per
-    shard (gloo's all-gather measured 3-6x slower than its broadcasts here).
+    (the forward needs it), each updates its shard, then NCCL ``all_gather_into_tensor`` in
+    place, gloo one broadcast per shard (gloo's all-gather measured slower than its broadcasts
+    here). CPU ranks of one host (``shared``) need no gather at all: the parameter buffer is
+    one shared-memory mapping that every rank of the group writes its shard into
+    (`alloc_params`), and the gather is a barrier - through gloo's loopback TCP the broadcasts
+    cost more than the update they follow (docs/BENCHMARKS.md).
 Never: steps the optimizer (runtime.optim's fused backend does, on ``[lo, hi)``), decides
 buckets, clips, or reads a device value back to the host (every collective here is fixed in
 size by the layout, so a sharded step is capturable).
 """
 from __future__ import annotations
 
+import os
+import uuid
 from typing import Any, Optional
 
 import torch
@@ -58,7 +63,7 @@ class Shard:
     are gathered); ``align``: elements per row (shards are whole rows)."""
 
     def __init__(self, total: int, groups: BlockGroups, *, backend: str = "gloo",
-                 align: int = 1024):
+                 align: int = 1024, shared: bool = False):
         self.groups = groups
         self.size, self.index = groups.size, groups.index
         self.align = align
@@ -74,6 +79,11 @@ class Shard:
             raise ValueError(f"shard: reduction {self.reduction!r} for {backend} must be "
                              f"reduce | allreduce")
         self.first_copy = groups.block == 0         # writes this shard into a checkpoint
+        # CPU ranks of one host: the parameters in one shared-memory buffer (alloc_params)
+        self.shared = shared and backend == "gloo" and self.size > 1
+        self.shared_note = ""
+        self._shared_ptr: Optional[int] = None
+        self._token: Optional[torch.Tensor] = None
 
     @property
     def window(self) -> tuple[int, int]:
@@ -95,8 +105,12 @@ class Shard:
                     if self.reduction == "reduce" else
                     f"allreduce of each bucket, each rank keeping its shard ({self.backend}: "
                     f"its reduce and reduce_scatter are no faster, and sum in another order)"),
-                "parameter_gather": ("all_gather_into_tensor" if self.backend == "nccl"
-                                     else "one broadcast per shard (gloo)")}
+                "parameter_gather": (
+                    "none: the group's ranks share one parameter buffer (shared memory, one "
+                    "host); a barrier after the step" if self._shared_ptr is not None else
+                    "all_gather_into_tensor" if self.backend == "nccl" else
+                    "one broadcast per shard (gloo)" + (f"; {self.shared_note}"
+                                                       if self.shared_note else ""))}
 
     # ---- the gradient ---------------------------------------------------------------------
     def pieces(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
@@ -146,10 +160,50 @@ class Shard:
             torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM, group=self.groups.group)
         return t
 
+    def alloc_params(self, numel: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """The parameter buffer in shared memory, mapped by every rank of the group (a
+        collective), zero-filled; None when the parameters are not shared (or /dev/shm has no
+        room: then the broadcasts, and ``describe`` says why). The file is unlinked once every
+        rank has mapped it: nothing is left behind, whatever ends the job."""
+        if not self.shared:
+            return None
+        group = self.groups.group
+        box: list = [None]
+        if self.index == 0:
+            path = f"/dev/shm/presto-shard-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+                try:  # reserve the pages now: ENOSPC here, not SIGBUS at the first write
+                    os.posix_fallocate(fd, 0, numel * dtype.itemsize)
+                finally:
+                    os.close(fd)
+                box[0] = ("ok", path)
+            except OSError as e:
+                if os.path.exists(path):
+                    os.unlink(path)
+                box[0] = ("no", f"no shared memory for the parameters ({e.strerror}: "
+                                f"{numel * dtype.itemsize:,} bytes in /dev/shm)")
+        torch_dist.broadcast_object_list(box, group_src=0, group=group)
+        status, what = box[0]
+        if status != "ok":
+            self.shared, self.shared_note = False, what
+            return None
+        buf = torch.from_file(what, shared=True, size=numel, dtype=dtype)
+        self._token = torch.zeros(1)
+        torch_dist.all_reduce(self._token, group=group)  # every rank has mapped it
+        if self.index == 0:
+            os.unlink(what)
+        self._shared_ptr = buf.data_ptr()
+        return buf
+
     def gather(self, buf: torch.Tensor) -> None:
         """``buf`` (``padded_total`` elements, this rank's shard up to date) made whole on
-        every rank of the group: each shard from its owner, in place."""
+        every rank of the group: each shard from its owner, in place; the shared parameter
+        buffer (`alloc_params`) only waits for every rank's shard to be written."""
         if self.size == 1:
+            return
+        if self._shared_ptr is not None and buf.data_ptr() == self._shared_ptr:
+            torch_dist.all_reduce(self._token, group=self.groups.group)
             return
         if buf.numel() != self.padded_total:
             raise ValueError(f"shard gather: a buffer of {buf.numel()} elements, the shards "

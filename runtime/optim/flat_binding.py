@@ -112,7 +112,9 @@ class FlatBinding:
         optimizer's state (which may still point into the buffers being replaced); with a
         ``shard``, the state of its window only."""
         layout = FlatLayout.build([tuple(p.shape) for p in params])
-        extra = {} if shard is None else {"total": shard.padded_total, "window": shard.window}
+        extra = {} if shard is None else {
+            "total": shard.padded_total, "window": shard.window,
+            "params": shard.alloc_params(shard.padded_total, params[0].dtype)}
         buffers = FlatBuffers(layout, dtype=params[0].dtype, device=params[0].device,
                               state_names=self.step_class.state_names, grads=grads, **extra)
         buffers.bind(params, grads=grads is None and not self.external_grads)

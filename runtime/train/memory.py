@@ -7,8 +7,9 @@ Owns: the estimate - the parameter count of the configured BERT (exact: the same
 built model's, tests/test_memory.py checks it), the bytes per parameter kept on a rank (fp32
 weights, gradients, the gradient buckets, the optimizer's state: 8 bytes for LAMB and AdamW's
 two moments, 4 for LARS's momentum, divided by the shard count under ``optim.shard`` - the
-ranks of a node, or every rank: ``optimizer_shards``), the activations of one micro-batch (Korthikanti et al.,
-"Reducing Activation Recomputation in Large Transformer Models", 2022: s·b·h·(34 + 5·a·s/h)
+ranks of a node, or every rank: ``optimizer_shards``; the parameters that one host's sharded
+CPU ranks share are still counted per rank), the activations of one micro-batch (Korthikanti
+et al., "Reducing Activation Recomputation in Large Transformer Models", 2022: s·b·h·(34 + 5·a·s/h)
 bytes per layer with 16-bit activations - doubled in fp32 - plus the masked-LM logits, their
 softmax and its gradient over the vocabulary), and a fixed runtime overhead per rank - and the
 check: on the CPU, every rank of a node against the node's available memory

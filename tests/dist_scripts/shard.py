@@ -34,9 +34,9 @@ CASE:
             (runtime.observe.hostsync, capture mode): no host read, sync or host tensor in a
             collective, the same op trace for two steps, every persistent tensor changed in
             place, and the collectives one step issues.
-  kill      (last) the last rank SIGKILLs itself inside the parameters' all-gather of a
-            sharded step; it writes WORK_DIR/killed_at first. The launch must end
-            (non-zero) soon after.
+  kill      (last) the last rank SIGKILLs itself inside the parameters' gather of a sharded
+            step (on one host: the barrier on the shared parameter buffer); it writes
+            WORK_DIR/killed_at first. The launch must end (non-zero) soon after.
 
 Rank 0 writes WORK_DIR/CASE-P.json for each case (P ranks).
 """

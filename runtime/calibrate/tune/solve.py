@@ -307,7 +307,8 @@ def _transition(inst: Instance, D: np.ndarray, Y: np.ndarray, x: int) -> np.ndar
         bad = (Y < a0) & (x > a0) | (Y < a1) & (x > a1)
         if x == a1:
             bad = Y != a0
-            val = np.where(Y == a0, inst.run(start, float(inst.allreduce.time(inst.mask_bytes))), val)
+            mask = float(inst.allreduce.time(inst.mask_bytes))
+            val = np.where(Y == a0, inst.run(start, mask), val)
         val = np.where(bad, np.inf, val)
     return np.asarray(val, dtype=np.float64)
 
