@@ -96,15 +96,19 @@ class _Timers:
             setattr(self.cls, name, real)
 
 
-def _phase(parts, cfg, scale) -> None:
-    """The trainer's optimizer span (runtime/train/trainer.py, _step)."""
+def _phase(parts, cfg, scale) -> float:
+    """The trainer's optimizer span (runtime/train/trainer.py, _step); returns the seconds of
+    its last part, zeroing the gradient buffer (the same full buffer in both variants: every
+    rank accumulates its whole local gradient)."""
     from runtime.optim.grad_scale import step_multiplier
     sync = parts.grad_sync
     grad_scale, found_inf, _, _ = step_multiplier(sync.grad_norm(), scale.scale,
                                                   max_norm=cfg.train.max_grad_norm, clip=True)
     parts.optimizer.step(grad_scale=grad_scale, found_inf=found_inf)
     scale.update(~found_inf)
+    t0 = time.perf_counter()
     sync.zero_grad()
+    return time.perf_counter() - t0
 
 
 def _collectives(reps: int) -> list[dict]:
@@ -177,7 +181,7 @@ def worker(models: list[str], reps: int) -> None:
             if part.shard is not None:
                 part.engine.combine = part.shard.sum_
         times = {m: [] for m in MODES}
-        parts_of = {m: {"sum_": [], "gather": []} for m in MODES}
+        parts_of = {m: {"sum_": [], "gather": [], "zero": []} for m in MODES}
         order = list(MODES)
         for r in range(reps):
             for mode in (order if r % 2 == 0 else order[::-1]):
@@ -185,8 +189,9 @@ def worker(models: list[str], reps: int) -> None:
                 parts.grad_sync.flat.normal_()  # outside the timed phase
                 d.barrier()
                 t0 = time.perf_counter()
-                _phase(parts, cfg, scale)
+                zero = _phase(parts, cfg, scale)
                 times[mode].append(time.perf_counter() - t0)
+                parts_of[mode]["zero"].append(zero)
                 for k, v in timers.take().items():
                     parts_of[mode][k].append(v)
         timers.restore()
@@ -195,8 +200,14 @@ def worker(models: list[str], reps: int) -> None:
             worst = torch.tensor(times[mode], dtype=torch.float64)
             d.all_reduce(worst, op=d.ReduceOp.MAX)
             w = worst.tolist()
+            # without the zeroing: this rank's phase minus its zeroing, the slower rank's
+            rest = torch.tensor([t - z for t, z in zip(times[mode], parts_of[mode]["zero"])],
+                                dtype=torch.float64)
+            d.all_reduce(rest, op=d.ReduceOp.MAX)
             summary[mode] = {"median_s": statistics.median(w), "min_s": min(w),
                              "times_s": [round(x, 5) for x in w],
+                             "without_zeroing_median_s": statistics.median(rest.tolist()),
+                             "zeroing_median_s": statistics.median(parts_of[mode]["zero"]),
                              "norm_and_partials_allreduce_median_s":
                                  statistics.median(parts_of[mode]["sum_"]),
                              "parameter_gather_median_s":
@@ -205,6 +216,8 @@ def worker(models: list[str], reps: int) -> None:
                              "shard": built[mode][1].grad_sync.shard.describe()
                              if built[mode][1].grad_sync.shard is not None else None}
         summary["ratio_median"] = summary["world"]["median_s"] / summary["none"]["median_s"]
+        summary["ratio_without_zeroing_median"] = (summary["world"]["without_zeroing_median_s"]
+                                                   / summary["none"]["without_zeroing_median_s"])
         summary["ratio_min"] = summary["world"]["min_s"] / summary["none"]["min_s"]
         summary["state_ratio"] = (memory["world"]["optimizer_state_bytes"]
                                   / memory["none"]["optimizer_state_bytes"])
@@ -222,9 +235,10 @@ def worker(models: list[str], reps: int) -> None:
 
 def table(res: dict) -> str:
     lines = ["| model | parameters | optimizer phase, unsharded: median (min) ms | sharded (world, "
-             "2 ranks) | ratio median (min) | of it: norm + partials allreduce ms | parameter "
+             "2 ranks) | ratio median (min) | without zeroing the gradient buffer: unsharded / "
+             "sharded ms (ratio) | of it: norm + partials allreduce ms | parameter "
              "gather ms | optimizer state per rank MiB: unsharded / sharded (ratio) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
     for model, s in res["models"].items():
         u, w = s["none"], s["world"]
         mib = 2 ** 20
@@ -232,6 +246,8 @@ def table(res: dict) -> str:
             f"| {model} | {u['memory']['elements'] / 1e6:.1f} M | {u['median_s'] * 1e3:.1f} "
             f"({u['min_s'] * 1e3:.1f}) | {w['median_s'] * 1e3:.1f} ({w['min_s'] * 1e3:.1f}) | "
             f"{s['ratio_median']:.2f} ({s['ratio_min']:.2f}) | "
+            f"{u['without_zeroing_median_s'] * 1e3:.1f} / {w['without_zeroing_median_s'] * 1e3:.1f}"
+            f" ({s['ratio_without_zeroing_median']:.2f}) | "
             f"{w['norm_and_partials_allreduce_median_s'] * 1e3:.2f} | "
             f"{w['parameter_gather_median_s'] * 1e3:.1f} | "
             f"{u['memory']['optimizer_state_bytes'] / mib:.1f} / "
