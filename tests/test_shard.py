@@ -115,6 +115,7 @@ def test_a_sharded_resume_is_exact_and_a_checkpoint_reshards(two_ranks, four_ran
     work, _ = two_ranks
     r = results(work, "resume")
     assert r["resumed_from"] is not None and r["steps_equal"], r
+    assert not any("re-sharded" in n for n in r["resumed_notes"])  # its own shard file
     assert r["params"]["bitwise_params"] == r["params"]["params"], r["params"]
     assert {"optimizer_shard_00000.pt", "optimizer_shard_00001.pt",
             "model.safetensors", "optimizer.pt"} <= set(r["files"])

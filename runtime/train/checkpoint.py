@@ -70,8 +70,10 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from runtime.optim.optimizers import SHARD_KEY  # where a sharded optimizer's state dict says
+#                                                 how its shard files fit together
+
 FORMAT = "presto-checkpoint/1"
-SHARD_KEY = "presto_shards"  # runtime.optim.optimizers.SHARD_KEY
 MANIFEST = "checkpoint.json"
 MODEL_FILE = "model.safetensors"
 OWNER_FILE = "run.json"   # in the checkpoint directory: the run directory it belongs to

@@ -316,6 +316,7 @@ def case_resume(ctx, data_dir, work):
     out["files"] = sorted(p.name for p in t1.checkpoints.last_saved.iterdir())
     _, second, t2, p_resumed = fit(ctx, cfg)
     out["resumed_from"] = t2.resume_from.step if t2.resume_from else None
+    out["resumed_notes"] = t2.state.resume.get("notes")
     out["steps_equal"] = first.steps + second.steps == full.steps
     out["steps"] = len(full.steps)
     out["params"] = compare(p_full, p_resumed)
