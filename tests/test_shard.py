@@ -36,7 +36,7 @@ def results(work: Path, case: str, world: int = 2) -> dict:
 def two_ranks(small_dataset, tmp_path_factory) -> tuple[Path, dict]:
     """One 2-rank launch: equal, reduce, resume, count, then kill (which ends it)."""
     work = tmp_path_factory.mktemp("shard2")
-    proc = run_script(2, "shard.py", "equal,reduce,resume,count,kill", small_dataset, work,
+    proc = run_script(2, "shard.py", "equal,reduce,noshm,resume,count,kill", small_dataset, work,
                       timeout=900)
     ended = time.time()
     return work, {"proc": proc, "ended": ended}
@@ -61,6 +61,9 @@ def assert_equal_runs(runs: list, shards: int) -> None:
         assert r["bitwise_params"] == r["params"] == 30, r["name"]
         a, b = r["unsharded"], r["sharded"]
         assert a["grad_norms"] == b["grad_norms"] and a["loss_scales"] == b["loss_scales"]
+        # the noise scale's tap sees the same two norms (its local ‖g_r‖² on every rank)
+        assert a["local_sq_norms"] == b["local_sq_norms"] and len(b["local_sq_norms"]) == 20
+        assert a["grad_sq_means"] == b["grad_sq_means"] and len(b["grad_sq_means"]) == 20
         assert a["skipped"] == b["skipped"]
         if "fp16" in r["name"]:  # the poisoned steps, skipped on every rank alike
             assert sum(b["skipped"]) == 2 and b["loss_scales"][-1] < b["loss_scales"][0]
@@ -153,7 +156,7 @@ def test_the_sharded_step_is_capture_safe_and_issues_only_its_collectives(two_ra
 def test_a_rank_killed_in_the_sharded_step_ends_the_others(two_ranks):
     work, launch = two_ranks
     proc = launch["proc"]
-    for case in ("equal", "reduce", "resume", "count"):  # every case before it finished
+    for case in ("equal", "reduce", "noshm", "resume", "count"):  # every case before it
         assert (work / f"{case}-2.json").is_file(), tail(proc, 6000)
     assert proc.returncode != 0, tail(proc, 4000)
     killed = float((work / "killed_at").read_text())
@@ -171,7 +174,20 @@ def test_sharded_equals_unsharded_at_four_ranks_and_across_nodes(four_ranks):
                                                        "bucket_before", "none"}
     assert_equal_runs(runs, 4)
     node = results(four_ranks, "node", 4)
-    assert_equal_runs(node, 2)  # 2 "nodes" of 2: 2 shards, one copy per node
+    assert_equal_runs(node["runs"], 2)  # 2 "nodes" of 2: 2 shards, one copy per node
+    assert "optim.shard='node' needs the same number of ranks on every node" in \
+        node["misplaced"]  # local ranks 1, 0, 1, 0: refused on every rank
+
+
+@pytest.mark.slow  # 2 ranks under mpiexec
+@needs_mpiexec
+@pytest.mark.timeout(1200)
+def test_without_room_in_dev_shm_the_parameters_are_broadcast(two_ranks):
+    r = results(two_ranks[0], "noshm")
+    assert_equal_runs([r], 2)
+    gather = r["sharded"]["shard"]["parameter_gather"]
+    assert gather.startswith("one broadcast per shard (gloo); no shared memory for the "
+                             "parameters (No space left on device"), gather
 
 
 # ------------------------------------------------------------------------------ in process

@@ -22,9 +22,14 @@ CASE:
             averaged gradient in each rank's shard against the unsharded allreduce's, and
             STEPS steps against the unsharded run (2 ranks: a + b = b + a, bit for bit; 4:
             another order of the sums, so rounding).
-  node      (4 ranks) optim.shard=node with the ranks told they sit 2 to a node: 2 shards,
-            each all-reduced across the 2 "nodes" - against the unsharded run, as equal.
-  resume    a sharded LAMB run (dropout on) interrupted at step 8 by a stop request and
+  noshm     /dev/shm refuses the parameters (posix_fallocate raises ENOSPC): the run falls back
+            to the broadcasts, says so in its derived facts, and equals the unsharded run.
+  node      (4 ranks) optim.shard=node with the ranks told they sit 2 to a node: 2 shards, a
+            copy per "node" (gloo's row: each bucket all-reduced, each rank keeping its
+            shard) - against the unsharded run, as equal.
+            Then ranks placed out of blocks (local ranks 1, 0, 1, 0): refused on every rank
+            with a ConfigError naming optim.shard='node'.
+  resume    a sharded LAMB run (dropout on) interrupted by a stop request (asked at step 7) and
             resumed from its checkpoint: step for step and bit for bit the uninterrupted run;
             then the same checkpoint restored unsharded and (4 ranks: `reshard`) re-sharded:
             its state equal, bit for bit, to the shards put back together by hand.
@@ -59,6 +64,7 @@ from runtime.launch import dist as dist_module  # noqa: E402
 from runtime.launch import signals  # noqa: E402
 from runtime.launch.dist import init_distributed, run_guarded, shutdown  # noqa: E402
 from runtime.launch.env import discover  # noqa: E402
+from runtime.config import ConfigError  # noqa: E402
 from runtime.events import CallbackList, Event  # noqa: E402
 from runtime.observe.hostsync import SIM_DEVICE, HostSyncs  # noqa: E402
 from runtime.optim.grad_scale import DynamicLossScale  # noqa: E402
@@ -109,6 +115,11 @@ def train(ctx, cfg, batches, fp16: bool):
              "grad_norms": [float(r.grad_norm) for r in records],
              "skipped": [bool(r.skipped) for r in records],
              "loss_scales": [float(r.loss_scale) for r in records],
+             # the gradient noise scale's two batch sizes: this rank's ‖g_r‖² as it goes to
+             # the averaging, and ‖ḡ‖² of the averaged gradient (runtime.observe.noise_scale)
+             "local_sq_norms": [float(r.losses[3]) for r in records],
+             "grad_sq_means": [float(r.device["grad_sq_mean"]) for r in records
+                               if "grad_sq_mean" in r.device],
              "split": trainer.grad_sync.tied is not None,
              "shard": trainer.state.derived.get("optimizer_shard")}
     trainer.close()
@@ -220,11 +231,31 @@ def case_reduce(ctx, data_dir):
 def case_node(ctx, data_dir):
     # two "nodes" of two ranks: what runtime.launch.env reports on two 2-GPU nodes
     node_ctx = dataclasses.replace(ctx, local_rank=ctx.rank % 2, local_world_size=2)
-    return [pair(ctx, data_dir, f"{opt}/{clip}/node", True, f"optim.name={opt}",
+    runs = [pair(ctx, data_dir, f"{opt}/{clip}/node", True, f"optim.name={opt}",
                  f"train.clip_mode={clip}", "train.gradient_accumulation_steps=2",
                  node_ctx=node_ctx)
             for opt, clip in (("lamb", "global_after"), ("lars", "bucket_before"),
                               ("adamw", "local_before"))]
+    mixed = dataclasses.replace(ctx, local_rank=(ctx.rank + 1) % 2, local_world_size=2)
+    trainer = Trainer(tiny_config(data_dir, "optim.shard=node"), mixed, log=lambda m: None)
+    try:
+        trainer.setup()
+        refused = None
+    except ConfigError as e:
+        refused = str(e)
+    return {"runs": runs, "misplaced": refused}
+
+
+def case_noshm(ctx, data_dir):
+    real = shard_module.os.posix_fallocate
+
+    def full(fd, offset, length):
+        raise OSError(28, "No space left on device")
+    shard_module.os.posix_fallocate = full
+    try:
+        return pair(ctx, data_dir, "lamb/global_after/noshm", False)
+    finally:
+        shard_module.os.posix_fallocate = real
 
 
 # ---------------------------------------------------------------------------------- resume
@@ -462,7 +493,7 @@ def case_kill(ctx, data_dir, work):
 
 
 CASES = {"equal": case_equal, "diagonal": case_diagonal, "reduce": case_reduce,
-         "node": case_node, "resume": case_resume,
+         "noshm": case_noshm, "node": case_node, "resume": case_resume,
          "reshard": case_reshard, "count": case_count, "kill": case_kill}
 NEEDS_WORK = {"resume", "reshard", "kill"}
 
