@@ -125,35 +125,66 @@ class FlatLayout:
         end = self.segments[last].offset + self.segments[last].rows * self.row
         return start, end
 
-    def row_segment(self, device) -> torch.Tensor:
-        """For each row, the index of the tensor it belongs to (int64, ``rows`` long)."""
-        counts = torch.tensor([s.rows for s in self.segments], dtype=torch.int64)
-        ids = torch.repeat_interleave(torch.arange(len(self.segments)), counts)
+    def row_segment(self, device, rows: int | None = None) -> torch.Tensor:
+        """For each row, the index of the tensor it belongs to (int64, ``rows`` long). Rows
+        past the last tensor (``rows`` > ``self.rows``: a sharded buffer's zero tail) count as
+        the last tensor's: they hold zeros in every buffer, which add exactly 0 to its norms
+        and which every step leaves zero."""
+        counts = [s.rows for s in self.segments]
+        if rows is not None and rows > self.rows:
+            counts[-1] += rows - self.rows
+        ids = torch.repeat_interleave(torch.arange(len(self.segments)),
+                                      torch.tensor(counts, dtype=torch.int64))
         return _to_device(ids, torch.device(device), torch.int64)
 
 
 class FlatBuffers:
-    """Parameters, gradients and named state of one (device, dtype), one buffer each."""
+    """Parameters, gradients and named state of one (device, dtype), one buffer each.
+
+    ``window`` (a sharded optimizer, runtime.grad_sync.shard): the element range [lo, hi),
+    whole rows, that this rank steps. Parameters and gradients stay whole (``total``
+    elements: the layout zero-padded so that the shards are equal); the state buffers hold
+    the window only, and the steps run on the window's rows (``step_rows``). ``params``: a
+    parameter buffer allocated by the caller (the shard's shared memory)."""
 
     def __init__(self, layout: FlatLayout, *, dtype: torch.dtype, device,
-                 state_names: Sequence[str], grads: torch.Tensor | None = None) -> None:
+                 state_names: Sequence[str], grads: torch.Tensor | None = None,
+                 total: int | None = None, window: tuple[int, int] | None = None,
+                 params: torch.Tensor | None = None) -> None:
         self.layout = layout
         self.dtype = dtype
         self.math_dtype = torch.promote_types(dtype, torch.float32)
         self.device = torch.device(device)
-        self.params = torch.zeros(layout.total, dtype=dtype, device=self.device)
+        self.total = layout.total if total is None else total
+        lo, hi = window if window is not None else (0, self.total)
+        if self.total < layout.total or self.total % layout.row or not \
+                0 <= lo <= hi <= self.total or lo % layout.row or hi % layout.row:
+            raise ValueError(f"FlatBuffers: window [{lo}, {hi}) of {self.total} elements must "
+                             f"be whole rows of {layout.row} inside a buffer of at least "
+                             f"{layout.total}")
+        self.window = (lo, hi)
+        self.sharded = window is not None
+        if params is not None:  # a parameter buffer allocated elsewhere (shared memory)
+            if params.shape != (self.total,) or params.dtype != dtype or \
+                    not params.is_contiguous():
+                raise ValueError(f"FlatBuffers: the parameter buffer must be a contiguous "
+                                 f"{dtype} vector of {self.total} elements")
+            self.params = params
+        else:
+            self.params = torch.zeros(self.total, dtype=dtype, device=self.device)
         if grads is not None:  # a gradient buffer owned elsewhere, already in this layout
-            if grads.shape != (layout.total,) or grads.dtype != dtype or \
+            if grads.shape != (self.total,) or grads.dtype != dtype or \
                     grads.device != self.device or not grads.is_contiguous():
                 raise ValueError(f"FlatBuffers: the gradient buffer must be a contiguous "
-                                 f"{dtype} vector of {layout.total} elements on {self.device}, "
+                                 f"{dtype} vector of {self.total} elements on {self.device}, "
                                  f"got {tuple(grads.shape)} {grads.dtype} on {grads.device}")
             self.grads = grads
         else:
-            self.grads = torch.zeros(layout.total, dtype=dtype, device=self.device)
-        self.state = {name: torch.zeros(layout.total, dtype=self.math_dtype, device=self.device)
+            self.grads = torch.zeros(self.total, dtype=dtype, device=self.device)
+        self.state = {name: torch.zeros(hi - lo, dtype=self.math_dtype, device=self.device)
                       for name in state_names}
-        self.row_segment = layout.row_segment(self.device)
+        self.row_segment = layout.row_segment(self.device, self.total // layout.row)[
+            lo // layout.row:hi // layout.row]
 
     def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
         """Tensor i of ``flat`` (one of this object's buffers) in its own shape."""
@@ -162,6 +193,13 @@ class FlatBuffers:
 
     def rows(self, flat: torch.Tensor) -> torch.Tensor:
         return flat.view(-1, self.layout.row)
+
+    def step_rows(self, flat: torch.Tensor) -> torch.Tensor:
+        """The rows a step runs on: the window's of a whole buffer (parameters, gradients),
+        a state buffer as it is (it holds the window only)."""
+        if flat.numel() == self.total and self.window != (0, self.total):
+            flat = flat[self.window[0]:self.window[1]]
+        return self.rows(flat)
 
     def bind(self, params: Sequence[torch.Tensor], grads: bool = True) -> None:
         """Copy each parameter (and its gradient, if any) in; make ``p.data`` (and, with
@@ -326,6 +364,9 @@ class _FusedStep:
         self.kernels = {fn.__name__: _Kernel(fn, compile) for fn in self.pass_functions}
         self.compile_seconds: float | None = None
         self._constants: dict[tuple, torch.Tensor] = {}  # host values already on the device
+        # A sharded step: sums this rank's per-tensor partial sums over the shard group, in
+        # place (runtime.grad_sync.shard.Shard.sum_); None: the rows are every row.
+        self.combine: Callable[[torch.Tensor], object] | None = None
 
     @property
     def compiled(self) -> bool:
@@ -339,7 +380,7 @@ class _FusedStep:
     def _rows(self, name: str) -> torch.Tensor:
         b = self.buffers
         flat = b.params if name == "params" else b.grads if name == "grads" else b.state[name]
-        return b.rows(flat)
+        return b.step_rows(flat)
 
     def _vector(self, values, name: str, per_step: bool = False,
                 dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -398,10 +439,21 @@ class _FusedStep:
         optimizer's ``found_inf`` into it, so a skipped step needs no host decision)."""
         return self._flags(active, "active")
 
-    def _segment_norms(self, row_sums: torch.Tensor) -> torch.Tensor:
+    def _segment_norms(self, *row_sums: torch.Tensor) -> list[torch.Tensor]:
+        """Per-tensor norms from per-row sums of squares, one vector per argument: the rows'
+        sums added per tensor in fp64 (in row order), then the square root in the rows'
+        dtype. With ``combine`` (a sharded step: runtime.grad_sync.shard) this rank's
+        partial sums - its rows only - are summed over the shard group in place first, all
+        of them in one collective; fp64 makes a tensor split across shards come out as the
+        unsharded sum to the last fp32 bit (bar a sum within ~1e-12 of a rounding boundary),
+        and a tensor on one shard gets exactly its own sum plus zeros."""
         b = self.buffers
-        total = torch.zeros(self.n, dtype=row_sums.dtype, device=b.device)
-        return total.index_add_(0, b.row_segment, row_sums).sqrt()
+        sums = torch.zeros(len(row_sums), self.n, dtype=torch.float64, device=b.device)
+        for i, r in enumerate(row_sums):
+            sums[i].index_add_(0, b.row_segment, r.to(torch.float64))
+        if self.combine is not None:
+            self.combine(sums)
+        return list(sums.sqrt().to(row_sums[0].dtype).unbind(0))
 
     def _grad_scale(self, grad_scale: Scalar) -> torch.Tensor:
         if isinstance(grad_scale, torch.Tensor):
@@ -440,15 +492,24 @@ class _FusedStep:
 
     def grad_norm(self) -> torch.Tensor:
         """L2 norm of every gradient in the buffer (padding is zero), 0-dim fp32: per-row
-        norms, as ``kernels.optim_reference.global_grad_norm`` (the same bits)."""
-        return norm_of_rows(row_norms(self.buffers.grads))
+        norms, as ``kernels.optim_reference.global_grad_norm`` (the same bits). Sharded: the
+        window's rows, their fp64 sum of squares summed over the shard group."""
+        if self.combine is None:
+            return norm_of_rows(row_norms(self.buffers.grads))
+        sq = row_norms(self._rows("grads")).double().pow(2).sum().reshape(1)
+        self.combine(sq)
+        return sq.sqrt().float().reshape(())
 
     def warmup(self) -> float:
         """Compile every pass now (a step with all tensors inactive: nothing changes).
 
         Returns and records (``compile_seconds``) the wall time, compile included."""
         t0 = time.perf_counter()
-        self._warmup_step()
+        combine, self.combine = self.combine, None  # a warm-up talks to no other rank
+        try:
+            self._warmup_step()
+        finally:
+            self.combine = combine
         if self.buffers.device.type == "cuda":
             torch.cuda.synchronize(self.buffers.device)
         self.compile_seconds = time.perf_counter() - t0
@@ -476,7 +537,7 @@ class FusedLamb(_FusedStep):
         M, V = self._rows("exp_avg"), self._rows("exp_avg_sq")
         x2, u2 = self.kernels["lamb_pass1"](P, G, M, V, keep, t, seg,
                                             self._grad_scale(grad_scale))
-        w, u = self._segment_norms(x2), self._segment_norms(u2)
+        w, u = self._segment_norms(x2, u2)
         if isinstance(trust_clamp, (list, tuple)):
             clamps = [math.inf if c is None else c
                       for c in _per_tensor(trust_clamp, self.n, "trust_clamp")]
@@ -530,7 +591,7 @@ class FusedLars(_FusedStep):
         gs = self._grad_scale(grad_scale)
         P, G, B = self._rows("params"), self._rows("grads"), self._rows("momentum_buffer")
         w2, g2 = self.kernels["lars_pass1"](P, G, gs)
-        w, g = self._segment_norms(w2), self._segment_norms(g2)
+        w, g = self._segment_norms(w2, g2)
         v = self._vector
         wd = v(weight_decays, "weight_decays")
         local = _trust_ratio(w, g, v(trust_coefficient, "trust_coefficient") * w,

@@ -26,6 +26,8 @@ LoaderKind = Literal["torch", "dali"]
 OptimizerName = Literal["lamb", "adamw", "lars"]
 """The optimizers a config can name: runtime.optim's registry (tests hold the two equal)."""
 OptimBackend = Literal["auto", "reference", "foreach", "fused", "apex"]
+OptimShard = Literal["none", "node", "world"]
+"""optim.shard: which ranks share one optimizer update (runtime/grad_sync/shard.py)."""
 LrScaling = Literal["none", "linear", "sqrt"]
 ScheduleName = Literal["poly", "constant"]
 DeviceKind = Literal["auto", "cpu", "cuda"]

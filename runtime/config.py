@@ -30,7 +30,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 from loaders.balance import STATIC_SEQS_PER_ROW, BalanceMode, BalanceSpec, ShapeMode
 from runtime.choices import (AFTER_MODES, AttentionMode, CacheClear, ClipMode, CudaGraphs, DeviceKind,
                              Division, GradSyncKind, Launcher, LoaderKind, LrScaling,
-                             OptimBackend, OptimizerName, Precision, ReduceDtype,
+                             OptimBackend, OptimizerName, OptimShard, Precision, ReduceDtype,
                              ScheduleName, SrunMpi,
                              TiedEmbeddingSync, clip_spec, hparam_error, is_number)
 from kernels.fusions import check_fusions
@@ -205,6 +205,14 @@ class OptimConfig:
                                      "(None = identity, the reference)", None)
     momentum: float = _doc("LARS momentum", 0.9)
     trust_coefficient: float = _doc("LARS trust coefficient", 0.001)
+    shard: OptimShard = _doc(
+        "shard the optimizer (ZeRO-1, NVIDIA's DistributedFusedLAMB): each rank updates 1/N "
+        "of the parameters and keeps 1/N of the optimizer state, gradients are reduced to "
+        "the shards' owners bucket by bucket instead of all-reduced, the updated parameters "
+        "all-gathered after the step; LAMB/LARS per-tensor norms of split tensors exact. "
+        "'none' | 'node' (N = the ranks of one node; across nodes the shard is all-reduced "
+        "between its owners) | 'world' (N = every rank). Needs train.grad_sync='buckets' "
+        "and optim.backend 'auto' | 'fused'. docs/GRADIENT_SYNC.md", "none")
     lr_scaling: LrScaling = _doc("scale lr with batch: 'none' | 'linear' | 'sqrt' (LEGW)", "none")
     base_global_batch_size: int = _doc("batch the base lr was tuned for (lr_scaling)", 0)
 
@@ -512,6 +520,15 @@ class Config:
             raise ConfigError(f"train.precision={self.train.precision} needs CUDA but "
                               "system.device='cpu'; use precision='fp32' on CPU")
         self._validate_cuda_graphs()
+        if self.optim.shard != "none":
+            if self.train.grad_sync != "buckets":
+                raise ConfigError(f"optim.shard='{self.optim.shard}' needs train.grad_sync="
+                                  f"'buckets' (the shards are rows of its gradient buffer); "
+                                  f"set it, or optim.shard='none'")
+            if self.optim.backend not in ("auto", "fused"):
+                raise ConfigError(f"optim.shard='{self.optim.shard}' needs optim.backend "
+                                  f"'auto' or 'fused' (the sharded step is the fused step on "
+                                  f"a shard of its flat buffers); set it, or optim.shard='none'")
         if self.submission.division == "closed" and self.train.target_mlm_accuracy < 0.720:
             raise ConfigError("submission.division='closed' needs train.target_mlm_accuracy >= "
                               "0.720 (MLPerf); use division='open' for a proxy target")

@@ -233,8 +233,10 @@ def persistent_tensors(trainer) -> dict[str, tuple[int, int]]:
      "train.gradient_accumulation_steps=2"],
     ["model.attention=unpadded", "train.clip_mode=bucket_before", "fp16"],
     ["train.clip_mode=none"],
+    ["model.attention=unpadded", "optim.shard=world", "optim.name=lars",
+     "train.clip_mode=bucket_before", "fp16"],
 ], ids=["unpadded-packed-global_after", "padded-packed-local_before-accum2",
-        "unpadded-bucket_before-fp16", "padded-none"])
+        "unpadded-bucket_before-fp16", "padded-none", "sharded-lars-bucket_before-fp16"])
 def test_the_captured_step_is_capture_safe_on_the_simulated_device(small_dataset, single_ctx,
                                                                   case):
     fp16 = "fp16" in case

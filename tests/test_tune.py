@@ -17,7 +17,8 @@ import pytest
 from runtime.grad_sync.plan import BucketPlan, GradLayout, Piece, PlanError, production_order
 from runtime.calibrate.tune.costmodel import CommModel, SweepError, check_sweep, fit, fit_affine
 from runtime.calibrate.tune.fabric import Fabric, FabricError, load_fabric
-from runtime.calibrate.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
+from runtime.calibrate.tune.simulate import (Gradient, Instance, ShardComm, StepProfile,
+                                             SyncSpec, simulate)
 from runtime.calibrate.tune.solve import brute_force, compare, solve
 from tests.support.launch import ROOT, clean_env, needs_mpiexec, run_ranks, run_script
 from tests.support.tiny import tiny_config, tiny_overrides
@@ -26,10 +27,11 @@ from tests.support.tiny import tiny_config, tiny_overrides
 CLIPS = ("global_after", "none", "bucket_before", "local_before")
 
 
-def random_instance(rng: random.Random, sorted_ready: bool = False):
+def random_instance(rng: random.Random, sorted_ready: bool = False, shard: bool = False):
     """A tiny bucket problem: 2-4 parameters of 1-4 elements, ready in production order or
     not, the split tied embedding (40 %) anywhere in the order - first too - every clip mode
-    (split: the two that allow it), affine or concave piecewise T, launch work γ, κ."""
+    (split: the two that allow it), affine or concave piecewise T, launch work γ, κ; with
+    ``shard``, optim.shard over 2 ranks (buckets at the reduce-scatter's T)."""
     m = rng.randint(2, 4)
     times = [rng.uniform(0, 3 * m) for _ in range(m)]
     if sorted_ready or rng.random() < 0.5:
@@ -52,8 +54,10 @@ def random_instance(rng: random.Random, sorted_ready: bool = False):
         b2 = rng.uniform(0.1, b1)
         comm = CommModel(((0, a, b1), (k, a + b1 * k - b2 * k, b2)))
     clip = rng.choice(CLIPS[:2] if split else CLIPS)
+    extra = {"shard": 2, "shard_comm": ShardComm.from_allreduce(comm, "reduce")} \
+        if shard else {}
     spec = SyncSpec(clip_mode=clip, tied_sync="split" if split else "dense",
-                    align=rng.choice([1, 2]))
+                    align=rng.choice([1, 2]), **extra)
     return Instance.build(prof, spec, comm)
 
 
@@ -95,6 +99,18 @@ def test_solver_is_never_worse_than_brute_force_on_random_small_instances():
     assert fixed > 50 and first >= 5 and unsorted >= 20
     assert seen_clips == {"global_after", "none", "bucket_before", "local_before",
                           "global_after+split", "none+split"}
+
+
+def test_the_solver_stays_exact_on_sharded_instances():
+    """optim.shard changes a bucket's T (a reduce-scatter: α + (T − α)/2, still concave
+    piecewise and non-decreasing) and leaves the tied embedding's allreduces: grid 1 is still
+    the brute force's optimum."""
+    rng = random.Random(35)
+    for _ in range(60):
+        inst = random_instance(rng, shard=True)
+        assert inst.comm is inst.spec.shard_comm.bucket and inst.allreduce is not inst.comm
+        _, best = brute_force(inst)
+        assert solve(inst, grid=1).sync_end_s == pytest.approx(best, abs=1e-9)
 
 
 def test_brute_force_sees_the_split_embedding_first_in_the_order():
@@ -270,6 +286,49 @@ def test_a_bucket_waits_for_every_gradient_before_its_end():
     inst2 = Instance.build(sorted_prof, SyncSpec(), comm)
     assert inst2.chain_end([1, 2]) == pytest.approx(0.4)
     assert solve(inst2, grid=1).sync_end_s <= solve(inst, grid=1).sync_end_s
+
+
+def test_simulator_models_a_sharded_step_by_hand():
+    """optim.shard over 2 ranks: the buckets at the reduce-scatter's T (half the allreduce's
+    per-byte time), the optimizer span 1/2 of the update + the two small allreduces + the
+    all-gather of every parameter; the split tied embedding's collectives stay allreduces."""
+    prof = StepProfile((Gradient("p0", 100, 0.1), Gradient("p1", 100, 0.2),
+                        Gradient("p2", 100, 0.3)), forward_s=0.2, backward_s=0.35,
+                       optimizer_s=0.08, data_s=0.01, tail_s=0.02)
+    comm = CommModel.affine(0.01, 0.001 / 4)         # 1 ms per element at fp32
+    sc = ShardComm.from_allreduce(comm, "reduce")
+    assert sc.bucket.time(400) == pytest.approx(0.01 + 0.05)  # half of the 0.1 s
+    assert ShardComm.from_allreduce(comm, "allreduce").bucket == comm  # gloo keeps it
+    inst = Instance.build(prof, SyncSpec(shard=2, shard_comm=sc), comm)
+    plan = BucketPlan(((Piece("p0", 0, 100),), (Piece("p1", 0, 100), Piece("p2", 0, 100))))
+    tl = simulate(inst, plan)
+    t0 = 0.21
+    b0, b1, gather = tl.buckets
+    assert (b0.start - t0, b0.end - t0) == pytest.approx((0.1, 0.1 + 0.01 + 0.05))
+    assert (b1.start - t0, b1.end - t0) == pytest.approx((0.3, 0.3 + 0.01 + 0.1))
+    assert gather.lane == "parameter all-gather" and gather.nbytes == 1200
+    # the norm (8 B) and the per-tensor partial norms (2 x 3 tensors x 8 B) at the allreduce's
+    # T; the all-gather of 300 fp32 elements at the half model: 0.01 + 0.3 / 2
+    opt = 0.08 / 2 + (0.01 + 0.002) + (0.01 + 0.012) + (0.01 + 0.15)
+    assert inst.optimizer_s == pytest.approx(opt)
+    assert tl.spans["optimizer"][1] - tl.spans["optimizer"][0] == pytest.approx(opt)
+    assert gather.end == pytest.approx(tl.spans["optimizer"][1])
+    assert tl.step_s == pytest.approx(0.01 + 0.2 + 0.41 + opt + 0.02)
+    with pytest.raises(ValueError, match="ShardComm"):
+        SyncSpec(shard=2)
+
+
+def test_fabric_shard_collectives_by_hand():
+    f = Fabric("x", 8, 230.0, 192.0, 10.0, 6.0)
+    node = f.shard_comm(1024, 8)    # 128 nodes: reduce-scatter in the node + allreduce across
+    want = 10e-6 + 2 * 7 * 6e-6 + 7 / 8 * 1e9 / 230e9 + 2 * 127 / 128 * 1e9 / 192e9
+    assert node.bucket.time(1e9) == pytest.approx(want)
+    assert node.gather.time(1e9) == pytest.approx(10e-6 + 7 / 8 * 1e9 / 230e9)
+    assert node.small.time(8) == pytest.approx(f.comm_model(8).time(8))
+    world = f.shard_comm(8, 8)      # one node: half the allreduce's per-byte time
+    assert world.bucket.time(1e9) == pytest.approx(10e-6 + 7 / 8 * 1e9 / 230e9)
+    with pytest.raises(FabricError, match="a shard group of 4"):
+        f.shard_comm(1024, 4)
 
 
 def test_production_order_sorts_by_ready_time_ties_and_unseen_by_arrival():
@@ -578,6 +637,16 @@ def test_projection_runs_compares_with_published_and_picks_the_batch(tmp_path):
     assert len(rec["published"]) == 4
     for r in rec["published"]:
         assert r["predicted_s"] > 0 and math.isfinite(r["error"])
+    # optim.shard=node on the published rows: the update is 1/8 on every row, the step
+    # shorter; the parameters' fp32 all-gather inside the node is what is left of the span
+    assert "optim.shard=node" in proc.stdout and len(rec["sharded"]) == 4
+    for r in rec["sharded"]:
+        u, s = r["unsharded"], r["sharded"]
+        assert s["update_s"] == pytest.approx(u["update_s"] / 8)
+        assert s["step_s"] < u["step_s"] and s["ttt_s"] < u["ttt_s"]
+        assert r["update_share_cut"] > 6
+        small = s["optimizer_s"] - s["update_s"] - s["gather_s"]
+        assert s["gather_s"] > 0 and 0 < small < 1e-3
     for p in rec["points"]:
         if p["plan"] == "tuned":        # the tuned plan is never slower than no bucketing
             none = next(q for q in rec["points"] if q["plan"] == "no bucketing" and

@@ -5,6 +5,7 @@ Rooms:
   buckets.py   the bucket engine (``train.grad_sync = "buckets"``): flat buffer, overlapped
                allreduce per bucket, clip before the allreduce, first-step re-cut
   tied.py      the tied word embedding's split sync (``train.tied_embedding_sync``)
+  shard.py     the sharded optimizer's shards and collectives (``optim.shard``)
   ddp.py       plain DDP (``train.grad_sync = "ddp"``), kept for comparison
   protocol.py  `GradSync`, what the train step calls, and the `SyncReport` it gets back
 
@@ -17,32 +18,37 @@ from typing import Any, Optional
 
 import torch
 
-from runtime.launch.dist import broadcast_tensors
+from runtime.config import ConfigError
+from runtime.launch.dist import BlockGroups, all_gather_object, block_groups, broadcast_tensors
 from runtime.grad_sync.buckets import CLIP_MODES, GRAD_ALIGN, GradientBuckets
 from runtime.grad_sync.ddp import DDPSync
 from runtime.grad_sync.plan import (MB, BucketPlan, GradLayout, Piece, PlanError, alone_bucket,
                                     reverse_registration_order, split_pays, tied_sync_mode)
 from runtime.grad_sync.protocol import GradSync, SyncReport
+from runtime.grad_sync.shard import SHARD_MODES, Shard
 from runtime.grad_sync.tied import TiedEmbeddingSplit, find_tied_head
 
-__all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "BucketPlan", "DDPSync", "GradLayout", "GradSync",
-           "GradientBuckets", "Piece", "PlanError", "SyncReport", "TiedEmbeddingSplit",
-           "alone_bucket", "build_grad_sync", "reverse_registration_order", "split_pays",
-           "tied_sync_mode"]
+__all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "BucketPlan", "DDPSync", "GradLayout",
+           "GradSync", "GradientBuckets", "Piece", "PlanError", "SHARD_MODES", "Shard",
+           "SyncReport", "TiedEmbeddingSplit", "alone_bucket", "build_grad_sync",
+           "reverse_registration_order", "shard_groups", "split_pays", "tied_sync_mode"]
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
                     device: torch.device, group: Any = None, timeline: Any = None,
-                    tokens_per_step: Optional[int] = None) -> GradSync:
+                    tokens_per_step: Optional[int] = None, shard: str = "none",
+                    local_rank: int = 0, local_world_size: int = 1) -> GradSync:
     """The sync ``train_cfg`` (runtime.config.TrainConfig) asks for.
 
     ``grad_sync = "ddp"``: `DDPSync`. ``"buckets"``: the initial weights are broadcast from
     rank 0 (as DDP does), then a `GradientBuckets` on a plan file (``bucket_plan``) or cut by
     ``bucket_cap_mb`` in reverse registration order, with the tied embedding split when
     ``tied_embedding_sync`` resolves to split. ``tokens_per_step``: at most how many tokens one
-    rank feeds one optimizer step (bounds the split's touched rows on CUDA).
+    rank feeds one optimizer step (bounds the split's touched rows on CUDA). ``shard``
+    (``optim.shard``): 'node' or 'world' reduces each bucket to the shards' owners instead
+    (`shard_groups`: the node's ``local_world_size`` ranks, or every rank, share one update).
     """
     if train_cfg.grad_sync == "ddp":
         return DDPSync(model, world_size=world_size, device=device)
@@ -80,10 +86,43 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
         rows = param.shape[0] if tokens_per_step is None else tokens_per_step * world_size
         tied = TiedEmbeddingSplit(param, head, world_size=world_size, group=group,
                                   reduce_dtype=reduce_dtype, max_rows=rows, timeline=timeline)
+    groups = shard_groups(shard, world_size, local_rank, local_world_size)
+    # CPU ranks whose shard group is on one host share one parameter buffer (shard.py); not
+    # on the simulated device (runtime.observe.hostsync), which stands in for a GPU
+    one_host = shard == "node" or local_world_size == world_size
     return GradientBuckets(model, plan, world_size=world_size, group=group,
                            clip_mode=train_cfg.clip_mode, max_grad_norm=train_cfg.max_grad_norm,
                            reduce_dtype=reduce_dtype, cap_elements=cap, timeline=timeline,
-                           tied=tied)
+                           tied=tied, shard_groups=groups,
+                           backend="nccl" if torch.device(device).type == "cuda" else "gloo",
+                           shared_params=one_host and torch.device(device) == torch.device("cpu"))
+
+
+def shard_groups(shard: str, world_size: int, local_rank: int,
+                 local_world_size: int) -> Optional[BlockGroups]:
+    """The ranks that share one optimizer update under ``optim.shard`` (None: 'none'): every
+    rank ('world'), or each node's ('node': blocks of ``local_world_size`` consecutive ranks,
+    the same shard index across nodes - checked, since launchers may place ranks otherwise).
+    A collective when it makes groups."""
+    if shard not in SHARD_MODES:
+        raise ValueError(f"optim.shard must be one of {' | '.join(SHARD_MODES)}, got {shard!r}")
+    if shard == "none":
+        return None
+    if world_size == 1:
+        return BlockGroups(1, 0, 1, 0)
+    if shard == "world":
+        return block_groups(world_size)
+    size = local_world_size
+    places = all_gather_object((local_rank, local_world_size))
+    bad = [r for r, (lr, n) in enumerate(places) if n != size or lr != r % size]
+    if bad or world_size % size:
+        raise ConfigError(
+            f"optim.shard='node' needs the same number of ranks on every node, placed in "
+            f"blocks of consecutive ranks (ranks 0..{size - 1} on the first node, ...): rank(s) "
+            f"{bad[:8]} report another place (local rank, ranks on the node: "
+            f"{[places[r] for r in bad[:8]]}, rank 0: {places[0]}); place the ranks "
+            f"per node in blocks (mpiexec/srun do by default), or use optim.shard='world'")
+    return block_groups(size)
 
 
 def _is_alone(plan: BucketPlan, name: str, numel: int) -> bool:

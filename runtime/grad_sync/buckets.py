@@ -15,6 +15,14 @@ Owns:
     needs every gradient, so nothing is launched before backward ends - no overlap, by
     construction). Coefficients come from ``kernels.optim_reference.clip_coefficient_of_norm``,
     the one clip formula; ``global_after`` and ``none`` only average here;
+  * with a sharded optimizer (``optim.shard``, runtime.grad_sync.shard): on NCCL each bucket
+    is reduced to the ranks whose shards it overlaps instead of all-reduced (launched from
+    the same hooks, at the same moments: the overlap and every clip mode stay as they are;
+    on gloo it is all-reduced as before: ``shard.REDUCTION``), the buffer is zero-padded to
+    equal shards, the optimizer is told its shard with the layout, and ``grad_norm`` is the
+    averaged gradient's norm from the shards' sums of squares (one small allreduce). After
+    ``finish`` only this rank's shard of the buffer is sure to hold the averaged gradient;
+    with the reduce the rest is this rank's own (scaled) gradient or what the reduce left;
   * the first-step re-cut: a size-cap plan follows reverse registration order (DDP's guess)
     until the hooks have seen when gradients really arrive; at the end of the first step it
     is cut again in the production order (``plan.production_order``: parameters sorted by
@@ -67,6 +75,7 @@ from kernels.optim_reference import (ROW, clip_coefficient_of_norm, norm_of_rows
 from runtime.choices import AFTER_MODES, ClipMode, clip_spec
 from runtime.launch.dist import all_reduce_max, broadcast_object, check_same_on_all_ranks
 from runtime.grad_sync.plan import BucketPlan, GradLayout, alone_bucket, production_order
+from runtime.grad_sync.shard import Shard
 from runtime.grad_sync.protocol import SyncReport
 
 CLIP_MODES = get_args(ClipMode)
@@ -102,7 +111,8 @@ class GradientBuckets:
     def __init__(self, model: torch.nn.Module, plan: BucketPlan, *, world_size: int,
                  group: Any = None, clip_mode: str = "global_after", max_grad_norm: float = 1.0,
                  reduce_dtype: Optional[torch.dtype] = None, cap_elements: Optional[int] = None,
-                 timeline: Any = None, tied: Any = None, align: int = GRAD_ALIGN):
+                 timeline: Any = None, tied: Any = None, align: int = GRAD_ALIGN,
+                 shard_groups: Any = None, backend: str = "gloo", shared_params: bool = False):
         self.clip = clip_spec(clip_mode)  # refuses an unknown mode
         self.module = model
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -138,6 +148,10 @@ class GradientBuckets:
             raise ValueError(f"tied_embedding_sync split needs clip_mode {AFTER_MODES}, "
                              f"got {clip_mode!r}")
         self._skip = False
+        # optim.shard: the ranks that share one update (runtime.launch.dist.block_groups)
+        self._shard_groups, self._backend = shard_groups, backend
+        self._shared_params = shared_params  # one host's CPU ranks: parameters in shared memory
+        self.shard: Optional[Shard] = None
         self.layout_version = 0  # +1 whenever the buffer is laid out (again)
         self._install(plan)
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
@@ -155,7 +169,12 @@ class GradientBuckets:
         self._bucket_sizes = [len(m) for m in members]
         self._buckets_of = {id(self.params[n]): [b for b, m in enumerate(members) if n in m]
                             for n in self.params}
-        self.flat = torch.zeros(self.layout.total, dtype=self.dtype, device=self.device)
+        total = self.layout.total
+        if self._shard_groups is not None:
+            self.shard = Shard(total, self._shard_groups, backend=self._backend,
+                               align=self.align, shared=self._shared_params)
+            total = self.shard.padded_total  # a zero tail: equal shards of whole rows
+        self.flat = torch.zeros(total, dtype=self.dtype, device=self.device)
         self._sparse_k = (alone_bucket(plan, self._tied_name, self.sizes[self._tied_name])
                           if self.tied is not None else None)
         if self.tied is not None:
@@ -163,7 +182,7 @@ class GradientBuckets:
         self._attach()
         self.layout_version += 1
         for listener in self._listeners:
-            listener(self.flat, self.ordered_params())
+            listener(self.flat, self.ordered_params(), **self._shard_kw())
 
     def _view(self, name: str) -> torch.Tensor:
         o = self.layout.offsets[name]
@@ -191,12 +210,22 @@ class GradientBuckets:
         """Call ``listener(flat, params_in_buffer_order)`` now and whenever the buffer is laid
         out again (the first-step re-cut): a fused optimizer steps on the buffer itself."""
         self._listeners.append(listener)
-        listener(self.flat, self.ordered_params())
+        listener(self.flat, self.ordered_params(), **self._shard_kw())
+
+    def _shard_kw(self) -> dict:
+        """A sharded optimizer is told its shard with the layout; others get what they did."""
+        return {} if self.shard is None else {"shard": self.shard}
 
     def grad_norm(self) -> torch.Tensor:
-        """L2 norm of the whole gradient buffer (0-dim fp32, not unscaled, no host sync):
-        per-row norms (``kernels.optim_reference.global_grad_norm``'s bits)."""
-        return norm_of_rows(row_norms(self.flat))
+        """L2 norm of the averaged gradient (0-dim fp32, not unscaled, no host sync):
+        per-row norms (``kernels.optim_reference.global_grad_norm``'s bits) of the buffer;
+        sharded, of this rank's shard, their fp64 sum of squares summed over the shard group
+        (the same number on every rank, so a non-finite one skips the step everywhere)."""
+        if self.shard is None:
+            return norm_of_rows(row_norms(self.flat))
+        lo, hi = self.shard.window
+        sq = row_norms(self.flat[lo:hi]).double().pow(2).sum().reshape(1)
+        return self.shard.sum_(sq).sqrt().float().reshape(())
 
     @property
     def num_buckets(self) -> int:
@@ -240,7 +269,7 @@ class GradientBuckets:
         self._pending = list(self._bucket_sizes)
         self._ready: set[int] = set()
         self._next = 0
-        self._works: list[Any] = [None] * k
+        self._works: list[Any] = [None] * k  # (sharded: a list of works per bucket)
         self._comm: list[Optional[torch.Tensor]] = [None] * k
         self._norms: list[Optional[torch.Tensor]] = [None] * k
         self._coefs: list[Optional[torch.Tensor]] = [None] * k
@@ -316,6 +345,12 @@ class GradientBuckets:
                 timeline.bucket_done(k, now)
             return
         comm = buf if self.reduce_dtype == buf.dtype else buf.to(self.reduce_dtype)
+        if self.shard is not None and self.shard.reduces:  # to the shards' owners
+            works = self.shard.launch(comm, lo)
+            self._works[k], self._comm[k] = works or None, comm
+            if timeline is not None:
+                timeline.bucket_launched(k, now, work=works[-1] if works else None)
+            return
         work = torch_dist.all_reduce(comm, op=torch_dist.ReduceOp.SUM, group=self.group,
                                      async_op=True)
         self._works[k], self._comm[k] = work, comm
@@ -330,7 +365,7 @@ class GradientBuckets:
         backward_done_at = self.timeline.now() if self.timeline is not None else None
         launched_in_backward = self._next
         if self.clip.holds_launches and self.max_grad_norm > 0:  # the whole local gradient
-            self._local_norm = self.grad_norm() / self._loss_scale
+            self._local_norm = norm_of_rows(row_norms(self.flat)) / self._loss_scale
             self._local_coef = clip_coefficient_of_norm(self._local_norm, self.max_grad_norm)
             self._note_local(self._local_norm * self._local_coef)
         for k in range(self._next, self.num_buckets):
@@ -340,16 +375,38 @@ class GradientBuckets:
         self._next = self.num_buckets
         if self.tied is not None:
             self.tied.finish(self._tied_rows())
+        if self.shard is not None and self.shard.reduces:
+            self._finish_sharded()
         for k, work in enumerate(self._works):
             if work is not None:
-                work.wait()
+                for w in work if isinstance(work, list) else [work]:
+                    w.wait()
                 if self.timeline is not None:
                     self.timeline.waited(k)
                 lo, hi = self.bounds[k]
                 if self._comm[k] is not None and self._comm[k].dtype != self.dtype:
-                    self.flat[lo:hi].copy_(self._comm[k])
+                    part = (lo, hi) if self.shard is None or not self.shard.reduces \
+                        else self.shard.owned(lo, hi)
+                    if part is not None:  # sharded: only this rank's part means anything
+                        a, b = part
+                        self.flat[a:b].copy_(self._comm[k][a - lo:b - lo])
         self._armed = False
         return self._report(launched_in_backward)
+
+    def _finish_sharded(self) -> None:
+        """Several node groups: as each bucket's reduce inside the node ends, all-reduce the
+        owned part across the node groups (bucket order: the same on every rank of a cross
+        group, as they own the same shard)."""
+        if self.shard.groups.cross is None:
+            return
+        for k, works in enumerate(self._works):
+            comm = self._comm[k]
+            if comm is None:
+                continue
+            for w in works or []:
+                w.wait()
+            across = self.shard.launch_across(comm, self.bounds[k][0])
+            self._works[k] = [across] if across is not None else None
 
     def _note_local(self, norm: torch.Tensor) -> None:
         """A part of this rank's gradient as it goes to the averaging (unscaled, clipped)."""

@@ -15,7 +15,8 @@ One optimizer step, as the trainer drives it::
 
 ``module`` is what the step calls forward on (DDP's wrapper, or the model itself);
 ``on_layout(listener)`` tells a flat-buffer optimizer where the gradients live, now and after
-every re-layout, so it can step on that memory instead of copying it; ``plan_json()`` is the
+every re-layout, so it can step on that memory instead of copying it (and, under optim.shard,
+which shard of it is this rank's: ``listener(flat, ordered, shard=...)``); ``plan_json()`` is the
 sync's own state a checkpoint keeps (its bucket plan); ``close()`` undoes what the sync did to
 the model (hooks, swapped modules).
 """

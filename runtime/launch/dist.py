@@ -349,6 +349,41 @@ def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0) -> None:
         torch_dist.broadcast(t.detach(), src=src)
 
 
+@dataclass(frozen=True)
+class BlockGroups:
+    """This rank's place when the world is cut into ``blocks`` blocks of ``size`` consecutive
+    ranks: ``group`` is its block's process group (the world's when there is one block,
+    None in a world of one) and ``index`` its rank in it; ``cross`` the group of the ranks at
+    position ``index`` of every block (None with one block), ``block`` which block it is in."""
+
+    size: int
+    index: int
+    blocks: int
+    block: int
+    group: Any = None
+    cross: Any = None
+
+
+def block_groups(size: int) -> BlockGroups:
+    """Cut the world into blocks of ``size`` consecutive ranks (a collective: every rank
+    creates every group, in one order, as torch.distributed.new_group requires)."""
+    world = torch_dist.get_world_size() if _active() else 1
+    rank = torch_dist.get_rank() if _active() else 0
+    if size < 1 or world % size:
+        raise DistError(f"cannot cut {world} ranks into blocks of {size}")
+    if world == 1:
+        return BlockGroups(1, 0, 1, 0)
+    if size == world:
+        return BlockGroups(size, rank, 1, 0, torch_dist.group.WORLD)
+    timeout = timedelta(seconds=_CTX.timeout_s) if _CTX else None
+    blocks = [torch_dist.new_group(list(range(b * size, (b + 1) * size)), timeout=timeout)
+              for b in range(world // size)]
+    across = [torch_dist.new_group(list(range(j, world, size)), timeout=timeout)
+              for j in range(size)]
+    return BlockGroups(size, rank % size, world // size, rank // size, blocks[rank // size],
+                       across[rank % size])
+
+
 def all_gather_object(obj: Any) -> list:
     """Every rank's ``obj``, indexed by rank."""
     if not _active():

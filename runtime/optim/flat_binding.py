@@ -27,6 +27,14 @@ What this module owns (``FlatBinding``):
     stepped with a zero gradient, where torch's ``set_to_none`` would skip it (every BERT
     parameter gets a gradient every step; set ``p.grad = None`` to skip one);
   * ``grad_norm``: the global gradient norm from per-row norms of each gradient buffer;
+  * a sharded step (``optim.shard``; the sync passes its ``shard`` with the buffer,
+    runtime.grad_sync.shard): the parameters stay whole on every rank, the optimizer state
+    is kept for this rank's rows only (``FlatBuffers.window``; ``state[p]`` then holds the
+    step count alone), the fused step runs on those rows with its per-tensor partial norms
+    summed over the shard group, and the parameters are all-gathered after it. A re-layout
+    (the first-step re-cut) gathers the state once to move it to the new shards - a
+    transient of the whole state; the checkpoint side is ``shard_meta`` /
+    ``shard_state`` / ``load_shards``;
   * gradients owned elsewhere in another layout: when the parameters' ``.grad`` are already
     views of some other buffer at binding time and nobody shares it (``external_grads``),
     each step copies them into the gradient buffer (one extra read and write) and never
@@ -45,7 +53,9 @@ import torch
 
 from kernels.optim_flat import FlatBuffers, FlatLayout
 
-__all__ = ["FlatBinding"]
+__all__ = ["FlatBinding", "SHARD_FORMAT"]
+
+SHARD_FORMAT = "presto-optimizer-shards/1"
 
 
 @dataclass
@@ -58,6 +68,7 @@ class _Part:
     steps: torch.Tensor  # per-tensor update counts (float64, on the device)
     data_views: list[torch.Tensor] = field(default_factory=list)
     grad_views: list[torch.Tensor] = field(default_factory=list)
+    shard: object = None  # runtime.grad_sync.shard.Shard: this part steps its window only
 
 
 def _layout_order(params: list[torch.Tensor],
@@ -95,15 +106,23 @@ class FlatBinding:
             keys.setdefault((p.device, p.dtype), []).append(p)
         self.parts = [self._bind(ps, grads=None) for ps in keys.values()]
 
-    def _bind(self, params: list[torch.Tensor], grads: torch.Tensor | None) -> _Part:
+    def _bind(self, params: list[torch.Tensor], grads: torch.Tensor | None,
+              shard=None) -> _Part:
         """Buffers for ``params`` in this order, state and step counts copied in from the
-        optimizer's state (which may still point into the buffers being replaced)."""
+        optimizer's state (which may still point into the buffers being replaced); with a
+        ``shard``, the state of its window only."""
         layout = FlatLayout.build([tuple(p.shape) for p in params])
+        extra = {} if shard is None else {
+            "total": shard.padded_total, "window": shard.window,
+            "params": shard.alloc_params(shard.padded_total, params[0].dtype)}
         buffers = FlatBuffers(layout, dtype=params[0].dtype, device=params[0].device,
-                              state_names=self.step_class.state_names, grads=grads)
+                              state_names=self.step_class.state_names, grads=grads, **extra)
         buffers.bind(params, grads=grads is None and not self.external_grads)
         steps = torch.zeros(len(params), dtype=torch.float64, device=buffers.device)
-        part = _Part(buffers, self.step_class(buffers, compile=self.compile), params, steps)
+        part = _Part(buffers, self.step_class(buffers, compile=self.compile), params, steps,
+                     shard=shard)
+        if shard is not None:
+            part.engine.combine = shard.sum_
         for i, p in enumerate(params):
             part.data_views.append(buffers.view(buffers.params, i))
             part.grad_views.append(buffers.view(buffers.grads, i))
@@ -117,6 +136,15 @@ class FlatBinding:
         step = state.get("step", 0)
         part.steps[i] = step.to(part.steps) if isinstance(step, torch.Tensor) else float(step)
         state["step"] = part.steps[i]  # a 0-dim view: counted on the device
+        if part.shard is not None:  # the window's piece of each state; nothing per tensor
+            seg, (lo, hi) = b.layout.segments[i], b.window
+            a, z = max(seg.offset, lo), min(seg.offset + seg.numel, hi)
+            for name in self.step_class.state_names:
+                whole = state.pop(name, None)
+                if whole is not None and z > a:
+                    b.state[name][a - lo:z - lo].copy_(
+                        whole.reshape(-1)[a - seg.offset:z - seg.offset])
+            return
         for name in self.step_class.state_names:
             view = b.view(b.state[name], i)
             if name in state and state[name] is not view:
@@ -139,11 +167,15 @@ class FlatBinding:
                 self._adopt(part, i)
 
     @torch.no_grad()
-    def share_gradients(self, grads: torch.Tensor, ordered: Sequence[torch.Tensor]) -> None:
+    def share_gradients(self, grads: torch.Tensor, ordered: Sequence[torch.Tensor],
+                        shard=None) -> None:
         """Step on ``grads``, a flat gradient buffer owned by the caller, whose layout is the
         fused one for ``ordered`` (each tensor's ``.grad`` already a view of it, starting on a
         row boundary). Parameters and state move to new buffers in that order (a transient
-        second copy of them); the old buffers are freed. Raises if the layouts differ."""
+        second copy of them); the old buffers are freed. Raises if the layouts differ.
+        ``shard`` (runtime.grad_sync.shard.Shard): step its window of the buffer only (the
+        buffer zero-padded to ``shard.padded_total``); its passes are compiled here. A
+        collective when the binding was sharded before (its state is gathered to move)."""
         if len(self.parts) != 1:
             raise ValueError("fused backend: sharing one gradient buffer needs every parameter "
                              "on one device with one dtype")
@@ -159,12 +191,88 @@ class FlatBinding:
                 raise ValueError("fused backend: the shared gradient buffer is not in the fused "
                                  "layout (each tensor's .grad a view starting on a row boundary "
                                  "of 1024 elements, in the given order)")
-        if grads is old.buffers.grads and all(a is b for a, b in zip(ordered, old.params)):
+        if grads is old.buffers.grads and old.shard is shard and \
+                all(a is b for a, b in zip(ordered, old.params)):
             return
+        if old.shard is not None:
+            self._gather_state(old)
         for i in range(len(old.params)):  # step counts travel with the state
             self.optimizer.state[old.params[i]]["step"] = old.steps[i].clone()
         self.external_grads = False
-        self.parts = [self._bind(ordered, grads=grads)]
+        self.parts = [self._bind(ordered, grads=grads, shard=shard)]
+        if shard is not None:  # the window's row count is a new shape for the passes
+            seconds = self.parts[0].engine.warmup()
+            if hasattr(self.optimizer, "compile_seconds"):
+                self.optimizer.compile_seconds += seconds
+
+    @torch.no_grad()
+    def _gather_state(self, part: _Part) -> None:
+        """Every rank's window of ``part``'s state, gathered into whole buffers (a collective
+        over the shard group) and handed to ``optimizer.state`` per tensor again."""
+        b = part.buffers
+        lo, hi = b.window
+        for name, mine in b.state.items():
+            whole = torch.zeros(b.total, dtype=mine.dtype, device=mine.device)
+            whole[lo:hi] = mine
+            part.shard.gather(whole)
+            for i, p in enumerate(part.params):
+                self.optimizer.state[p][name] = b.view(whole, i)
+
+    # ------------------------------------------------------------------ shards in checkpoints
+    @property
+    def shard(self):
+        """The shard this binding steps (None: every row)."""
+        return self.parts[0].shard if len(self.parts) == 1 else None
+
+    def shard_meta(self, index_of: dict[int, int]) -> dict | None:
+        """What a checkpoint needs to put the shards back together: the shard count and
+        size and, per tensor (``index_of``: id(param) -> its index in the optimizer's
+        state_dict), its place in the flat buffer. None when not sharded."""
+        part = self.parts[0] if self.shard is not None else None
+        if part is None:
+            return None
+        b = part.buffers
+        return {"format": SHARD_FORMAT, "shards": part.shard.size,
+                "shard_elements": b.window[1] - b.window[0], "total": b.total,
+                "state_names": list(self.step_class.state_names),
+                "segments": [[index_of[id(p)], seg.offset, seg.numel]
+                             for p, seg in zip(part.params, b.layout.segments)]}
+
+    def shard_state(self) -> dict | None:
+        """This rank's window of the state, {index, window, state: {name: tensor}}; None
+        when not sharded."""
+        if self.shard is None:
+            return None
+        b = self.parts[0].buffers
+        return {"index": self.shard.index, "window": list(b.window), "state": dict(b.state)}
+
+    @torch.no_grad()
+    def load_shards(self, meta: dict, read: Callable[[int], dict],
+                    params_by_index: Sequence[torch.Tensor]) -> str:
+        """Load state saved as ``meta["shards"]`` shards (``read(j)``: shard j's
+        ``shard_state``). The same shards and layout: this rank's own file, copied as it is
+        (exact). Otherwise - another world size, another optim.shard, no shards now - every
+        shard is read, put back together per tensor in the saved layout and re-sharded into
+        this binding. Returns which of the two it did."""
+        if meta.get("format") != SHARD_FORMAT:
+            raise ValueError(f"sharded optimizer state of format {meta.get('format')!r}, "
+                             f"this runtime reads {SHARD_FORMAT!r}")
+        part = self.parts[0] if self.shard is not None else None
+        if part is not None and meta == self.shard_meta(
+                {id(p): i for i, p in enumerate(params_by_index)}):
+            saved = read(part.shard.index)
+            for name, buf in part.buffers.state.items():
+                buf.copy_(saved["state"][name])
+            return f"own shard {part.shard.index} of {part.shard.size}"
+        shards = [read(j) for j in range(meta["shards"])]
+        for name in meta["state_names"]:
+            whole = torch.cat([s["state"][name].reshape(-1) for s in shards])
+            for index, offset, numel in meta["segments"]:
+                p = params_by_index[index]
+                self.optimizer.state[p][name] = whole[offset:offset + numel].view(p.shape)
+        self.adopt_state()
+        return (f"re-sharded from {meta['shards']} shard(s) to "
+                f"{self.shard.size if self.shard is not None else 'none (unsharded)'}")
 
     @torch.no_grad()
     def zero_grad(self) -> None:
@@ -236,6 +344,8 @@ class FlatBinding:
             if self.step_class.takes_steps:
                 kwargs["steps"] = part.steps.clamp(min=1.0)
             part.engine.step(**kwargs)
+            if part.shard is not None:  # every rank's window to every rank
+                part.shard.gather(part.buffers.params)
 
 
 def _columns(per_group: dict[int, dict], keys: list[int]) -> dict[str, object]:

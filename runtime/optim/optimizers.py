@@ -54,6 +54,9 @@ from kernels import optim_reference as _ref
 from runtime.choices import hparam_error
 from runtime.optim.flat_binding import FlatBinding
 
+SHARD_KEY = "presto_shards"
+"""Where a sharded optimizer's state_dict says how its shards fit together."""
+
 __all__ = [
     "NO_DECAY_NAME_PARTS",
     "Lamb",
@@ -254,13 +257,45 @@ class _PrestoOptimizer(torch.optim.Optimizer):
             return self._flat.grad_norm()
         return _ref.global_grad_norm([p.grad for g in self.param_groups for p in g["params"]])
 
+    def _params_by_index(self) -> list[torch.Tensor]:
+        """The parameters in state_dict's numbering (group after group)."""
+        return [p for g in self.param_groups for p in g["params"]]
+
     def state_dict(self) -> dict[str, Any]:
-        return _eager(torch.optim.Optimizer.state_dict)(self)
+        """torch's state dict; sharded (``optim.shard``), per tensor only its step count,
+        and under ``SHARD_KEY`` how the shards (``shard_state_dict``) fit together."""
+        out = _eager(torch.optim.Optimizer.state_dict)(self)
+        meta = None if self._flat is None else self._flat.shard_meta(
+            {id(p): i for i, p in enumerate(self._params_by_index())})
+        if meta is not None:
+            out[SHARD_KEY] = meta
+        return out
 
     def load_state_dict(self, state_dict) -> None:
+        """torch's; a sharded state dict's ``SHARD_KEY`` is left for ``load_shard_states``
+        (the shards are in other files)."""
+        state_dict = {k: v for k, v in state_dict.items() if k != SHARD_KEY}
         _eager(torch.optim.Optimizer.load_state_dict)(self, state_dict)
         if self._flat is not None:
             self._flat.adopt_state()
+
+    @property
+    def shard(self):
+        """The shard this optimizer steps (runtime.grad_sync.shard.Shard), or None."""
+        return None if self._flat is None else self._flat.shard
+
+    def shard_state_dict(self) -> dict[str, Any] | None:
+        """This rank's shard of the state ({index, window, state}), None when not sharded."""
+        return None if self._flat is None else self._flat.shard_state()
+
+    def load_shard_states(self, meta: dict, read: Callable[[int], dict]) -> str:
+        """After ``load_state_dict`` of a sharded state dict: the shards' state, from
+        ``read(j)`` (shard j's ``shard_state_dict``), onto this optimizer however it is
+        sharded now (see FlatBinding.load_shards). Returns what it did."""
+        if self._flat is None:
+            raise ValueError(f"{self.name}: sharded optimizer state needs the fused backend "
+                             f"(optim.backend 'auto' or 'fused')")
+        return self._flat.load_shards(meta, read, self._params_by_index())
 
     def _hparams(self, group) -> dict[str, Any]:
         """The step function's keyword arguments for ``group`` (but step and grad_scale)."""
@@ -303,12 +338,16 @@ class _PrestoOptimizer(torch.optim.Optimizer):
             self._step_group(group, grad_scale)
         return loss
 
-    def share_gradients(self, grads: torch.Tensor, ordered) -> None:
+    def share_gradients(self, grads: torch.Tensor, ordered, shard=None) -> None:
         """The gradient sync's flat buffer and its parameter order (``GradSync.on_layout``):
         the ``fused`` backend steps on it instead of copying it each step; the per-tensor
-        backends already step on each ``.grad`` view where it lies."""
+        backends already step on each ``.grad`` view where it lies. ``shard``: the sync
+        reduces the gradient to shards (optim.shard) - step this rank's only."""
         if self._flat is not None:
-            self._flat.share_gradients(grads, ordered)
+            self._flat.share_gradients(grads, ordered, shard)
+        elif shard is not None:
+            raise ValueError(f"{self.name}: optim.shard needs the fused backend (optim.backend "
+                             f"'auto' or 'fused'), not {self.backend!r}")
 
     def _step_group(self, group, grad_scale) -> None:
         raise NotImplementedError

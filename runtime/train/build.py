@@ -85,7 +85,9 @@ def build_parts(cfg: Config, dist: DistContext, *, bucket_plan: Optional[Path] =
     grad_sync = build_grad_sync(
         model, train_cfg, world_size=dist.world_size if communicate else 1, device=dist.device,
         group=dist.group, timeline=tl,
-        tokens_per_step=local_batch * t.gradient_accumulation_steps * cfg.data.max_seq_length)
+        tokens_per_step=local_batch * t.gradient_accumulation_steps * cfg.data.max_seq_length,
+        shard=cfg.optim.shard, local_rank=dist.local_rank,
+        local_world_size=dist.local_world_size)
     base_lr = learning_rate(cfg)
     optimizer = build_optimizer(cfg.optim.name, list(model.named_parameters()),
                                 **optimizer_hparams(cfg, base_lr))
@@ -203,6 +205,14 @@ def build_train_loader(cfg: Config, dist: DistContext, cost: length_cost.LengthC
     return TrainLoader(*args, **kwargs)
 
 
+def _shard_facts(parts: Parts, cfg: Config) -> dict:
+    """optim.shard as it runs: the shards, their padding, the collectives used."""
+    shard = getattr(parts.grad_sync, "shard", None)
+    if shard is None:
+        return {"mode": cfg.optim.shard}
+    return {"mode": cfg.optim.shard, **shard.describe()}
+
+
 def describe(parts: Parts, cfg: Config, dist: DistContext) -> dict:
     """What the run derived from its config and parts (RunState.derived: the MLPerf log's
     hyperparameters, the summary's optimizer facts)."""
@@ -217,6 +227,7 @@ def describe(parts: Parts, cfg: Config, dist: DistContext) -> dict:
                 eval_iter_samples=every,
                 parameters=sum(p.numel() for p in parts.model.parameters()),
                 optimizer_backend=opt.backend,
+                optimizer_shard=_shard_facts(parts, cfg),
                 optimizer_compiled=None if binding is None else binding.compiled,
                 optimizer_compile_s=round(opt.compile_seconds, 3))
 

@@ -30,7 +30,13 @@ The format ``presto-checkpoint/1`` - one directory per checkpoint::
                             or ``model.init=<this directory>``) loads
         config.json         the model's HF BertConfig
         optimizer.pt        optimizer.state_dict(): per-parameter state by parameter index
-                            (exp_avg, exp_avg_sq / momentum_buffer, step) and param_groups
+                            (exp_avg, exp_avg_sq / momentum_buffer, step) and param_groups;
+                            sharded (optim.shard): the step counts only, and under
+                            'presto_shards' how the shard files fit together
+        optimizer_shard_00000.pt ...  sharded: one per shard, written by its owner in the
+                            first node group - that rank's window of every state buffer; a
+                            resume on the same shards loads its own, any other (world size,
+                            optim.shard) reads them all and re-shards
         train_state.pt      {name: state_dict()} of the run's other parts (the trainer's
                             'progress': step, samples, next eval, loss scaler, bucket plan,
                             resolved config ...)
@@ -63,6 +69,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
+
+from runtime.optim.optimizers import SHARD_KEY  # where a sharded optimizer's state dict says
+#                                                 how its shard files fit together
 
 FORMAT = "presto-checkpoint/1"
 MANIFEST = "checkpoint.json"
@@ -104,6 +113,10 @@ def _has_run_stop(log: Path) -> bool:
 
 def rank_file(rank: int) -> str:
     return f"rank_{rank:05d}.pt"
+
+
+def shard_file(index: int) -> str:
+    return f"optimizer_shard_{index:05d}.pt"
 
 
 def step_dir_name(step: int) -> str:
@@ -233,6 +246,14 @@ class Checkpoint:
 
     def optimizer_state(self) -> dict:
         return self._load(OPTIMIZER_FILE)
+
+    def optimizer_shard(self, index: int) -> dict:
+        """Shard ``index`` of a sharded optimizer's state (CheckpointError when missing)."""
+        if not (self.path / shard_file(index)).is_file():
+            raise CheckpointError(f"{self.path / shard_file(index)}: missing - the optimizer "
+                                  f"state was saved in shards and this one is needed; "
+                                  f"delete {self.path} to resume from the one before")
+        return self._load(shard_file(index))
 
     def train_state(self) -> dict:
         if self._train_state is None:
@@ -414,6 +435,10 @@ class CheckpointManager:
                 {"rank": self.rank, "world_size": self.world_size, "rng": rng_state(),
                  "data": self.loader.state_dict(),
                  "steps_per_epoch": self.loader.steps_per_epoch}))
+            shard = getattr(self.optimizer, "shard", None)
+            if shard is not None and shard.first_copy:  # one copy of each shard
+                _write_bytes(tmp / shard_file(shard.index),
+                             _torch_bytes(_to_cpu(self.optimizer.shard_state_dict())))
             if self.rank == 0:
                 self._write_shared(tmp)
             self._barrier()  # every rank's file is on disk
@@ -471,7 +496,10 @@ class CheckpointManager:
                 _write_bytes(tmp / name, data)
 
     def _commit(self, tmp: Path, final: Path, step: int, samples: int) -> None:
-        missing = [rank_file(r) for r in range(self.world_size) if not (tmp / rank_file(r)).is_file()]
+        shard = getattr(self.optimizer, "shard", None)
+        expected = [rank_file(r) for r in range(self.world_size)] + \
+            ([shard_file(j) for j in range(shard.size)] if shard is not None else [])
+        missing = [name for name in expected if not (tmp / name).is_file()]
         if missing:
             raise CheckpointError(
                 f"{tmp}: rank file(s) {', '.join(missing[:8])} did not arrive: the checkpoint "
@@ -512,6 +540,18 @@ class CheckpointManager:
                                   f"{type(self.optimizer).__name__} ({type(e).__name__}: {e}); "
                                   f"the file does not hold what its manifest says - delete "
                                   f"{ckpt.path} to resume from the one before") from e
+        if SHARD_KEY in state:
+            try:
+                how = self.optimizer.load_shard_states(state[SHARD_KEY], ckpt.optimizer_shard)
+            except CheckpointError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the same: the files do not fit
+                raise CheckpointError(f"{ckpt.path}: the optimizer's shard files do not fit "
+                                      f"this {type(self.optimizer).__name__} "
+                                      f"({type(e).__name__}: {e}); delete {ckpt.path} to "
+                                      f"resume from the one before") from e
+            if not how.startswith("own shard"):
+                notes.append(f"optimizer state {how}")
         saved = ckpt.train_state()
         for name, part in self.states.items():
             if name not in saved:

@@ -6,8 +6,10 @@ node has before any rank starts.
 Owns: the estimate - the parameter count of the configured BERT (exact: the same count as the
 built model's, tests/test_memory.py checks it), the bytes per parameter kept on a rank (fp32
 weights, gradients, the gradient buckets, the optimizer's state: 8 bytes for LAMB and AdamW's
-two moments, 4 for LARS's momentum), the activations of one micro-batch (Korthikanti et al.,
-"Reducing Activation Recomputation in Large Transformer Models", 2022: s·b·h·(34 + 5·a·s/h)
+two moments, 4 for LARS's momentum, divided by the shard count under ``optim.shard`` - the
+ranks of a node, or every rank: ``optimizer_shards``; the parameters that one host's sharded
+CPU ranks share are still counted per rank), the activations of one micro-batch (Korthikanti
+et al., "Reducing Activation Recomputation in Large Transformer Models", 2022: s·b·h·(34 + 5·a·s/h)
 bytes per layer with 16-bit activations - doubled in fp32 - plus the masked-LM logits, their
 softmax and its gradient over the vocabulary), and a fixed runtime overhead per rank - and the
 check: on the CPU, every rank of a node against the node's available memory
@@ -60,14 +62,25 @@ class Estimate:
         return max(0, int((budget - OVERHEAD_BYTES - self.static) // self.per_sample))
 
 
+def optimizer_shards(cfg: Config, world_size: int) -> int:
+    """Ranks that share one copy of the optimizer state (optim.shard): 1, the ranks of a
+    node, or every rank."""
+    shard = cfg.optim.shard
+    if shard == "world":
+        return world_size
+    if shard == "node":
+        return max(1, min(cfg.system.ranks_per_node, world_size))
+    return 1
+
+
 def estimate(cfg: Config, world_size: Optional[int] = None) -> Estimate:
     """One rank's memory for ``cfg`` on ``world_size`` ranks (default: the config's)."""
     s = cfg.system
     world = world_size or s.nodes * s.ranks_per_node
     micro = cfg.local_batch_size(world)   # global / (ranks x accumulation): one micro-batch
     p = parameter_count(cfg)
-    state = 4 if cfg.optim.name == "lars" else 8
-    static = p * (4 + 4 + 4 + state)      # weights, gradients, buckets, optimizer state
+    state = (4 if cfg.optim.name == "lars" else 8) / optimizer_shards(cfg, world)
+    static = int(p * (4 + 4 + 4 + state))  # weights, gradients, buckets, optimizer state
     m, seq = cfg.model, cfg.data.max_seq_length
     act_bytes = 1 if cfg.train.precision in ("bf16", "fp16") else 2
     per_layer = seq * m.hidden_size * (34 + 5 * m.num_attention_heads * seq / m.hidden_size)

@@ -60,6 +60,8 @@ RULES: dict[str, tuple[str, str]] = {
     "optim.beta2": (MATCH, _STATE), "optim.momentum": (MATCH, _STATE),
     "optim.bias_correction": (MATCH, _STATE),
     "optim.backend": (RECORD, "the step's implementation: the same update"),
+    "optim.shard": (RECORD, "which ranks share the update: the same update; the saved "
+                            "optimizer state is re-sharded on resume"),
     "optim.lr": (RECORD, "the learning rate from here on"),
     "optim.lr_scaling": (RECORD, "the learning rate from here on"),
     "optim.base_global_batch_size": (RECORD, "the learning rate from here on"),

@@ -266,7 +266,8 @@ def _solve(cfg, ctx, args, m, sizes, times, rb) -> Solved:
     if check.warnings:
         print("the measured allreduce times:\n" + sweep_table(sizes, times, comm), flush=True)
     spec = SyncSpec(clip_mode=cfg.train.clip_mode, tied_sync="dense", reduce_bytes=rb,
-                    align=measure.engine_align(), world_size=ctx.world_size)
+                    align=measure.engine_align(), world_size=ctx.world_size,
+                    **_shard_spec(cfg, ctx, comm))
     sizes_by_name = profile.sizes()
     from runtime.grad_sync.plan import split_pays
     pays = split_pays(profile.tied_rows, cfg.local_batch_size(ctx.world_size)
@@ -301,6 +302,20 @@ def _solve(cfg, ctx, args, m, sizes, times, rb) -> Solved:
     print(f"allreduce sweep ({len(sizes)} sizes):\n" + sweep_table(sizes, times, comm),
           flush=True)
     return Solved(rows, comm, check, spec, K, sizes, times, error, contenders, left_out)
+
+
+def _shard_spec(cfg, ctx, comm) -> dict:
+    """optim.shard in the model: the ranks per update and their collectives, from the
+    measured allreduce (runtime.calibrate.tune.simulate.ShardComm.from_allreduce: a
+    reduce-scatter or all-gather is half of it; gloo keeps the allreduce for the buckets)."""
+    from runtime.calibrate.tune.simulate import ShardComm
+    from runtime.grad_sync.shard import REDUCTION
+    shard = {"none": 1, "world": ctx.world_size,
+             "node": ctx.local_world_size}[cfg.optim.shard]
+    if shard <= 1:
+        return {}
+    backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+    return {"shard": shard, "shard_comm": ShardComm.from_allreduce(comm, REDUCTION[backend])}
 
 
 def profile_summary_text(profile, comm, spec, m, error) -> str:

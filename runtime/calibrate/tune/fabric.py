@@ -14,6 +14,14 @@ of one allreduce over p GPUs:
     term is a tree's (NCCL switches to trees at scale for small messages);
   * ``algorithm = "ring"``: one flat ring at the inter-node bus bandwidth,
     T = 2(p−1)·α_inter + 2(p−1)/p · n / B_inter.
+A sharded optimizer (`Fabric.shard_comm`, optim.shard) over groups of g GPUs:
+  * g = gpus_per_node < p ('node'): a bucket is reduce-scattered inside the node and its
+    shard all-reduced across the nodes, T = α_intra + 2·⌈log2 N⌉·α_inter
+    + (G−1)/G · n / B_intra + 2(N−1)/N · n / B_inter (the hierarchical allreduce without its
+    intra-node all-gather); the parameters are all-gathered inside the node,
+    T = α_intra + (G−1)/G · n / B_intra;
+  * g = p ('world', or one node): a reduce-scatter and an all-gather over all p are each
+    half the allreduce: the same latency, half the per-byte time.
 Never: measures anything; the numbers come from the file and are the user's claims.
 """
 from __future__ import annotations
@@ -24,6 +32,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from runtime.calibrate.tune.costmodel import CommModel
+from runtime.calibrate.tune.simulate import ShardComm
 
 GB = 1e9
 
@@ -74,6 +83,24 @@ class Fabric:
         alpha = a_in + 2 * math.ceil(math.log2(nodes)) * a_out
         beta = 2 * (G - 1) / G / b_in + 2 * (nodes - 1) / nodes / b_out
         return CommModel.affine(alpha, beta, gpus)
+
+
+    def shard_comm(self, gpus: int, group: int) -> ShardComm:
+        """The sharded step's collectives on ``gpus`` GPUs whose optimizer is shared by
+        ``group`` of them (module docstring): ``group`` = gpus_per_node, or ``gpus``."""
+        G = self.gpus_per_node
+        if group >= gpus:
+            return ShardComm.from_allreduce(self.comm_model(gpus), "reduce")
+        if group != G or gpus % G:
+            raise FabricError(f"{self.name}: a shard group of {group} GPUs out of {gpus}: "
+                              f"model a node ({G}) or every GPU")
+        nodes = gpus // G
+        a_in, a_out = self.intra_latency_us * 1e-6, self.inter_latency_us * 1e-6
+        b_in, b_out = self.intra_bus_bandwidth_GBps * GB, self.inter_bus_bandwidth_GBps * GB
+        bucket = CommModel.affine(a_in + 2 * math.ceil(math.log2(nodes)) * a_out,
+                                  (G - 1) / G / b_in + 2 * (nodes - 1) / nodes / b_out, gpus)
+        gather = CommModel.affine(a_in, (G - 1) / G / b_in, G)
+        return ShardComm(bucket, gather, self.comm_model(G))
 
 
 def load_fabric(path: str | Path) -> Fabric:

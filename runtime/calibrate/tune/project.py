@@ -16,6 +16,10 @@ The model of one step at P GPUs, local batch b (runtime.calibrate.tune.simulate 
   forward + backward = b / sequences_per_second, split between them, and over the gradients'
   ready times, as the CPU measurement of the same shapes splits them;
   optimizer = parameters · optimizer_bytes_per_param / (hbm_GBps · 1e9) / optimizer_shard;
+  with Presto's sharded optimizer (``optim.shard``, ``shard`` GPUs per update) instead: the
+  update / shard, plus its two small allreduces and the parameters' all-gather, the buckets
+  reduce-scattered (runtime.calibrate.tune.fabric.Fabric.shard_comm; `shard_table`: what it
+  changes for the published 1,024-GPU rows);
   launch work: a 1/P pass over each bucket (8 B/element at HBM speed), a norm pass for the
   before-clip modes (4 B/element);
   allreduce: the fabric's T(n) at P GPUs (runtime.calibrate.tune.fabric), n in the reduce dtype;
@@ -143,13 +147,16 @@ def distinct_rows(gp: GpuProfile, vocab: int, tokens: float) -> int:
 
 
 def gpu_step_profile(gp: GpuProfile, cpu: StepProfile, local_batch: int,
-                     gpus: int = 1) -> StepProfile:
-    """The CPU layer split scaled to ``local_batch`` sequences at the GPU's throughput."""
+                     gpus: int = 1, whole_update: bool = False) -> StepProfile:
+    """The CPU layer split scaled to ``local_batch`` sequences at the GPU's throughput; the
+    optimizer divided by the profile's ``optimizer_shard`` unless ``whole_update`` (Presto's
+    sharding is then modelled by the simulator: SyncSpec.shard)."""
     compute = local_batch / gp.sequences_per_second
     scale = compute / (cpu.forward_s + cpu.backward_s)
     params = cpu.total_elements()
     hbm = gp.hbm_GBps * 1e9
-    opt = params * gp.optimizer_bytes_per_param / hbm / max(1, gp.optimizer_shard)
+    opt = params * gp.optimizer_bytes_per_param / hbm / \
+        (1 if whole_update else max(1, gp.optimizer_shard))
     return replace(
         cpu, grads=tuple(Gradient(g.name, g.numel, g.ready_s * scale) for g in cpu.grads),
         forward_s=cpu.forward_s * scale, backward_s=cpu.backward_s * scale, optimizer_s=opt,
@@ -328,6 +335,17 @@ class Point:
     ttt_s: float
     samples_source: str = ""
     tied_sync: str = ""
+    shard: int = 0
+    """Presto's optim.shard GPUs per update (0: the profile's own optimizer_shard, no
+    collectives of its own)"""
+    update_s: float = 0.0
+    """of optimizer_s: the update itself"""
+    gather_s: float = 0.0
+    """of optimizer_s: the sharded step's parameter all-gather"""
+
+    @property
+    def optimizer_share(self) -> float:
+        return self.optimizer_s / self.step_s
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -364,13 +382,16 @@ def _plans(inst: Instance, profile: StepProfile, P: int, num_buckets: Optional[i
 def step_points(gp: GpuProfile, cpu: StepProfile, fabric: Fabric, gpus: int, local_batch: int,
                 clip_mode: str, samples: Optional[float] = None,
                 plans_wanted: Optional[list[str]] = None,
-                num_buckets: Optional[int] = None) -> list[Point]:
-    profile = gpu_step_profile(gp, cpu, local_batch, gpus)
+                num_buckets: Optional[int] = None, shard: int = 0) -> list[Point]:
+    """Projected points; ``shard`` > 0: Presto's optim.shard with that many GPUs per update
+    (1: unsharded, the whole update on every GPU)."""
+    profile = gpu_step_profile(gp, cpu, local_batch, gpus, whole_update=shard > 0)
     comm = fabric.comm_model(gpus)
     tied = tied_sync_mode("auto", clip_mode, gpus, split_pays(
         cpu.tied_rows, local_batch * gp.tokens_per_sequence, gpus, "cuda"))
     spec = SyncSpec(clip_mode=clip_mode, tied_sync=tied, reduce_bytes=gp.reduce_bytes,
-                    align=1024, world_size=gpus)
+                    align=1024, world_size=gpus, shard=max(shard, 1),
+                    shard_comm=fabric.shard_comm(gpus, shard) if shard > 1 else None)
     inst = Instance.build(profile, spec, comm)
     other = None
     if tied == "split":   # the tuned plan may also run with tied_embedding_sync=dense
@@ -394,8 +415,9 @@ def step_points(gp: GpuProfile, cpu: StepProfile, fabric: Fabric, gpus: int, loc
                 tl, plan, mode = tl2, tl2.plan, "dense"
         out.append(Point(gpus, B, clip_mode, name, len(plan.buckets), tl.step_s,
                          profile.forward_s + profile.backward_s, tl.exposed_s,
-                         profile.optimizer_s, samples, steps, evals, eval_s,
-                         steps * tl.step_s + evals * eval_s, src, mode))
+                         inst.optimizer_s, samples, steps, evals, eval_s,
+                         steps * tl.step_s + evals * eval_s, src, mode, shard,
+                         profile.optimizer_s / max(shard, 1), inst.gather_s()))
     return out
 
 
@@ -447,6 +469,46 @@ def published(profiles: dict, fabrics: dict) -> list[dict]:
     return rows
 
 
+def shard_rows(profiles: dict, fabrics: dict, gpus_per_update: int = 8) -> list[dict]:
+    """What Presto's optim.shard changes for the published 1,024-GPU rows: their tuned plan
+    unsharded (every GPU runs the whole update) against optim.shard=node (``gpus_per_update``
+    GPUs per update: the buckets reduce-scattered in the node, the shard all-reduced across
+    nodes, 1/8 of the update, the parameters all-gathered in the node)."""
+    rows = []
+    for rnd, system, gpus, batch, secs, samples, clip, fab, prof, how in PUBLISHED:
+        gp, cpu = profiles[prof]
+        K = 22 if clip == "bucket_before" else None
+        row = {"round": rnd, "system": system, "gpus": gpus, "global_batch": batch,
+               "clip_mode": clip, "profile": prof, "fabric": fab}
+        for key, shard in (("unsharded", 1), ("sharded", gpus_per_update)):
+            (pt,) = step_points(gp, cpu, fabrics[fab], gpus, batch // gpus, clip, samples,
+                                ["tuned"], num_buckets=K, shard=shard)
+            row[key] = {**pt.to_json(), "optimizer_share": pt.optimizer_share}
+        u, sh = row["unsharded"], row["sharded"]
+        row["share_cut"] = u["optimizer_share"] / sh["optimizer_share"]
+        row["update_share_cut"] = (u["update_s"] / u["step_s"]) / (sh["update_s"] / sh["step_s"])
+        rows.append(row)
+    return rows
+
+
+def shard_table(rows: list[dict]) -> str:
+    lines = ["| round | system | GPUs | unsharded: optimizer ms (share of step) | step ms | "
+             "time to train s | optim.shard=node (8): update + all-gather + small ms (share) | "
+             "step ms | time to train s | optimizer share cut (update alone) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        u, s = r["unsharded"], r["sharded"]
+        small = s["optimizer_s"] - s["update_s"] - s["gather_s"]
+        lines.append(
+            f"| {r['round']} | {r['system']} | {r['gpus']} | {u['optimizer_s'] * 1e3:.1f} "
+            f"({u['optimizer_share']:.0%}) | {u['step_s'] * 1e3:.1f} | {u['ttt_s']:.1f} | "
+            f"{s['update_s'] * 1e3:.2f} + {s['gather_s'] * 1e3:.2f} + {small * 1e3:.2f} = "
+            f"{s['optimizer_s'] * 1e3:.1f} ({s['optimizer_share']:.0%}) | "
+            f"{s['step_s'] * 1e3:.1f} | {s['ttt_s']:.1f} | {r['share_cut']:.1f}x "
+            f"({r['update_share_cut']:.1f}x) |")
+    return "\n".join(lines)
+
+
 def published_table(rows: list[dict]) -> str:
     lines = ["| round | system | GPUs | batch | published s | predicted s | error | steps × step ms"
              " | compute ms | exposed comm ms | optimizer ms | eval s | tuned plan s |",
@@ -496,6 +558,11 @@ def main(args) -> int:
     pub = published(profiles, fabrics)
     print("\npublished 1,024-A100 results (olympic means, docs/REFERENCES.md §10) against the model:\n")
     print(published_table(pub))
+    sharded = shard_rows(profiles, fabrics)
+    print("\nPresto's sharded optimizer (optim.shard=node, 8 GPUs per update) on the same rows, "
+          "tuned plans - the optimizer span is the update, the two small allreduces and the "
+          "parameters' fp32 all-gather, run after the step:\n")
+    print(shard_table(sharded))
     if args.json:
         Path(args.json).write_text(json.dumps({"fabric": fabric.__dict__, "profile": gp.__dict__,
                                                "local_batch": local,
@@ -504,5 +571,6 @@ def main(args) -> int:
                                                                  "rows": table.rows},
                                                "best_batch": {str(g): [p.to_json() for p in v]
                                                               for g, v in chosen},
-                                               "published": pub}, indent=1))
+                                               "published": pub, "sharded": sharded},
+                                              indent=1))
     return 0

@@ -43,6 +43,14 @@ Split tied embedding (train.tied_embedding_sync=split, clip_mode global_after | 
     go out, blocking, after everything else.
 The step: data + forward + backward (with launch work) + sync (what is left of the
 communication, the split's finish work) + optimizer + tail (the loss allreduce, bookkeeping).
+
+A sharded optimizer (``optim.shard``: ``SyncSpec.shard`` ranks share one update; runtime/
+grad_sync/shard.py): each bucket's collective is ``ShardComm.bucket`` - a reduce-scatter where
+the gradient goes to the shards' owners (NCCL: about half an allreduce's traffic), the
+allreduce itself where the engine keeps it (gloo) -; the optimizer span is the step on 1/shard
+of the parameters, two small allreduces (the gradient norm, the per-tensor partial norms:
+``ShardComm.small``) and the parameters' all-gather (``ShardComm.gather`` of every parameter's
+bytes), which the engine runs after the step, exposed.
 """
 from __future__ import annotations
 
@@ -131,6 +139,29 @@ class StepProfile:
 
 
 @dataclass(frozen=True)
+class ShardComm:
+    """The collectives of a sharded step, each a T(n) model over the ranks that take part."""
+
+    bucket: CommModel
+    """one bucket's gradient to the shards' owners (n: the bucket's bytes)"""
+    gather: CommModel
+    """the parameters' all-gather after the step (n: every parameter's bytes)"""
+    small: CommModel
+    """an allreduce over the shard group (the norm, the per-tensor partial norms)"""
+
+    @classmethod
+    def from_allreduce(cls, comm: CommModel, reduction: str) -> "ShardComm":
+        """From a measured allreduce over the same ranks: a reduce-scatter or an all-gather
+        is half a ring allreduce - the same latency, half the rest: α + (T(n) − α)/2, still
+        continuous and non-decreasing; 'allreduce' (gloo, runtime.grad_sync.shard.REDUCTION)
+        keeps the allreduce for the buckets."""
+        alpha = comm.alpha
+        half = CommModel(tuple((n0, alpha + (a - alpha) / 2, b / 2)
+                               for n0, a, b in comm.segments), comm.world_size, kind=comm.kind)
+        return cls(comm if reduction == "allreduce" else half, half, comm)
+
+
+@dataclass(frozen=True)
 class SyncSpec:
     """What the gradient engine does with a plan."""
 
@@ -142,8 +173,15 @@ class SyncSpec:
     align: int = 1
     """elements each parameter's gradient is aligned to in the flat buffer (GradLayout)"""
     world_size: int = 2
+    shard: int = 1
+    """ranks that share one optimizer update (optim.shard; 1: unsharded)"""
+    shard_comm: Optional[ShardComm] = None
+    """the sharded step's collectives (needed when ``shard`` > 1)"""
 
     def __post_init__(self):
+        if self.shard < 1 or (self.shard > 1 and self.shard_comm is None):
+            raise ValueError(f"shard must be >= 1 and, above 1, come with its ShardComm; got "
+                             f"{self.shard}")
         if self.clip_mode not in CLIP_MODES:
             raise ValueError(f"clip_mode must be one of {' | '.join(CLIP_MODES)}, "
                              f"got {self.clip_mode!r}")
@@ -179,6 +217,12 @@ class Instance:
     rows_bytes: int = 0
     tail_after_comm: float = 0.0   # the split's finish compute (after all comm)
     ready_own: Optional[np.ndarray] = None  # per parameter: its own ready time (shifted)
+    allreduce: Optional[CommModel] = None   # the split tied embedding's collectives (always
+    #   allreduces); ``comm`` is a bucket's: the allreduce, or ShardComm.bucket when sharded
+
+    def __post_init__(self):
+        if self.allreduce is None:
+            self.allreduce = self.comm
 
     @classmethod
     def build(cls, profile: StepProfile, spec: SyncSpec, comm: CommModel) -> "Instance":
@@ -232,9 +276,10 @@ class Instance:
         # buckets launch in order, each when its last-arriving gradient is final: a bucket
         # ending at x can go at the latest ready time of everything before x, which is its
         # last gradient's only when the order follows the ready times (production order)
-        return cls(profile, spec, comm, names, numel, start, end, np.maximum.accumulate(ready),
+        bucket = spec.shard_comm.bucket if spec.shard > 1 else comm
+        return cls(profile, spec, bucket, names, numel, start, end, np.maximum.accumulate(ready),
                    gamma, backward_end, alone, dec_pos, dec_issue, dec_bytes, mask_bytes,
-                   rows_bytes, tail, ready)
+                   rows_bytes, tail, ready, comm)
 
     # ---- cut positions -------------------------------------------------------------------
     @property
@@ -272,8 +317,29 @@ class Instance:
     def bucket_comm(self, y: int, x: int) -> float:
         if self.alone is not None and y == int(self.start[self.alone]) \
                 and x == int(self.end[self.alone]):
-            return float(self.comm.time(self.mask_bytes))
+            return float(self.allreduce.time(self.mask_bytes))
         return float(self.comm.time((x - y) * self.spec.reduce_bytes))
+
+    # ---- the optimizer span ----------------------------------------------------------------
+    def gather_bytes(self) -> int:
+        """Bytes of the sharded step's parameter all-gather (every parameter, padded)."""
+        return self.total * self.profile.element_bytes if self.spec.shard > 1 else 0
+
+    def gather_s(self) -> float:
+        return float(self.spec.shard_comm.gather.time(self.gather_bytes())) \
+            if self.spec.shard > 1 else 0.0
+
+    @property
+    def optimizer_s(self) -> float:
+        """The optimizer span: the update of 1/shard of the parameters; sharded, plus the
+        two small allreduces (norm: 8 B; per-tensor partials: 2 x tensors x 8 B) and the
+        all-gather."""
+        p, spec = self.profile, self.spec
+        if spec.shard == 1:
+            return p.optimizer_s
+        small = spec.shard_comm.small
+        return (p.optimizer_s / spec.shard + float(small.time(8))
+                + float(small.time(16 * len(self.names))) + self.gather_s())
 
     def run(self, start, work):
         """End of an allreduce that starts at ``start`` (seconds after backward start) and
@@ -294,17 +360,17 @@ class Instance:
         issue order falls in this step."""
         if self.dec_pos is not None and y <= self.dec_pos < x:
             e = self.run(max(self.dec_issue_base + self.gamma * y, e),
-                         float(self.comm.time(self.dec_bytes)))
+                         float(self.allreduce.time(self.dec_bytes)))
         return self.run(max(self.issue_time(x), e), self.bucket_comm(y, x))
 
     def finish(self, e: float) -> float:
         """Sync end (seconds after backward start) from the end of the bucket chain."""
         if self.dec_pos is not None and self.dec_pos >= self.total:  # decoder after everything
             e = self.run(max(self.dec_issue_base + self.gamma * self.total, e),
-                         float(self.comm.time(self.dec_bytes)))
+                         float(self.allreduce.time(self.dec_bytes)))
         end = max(e, self.backward_end)
         if self.rows_bytes:
-            end += float(self.comm.time(self.rows_bytes))
+            end += float(self.allreduce.time(self.rows_bytes))
         return end + self.tail_after_comm
 
     def chain_end(self, cuts: Sequence[int]) -> float:
@@ -317,7 +383,7 @@ class Instance:
 
     def step_time(self, sync_end: float) -> float:
         p = self.profile
-        return p.data_s + p.forward_s + sync_end + p.optimizer_s + p.tail_s
+        return p.data_s + p.forward_s + sync_end + self.optimizer_s + p.tail_s
 
     # ---- plans <-> cuts ------------------------------------------------------------------
     def plan_from_cuts(self, cuts: Sequence[int], source: str = "tuned") -> BucketPlan:
@@ -405,7 +471,7 @@ def simulate(inst: Instance, plan: BucketPlan, name: str = "") -> Timeline:
         if not dec_done and last >= _first_after(inst):
             issue = inst.dec_issue_base + inst.gamma * lo
             start = max(issue, e)
-            e = inst.run(start, float(inst.comm.time(inst.dec_bytes)))
+            e = inst.run(start, float(inst.allreduce.time(inst.dec_bytes)))
             lanes.append(BucketTiming("decoder share", inst.dec_bytes, t0 + issue, t0 + start,
                                       t0 + e))
             dec_done = True
@@ -416,26 +482,32 @@ def simulate(inst: Instance, plan: BucketPlan, name: str = "") -> Timeline:
         start = max(issue, e)
         is_alone = inst.alone is not None and bucket[0].name == inst.names[inst.alone]
         nbytes = inst.mask_bytes if is_alone else (hi - lo) * spec.reduce_bytes
-        e = inst.run(start, float(inst.comm.time(nbytes)))
+        e = inst.run(start, float((inst.allreduce if is_alone else inst.comm).time(nbytes)))
         lanes.append(BucketTiming(f"b{k}" + (" row mask" if is_alone else ""), nbytes,
                                   t0 + issue, t0 + start, t0 + e))
     if not dec_done:
         issue = inst.dec_issue_base + inst.gamma * inst.total
         start = max(issue, e)
-        e = inst.run(start, float(inst.comm.time(inst.dec_bytes)))
+        e = inst.run(start, float(inst.allreduce.time(inst.dec_bytes)))
         lanes.append(BucketTiming("decoder share", inst.dec_bytes, t0 + issue, t0 + start, t0 + e))
     comm_end = max(e, inst.backward_end)
     if inst.rows_bytes:
         start = comm_end
-        comm_end = start + float(inst.comm.time(inst.rows_bytes))
+        comm_end = start + float(inst.allreduce.time(inst.rows_bytes))
         lanes.append(BucketTiming("touched rows", inst.rows_bytes, t0 + inst.backward_end,
                                   t0 + start, t0 + comm_end))
     sync_end = comm_end + inst.tail_after_comm
     bwd_end = inst.backward_end
+    opt = inst.optimizer_s
+    if spec.shard > 1:  # the all-gather ends the optimizer span
+        end = t0 + sync_end + opt
+        begin = end - inst.gather_s()
+        lanes.append(BucketTiming("parameter all-gather", inst.gather_bytes(), begin, begin,
+                                  end))
     spans = {"data": (0.0, p.data_s), "forward": (p.data_s, t0),
              "backward": (t0, t0 + bwd_end), "sync": (t0 + bwd_end, t0 + sync_end),
-             "optimizer": (t0 + sync_end, t0 + sync_end + p.optimizer_s),
-             "tail": (t0 + sync_end + p.optimizer_s, t0 + sync_end + p.optimizer_s + p.tail_s)}
+             "optimizer": (t0 + sync_end, t0 + sync_end + opt),
+             "tail": (t0 + sync_end + opt, t0 + sync_end + opt + p.tail_s)}
     step = inst.step_time(sync_end)
     return Timeline(name or plan.source, lanes, spans, step, t0 + bwd_end, t0 + comm_end,
                     plan, len(plan.buckets))

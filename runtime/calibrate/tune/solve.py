@@ -239,7 +239,7 @@ def _relaxed_terms(rx: _Relaxed, cells: _Cells, n: int, X: int):
         if xlo == a1 and not cells.open[X]:
             pair = (yhi == a0) & ~cells.open[Y]
             bad = ~pair
-            add = np.where(pair, float(inst.comm.time(inst.mask_bytes)) - lam * (a1 - a0), add)
+            add = np.where(pair, float(inst.allreduce.time(inst.mask_bytes)) - lam * (a1 - a0), add)
         add = np.where(bad, np.inf, add)
     return floor, add, dec, dec_floor
 
@@ -261,7 +261,7 @@ def lower_bound(inst: Instance, cands: list[int], num_buckets: Optional[int] = N
         return -math.inf
     cells = _Cells.of(inst, cands)
     C = len(cells.lo)
-    t_dec = float(inst.comm.time(inst.dec_bytes)) if inst.dec_pos is not None else 0.0
+    t_dec = float(inst.allreduce.time(inst.dec_bytes)) if inst.dec_pos is not None else 0.0
     if num_buckets is None:   # S[X]: θ̃ lower bound after a bucket ending in cell X
         S = np.full(C, np.inf)
         S[0] = -np.inf
@@ -298,7 +298,7 @@ def _transition(inst: Instance, D: np.ndarray, Y: np.ndarray, x: int) -> np.ndar
         m = (Y <= inst.dec_pos) & (inst.dec_pos < x)
         if m.any():
             e[m] = inst.run(np.maximum(inst.dec_issue_base + inst.gamma * Y[m], e[m]),
-                            float(inst.comm.time(inst.dec_bytes)))
+                            float(inst.allreduce.time(inst.dec_bytes)))
     comm = inst.comm.time((x - Y) * inst.spec.reduce_bytes)
     start = np.maximum(inst.issue_time(x), e)
     val = inst.run(start, comm)
@@ -307,7 +307,8 @@ def _transition(inst: Instance, D: np.ndarray, Y: np.ndarray, x: int) -> np.ndar
         bad = (Y < a0) & (x > a0) | (Y < a1) & (x > a1)
         if x == a1:
             bad = Y != a0
-            val = np.where(Y == a0, inst.run(start, float(inst.comm.time(inst.mask_bytes))), val)
+            mask = float(inst.allreduce.time(inst.mask_bytes))
+            val = np.where(Y == a0, inst.run(start, mask), val)
         val = np.where(bad, np.inf, val)
     return np.asarray(val, dtype=np.float64)
 

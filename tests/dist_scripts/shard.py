@@ -1,0 +1,524 @@
+"""One rank of tests/test_shard.py (the sharded optimizer, optim.shard), under ``mpiexec -n P``:
+
+    python tests/dist_scripts/shard.py CASE[,CASE...] DATA_DIR WORK_DIR
+
+Several cases run one after the other in one launch (one start-up, one compile of each shape).
+Every case trains the tiny BERT of tests/support/tiny.py (dropout off) on the default pairing -
+the bucket engine and the compiled fused optimizer (optim.backend auto) - clipped at TAU.
+
+CASE:
+  equal     for every optimizer (lamb, adamw, lars) and clip mode, STEPS steps with
+            optim.shard=world beside the same run unsharded, from the same weights on the same
+            batches: with 2 micro-batches a step and an fp16-style loss scale whose steps
+            POISON get a NaN gradient on the last rank only (skipped on every rank, the scale
+            halves); plus a plain run (one micro-batch, no loss scale) and one reducing in
+            bf16. Per run: the largest relative difference of any parameter, how many are
+            bit for bit equal, the grad norms, skip flags and loss scales of both, the
+            optimizer state's elements on this rank (rank 0 reports; every rank checks).
+  diagonal  `equal` for each optimizer and each clip mode once (lamb/global_after,
+            adamw/local_before, lars/bucket_before, lamb/none) and the plain run.
+  reduce    the NCCL reduction on gloo (``runtime.grad_sync.shard.REDUCTION``: each bucket's
+            pieces reduced to their owners, across "nodes" too with 4 ranks): the first step's
+            averaged gradient in each rank's shard against the unsharded allreduce's, and
+            STEPS steps against the unsharded run (2 ranks: a + b = b + a, bit for bit; 4:
+            another order of the sums, so rounding).
+  noshm     /dev/shm refuses the parameters (posix_fallocate raises ENOSPC): the run falls back
+            to the broadcasts, says so in its derived facts, and equals the unsharded run.
+  node      (4 ranks) optim.shard=node with the ranks told they sit 2 to a node: 2 shards, a
+            copy per "node" (gloo's row: each bucket all-reduced, each rank keeping its
+            shard) - against the unsharded run, as equal.
+            Then ranks placed out of blocks (local ranks 1, 0, 1, 0): refused on every rank
+            with a ConfigError naming optim.shard='node'.
+  resume    a sharded LAMB run (dropout on) interrupted by a stop request (asked at step 7) and
+            resumed from its checkpoint: step for step and bit for bit the uninterrupted run;
+            then the same checkpoint restored unsharded and (4 ranks: `reshard`) re-sharded:
+            its state equal, bit for bit, to the shards put back together by hand.
+  reshard   (after a 2-rank `resume` in the same WORK_DIR) that 2-shard checkpoint restored
+            on this world's shards: the gathered state equals the hand-made one.
+  count     the region a full CUDA graph would capture, sharded, on the simulated device
+            (runtime.observe.hostsync, capture mode): no host read, sync or host tensor in a
+            collective, the same op trace for two steps, every persistent tensor changed in
+            place, and the collectives one step issues.
+  kill      (last) the last rank SIGKILLs itself inside the parameters' gather of a sharded
+            step (on one host: the barrier on the shared parameter buffer); it writes
+            WORK_DIR/killed_at first. The launch must end (non-zero) soon after.
+
+Rank 0 writes WORK_DIR/CASE-P.json for each case (P ranks).
+"""
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+import torch.distributed as torch_dist  # noqa: E402
+
+from runtime.grad_sync import shard as shard_module  # noqa: E402
+from runtime.grad_sync.shard import Shard  # noqa: E402
+from runtime.launch import dist as dist_module  # noqa: E402
+from runtime.launch import signals  # noqa: E402
+from runtime.launch.dist import init_distributed, run_guarded, shutdown  # noqa: E402
+from runtime.launch.env import discover  # noqa: E402
+from runtime.config import ConfigError  # noqa: E402
+from runtime.events import CallbackList, Event  # noqa: E402
+from runtime.observe.hostsync import SIM_DEVICE, HostSyncs  # noqa: E402
+from runtime.optim.grad_scale import DynamicLossScale  # noqa: E402
+from runtime.train.graphs import _Packed  # noqa: E402
+from runtime.train.build import batch_cost, build_train_loader  # noqa: E402
+from runtime.train.trainer import Trainer  # noqa: E402
+from loaders.shards import Limits  # noqa: E402
+from tests.support.tiny import tiny_config as support_tiny_config  # noqa: E402
+
+TAU = 0.5
+STEPS = 20
+POISON = (4, 11)      # steps (0-based) whose gradient is NaN on the last rank
+CLIPS = ("global_after", "local_before", "bucket_before", "none")
+OPTIMIZERS = ("lamb", "adamw", "lars")
+COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+               "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "barrier",
+               "all_gather_object", "broadcast_object_list", "monitored_barrier")
+
+
+def tiny_config(data_dir, *extra):
+    """The tiny model on the default pairing, clipped at TAU, 1 MB buckets (the tied
+    embedding cut into pieces, so buckets straddle shard boundaries)."""
+    return support_tiny_config(data_dir, "optim.backend=auto", f"train.max_grad_norm={TAU}",
+                               "train.bucket_cap_mb=1", "optim.lr=0.02",
+                               "train.log_every_steps=1000", *extra)
+
+
+def train(ctx, cfg, batches, fp16: bool):
+    """STEPS steps of ``cfg`` on ``batches``; (parameters, per-step records, trainer facts)."""
+    trainer = Trainer(cfg, ctx)
+    trainer.setup()
+    if fp16:  # CPU configs refuse precision=fp16: the loss scale itself is what is checked
+        trainer.loss_scale = DynamicLossScale(2.0 ** 12)
+    poison = trainer.model.bert.encoder.layer[0].output.dense.weight
+    records = []
+    accum = trainer.accum
+    for step in range(len(batches) // accum):
+        handle = None
+        if fp16 and step in POISON and ctx.rank == ctx.world_size - 1:
+            handle = poison.register_hook(lambda g: torch.full_like(g, float("nan")))
+        records.append(trainer.train_step(iter(batches[step * accum:(step + 1) * accum])))
+        if handle is not None:
+            handle.remove()
+    params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    binding = trainer.optimizer.flat_binding
+    facts = {"state_elements": sum(b.numel() for part in binding.parts
+                                   for b in part.buffers.state.values()),
+             "grad_norms": [float(r.grad_norm) for r in records],
+             "skipped": [bool(r.skipped) for r in records],
+             "loss_scales": [float(r.loss_scale) for r in records],
+             # the gradient noise scale's two batch sizes: this rank's ‖g_r‖² as it goes to
+             # the averaging, and ‖ḡ‖² of the averaged gradient (runtime.observe.noise_scale)
+             "local_sq_norms": [float(r.losses[3]) for r in records],
+             "grad_sq_means": [float(r.device["grad_sq_mean"]) for r in records
+                               if "grad_sq_mean" in r.device],
+             "split": trainer.grad_sync.tied is not None,
+             "shard": trainer.state.derived.get("optimizer_shard")}
+    trainer.close()
+    return params, facts
+
+
+def compare(a: dict, b: dict) -> dict:
+    worst, same, errs = 0.0, 0, {}
+    for n in a:
+        err = float((a[n] - b[n]).abs().max() / (a[n].abs().max() + 1e-30))
+        errs[n] = err
+        worst = max(worst, err)
+        same += bool(torch.equal(a[n], b[n]))
+    return {"max_rel_err": worst, "bitwise_params": same, "params": len(a),
+            "rel_err": errs}
+
+
+def batches_for(ctx, cfg, n):
+    """``n`` of this rank's micro-batches, read once so both runs see the same ones."""
+    limits = Limits(cfg.model.vocab_size, cfg.data.max_seq_length, cfg.model.type_vocab_size)
+    with build_train_loader(cfg, ctx, batch_cost(cfg, "cpu"), limits) as loader:
+        return [next(loader) for _ in range(n)]
+
+
+def pair(ctx, data_dir, name, fp16, *extra, node_ctx=None):
+    """The run with optim.shard (world, or node on ``node_ctx``) beside the unsharded one."""
+    cfg = tiny_config(data_dir, *extra)
+    batches = batches_for(ctx, cfg, STEPS * cfg.train.gradient_accumulation_steps)
+    plain, f0 = train(ctx, cfg, batches, fp16)
+    mode = "node" if node_ctx is not None else "world"
+    sharded, f1 = train(node_ctx or ctx, tiny_config(data_dir, *extra, f"optim.shard={mode}"),
+                        batches, fp16)
+    out = {"name": name, **compare(plain, sharded), "unsharded": f0, "sharded": f1}
+    # every rank holds the same replica: rank 0's check is every rank's
+    agree = torch.tensor([out["max_rel_err"]], dtype=torch.float64)
+    torch_dist.all_reduce(agree, op=torch_dist.ReduceOp.MAX)
+    out["max_rel_err_any_rank"] = float(agree)
+    return out
+
+
+def case_equal(ctx, data_dir, grid=None):
+    runs = []
+    for opt, clip in grid or [(o, c) for o in OPTIMIZERS for c in CLIPS]:
+        runs.append(pair(ctx, data_dir, f"{opt}/{clip}/accum2/fp16", True,
+                         f"optim.name={opt}", f"train.clip_mode={clip}",
+                         "train.gradient_accumulation_steps=2"))
+    runs.append(pair(ctx, data_dir, "lamb/global_after/plain", False))
+    if grid is None:
+        runs.append(pair(ctx, data_dir, "lamb/global_after/bf16-reduce", False,
+                         "train.allreduce_dtype=bf16"))
+    return runs
+
+
+def case_diagonal(ctx, data_dir):
+    """Every optimizer and every clip mode, not every pair of them (4 ranks on 2 cores)."""
+    return case_equal(ctx, data_dir, [("lamb", "global_after"), ("adamw", "local_before"),
+                                      ("lars", "bucket_before"), ("lamb", "none")])
+
+
+def first_gradient(ctx, cfg, batch):
+    """The averaged gradient the optimizer gets in the first step, and the shard's window."""
+    trainer = Trainer(cfg, ctx, log=lambda m: None)
+    trainer.setup()
+    seen = {}
+    real = trainer.optimizer.step
+
+    def step(**kw):
+        seen["flat"] = trainer.grad_sync.flat.clone()
+        return real(**kw)
+    trainer.optimizer.step = step
+    trainer.train_step(iter([batch]))
+    shard = trainer.grad_sync.shard
+    window = shard.window if shard is not None else None
+    total = trainer.grad_sync.layout.total
+    trainer.close()
+    return seen["flat"], window, total
+
+
+def case_reduce(ctx, data_dir):
+    shard_module.REDUCTION["gloo"] = "reduce"
+    try:
+        out = []
+        modes = [("world", ctx)]
+        if ctx.world_size == 4:
+            modes.append(("node", dataclasses.replace(ctx, local_rank=ctx.rank % 2,
+                                                      local_world_size=2)))
+        for mode, c in modes:
+            # local_before: the tied embedding in the dense buckets, some across two shards
+            extra = ("optim.name=adamw", "train.clip_mode=local_before")
+            cfg = tiny_config(data_dir, *extra)
+            batch = batches_for(ctx, cfg, 1)[0]
+            plain, _, total = first_gradient(ctx, cfg, batch)
+            mine, (lo, hi), _ = first_gradient(c, tiny_config(data_dir, *extra,
+                                                              f"optim.shard={mode}"), batch)
+            hi = min(hi, total)
+            scale = float(plain[:total].abs().max())
+            first = {"mode": mode, "window": [lo, hi],
+                     "max_abs_err_rel_to_max": float((plain[lo:hi] - mine[lo:hi]).abs().max())
+                     / scale, "bitwise": bool(torch.equal(plain[lo:hi], mine[lo:hi]))}
+            run = pair(ctx, data_dir, f"lamb/global_after/{mode}/reduce", True,
+                       "train.gradient_accumulation_steps=2",
+                       node_ctx=c if mode == "node" else None)
+            out.append({"first_step": first, **run})
+        return out
+    finally:
+        shard_module.REDUCTION["gloo"] = "allreduce"
+
+
+def case_node(ctx, data_dir):
+    # two "nodes" of two ranks: what runtime.launch.env reports on two 2-GPU nodes
+    node_ctx = dataclasses.replace(ctx, local_rank=ctx.rank % 2, local_world_size=2)
+    runs = [pair(ctx, data_dir, f"{opt}/{clip}/node", True, f"optim.name={opt}",
+                 f"train.clip_mode={clip}", "train.gradient_accumulation_steps=2",
+                 node_ctx=node_ctx)
+            for opt, clip in (("lamb", "global_after"), ("lars", "bucket_before"),
+                              ("adamw", "local_before"))]
+    mixed = dataclasses.replace(ctx, local_rank=(ctx.rank + 1) % 2, local_world_size=2)
+    trainer = Trainer(tiny_config(data_dir, "optim.shard=node"), mixed, log=lambda m: None)
+    try:
+        trainer.setup()
+        refused = None
+    except ConfigError as e:
+        refused = str(e)
+    return {"runs": runs, "misplaced": refused}
+
+
+def case_noshm(ctx, data_dir):
+    real = shard_module.os.posix_fallocate
+
+    def full(fd, offset, length):
+        raise OSError(28, "No space left on device")
+    shard_module.os.posix_fallocate = full
+    try:
+        return pair(ctx, data_dir, "lamb/global_after/noshm", False)
+    finally:
+        shard_module.os.posix_fallocate = real
+
+
+# ---------------------------------------------------------------------------------- resume
+
+def resume_config(data_dir, out, *extra):
+    return tiny_config(data_dir, f'train.output_dir="{out}"', "model.hidden_dropout_prob=0.1",
+                       "model.attention_probs_dropout_prob=0.1", "train.max_steps=14",
+                       "train.eval_iter_start_samples=100000", "train.log_every_steps=2",
+                       "data.eval_batch_size=32", "schedule.warmup_steps=3",
+                       "schedule.total_steps=40", "train.checkpoint_keep=1", *extra)
+
+
+class Recorder:
+    def __init__(self, stop_at=0):
+        self.steps, self.stop_at = [], stop_at
+
+    def on_event(self, event, state):
+        if event is Event.LOG:
+            self.steps += [(m.step, m.loss, m.grad_norm, m.skipped) for m in state.logged_steps]
+            if self.stop_at and state.step >= self.stop_at:
+                signals.request()
+
+
+def fit(ctx, cfg, stop_at=0):
+    rec = Recorder(stop_at)
+    trainer = Trainer(cfg, ctx, CallbackList([rec]), log=lambda msg: None)
+    try:
+        state = trainer.fit()
+        params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    finally:
+        trainer.close()
+        signals.clear()
+    return state, rec, trainer, params
+
+
+def saved_state(ckpt_dir: Path, names: list) -> dict:
+    """The newest checkpoint's optimizer state per parameter name (``names``: by state_dict
+    index), put together by hand from its shard files (independent of the runtime's
+    re-sharding)."""
+    from runtime.train.checkpoint import SHARD_KEY, find_latest, shard_file
+    ck = find_latest(ckpt_dir)
+    meta = ck.optimizer_state()[SHARD_KEY]
+    shards = [torch.load(ck.path / shard_file(j), weights_only=True)
+              for j in range(meta["shards"])]
+    out = {}
+    for state in meta["state_names"]:
+        whole = torch.cat([s["state"][state] for s in shards])
+        for index, offset, numel in meta["segments"]:
+            out[f"{names[index]}:{state}"] = whole[offset:offset + numel].clone()
+    return out, ck
+
+
+def state_of(trainer) -> dict:
+    """The trainer's optimizer state per parameter name, whole: gathered from the shards
+    (a collective) when sharded."""
+    opt = trainer.optimizer
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    binding = opt.flat_binding
+    (part,) = binding.parts
+    out = {}
+    b = part.buffers
+    for state, buf in b.state.items():
+        if part.shard is not None:
+            whole = torch.zeros(b.total, dtype=buf.dtype)
+            whole[b.window[0]:b.window[1]] = buf
+            part.shard.gather(whole)
+        else:
+            whole = buf
+        for i, p in enumerate(part.params):
+            seg = b.layout.segments[i]
+            out[f"{names[id(p)]}:{state}"] = whole[seg.offset:seg.offset + seg.numel].clone()
+    return out
+
+
+def same_state(a: dict, b: dict) -> dict:
+    assert set(a) == set(b), sorted(set(a) ^ set(b))[:5]
+    return {"tensors": len(a), "bitwise": sum(bool(torch.equal(a[k], b[k])) for k in a)}
+
+
+def case_resume(ctx, data_dir, work):
+    out = {}
+    full_state, full, t0, p_full = fit(ctx, resume_config(data_dir, work / "full",
+                                                        "optim.shard=world"))
+    cfg = resume_config(data_dir, work / "cut", "optim.shard=world",
+                        "train.checkpoint_every_samples=64")
+    _, first, t1, _ = fit(ctx, cfg, stop_at=7)
+    out["stopped_at"] = t1.checkpoints.last_saved.name
+    torch_dist.barrier()  # rank 0 commits the checkpoint after the others wrote theirs
+    out["files"] = sorted(p.name for p in t1.checkpoints.last_saved.iterdir())
+    _, second, t2, p_resumed = fit(ctx, cfg)
+    out["resumed_from"] = t2.resume_from.step if t2.resume_from else None
+    out["resumed_notes"] = t2.state.resume.get("notes")
+    out["steps_equal"] = first.steps + second.steps == full.steps
+    out["steps"] = len(full.steps)
+    out["params"] = compare(p_full, p_resumed)
+    # the same checkpoint, restored unsharded: its state is the shards put back together
+    by_id = {id(p): n for n, p in t2.model.named_parameters()}
+    names = [by_id[id(p)] for g in t2.optimizer.param_groups for p in g["params"]]
+    want, ck = saved_state(Path(cfg.train.checkpoint_path()), names)
+    out["checkpoint"] = str(ck.path)
+    plain = Trainer(resume_config(data_dir, work / "cut", "optim.shard=none",
+                                  "train.checkpoint_every_samples=64"), ctx, log=lambda m: None)
+    plain.setup()
+    out["unsharded_restore"] = same_state(want, state_of(plain))
+    out["unsharded_notes"] = plain.state.resume.get("notes")
+    plain.close()
+    torch.save({"names": names, "state": want}, work / "resume_state.pt")
+    return out
+
+
+def case_reshard(ctx, data_dir, work):
+    saved = torch.load(work / "resume_state.pt", weights_only=True)
+    trainer = Trainer(resume_config(data_dir, work / "cut", "optim.shard=world",
+                                    "train.checkpoint_every_samples=64"), ctx, log=lambda m: None)
+    trainer.setup()
+    got = state_of(trainer)
+    out = {"restore": same_state(saved["state"], got), "notes": trainer.state.resume.get("notes"),
+           "shards": trainer.optimizer.shard.size, "from_world": trainer.resume_from.world_size}
+    trainer.close()
+    return out
+
+
+# ----------------------------------------------------------------------------------- count
+
+class Collectives:
+    def __init__(self):
+        self.calls, self._real = {}, {}
+        for name in COLLECTIVES:
+            real = getattr(torch_dist, name, None)
+            if real is None:
+                continue
+            self._real[name] = real
+
+            def counted(*a, _name=name, _real=real, **k):
+                self.calls[_name] = self.calls.get(_name, 0) + 1
+                return _real(*a, **k)
+            setattr(torch_dist, name, counted)
+
+    def restore(self):
+        for name, real in self._real.items():
+            setattr(torch_dist, name, real)
+
+
+def persistent(trainer) -> dict:
+    out = {}
+    for name in ("scale", "good_steps", "skipped"):
+        t = getattr(trainer.loss_scale, name)
+        if isinstance(t, torch.Tensor):
+            out[f"loss_scale.{name}"] = t
+    for i, part in enumerate(trainer.optimizer.flat_binding.parts):
+        out[f"opt{i}.steps"] = part.steps
+        out[f"opt{i}.params"] = part.buffers.params
+        for k, v in part.buffers.state.items():
+            out[f"opt{i}.{k}"] = v
+    out["grads"] = trainer.grad_sync.flat
+    out["device_step"] = trainer.device_step
+    for n, p in trainer.model.named_parameters():
+        out[n] = p
+    return {k: (id(t), t.data_ptr()) for k, t in out.items()}
+
+
+def case_count(ctx, data_dir):
+    ctx = dataclasses.replace(ctx, device=SIM_DEVICE)
+    dist_module._CTX = ctx
+    results = []
+    for clip, extra, reduction in (("global_after", [], "reduce"),
+                                   ("bucket_before", ["fp16"], "reduce"),
+                                   ("global_after", [], "allreduce")):
+        shard_module.REDUCTION["gloo"] = reduction
+        try:
+            results.append(count_one(ctx, data_dir, clip, extra, reduction))
+        finally:
+            shard_module.REDUCTION["gloo"] = "allreduce"
+    return results
+
+
+def count_one(ctx, data_dir, clip, extra, reduction):
+    with HostSyncs(SIM_DEVICE, capture=True) as syncs:
+        cfg = tiny_config(data_dir, 'system.device="auto"', "data.shapes=static",
+                          "train.cuda_graphs=full", "optim.shard=world",
+                          f"train.clip_mode={clip}", "train.bucket_cap_mb=0.05")
+        trainer = Trainer(cfg, ctx, log=lambda m: None)
+        trainer.setup()
+        trainer.full_graph.warmup_steps = 10 ** 9  # run the body, watched, never capture
+        if extra:
+            trainer.loss_scale = DynamicLossScale(2.0 ** 16, device=SIM_DEVICE)
+        it = iter(trainer.train_loader)
+        for _ in range(2):  # the first step re-cuts the buckets (and re-shards the state)
+            trainer.train_step(it)
+        graph = trainer.full_graph
+        before = persistent(trainer)
+        traces, calls, events = [], [], []
+        for _ in range(2):
+            graph.inputs.load([next(it) for _ in range(trainer.accum)])
+            n, e = len(syncs.trace), len(syncs.events)
+            coll = Collectives()
+            try:
+                values = trainer._step(graph.inputs.slots)
+            finally:
+                coll.restore()
+            events += [str(x) for x in syncs.events[e:]]
+            traces.append(syncs.trace[n:])
+            calls.append(coll.calls)
+            _Packed(values).pack(values)
+        shard = trainer.optimizer.shard
+        pieces = sum(len(shard.pieces(lo, hi)) for lo, hi in trainer.grad_sync.bounds)
+        out = {"clip": clip, "reduction": reduction, "events": events,
+               "same_trace": traces[0] == traces[1], "trace_ops": len(traces[0]),
+               "calls": calls, "pieces": pieces, "buckets": trainer.grad_sync.num_buckets,
+               "shards": shard.size, "in_place": persistent(trainer) == before}
+        trainer.close()
+    return out
+
+
+# ------------------------------------------------------------------------------------ kill
+
+def case_kill(ctx, data_dir, work):
+    cfg = tiny_config(data_dir, "optim.shard=world")
+    trainer = Trainer(cfg, ctx, log=lambda m: None)
+    trainer.setup()
+    it = iter(trainer.train_loader)
+    real = Shard.gather
+    calls = {"n": 0}
+
+    def gather(self, buf):
+        calls["n"] += 1
+        if calls["n"] == 3 and ctx.rank == ctx.world_size - 1:
+            (work / "killed_at").write_text(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, buf)
+    Shard.gather = gather
+    for _ in range(6):
+        trainer.train_step(it)
+    return {"unexpected": "the run went on after a rank was killed"}
+
+
+CASES = {"equal": case_equal, "diagonal": case_diagonal, "reduce": case_reduce,
+         "noshm": case_noshm, "node": case_node, "resume": case_resume,
+         "reshard": case_reshard, "count": case_count, "kill": case_kill}
+NEEDS_WORK = {"resume", "reshard", "kill"}
+
+
+def main() -> None:
+    cases, data_dir, work = sys.argv[1].split(","), sys.argv[2], Path(sys.argv[3])
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
+    order = [c for c in CASES if c in cases]  # count: simulated device, kill: last
+    ctx = init_distributed(discover(), device="cpu", timeout_s=20)
+    torch.set_num_threads(1)
+    for case in order:
+        t0 = time.perf_counter()
+        args = (ctx, data_dir, work) if case in NEEDS_WORK else (ctx, data_dir)
+        result = CASES[case](*args)
+        if ctx.rank == 0:
+            (work / f"{case}-{ctx.world_size}.json").write_text(json.dumps(
+                {"result": result, "seconds": time.perf_counter() - t0,
+                 "world": ctx.world_size}, indent=1, default=str))
+        if case == "count":  # back to the CPU for whatever follows
+            ctx = dataclasses.replace(ctx, device=torch.device("cpu"))
+            dist_module._CTX = ctx
+    shutdown()
+
+
+if __name__ == "__main__":
+    run_guarded(main)
