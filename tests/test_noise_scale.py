@@ -1,8 +1,10 @@
 """The gradient noise scale (runtime.observe.noise_scale): the estimator's arithmetic and its
 n/a cases in process; through the real gradient syncs on 2 and 4 ranks (mpiexec), on a least
 squares problem whose B_simple is known in closed form, the estimate over many steps within
-its statistical error of the truth - with gradient accumulation too - and the same numbers
-whatever the loss scale, the clip mode or the sync."""
+its statistical error of the truth - with gradient accumulation too, and with a weight tied
+between a lookup and a decoder as BERT's word embedding is, through the split tied sync - and
+the same numbers whatever the loss scale, the clip mode or the sync (dense or split tied
+embedding, DDP): the whole gradient's noise scale, never a part a sync left out."""
 from __future__ import annotations
 
 import json
@@ -15,6 +17,9 @@ import numpy as np
 import pytest
 
 from runtime.observe.noise_scale import NoiseScale, for_run
+from tests.support.launch import needs_mpiexec
+from tests.support.runs import run
+from tests.support.tiny import run_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -84,13 +89,22 @@ def test_the_estimate_matches_the_closed_form_through_the_real_syncs(ranks, tmp_
                       "local_before": dict(same, clip_mode="local_before"),
                       "bucket_before": dict(same, clip_mode="bucket_before"),
                       "none": dict(same, clip_mode="none"), "ddp": dict(same, sync_kind="ddp")})
+        # the tied weight: the closed form through the split sync, and the same numbers from
+        # the split, the dense and DDP's sync on the same data (with accumulation: the
+        # decoder's share and the lookup's rows summed over micro-steps, as the other buckets)
+        cases["tied_split"] = dict(base, model="tied", steps=1000, accum=1)
+        tied = dict(base, model="tied", steps=30, accum=2, seed=3)
+        cases.update({"tied_ref": dict(tied, tied="split"),
+                      "tied_scaled": dict(tied, tied="split", loss_scale=1024.0),
+                      "tied_dense": dict(tied, tied="dense"),
+                      "tied_ddp": dict(tied, sync_kind="ddp")})
     out = tmp_path / "noise.json"
     proc = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, str(SCRIPT),
                            str(out), json.dumps(cases)], capture_output=True, text=True,
                           timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
-    for name in [n for n in ("accum1", "accum2") if n in cases]:
+    for name in [n for n in ("accum1", "accum2", "tied_split") if n in cases]:
         case = got[name]
         assert case["b_small"] == 8 * (2 if name == "accum2" else 1)
         assert case["b_big"] == case["b_small"] * ranks
@@ -104,3 +118,45 @@ def test_the_estimate_matches_the_closed_form_through_the_real_syncs(ranks, tmp_
         for name in ("fp16_scale", "local_before", "bucket_before", "none", "ddp"):
             for key in ("small_sq", "big_sq"):
                 np.testing.assert_allclose(got[name][key], ref[key], rtol=1e-5, err_msg=name)
+        assert got["tied_split"]["split"] and got["tied_ref"]["split"]
+        assert not got["tied_dense"]["split"]
+        for name in ("tied_scaled", "tied_dense", "tied_ddp"):
+            for key in ("small_sq", "big_sq"):
+                np.testing.assert_allclose(got[name][key], got["tied_ref"][key], rtol=1e-5,
+                                           err_msg=name)
+
+
+def _logged(run_dir: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text()
+                                      .splitlines()) if r["kind"] == "step"}
+
+
+@pytest.mark.slow
+@needs_mpiexec
+def test_dense_and_split_tied_sync_log_the_same_noise_scale(small_dataset, tmp_path):
+    """The same run (seed, data, 2 ranks) with the tied embedding's gradient reduced whole
+    and split in two shares trains the same model; the noise scale it logs is the whole
+    gradient's in both, so it must be the same - the split once left the tied weight (90 % of
+    this model) out of both norms and logged another quantity."""
+    logs = {}
+    for tied in ("dense", "split"):
+        run_dir = tmp_path / tied
+        rc, out, err = run(run_dir, run_overrides(
+            small_dataset, **{"train.tied_embedding_sync": f'"{tied}"', "train.max_steps": 40,
+                              "train.log_every_steps": 5, "train.target_mlm_accuracy": 0.99,
+                              "train.eval_iter_start_samples": 640,
+                              "train.eval_iter_samples": 640}))
+        assert rc == 1, out[-3000:] + err[-3000:]   # the step budget ends it
+        logs[tied] = _logged(run_dir)
+    dense, split = logs["dense"], logs["split"]
+    assert sorted(dense) == sorted(split) == list(range(1, 41))
+    for step in range(1, 41):  # the same training (the sums differ in order only)
+        assert split[step]["loss"] == pytest.approx(dense[step]["loss"], rel=1e-5, abs=1e-6)
+    compared = 0
+    for step in range(20, 41):  # after the estimator's first horizon
+        a, b = dense[step]["noise_scale"], split[step]["noise_scale"]
+        assert (a is None) == (b is None), (step, a, b)
+        if a is not None:
+            assert b == pytest.approx(a, rel=0.10), (step, a, b)
+            compared += 1
+    assert compared >= 10, [dense[s]["noise_scale"] for s in range(20, 41)]

@@ -245,8 +245,7 @@ class Trainer:
                       loss_scale=scale.scale)
         if report.local_sq_norm is not None:  # the gradient noise scale's two batch sizes
             losses[3] = report.local_sq_norm  # averaged over ranks at the logging point
-            device["grad_sq_mean"] = norm.square() - (0.0 if report.excluded_sq_norm is None
-                                                      else report.excluded_sq_norm)
+            device["grad_sq_mean"] = norm.square()  # the whole averaged gradient's
         return self._record(step, lr, t0, losses, real, computed, device, report.metrics())
 
     def _record(self, step, lr, t0, losses, real, computed, device, extra) -> StepRecord:
