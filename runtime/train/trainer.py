@@ -125,7 +125,8 @@ class Trainer:
         self.control.base_lr = self.base_lr
         self.balance_meter = BalanceMeter(self.model, dist.device, dist.world_size,
                                           cost=self.batch_cost)
-        self.noise = noise_scale.for_run(self.local_batch, self.accum, dist.world_size)
+        self.noise = noise_scale.for_run(self.local_batch, self.accum, dist.world_size,
+                                         t.noise_scale_horizon_samples)
         self.step_log = StepLog(dist.world_size, self.balance_meter, self.noise)
         self._run_t0: float | None = None
         if self.train_loader is not None:

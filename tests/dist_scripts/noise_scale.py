@@ -116,8 +116,8 @@ def run_tied_case(ctx, steps: int, accum: int, sync_kind: str, loss_scale: float
     split = getattr(sync, "tied", None) is not None
     if sync_kind == "buckets" and split != (tied == "split"):
         raise SystemExit(f"asked tied_embedding_sync={tied}, got split={split}")
-    estimator = NoiseScale(b_small=LOCAL_BATCH * accum,
-                           b_big=LOCAL_BATCH * accum * ctx.world_size)
+    b_big = LOCAL_BATCH * accum * ctx.world_size
+    estimator = NoiseScale(b_small=LOCAL_BATCH * accum, b_big=b_big, horizon_samples=100 * b_big)
     small_sq, big_sq = [], []
     for step in range(steps):
         sync.begin_step(loss_scale)
@@ -163,8 +163,8 @@ def run_case(ctx, steps: int, accum: int, sync_kind: str, clip_mode: str, loss_s
         plan = BucketPlan.from_cap([(n, p.numel()) for n, p in named], D // 2, "test")
         sync = GradientBuckets(model, plan, world_size=ctx.world_size, clip_mode=clip_mode,
                                max_grad_norm=1e6)  # never clips: every mode averages alike
-    estimator = NoiseScale(b_small=LOCAL_BATCH * accum,
-                           b_big=LOCAL_BATCH * accum * ctx.world_size)
+    b_big = LOCAL_BATCH * accum * ctx.world_size
+    estimator = NoiseScale(b_small=LOCAL_BATCH * accum, b_big=b_big, horizon_samples=100 * b_big)
     small_sq, big_sq = [], []
     for step in range(steps):
         sync.begin_step(loss_scale)
