@@ -237,7 +237,7 @@ class TrainConfig:
         "and 95 % after three; each logged step says the window (noise_scale_window_samples). "
         "Longer: less noise, more lag. 0 = each step's own estimate. The default was measured "
         "against per-example gradients on the CPU benchmark (docs/BENCHMARKS.md, \"Gradient "
-        "noise scale against per-example gradients\")", 2048)
+        "noise scale against per-example gradients\")", 1024)
     tensorboard: bool = _doc("write TensorBoard event files (loss, lr, gradient norm and noise "
                              "scale, throughput, imbalance, eval accuracy against samples) "
                              "into <output_dir>/tensorboard; needs the tensorboard package",
