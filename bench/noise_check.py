@@ -55,10 +55,11 @@ def train(args, workdir: Path) -> Path:
     over = [f"train.max_steps={args.steps}", f"train.checkpoint_every_samples={args.every * batch}",
             f"train.checkpoint_keep={args.steps // args.every + 1}",
             "train.target_mlm_accuracy=1.0", "train.plot=false", *args.override]
-    r = run_runtime(CONFIG, args.seed, over, workdir, timeout=args.run_timeout, name="noise_check")
+    name = time.strftime("noise_check_%Y%m%d_%H%M%S")  # a fresh run directory every time
+    r = run_runtime(CONFIG, args.seed, over, workdir, timeout=args.run_timeout, name=name)
     if r.get("rc") not in (0, 1):
         raise SystemExit(f"the training run failed (exit {r.get('rc')}): {r.get('error')}; "
-                         f"its console: {workdir}/noise_check_seed{args.seed}.out")
+                         f"its console: {workdir}/{name}_seed{args.seed}.out")
     return Path(r["run_dir"])
 
 
