@@ -109,6 +109,15 @@ def masked(batch) -> int:
     return int((batch.masked_lm_labels != IGNORE_INDEX).sum())
 
 
+def b_simple(mean_sq: float, sq_sum: float, n: float) -> float:
+    """tr(Σ)/|G|² from n per-example gradients: ``mean_sq`` = |ḡ|², ``sq_sum`` = Σ|g_i|².
+    tr(Σ) = Σ|g_i − ḡ|²/(n − 1); |G|² = |ḡ|² − tr(Σ)/n, unbiased (E|ḡ|² = |G|² + tr(Σ)/n);
+    NaN where that is not positive."""
+    trace = (sq_sum - n * mean_sq) / (n - 1)
+    g2 = mean_sq - trace / n
+    return trace / g2 if g2 > 0 else math.nan
+
+
 def example_grad(model, batch, mean_masked: float, params: list):
     """g_i of one sequence (see the module docstring), flat fp32."""
     import torch
@@ -177,18 +186,11 @@ def per_example(ckpt: Path, batch_list: list, check: Optional[tuple] = None) -> 
 
     def estimate(keep: torch.Tensor) -> tuple[float, float]:
         m = float(group_n[keep].sum())
-        s = group_sum[keep].sum(0)
-        mean = s / m
-        out = []
-        for part in ("whole", "non_embedding"):
-            sel = torch.ones_like(is_tied) if part == "whole" else ~is_tied
-            sq = float(group_sq[keep, 0].sum()) if part == "whole" else \
-                float(group_sq[keep, 0].sum() - group_sq[keep, 1].sum())
-            mean2 = float(mean[sel].square().sum())
-            trace = (sq - m * mean2) / (m - 1)
-            g2 = mean2 - trace / m
-            out.append(trace / g2 if g2 > 0 else math.nan)
-        return out[0], out[1]
+        mean = group_sum[keep].sum(0) / m
+        whole = float(group_sq[keep, 0].sum())
+        rest = whole - float(group_sq[keep, 1].sum())
+        return (b_simple(float(mean.square().sum()), whole, m),
+                b_simple(float(mean[~is_tied].square().sum()), rest, m))
 
     everything = torch.ones(GROUPS, dtype=torch.bool)
     whole, non_emb = estimate(everything)
@@ -299,8 +301,9 @@ def main(argv=None) -> int:
               f"{r['b_simple_non_embedding']:.1f} | {_f(r['logged'])} "
               f"({r['logged_window_samples']}) | {_f(r['ratio'], '.2f')} | "
               + " | ".join(_f(r["replayed"].get(str(h))) for h in horizons) + " |")
+    verdict = {True: "met", False: "MISSED", None: "no checkpoint past it"}[rec["goal_met"]]
     print(f"goal (within {args.goal}x after the first horizon of {horizon} samples): "
-          f"{ {True: 'met', False: 'MISSED', None: 'no checkpoint past it'}[rec['goal_met']]}; worst {_f(rec['worst_ratio'], '.2f')}x; "
+          f"{verdict}; worst {_f(rec['worst_ratio'], '.2f')}x; "
           f"replayed worst by horizon: {rec['replayed_worst_ratio']}")
     finish(rec, args.out, line={k: rec[k] for k in ("benchmark", "goal_met", "worst_ratio",
                                                     "wall_s")})

@@ -84,9 +84,10 @@ class TiedEmbeddingSplit:
 
     ``head``: the module holding ``decoder`` (an ``nn.Linear`` whose weight is ``param``);
     ``lookup``: the ``nn.Embedding`` whose weight is ``param`` (its input ids give the rows the
-    lookup touches); ``lane``: the timeline lane of the decoder's allreduce; ``lookup_lane``: the lookup
-    bucket's lane. Per step the engine calls ``begin_step`` → (backward; ``launch_lookup``
-    when the lookup bucket is ready) → ``finish`` after every other bucket was launched.
+    lookup touches); ``lane``: the timeline lane of the decoder's allreduce; ``lookup_lane``:
+    the lookup bucket's lane. Per step the engine calls ``begin_step`` → (backward;
+    ``launch_lookup`` when the lookup bucket is ready) → ``finish`` after every other bucket
+    was launched.
     """
 
     def __init__(self, param: nn.Parameter, head: nn.Module, lookup: nn.Module, *,
