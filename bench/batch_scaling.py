@@ -28,7 +28,13 @@ linearly interpolated between it and the eval before (``resolution`` says how fi
 The fit: McCandlish et al. (arXiv 1812.06162): S = S_min + E_min/B (steps against batch;
 (S/S_min − 1)(E/E_min − 1) = 1), least squares on the seed means, weighted by 1/S²;
 B_crit = E_min/S_min. Beside it, B_simple: the noise scale the runs reported
-(runtime.observe.noise_scale) at the step they reached the target, median over the runs.
+(runtime.observe.noise_scale: the whole gradient's, averaged over the last
+``train.noise_scale_horizon_samples`` samples) at the step they reached the target, median
+over the runs. ``--remeasure-noise`` (with ``--reuse``) reruns only the runs that reached the
+target - the ones with a B_simple at target - and takes every other run from the record, with
+the earlier samples to target and B_simple kept beside the new ones (``before``): how the
+figure was re-measured after issue 36 (before it, the split tied-embedding sync left the tied
+weight out of both norms, and the averages spanned 100 steps at every batch).
 
     python -m bench.batch_scaling --calibrate --out bench/results/batch_scaling_cal.json
     python -m bench.batch_scaling --out bench/results/batch_scaling.json \\
@@ -55,6 +61,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.common import REPO, finish, record, run_runtime, write
+from runtime.config import load_config
 
 CONFIG = REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
 DATA = REPO / "data" / "scaling64"
@@ -117,19 +124,28 @@ def crossing(history: list, target: float, batch: int) -> Optional[dict]:
     return None
 
 
-def noise_at(run_dir: Path, samples: float) -> Optional[float]:
-    """The noise scale the run logged at the step nearest ``samples``."""
+def noise_at(run_dir: Path, samples: float) -> tuple[Optional[float], Optional[int]]:
+    """The noise scale the run logged at the step nearest ``samples``, and the samples its
+    averages spanned there."""
     best = None
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        return None
+        return None, None
     for line in path.read_text().splitlines():
         rec = json.loads(line)
         if rec.get("kind") == "step" and rec.get("noise_scale") is not None:
             d = abs(rec["samples"] - samples)
             if best is None or d < best[0]:
-                best = (d, rec["noise_scale"])
-    return None if best is None else best[1]
+                best = (d, rec["noise_scale"], rec.get("noise_scale_window_samples"))
+    return (None, None) if best is None else best[1:]
+
+
+def remeasure(old: dict, noise: bool) -> bool:
+    """Whether an earlier run that answers for a planned one is rerun all the same: with
+    ``--remeasure-noise``, a run that reached the target (its B_simple at the target is what
+    is re-measured) and was not re-measured already; a run that missed the target has no
+    B_simple at target, and its outcome stands."""
+    return noise and old.get("samples_to_target") is not None and not old.get("before")
 
 
 def fit_tradeoff(points: list[tuple[int, float]]) -> Optional[dict]:
@@ -217,7 +233,7 @@ def study(args, workdir: Path, rec: dict) -> dict:
                     old = next((r for r in earlier if r["seed"] == seed
                                 and r["optimizer"] == optimizer and r["rule"] == rule
                                 and r["batch"] == batch and reusable(r, over)), None)
-                    if old is not None:
+                    if old is not None and not remeasure(old, args.remeasure_noise):
                         runs.append({**old, "overrides": over, "reused": True})
                         print(f"  {name} seed {seed}: reused from {args.reuse}", flush=True)
                         continue
@@ -228,15 +244,21 @@ def study(args, workdir: Path, rec: dict) -> dict:
                     if r.get("rc") not in (0, 1):  # not trained to its end: no data point
                         r = {**r, "status": "failed", "eval_history": None}
                     hit = crossing(r.get("eval_history") or [], args.target, batch)
+                    noise, window = noise_at(Path(r["run_dir"]), hit["samples"]) if hit \
+                        else (None, None)
                     row = {"optimizer": optimizer, "rule": rule, "batch": batch, "seed": seed,
                            "overrides": over, "status": r["status"],
                            "wall_s": round(time.perf_counter() - t0, 1),
                            "samples_to_target": hit and hit["samples"],
                            "steps_to_target": hit and hit["steps"],
                            "resolution": hit and hit["resolution"],
-                           "noise_scale_at_target": hit and noise_at(Path(r["run_dir"]),
-                                                                     hit["samples"]),
+                           "noise_scale_at_target": noise,
+                           "noise_window_samples": window,
                            "eval_history": r.get("eval_history"), "error": r.get("error")}
+                    if old is not None:  # re-measured: what the record said before
+                        row["before"] = {k: old.get(k) for k in (
+                            "samples_to_target", "steps_to_target", "noise_scale_at_target",
+                            "status", "wall_s")}
                     runs.append(row)
                     print(f"  {name} seed {seed}: {row['status']}, "
                           f"{_f(row['samples_to_target'], '.0f')} samples "
@@ -309,6 +331,16 @@ def print_table(rec: dict) -> None:
                   f"| {f['residual_rel']:.0%} |")
     print(f"\nB_simple at the target (median of the runs): {_f(rec['b_simple_median'], '.0f')}"
           f" sequences; by optimizer: {rec['b_simple_by_optimizer']}")
+    again = [r for r in rec["runs"] if r.get("before") and r.get("samples_to_target")]
+    if again:
+        print("\n| run | seed | samples to target (before) | B_simple at target (before) |")
+        print("|---|---|---|---|")
+        for r in again:
+            b = r["before"]
+            print(f"| {r['optimizer']} {r['rule']} {r['batch']} | {r['seed']} | "
+                  f"{_f(r['samples_to_target'], ',.0f')} ({_f(b['samples_to_target'], ',.0f')})"
+                  f" | {_f(r['noise_scale_at_target'], '.0f')} "
+                  f"({_f(b['noise_scale_at_target'], '.0f')}) |")
 
 
 def plot(rec: dict, png: Path) -> None:
@@ -338,8 +370,10 @@ def plot(rec: dict, png: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("steps to target")
     ax.set_ylabel("samples to target")
+    horizon = rec.get("noise_scale_horizon_samples")
     ax.set_title("batch scaling: dotted = perfect scaling (E_min), * = B_crit"
-                 + (f"; B_simple ≈ {bs:.0f} seq" if bs else ""), fontsize=9)
+                 + (f"\nB_simple at target ≈ {bs:.0f} seq (median; whole gradient, "
+                    f"last {horizon} samples)" if bs else ""), fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -394,6 +428,9 @@ def parse_args(argv):
                     help="an earlier record of this study: its runs with the same overrides "
                     "(and an outcome the budget would not change) are taken, not rerun; the "
                     "record is rewritten after every run, so an interrupted study resumes so")
+    ap.add_argument("--remeasure-noise", action="store_true",
+                    help="with --reuse: rerun the runs that reached the target (to measure "
+                    "their B_simple at target again), take the others from the record")
     ap.add_argument("--run-timeout", type=float, default=1800)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "batch_scaling.json")
@@ -418,7 +455,9 @@ def main(argv=None) -> int:
     rec = record("batch_scaling", argv, target=args.target, base_batch=args.base_batch,
                  base_lr=args.base_lr, batches=args.batches, optimizers=args.optimizers,
                  rules=args.rules, seeds=args.seeds, ranks=RANKS, proxy=PROXY,
-                 decay_samples=args.decay_samples, data=str(args.data))
+                 decay_samples=args.decay_samples, data=str(args.data),
+                 noise_scale_horizon_samples=load_config(CONFIG, PROXY).train
+                 .noise_scale_horizon_samples)
     t0 = time.perf_counter()
     if args.calibrate:
         rec["calibration"] = calibrate(args, workdir)

@@ -285,6 +285,14 @@ class TrainConfig:
         "clip_mode global_after | none, a plan that keeps the embedding whole, and on CUDA "
         "fewer tokens per step across ranks than vocabulary rows; else dense). "
         "docs/GRADIENT_SYNC.md", "auto")
+    noise_scale_horizon_samples: int = _doc(
+        "the gradient noise scale's averaging horizon, in training samples (runtime/observe/"
+        "noise_scale.py): |G|² and tr(Σ) are moving averages whose weights span this many "
+        "samples (every sample so far before that), so a change shows 63 % after one horizon "
+        "and 95 % after three; each logged step says the window (noise_scale_window_samples). "
+        "Longer: less noise, more lag. 0 = each step's own estimate. The default was measured "
+        "against per-example gradients on the CPU benchmark (docs/BENCHMARKS.md, \"Gradient "
+        "noise scale against per-example gradients\")", 1024)
     tensorboard: bool = _doc("write TensorBoard event files (loss, lr, gradient norm and noise "
                              "scale, throughput, imbalance, eval accuracy against samples) "
                              "into <output_dir>/tensorboard; needs the tensorboard package",
@@ -363,6 +371,10 @@ class TrainConfig:
         if self.checkpoint_keep < 1:
             raise ConfigError(f"train.checkpoint_keep must be >= 1 (the newest checkpoints "
                               f"kept), got {self.checkpoint_keep}")
+        if self.noise_scale_horizon_samples < 0:
+            raise ConfigError(f"train.noise_scale_horizon_samples must be a whole number of "
+                              f"samples >= 0 (0 = no averaging), got "
+                              f"{self.noise_scale_horizon_samples!r}")
         if self.max_nonfinite_steps < 0:
             raise ConfigError(f"train.max_nonfinite_steps must be >= 0 (0 = stop at the "
                               f"first non-finite step), got {self.max_nonfinite_steps}")

@@ -19,7 +19,8 @@ What is logged where (docs/MLPERF_LOGGING.md has the full table):
     BLOCK_START  block_start {first_epoch_num: samples before the block, epoch_count: samples in it}
     LOG          tracked_stats {loss, mlm_loss, nsp_loss, lr, grad_norm} every N steps (optional),
                  and with several ranks presto_gradient_noise_scale (B_simple in sequences,
-                 None while undefined; runtime.observe.noise_scale) at the same steps
+                 None while undefined; runtime.observe.noise_scale) at the same steps,
+                 {window_samples: the samples its averages span}
     BLOCK_STOP   block_stop  {first_epoch_num}
     EVAL_START   eval_start  {epoch_num: samples trained}
     EVAL_STOP    eval_stop, eval_accuracy {epoch_num: samples trained}
@@ -278,7 +279,9 @@ class MLPerfLogger:
             if state.world_size > 1:  # B_simple in sequences; None while undefined (n/a)
                 ns = m.extra.get("noise_scale")
                 self._event("presto_gradient_noise_scale", None if ns is None else _num(ns),
-                            metadata={"step": int(m.step), C.SAMPLES_COUNT: int(m.samples)})
+                            metadata={"step": int(m.step), C.SAMPLES_COUNT: int(m.samples),
+                                      "window_samples": int(m.extra.get(
+                                          "noise_scale_window_samples") or 0)})
 
     def _on_eval_start(self, state: RunState) -> None:
         self._start(C.EVAL_START, metadata={C.EPOCH_NUM: int(state.samples)})

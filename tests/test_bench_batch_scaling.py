@@ -1,15 +1,16 @@
 """bench.batch_scaling's arithmetic: the learning-rate rules (linear; √ with LEGW warm-up),
 the crossing of the target read between evaluations, McCandlish's trade-off fitted back from
-points made by it, the samples table the projection reads, the budget cap and which earlier
-runs answer for a planned one."""
+points made by it, the samples table the projection reads, the budget cap, which earlier
+runs answer for a planned one, and which are rerun to re-measure the noise scale."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from bench.batch_scaling import (WARMUP_STEPS, best_samples_table, crossing, fit_tradeoff,
-                                 load_reuse, reusable, run_plan)
+                                 load_reuse, noise_at, remeasure, reusable, run_plan)
 
 
 def _value(over: list[str], key: str) -> str:
@@ -109,3 +110,18 @@ def test_an_earlier_attempts_directory_is_set_aside_and_a_failed_run_is_no_data_
               "steps_to_target": None}
     (row,) = summarise([run, failed], Args)["table"]
     assert (row["runs"], row["reached"], row["samples"]) == (1, 1, 1000.0)
+
+
+def test_remeasuring_the_noise_reruns_only_the_runs_that_reached_the_target(tmp_path):
+    hit = {"status": "success", "samples_to_target": 9000.0, "noise_scale_at_target": 80.0}
+    missed = {"status": "aborted", "samples_to_target": None, "noise_scale_at_target": None}
+    assert remeasure(hit, True) and not remeasure(missed, True)
+    assert not remeasure(hit, False)                   # without the flag: taken as it is
+    again = {**hit, "before": {"samples_to_target": 9000.0, "noise_scale_at_target": 80.0}}
+    assert not remeasure(again, True)  # re-measured already (a resumed re-measurement)
+    lines = [{"kind": "step", "samples": s, "noise_scale": b, "noise_scale_window_samples": w}
+             for s, b, w in ((64, None, 64), (8960, 40.0, 2016), (9024, 41.0, 2017))]
+    lines.append({"kind": "eval", "samples": 9024, "eval_accuracy": 0.1})
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
+    assert noise_at(tmp_path, 9000.0) == (41.0, 2017)   # the logged step nearest the target
+    assert noise_at(tmp_path / "missing", 9000.0) == (None, None)

@@ -59,11 +59,11 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
     asked = train_cfg.tied_embedding_sync
     if asked == "auto" and getattr(train_cfg, "cuda_graphs", "none") != "none":
         asked = "dense"  # the split's decoder tap would fire inside a graphed backward
-    head, tied_name = None, None
+    head, tied_name, lookup = None, None, None
     if tied_sync_mode(asked, train_cfg.clip_mode, world_size) == "split":
         found = find_tied_head(model, named, required=asked == "split")
         if found is not None:
-            head, tied_name = found
+            head, tied_name, lookup = found
             rows = dict(named)[tied_name].shape[0]
             if tied_sync_mode(asked, train_cfg.clip_mode, world_size, split_pays(
                     rows, tokens_per_step, world_size, torch.device(device).type)) == "dense":
@@ -84,7 +84,7 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
     if tied_name is not None:
         param = dict(named)[tied_name]
         rows = param.shape[0] if tokens_per_step is None else tokens_per_step * world_size
-        tied = TiedEmbeddingSplit(param, head, world_size=world_size, group=group,
+        tied = TiedEmbeddingSplit(param, head, lookup, world_size=world_size, group=group,
                                   reduce_dtype=reduce_dtype, max_rows=rows, timeline=timeline)
     groups = shard_groups(shard, world_size, local_rank, local_world_size)
     # CPU ranks whose shard group is on one host share one parameter buffer (shard.py); not

@@ -414,11 +414,12 @@ class GradientBuckets:
 
     def _report(self, launched_in_backward: int) -> SyncReport:
         report = SyncReport(buckets=self.num_buckets, launched_in_backward=launched_in_backward)
-        if self._local_sq and self.world_size > 1:
-            report.local_sq_norm = torch.stack(self._local_sq).sum()
-            if self.tied is not None:  # its two shares go out apart: left out of both norms
-                report.excluded_sq_norm = (norm_of_rows(row_norms(self._view(
-                    self._tied_name))) / self._loss_scale).float().square()
+        local = list(self._local_sq)
+        if self.tied is not None and self.tied.local_sq is not None:  # its two shares went
+            # out apart; the split adds them up: the whole tied gradient, as a dense bucket's
+            local.append((self.tied.local_sq / (self._loss_scale * self._loss_scale)).float())
+        if local and self.world_size > 1:
+            report.local_sq_norm = torch.stack(local).sum()
         if self.clip.per_bucket and self.max_grad_norm > 0:
             report.clip_coefs = torch.stack(self._coefs)
             report.local_norm = torch.stack(self._norms).double().pow(2).sum().sqrt()

@@ -62,10 +62,9 @@ class SyncReport:
     clip_coefs: Optional[torch.Tensor] = None  # the before modes: this rank's coefficient per
     #                                            bucket (bucket_before) or its one (local_before)
     local_norm: Optional[torch.Tensor] = None  # ‖g_r‖ before clipping (the before modes)
-    local_sq_norm: Optional[torch.Tensor] = None  # ‖g_r‖² of what this rank sends to the
-    #   averaging (after its own clip, loss-scaled): the gradient noise scale's small batch
-    excluded_sq_norm: Optional[torch.Tensor] = None  # ‖ḡ‖² of parameters left out of
-    #   local_sq_norm (the split tied embedding's), to take out of the averaged norm too
+    local_sq_norm: Optional[torch.Tensor] = None  # ‖g_r‖² of everything this rank sends to
+    #   the averaging (after its own clip, unscaled by the loss scale; every parameter, the
+    #   split tied embedding's two shares included): the gradient noise scale's small batch
 
     @property
     def clip_coef(self) -> Any:

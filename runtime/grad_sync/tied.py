@@ -13,7 +13,15 @@ share, and their reduction across ranks:
     allreduce-max of the row mask gives the union, and only those rows are reduced (rows no
     rank touched are zero on every rank, so the result is exact);
   * at the end, the reduced decoder share is added to the reduced lookup share: the same
-    averaged gradient as one dense allreduce (tests/test_buckets.py holds it to the formula).
+    averaged gradient as one dense allreduce (tests/test_buckets.py holds it to the formula);
+  * the squared norm of this rank's whole tied gradient, lookup + decoder, as it goes to the
+    averaging (``local_sq``, loss-scaled, on the device): the gradient noise scale's small batch
+    (runtime.observe.noise_scale) must see the whole gradient, and the two shares leave apart.
+    ‖d + l‖² = ‖d‖² + Σ_rows touched (‖l_r‖² + 2 l_r·d_r): ‖d‖² of the decoder's share before
+    it is divided and sent; its rows at this step's token ids (a forward pre-hook on the
+    lookup records them) gathered then, and met with the lookup's rows before those are
+    reduced. Each token counts 1/(its id's count), so a row seen twice counts once - fixed
+    sizes throughout (tokens × hidden, never a vocabulary-sized copy), no host read.
 Never: holds a reference to the bucket engine or calls into it (the engine calls `begin_step`,
 `launch_lookup` and `finish` on this object, passing the lookup's rows), picks buckets, clips,
 or leaves the model changed after `close` (the original decoder module goes back).
@@ -35,6 +43,8 @@ import torch
 import torch.distributed as torch_dist
 import torch.nn.functional as F
 from torch import nn
+
+from kernels.optim_reference import norm_of_rows, row_norms
 
 
 _HOST = torch.device("cpu")
@@ -73,14 +83,16 @@ class TiedEmbeddingSplit:
     """Reduces the tied word embedding's gradient in two shares (see the module docstring).
 
     ``head``: the module holding ``decoder`` (an ``nn.Linear`` whose weight is ``param``);
-    ``lane``: the timeline lane of the decoder's allreduce; ``lookup_lane``: the lookup
-    bucket's lane. Per step the engine calls ``begin_step`` → (backward; ``launch_lookup``
-    when the lookup bucket is ready) → ``finish`` after every other bucket was launched.
+    ``lookup``: the ``nn.Embedding`` whose weight is ``param`` (its input ids give the rows the
+    lookup touches); ``lane``: the timeline lane of the decoder's allreduce; ``lookup_lane``:
+    the lookup bucket's lane. Per step the engine calls ``begin_step`` → (backward;
+    ``launch_lookup`` when the lookup bucket is ready) → ``finish`` after every other bucket
+    was launched.
     """
 
-    def __init__(self, param: nn.Parameter, head: nn.Module, *, world_size: int, group: Any,
-                 reduce_dtype: torch.dtype, max_rows: int, timeline: Any = None,
-                 lane: int = 0, lookup_lane: int = 0):
+    def __init__(self, param: nn.Parameter, head: nn.Module, lookup: nn.Module, *,
+                 world_size: int, group: Any, reduce_dtype: torch.dtype, max_rows: int,
+                 timeline: Any = None, lane: int = 0, lookup_lane: int = 0):
         self.param = param
         self.world_size = world_size
         self.group = group
@@ -94,6 +106,7 @@ class TiedEmbeddingSplit:
         self._armed = False
         self._head, self._original = head, head.decoder
         head.decoder = TappedDecoder(head.decoder, self._on_decoder_grad)
+        self._ids_hook = lookup.register_forward_pre_hook(self._on_lookup)
         self.begin_step()
         self._armed = False
 
@@ -109,7 +122,15 @@ class TiedEmbeddingSplit:
         self._comm: Optional[torch.Tensor] = None
         self._mask: Optional[torch.Tensor] = None
         self._mask_work: Any = None
+        self._ids: list[torch.Tensor] = []   # the lookup's input ids, every micro-step
+        self._dec_sq: Optional[torch.Tensor] = None    # ‖decoder share‖², before sending
+        self._dec_rows: Optional[torch.Tensor] = None  # its rows at the ids, before sending
+        self.local_sq: Optional[torch.Tensor] = None   # ‖whole local tied gradient‖² (finish)
         self._armed = True
+
+    def _on_lookup(self, _module, args) -> None:
+        if self._armed and torch.is_grad_enabled() and self.world_size > 1:
+            self._ids.append(args[0].detach().reshape(-1))
 
     def _on_decoder_grad(self, grad: torch.Tensor) -> None:
         if not self._armed:  # a backward outside a training step: plain autograd semantics
@@ -129,6 +150,7 @@ class TiedEmbeddingSplit:
         if self.timeline is not None:
             self.timeline.bucket_ready(self.lane, now)
         if self.world_size > 1:
+            self._note_decoder()
             self._dec.mul_(1.0 / self.world_size)
         if self.world_size == 1 or self.skip_communication:
             self._stamp(self.lane, now, done=True)
@@ -152,9 +174,41 @@ class TiedEmbeddingSplit:
         self._mask_work = torch_dist.all_reduce(self._mask, op=torch_dist.ReduceOp.MAX,
                                                 group=self.group, async_op=True)
 
+    def _ids_now(self) -> torch.Tensor:
+        if not self._ids:
+            return torch.zeros(0, dtype=torch.long, device=self.param.device)
+        return self._ids[0] if len(self._ids) == 1 else torch.cat(self._ids)
+
+    def _note_decoder(self) -> None:
+        """The decoder's local share, before it is divided and sent: its squared norm and its
+        rows at this step's ids (every forward of the step has run by now)."""
+        dec = self._dec
+        self._dec_sq = norm_of_rows(row_norms(dec)).double().square()
+        self._dec_rows = dec.index_select(0, self._ids_now()).float()
+
+    def _note_local(self, rows: torch.Tensor) -> None:
+        """``local_sq`` = ‖decoder share + lookup share‖² of this rank (see the module
+        docstring), from the lookup's rows while they are still this rank's own."""
+        ids = self._ids_now()
+        count = torch.zeros(rows.shape[0], dtype=torch.float32, device=rows.device)
+        count.index_add_(0, ids, torch.ones(ids.shape[0], dtype=torch.float32,
+                                            device=rows.device))
+        weight = count.index_select(0, ids).reciprocal()  # every touched row counted once
+        look = rows.index_select(0, ids).float()
+        per_token = look.square().sum(1)
+        if self._dec_rows is not None:
+            per_token = per_token + 2 * (look * self._dec_rows).sum(1)
+        total = (weight * per_token).double().sum()
+        self.local_sq = total if self._dec_sq is None else total + self._dec_sq
+        self._dec_rows = None
+
     def finish(self, rows: torch.Tensor) -> None:
         """After every bucket was launched: reduce the touched rows of ``rows`` in place, then
-        add the decoder's reduced share. Every rank issues these collectives at this point."""
+        add the decoder's reduced share. Every rank issues these collectives at this point.
+        Before that (several ranks): ``local_sq``, this rank's whole tied gradient's squared
+        norm (loss-scaled, fp64, on the device)."""
+        if self.world_size > 1:
+            self._note_local(rows)
         if self._mask is not None:
             self._mask_work.wait()
             idx = self._touched(self._mask)
@@ -174,6 +228,7 @@ class TiedEmbeddingSplit:
         if not self._fresh:  # the decoder ran in this step
             rows.add_(self._dec.view_as(rows))
         self._dec = self._comm = None  # autograd's tensor is freed until the next step
+        self._ids = []
         self._armed = False
 
     def _touched(self, mask: torch.Tensor) -> torch.Tensor:
@@ -191,25 +246,32 @@ class TiedEmbeddingSplit:
             tl.bucket_done(lane, now)
 
     def close(self) -> None:
-        """Put the model's own decoder back."""
+        """Put the model's own decoder back, and leave the lookup unhooked."""
         if self._head is not None:
             self._head.decoder = self._original
             self._head = None
+            self._ids_hook.remove()
 
 
 def find_tied_head(model: nn.Module, named: list,
-                   required: bool = True) -> Optional[tuple[nn.Module, str]]:
+                   required: bool = True) -> Optional[tuple[nn.Module, str, nn.Module]]:
     """The module whose ``decoder`` (an ``nn.Linear``) has its weight tied to a trainable
-    parameter, and that parameter's name; None (or, when required, an error) if none."""
+    parameter, that parameter's name and the ``nn.Embedding`` looking rows of it up; None (or,
+    when required, an error) if there is none."""
     for module in model.modules():
         decoder = getattr(module, "decoder", None)
         if not isinstance(decoder, nn.Linear):
             continue
         for name, param in named:
-            if param is decoder.weight:
-                return module, name
+            if param is not decoder.weight:
+                continue
+            lookup = next((m for m in model.modules()
+                           if isinstance(m, nn.Embedding) and m.weight is param), None)
+            if lookup is not None:
+                return module, name, lookup
     if not required:
         return None
     raise ValueError("train.tied_embedding_sync='split' needs a model whose MLM head has a "
-                     "decoder (nn.Linear) tied to a trainable parameter, such as "
-                     "runtime.model.BertForPreTraining; use tied_embedding_sync='dense'")
+                     "decoder (nn.Linear) tied to a trainable parameter that an nn.Embedding "
+                     "looks up, such as runtime.model.BertForPreTraining; use "
+                     "tied_embedding_sync='dense'")

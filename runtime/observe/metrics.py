@@ -20,6 +20,11 @@ def _fmt_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
+def _count(n: float) -> str:
+    """A sample count, short: 960, 2.0k, 1.5M."""
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else f"{n:.0f}"
+
+
 class MetricsWriter:
     """Appends step and eval records to ``<dir>/metrics.jsonl`` on rank 0: a record for every
     step (``every``: every n-th), written when the trainer logs (Event.LOG), each stamped
@@ -197,8 +202,10 @@ class ProgressPrinter:
                       f"lr {m.lr:.2e}", f"|g| {m.grad_norm:.2f}"]
             if "noise_scale" in m.extra:  # B_simple, sequences (McCandlish et al.)
                 ns = m.extra["noise_scale"]
-                parts.append("B_noise n/a" + (" (1 rank)" if state.world_size == 1 else "")
-                             if ns is None else f"B_noise {ns:.0f}")
+                window = m.extra.get("noise_scale_window_samples")
+                over = f" (last {_count(window)} samples)" if window else ""
+                parts.append("B_noise n/a" + (" (1 rank)" if state.world_size == 1 else over)
+                             if ns is None else f"B_noise {ns:.0f}{over}")
             if self.tokens[1]:
                 parts.append(f"pad-eff {self.tokens[0] / self.tokens[1]:.3f}")
             if self.flops[1] > 0:  # runtime.observe.mfu, over the steps since the last line
@@ -239,12 +246,14 @@ def plot_metrics(metrics_path: str | Path, png_path: str | Path, title: str = ""
     import matplotlib.pyplot as plt
 
     steps, evals, noise = [], [], []
+    window = 0
     for line in Path(metrics_path).read_text().splitlines():
         rec = json.loads(line)
         if rec["kind"] == "step":
             steps.append((rec["samples"], rec["loss"]))
             if rec.get("noise_scale") is not None:
                 noise.append((rec["samples"], rec["noise_scale"]))
+                window = max(window, rec.get("noise_scale_window_samples") or 0)
         elif rec["kind"] == "eval" and rec["eval_accuracy"] is not None:
             evals.append((rec["samples"], rec["eval_accuracy"]))
     if noise:  # a second panel: the gradient noise scale against the same samples
@@ -252,6 +261,9 @@ def plot_metrics(metrics_path: str | Path, png_path: str | Path, title: str = ""
                                       gridspec_kw={"height_ratios": [3, 2]})
         ax3.plot(*zip(*noise), color="tab:green", lw=1)
         ax3.set_ylabel("gradient noise scale\nB_simple (sequences)", color="tab:green")
+        if window:  # how fresh each point is: the samples its averages span
+            ax3.set_title(f"B_simple of the whole gradient, averaged over the last "
+                          f"{_count(window)} samples", fontsize=9)
         ax3.set_xlabel("samples")
     else:
         fig, ax = plt.subplots(figsize=(8, 4.5))

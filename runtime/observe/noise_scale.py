@@ -11,10 +11,24 @@ gradient's |G_big|², per step,
     |G|²   ≈ (B_big·|G_big|² − B_small·|G_small|²) / (B_big − B_small)
     tr(Σ)  ≈ (|G_small|² − |G_big|²) / (1/B_small − 1/B_big)
 
-both unbiased but noisy: each is smoothed by an exponential moving average (bias-corrected,
-as Adam's moments) before the ratio. B_simple is in sequences (the unit of the batch sizes);
-the MLM loss is a mean over masked tokens, so one sequence here stands for its ~15 % masked
-positions - multiply by the masked tokens per sequence for a token count.
+both unbiased but noisy: each is averaged over the last ``horizon_samples`` training samples
+(``train.noise_scale_horizon_samples``) before the ratio - an exponential moving average in
+steps, each step weighing d = 1 − B_big/horizon of the step after it, so its weights sum to
+the horizon (in samples) once the run is longer than that, and to every sample so far before
+(an average, not a decayed sum: Adam's bias correction, exactly). A change in the gradient's
+statistics shows 1 − 1/e ≈ 63 % of the way after one horizon, 95 % after three. B_simple is in
+sequences (the unit of the batch sizes); the MLM loss is a mean over masked tokens, so one
+sequence here stands for its ~15 % masked positions - multiply by the masked tokens per
+sequence for a token count.
+
+What it measures is the whole gradient, every parameter, whatever the sync (DDP's buckets, the
+bucket engine's, the split tied embedding's two shares: each reports its whole local squared
+norm, tests/test_noise_scale.py holds them equal).
+
+Each step's record carries ``noise_scale_window_samples``: the samples the average spans (its
+weights' sum × B_big: every sample so far early on, then the horizon), beside the raw
+per-step norms ``grad_sq_small`` / ``grad_sq_big`` (so any other horizon can be replayed from
+metrics.jsonl, as bench/noise_check.py does).
 Never: touches gradients or runs a collective - the squared norms come from the gradient sync
 (``SyncReport.local_sq_norm``, on the device, before the allreduce) and the mean over ranks
 rides the logging point's existing reduction (runtime.observe.step_log).
@@ -28,68 +42,88 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-DEFAULT_DECAY = 0.99
-"""Per-step EMA decay (gpt-neox's; an effective window of ~100 steps)."""
-
-
 @dataclass
 class NoiseScale:
     """B_simple from per-step squared norms; see the module docstring."""
 
     b_small: int            # sequences behind one rank's local gradient (local batch × accum)
     b_big: int              # sequences behind the averaged gradient (the global batch)
-    decay: float = DEFAULT_DECAY
+    horizon_samples: int    # the averages' horizon (train.noise_scale_horizon_samples; 0:
+    #                         each step alone)
     steps: int = 0          # steps folded in
-    g2_ema: float = 0.0     # EMA of the |G|² estimates (not yet bias-corrected)
-    trace_ema: float = 0.0  # EMA of the tr(Σ) estimates
+    weight: float = 0.0     # Σ d^age over the steps folded in: the steps the average spans
+    g2_sum: float = 0.0     # Σ d^age · (this step's |G|² estimate)
+    trace_sum: float = 0.0  # Σ d^age · (this step's tr(Σ) estimate)
 
     def __post_init__(self):
         if not (0 < self.b_small < self.b_big):
             raise ValueError(f"the noise scale needs a global batch ({self.b_big}) larger "
                              f"than one rank's ({self.b_small}): more than one rank")
-        if not 0 <= self.decay < 1:
-            raise ValueError(f"noise-scale EMA decay must be in [0, 1), got {self.decay}")
+        if not (isinstance(self.horizon_samples, int) and self.horizon_samples >= 0):
+            raise ValueError(f"noise-scale horizon must be a whole number of samples >= 0, "
+                             f"got {self.horizon_samples!r}")
+
+    @property
+    def decay(self) -> float:
+        """Each step's weight relative to the next one's: 1 − B_big/horizon (0 for a
+        horizon of at most one step: no averaging)."""
+        return max(0.0, 1.0 - self.b_big / self.horizon_samples) if self.horizon_samples else 0.0
 
     def update(self, small_sq: float, big_sq: float) -> dict:
         """Fold in one step: ``small_sq`` the mean over ranks of the local squared norms,
         ``big_sq`` the averaged gradient's squared norm (both unscaled by the loss scale).
-        Returns this step's figures (None where undefined)."""
+        Returns this step's figures (None where undefined) and the two norms."""
         if not (math.isfinite(small_sq) and math.isfinite(big_sq)):
             return self.figures()  # a skipped (non-finite) step teaches nothing
         bs, bb = self.b_small, self.b_big
         g2 = (bb * big_sq - bs * small_sq) / (bb - bs)
         trace = (small_sq - big_sq) / (1.0 / bs - 1.0 / bb)
+        d = self.decay
         self.steps += 1
-        self.g2_ema = self.decay * self.g2_ema + (1 - self.decay) * g2
-        self.trace_ema = self.decay * self.trace_ema + (1 - self.decay) * trace
-        return self.figures()
+        self.weight = d * self.weight + 1.0
+        self.g2_sum = d * self.g2_sum + g2
+        self.trace_sum = d * self.trace_sum + trace
+        return {**self.figures(), "grad_sq_small": small_sq, "grad_sq_big": big_sq}
 
     def figures(self) -> dict:
-        """{"grad_sq_true": |G|², "grad_trace_cov": tr(Σ), "noise_scale": B_simple}, the EMAs
-        bias-corrected; B_simple None while |G|² ≤ 0 or tr(Σ) < 0 (undefined: n/a)."""
+        """{"grad_sq_true": |G|², "grad_trace_cov": tr(Σ), "noise_scale": B_simple,
+        "noise_scale_window_samples": the samples the averages span}; B_simple None while
+        |G|² ≤ 0 or tr(Σ) < 0 (undefined: n/a)."""
         if self.steps == 0:
-            return {"grad_sq_true": None, "grad_trace_cov": None, "noise_scale": None}
-        correction = 1 - self.decay ** self.steps
-        g2, trace = self.g2_ema / correction, self.trace_ema / correction
+            return {"grad_sq_true": None, "grad_trace_cov": None, "noise_scale": None,
+                    "noise_scale_window_samples": 0}
+        g2, trace = self.g2_sum / self.weight, self.trace_sum / self.weight
         defined = g2 > 0 and trace >= 0
         return {"grad_sq_true": g2, "grad_trace_cov": trace,
-                "noise_scale": trace / g2 if defined else None}
+                "noise_scale": trace / g2 if defined else None,
+                "noise_scale_window_samples": round(self.weight * self.b_big)}
 
     def state_dict(self) -> dict:
-        return {"steps": self.steps, "g2_ema": self.g2_ema, "trace_ema": self.trace_ema,
-                "b_small": self.b_small, "b_big": self.b_big, "decay": self.decay}
+        return {"steps": self.steps, "weight": self.weight, "g2_sum": self.g2_sum,
+                "trace_sum": self.trace_sum, "b_small": self.b_small, "b_big": self.b_big,
+                "horizon_samples": self.horizon_samples}
 
     def load_state_dict(self, state: dict) -> None:
+        """The averages as saved, continued with this run's horizon (a changed horizon weighs
+        the steps from here on by its own decay). A checkpoint written before the horizon was
+        a key (a per-step ``decay`` and bias-corrected EMAs) is converted exactly."""
         if (state.get("b_small"), state.get("b_big")) != (self.b_small, self.b_big):
             return  # another batch shape: its averages measure other batch sizes; start over
         self.steps = int(state["steps"])
-        self.g2_ema, self.trace_ema = float(state["g2_ema"]), float(state["trace_ema"])
+        if "weight" in state:
+            self.weight = float(state["weight"])
+            self.g2_sum, self.trace_sum = float(state["g2_sum"]), float(state["trace_sum"])
+            return
+        d = float(state["decay"])  # g2_ema = (1 − d) Σ d^age g2: the sums are ema / (1 − d)
+        self.weight = (1 - d ** self.steps) / (1 - d) if self.steps else 0.0
+        self.g2_sum = float(state["g2_ema"]) / (1 - d)
+        self.trace_sum = float(state["trace_ema"]) / (1 - d)
 
 
 def for_run(local_batch: int, accumulation: int, world_size: int,
-            decay: float = DEFAULT_DECAY) -> Optional[NoiseScale]:
+            horizon_samples: int) -> Optional[NoiseScale]:
     """The estimator of a run, or None with one rank (there is no second batch size)."""
     if world_size < 2:
         return None
     b = local_batch * accumulation
-    return NoiseScale(b_small=b, b_big=b * world_size, decay=decay)
+    return NoiseScale(b_small=b, b_big=b * world_size, horizon_samples=horizon_samples)

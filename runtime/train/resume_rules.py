@@ -85,6 +85,8 @@ RULES: dict[str, tuple[str, str]] = {
     "train.max_grad_norm": (RECORD, "clipping from here on"),
     "train.clip_mode": (RECORD, "where clipping happens, from here on"),
     "train.grad_sync": (RECORD, "how gradients are averaged: the same mean"),
+    "train.noise_scale_horizon_samples": (RECORD, "how the logged noise scale is averaged from "
+                                          "here on; training is the same"),
     "train.bucket_cap_mb": (RECORD, "communication buckets"),
     "train.bucket_plan": (RECORD, "communication buckets"),
     "train.allreduce_dtype": (RECORD, "the allreduce's precision from here on"),

@@ -138,7 +138,8 @@ class Trainer:
         self.control.base_lr = self.base_lr
         self.balance_meter = BalanceMeter(self.model, dist.device, dist.world_size,
                                           cost=self.batch_cost)
-        self.noise = noise_scale.for_run(self.local_batch, self.accum, dist.world_size)
+        self.noise = noise_scale.for_run(self.local_batch, self.accum, dist.world_size,
+                                         t.noise_scale_horizon_samples)
         self.layout = attention_layout(cfg.model.attention, dist.device.type)
         device_name = torch.cuda.get_device_name(dist.device) \
             if dist.device.type == "cuda" else None
@@ -337,8 +338,7 @@ class Trainer:
                       skipped=found_inf, loss_scale=scale.value())
         if report.local_sq_norm is not None:  # the gradient noise scale's two batch sizes
             losses[3] = report.local_sq_norm  # averaged over ranks at the logging point
-            values["grad_sq_mean"] = norm.square() - (0.0 if report.excluded_sq_norm is None
-                                                      else report.excluded_sq_norm)
+            values["grad_sq_mean"] = norm.square()  # the whole averaged gradient's
         return {**values, **report.metrics()}
 
     def _forward(self, batch):

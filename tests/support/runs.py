@@ -73,13 +73,15 @@ def run(run_dir: Path, extra: list[str], **env_extra) -> tuple[int, str, str]:
 
 
 def steps(run_dir: Path) -> dict[int, tuple]:
-    """step -> (loss, grad_norm) from metrics.jsonl; a step trained twice keeps its last
-    record (the resumed attempt's)."""
+    """step -> (loss, grad_norm, the gradient noise scale's averages and window) from
+    metrics.jsonl - a resume continues the noise scale's averages exactly too; a step trained
+    twice keeps its last record (the resumed attempt's)."""
     out = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
         if r["kind"] == "step":
-            out[r["step"]] = (r["loss"], r["grad_norm"])
+            out[r["step"]] = (r["loss"], r["grad_norm"], r.get("grad_sq_true"),
+                              r.get("grad_trace_cov"), r.get("noise_scale_window_samples"))
     return out
 
 
