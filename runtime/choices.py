@@ -40,30 +40,75 @@ Division = Literal["open", "closed"]
 CudaGraphs = Literal["none", "encoder", "full"]
 
 
+ClipWhere = Literal["before", "after", "none"]
+ClipUnit = Literal["rank", "bucket", "global", "none"]
+
+
 @dataclass(frozen=True)
 class ClipSpec:
     """What a clip mode is, for everything that must know (the bucket engine, the config
-    checks, the step multiplier, the tuner's step-time model): one row per ``ClipMode``."""
+    checks and help text, the step multiplier, the tuner's step-time model): one row per
+    ``ClipMode``. ``where`` and ``unit`` say what it is; every other property follows from
+    them, so a row cannot contradict itself (clipping a rank's whole gradient before the
+    allreduce is what holds every launch until backward ends, and so on). The bucket engine
+    takes the policy of (where, unit) (runtime.grad_sync.clip.POLICIES)."""
 
     name: str
-    before_allreduce: bool   # each rank clips its own gradient before the averaging
-    holds_launches: bool     # no bucket goes out before backward ends (needs every gradient)
-    per_bucket: bool         # each bucket by its own norm, to τ/√K (launches stay overlapped)
-    after_allreduce: bool    # the averaged gradient's norm sets one coefficient, folded into
-    #                          the optimizer step
+    where: ClipWhere         # before the averaging (each rank its own), after it, or not at all
+    unit: ClipUnit           # what one norm covers: a rank's gradient, a bucket, the average
+    help: str                # the config's help text for the mode
     formula: str             # the averaged gradient it leaves (docs/GRADIENT_SYNC.md)
+
+    def __post_init__(self):
+        ok = {"before": ("rank", "bucket"), "after": ("global",), "none": ("none",)}
+        if self.unit not in ok[self.where]:
+            raise ValueError(f"clip mode {self.name}: unit {self.unit!r} with where "
+                             f"{self.where!r}; takes {ok[self.where]}")
+
+    @property
+    def before_allreduce(self) -> bool:
+        """Each rank clips its own gradient before the averaging."""
+        return self.where == "before"
+
+    @property
+    def holds_launches(self) -> bool:
+        """No bucket goes out before backward ends: the rank's whole gradient sets the norm."""
+        return self.where == "before" and self.unit == "rank"
+
+    @property
+    def per_bucket(self) -> bool:
+        """Each bucket clipped by its own norm, to τ/√K (launches stay overlapped)."""
+        return self.unit == "bucket"
+
+    @property
+    def after_allreduce(self) -> bool:
+        """The averaged gradient's norm sets one coefficient, folded into the optimizer step."""
+        return self.where == "after"
 
 
 CLIP_SPECS: dict[str, ClipSpec] = {s.name: s for s in (
-    ClipSpec("global_after", False, False, False, True, "min(1, τ/‖ḡ‖)·ḡ, ḡ = (1/P) Σ_r g_r"),
-    ClipSpec("local_before", True, True, False, False, "(1/P) Σ_r min(1, τ/‖g_r‖) g_r"),
-    ClipSpec("bucket_before", True, False, True, False,
-             "per bucket b of K: (1/P) Σ_r min(1, (τ/√K)/‖g_r,b‖) g_r,b"),
-    ClipSpec("none", False, False, False, False, "(1/P) Σ_r g_r"),
+    ClipSpec("global_after", "after", "global",
+             "reference: norm of the averaged gradient after the allreduce, folded into the "
+             "optimizer step", "min(1, τ/‖ḡ‖)·ḡ, ḡ = (1/P) Σ_r g_r"),
+    ClipSpec("local_before", "before", "rank",
+             "each rank clips its whole gradient before the allreduce; cannot overlap "
+             "backward", "(1/P) Σ_r min(1, τ/‖g_r‖) g_r"),
+    ClipSpec("bucket_before", "before", "bucket",
+             "each rank clips each of K buckets to max_grad_norm/sqrt(K) before launching it; "
+             "Samsung", "per bucket b of K: (1/P) Σ_r min(1, (τ/√K)/‖g_r,b‖) g_r,b"),
+    ClipSpec("none", "none", "none", "no clipping", "(1/P) Σ_r g_r"),
 )}
 """Every ``ClipMode`` (tests/test_configs.py holds the two to the same names). A new mode is a
-row here, its scaling in runtime/grad_sync/buckets.py (``_launch``/``finish``) and its cost in
+row here (its help text included: the config's is made from the rows), a policy in
+runtime/grad_sync/clip.py when its (where, unit) has none yet, and its cost in
 runtime/calibrate/tune/simulate.py (``Instance.build``)."""
+
+
+def clip_help() -> str:
+    """``train.clip_mode``'s help text, from the rows."""
+    return ("where the max_grad_norm clip acts (docs/REFERENCES.md §5): " + " | ".join(
+        f"'{s.name}' ({s.help})" for s in CLIP_SPECS.values()))
+
 
 AFTER_MODES = " | ".join(s.name for s in CLIP_SPECS.values() if not s.before_allreduce)
 """The modes that leave each rank's gradient alone before the averaging, in words: what DDP

@@ -32,7 +32,8 @@ from runtime.choices import (AFTER_MODES, AttentionMode, CacheClear, ClipMode, C
                              Division, GradSyncKind, Launcher, LoaderKind, LrScaling,
                              OptimBackend, OptimizerName, OptimShard, Precision, ReduceDtype,
                              ScheduleName, SrunMpi,
-                             TiedEmbeddingSync, clip_spec, hparam_error, is_number)
+                             TiedEmbeddingSync, clip_help, clip_spec, hparam_error,
+                             is_number)
 from kernels.fusions import check_fusions
 from runtime.model.config import BertConfig
 
@@ -257,12 +258,7 @@ class TrainConfig:
                           "fp32")
     max_grad_norm: float = _doc("clip threshold τ on the gradient norm (0 = off); where it "
                                 "acts: clip_mode", 1.0)
-    clip_mode: ClipMode = _doc(
-        "where the max_grad_norm clip acts (docs/REFERENCES.md §5): 'global_after' (reference: norm of "
-        "the averaged gradient after the allreduce, folded into the optimizer step) | "
-        "'local_before' (each rank clips its whole gradient before the allreduce; cannot "
-        "overlap backward) | 'bucket_before' (each rank clips each of K buckets to "
-        "max_grad_norm/sqrt(K) before launching it; Samsung) | 'none'", "global_after")
+    clip_mode: ClipMode = _doc(clip_help(), "global_after")
     grad_sync: GradSyncKind = _doc("how ranks average gradients: 'buckets' (the runtime's "
                                    "buckets, runtime/grad_sync; every clip_mode) | 'ddp' (torch "
                                    "DDP with its default buckets; clip_mode global_after | none)",
@@ -582,6 +578,12 @@ class Config:
                 f"world size ({world_size}) x train.gradient_accumulation_steps "
                 f"({self.train.gradient_accumulation_steps}) = {per}; pick a multiple of {per}")
         return self.train.global_batch_size // per
+
+    def tokens_per_step(self, world_size: int) -> int:
+        """At most how many tokens one rank feeds one optimizer step: local batch x
+        accumulation x sequence length (what the tied sync's row buffer is sized by)."""
+        return self.local_batch_size(world_size) * self.train.gradient_accumulation_steps \
+            * self.data.max_seq_length
 
     def to_dict(self) -> dict:
         return {s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS}

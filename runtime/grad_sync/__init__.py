@@ -23,14 +23,15 @@ from runtime.launch.dist import BlockGroups, all_gather_object, block_groups, br
 from runtime.grad_sync.buckets import CLIP_MODES, GRAD_ALIGN, GradientBuckets
 from runtime.grad_sync.ddp import DDPSync
 from runtime.grad_sync.plan import (MB, BucketPlan, GradLayout, Piece, PlanError, alone_bucket,
-                                    reverse_registration_order, split_pays, tied_sync_mode)
+                                    resolve_tied_sync, reverse_registration_order, split_pays,
+                                    tied_sync_mode)
 from runtime.grad_sync.protocol import GradSync, SyncReport
 from runtime.grad_sync.shard import SHARD_MODES, Shard
 from runtime.grad_sync.tied import TiedEmbeddingSplit, find_tied_head
 
 __all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "BucketPlan", "DDPSync", "GradLayout",
            "GradSync", "GradientBuckets", "Piece", "PlanError", "SHARD_MODES", "Shard",
-           "SyncReport", "TiedEmbeddingSplit", "alone_bucket", "build_grad_sync",
+           "SyncReport", "TiedEmbeddingSplit", "alone_bucket", "build_grad_sync", "resolve_tied_sync",
            "reverse_registration_order", "shard_groups", "split_pays", "tied_sync_mode"]
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -51,29 +52,31 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
     (`shard_groups`: the node's ``local_world_size`` ranks, or every rank, share one update).
     """
     if train_cfg.grad_sync == "ddp":
-        return DDPSync(model, world_size=world_size, device=device)
+        return DDPSync(model, world_size=world_size, device=device,
+                       fold_clip=clip_spec(train_cfg.clip_mode).after_allreduce
+                       and train_cfg.max_grad_norm > 0)
     broadcast_tensors(list(model.parameters()) + list(model.buffers()))
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     sizes = {n: p.numel() for n, p in named}
     element = named[0][1].element_size() if named else 4
     asked = train_cfg.tied_embedding_sync
-    if asked == "auto" and getattr(train_cfg, "cuda_graphs", "none") != "none":
-        asked = "dense"  # the split's decoder tap would fire inside a graphed backward
     head, tied_name, lookup = None, None, None
-    if tied_sync_mode(asked, train_cfg.clip_mode, world_size) == "split":
-        found = find_tied_head(model, named, required=asked == "split")
-        if found is not None:
-            head, tied_name, lookup = found
-            rows = dict(named)[tied_name].shape[0]
-            if tied_sync_mode(asked, train_cfg.clip_mode, world_size, split_pays(
-                    rows, tokens_per_step, world_size, torch.device(device).type)) == "dense":
-                head, tied_name = None, None
+    found = find_tied_head(model, named, required=asked == "split") \
+        if asked == "split" or (asked == "auto" and world_size > 1) else None
+    rows = dict(named)[found[1]].shape[0] if found is not None else None
+    mode, why = resolve_tied_sync(asked, train_cfg.clip_mode, world_size, rows=rows,
+                                  tokens_per_step=tokens_per_step,
+                                  device_type=torch.device(device).type,
+                                  cuda_graphs=getattr(train_cfg, "cuda_graphs", "none"))
+    if mode == "split" and found is not None:
+        head, tied_name, lookup = found
     cap = None
     if train_cfg.bucket_plan:
         plan = BucketPlan.read(train_cfg.bucket_plan, sizes)
         if tied_name is not None and asked == "auto" and not _is_alone(plan, tied_name,
                                                                         sizes[tied_name]):
             head, tied_name = None, None  # the plan splits the embedding: dense for it
+            why = "auto: dense - the bucket plan cuts the tied embedding"
     else:
         cap = max(1, int(train_cfg.bucket_cap_mb * MB) // element)
         plan = BucketPlan.from_cap([(n, sizes[n]) for n in reverse_registration_order(named)],
@@ -90,12 +93,15 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
     # CPU ranks whose shard group is on one host share one parameter buffer (shard.py); not
     # on the simulated device (runtime.observe.hostsync), which stands in for a GPU
     one_host = shard == "node" or local_world_size == world_size
-    return GradientBuckets(model, plan, world_size=world_size, group=group,
+    sync = GradientBuckets(model, plan, world_size=world_size, group=group,
                            clip_mode=train_cfg.clip_mode, max_grad_norm=train_cfg.max_grad_norm,
                            reduce_dtype=reduce_dtype, cap_elements=cap, timeline=timeline,
                            tied=tied, shard_groups=groups,
                            backend="nccl" if torch.device(device).type == "cuda" else "gloo",
                            shared_params=one_host and torch.device(device) == torch.device("cpu"))
+    # what the run's derived facts say: the tied sync that runs, and why (auto's reason)
+    sync.tied_sync = ("split" if tied is not None else "dense", why)
+    return sync
 
 
 def shard_groups(shard: str, world_size: int, local_rank: int,

@@ -71,8 +71,9 @@ from typing import Any, Callable, Optional, get_args
 import torch
 import torch.distributed as torch_dist
 
-from kernels.optim_reference import (ROW, clip_coefficient_of_norm, norm_of_rows, row_norms)
+from kernels.optim_reference import ROW, norm_of_rows, row_norms
 from runtime.choices import AFTER_MODES, ClipMode, clip_spec
+from runtime.grad_sync.clip import policy_for
 from runtime.launch.dist import all_reduce_max, broadcast_object, check_same_on_all_ranks
 from runtime.grad_sync.plan import BucketPlan, GradLayout, alone_bucket, production_order
 from runtime.grad_sync.shard import Shard
@@ -114,6 +115,7 @@ class GradientBuckets:
                  timeline: Any = None, tied: Any = None, align: int = GRAD_ALIGN,
                  shard_groups: Any = None, backend: str = "gloo", shared_params: bool = False):
         self.clip = clip_spec(clip_mode)  # refuses an unknown mode
+        self.policy = policy_for(self.clip, max_grad_norm)  # how the mode acts (clip.py)
         self.module = model
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.params = dict(named)
@@ -271,10 +273,7 @@ class GradientBuckets:
         self._next = 0
         self._works: list[Any] = [None] * k  # (sharded: a list of works per bucket)
         self._comm: list[Optional[torch.Tensor]] = [None] * k
-        self._norms: list[Optional[torch.Tensor]] = [None] * k
-        self._coefs: list[Optional[torch.Tensor]] = [None] * k
-        self._local_coef: Optional[torch.Tensor] = None
-        self._local_norm: Optional[torch.Tensor] = None
+        self.policy.begin_step()
         self._local_sq: list[torch.Tensor] = []  # per launched bucket: ‖what it sends‖²
         if self.tied is not None:
             self.tied.begin_step()
@@ -306,7 +305,7 @@ class GradientBuckets:
             self._pending[b] -= 1
             if self._pending[b] == 0 and self.timeline is not None:
                 self.timeline.bucket_ready(b, now)
-        if not self.clip.holds_launches:
+        if not self.policy.holds_launches:
             self._launch_ready()
 
     def _launch_ready(self) -> None:
@@ -322,21 +321,7 @@ class GradientBuckets:
             return self.tied.launch_lookup(self._tied_rows())
         lo, hi = self.bounds[k]
         buf = self.flat[lo:hi]
-        scale = 1.0 / self.world_size
-        if self.clip.per_bucket and self.max_grad_norm > 0:
-            norm = slice_norm(self.flat, lo, hi) / self._loss_scale
-            self._norms[k] = norm
-            self._coefs[k] = clip_coefficient_of_norm(
-                norm, self.max_grad_norm / math.sqrt(self.num_buckets))
-            self._note_local(norm * self._coefs[k])
-            buf.mul_(self._coefs[k] * scale)
-        elif self._local_coef is not None:
-            buf.mul_(self._local_coef * scale)
-        else:
-            if self.world_size > 1:  # the noise scale's local norm, before the averaging
-                self._note_local(slice_norm(self.flat, lo, hi) / self._loss_scale)
-            if scale != 1.0:
-                buf.mul_(scale)
+        self.policy.scale_bucket(self, k, buf, 1.0 / self.world_size)  # clip, 1/P, noise tap
         timeline = self.timeline
         now = timeline.now() if timeline is not None else None
         if self.world_size == 1 or self._skip:
@@ -364,10 +349,7 @@ class GradientBuckets:
             raise RuntimeError("finish() without begin_step()")
         backward_done_at = self.timeline.now() if self.timeline is not None else None
         launched_in_backward = self._next
-        if self.clip.holds_launches and self.max_grad_norm > 0:  # the whole local gradient
-            self._local_norm = norm_of_rows(row_norms(self.flat)) / self._loss_scale
-            self._local_coef = clip_coefficient_of_norm(self._local_norm, self.max_grad_norm)
-            self._note_local(self._local_norm * self._local_coef)
+        self.policy.before_final_launches(self)  # local_before: the whole local gradient
         for k in range(self._next, self.num_buckets):
             if self.timeline is not None and self._pending[k] != 0:
                 self.timeline.bucket_ready(k, backward_done_at)
@@ -408,9 +390,25 @@ class GradientBuckets:
             across = self.shard.launch_across(comm, self.bounds[k][0])
             self._works[k] = [across] if across is not None else None
 
-    def _note_local(self, norm: torch.Tensor) -> None:
-        """A part of this rank's gradient as it goes to the averaging (unscaled, clipped)."""
+    def note_local(self, norm: torch.Tensor) -> None:
+        """A part of this rank's gradient as it goes to the averaging (unscaled, clipped):
+        the noise scale's small batch (the clip policy hands it over)."""
         self._local_sq.append(norm.float().square())
+
+    def bucket_norm(self, k: int) -> torch.Tensor:
+        """‖bucket k‖ of this rank's gradient as it stands (loss-scaled, 0-dim fp32)."""
+        lo, hi = self.bounds[k]
+        return slice_norm(self.flat, lo, hi)
+
+    @property
+    def loss_scale(self) -> Any:
+        return self._loss_scale
+
+    @property
+    def fold_clip(self) -> bool:
+        """Whether the optimizer step folds the global clip coefficient (global_after with a
+        threshold): the sync says so, the trainer does not decide it again."""
+        return self.clip.after_allreduce and self.max_grad_norm > 0
 
     def _report(self, launched_in_backward: int) -> SyncReport:
         report = SyncReport(buckets=self.num_buckets, launched_in_backward=launched_in_backward)
@@ -420,12 +418,7 @@ class GradientBuckets:
             local.append((self.tied.local_sq / (self._loss_scale * self._loss_scale)).float())
         if local and self.world_size > 1:
             report.local_sq_norm = torch.stack(local).sum()
-        if self.clip.per_bucket and self.max_grad_norm > 0:
-            report.clip_coefs = torch.stack(self._coefs)
-            report.local_norm = torch.stack(self._norms).double().pow(2).sum().sqrt()
-        elif self._local_coef is not None:
-            report.clip_coefs = self._local_coef.reshape(1)
-            report.local_norm = self._local_norm
+        self.policy.report(report)
         return report
 
     def zero_grad(self) -> None:

@@ -23,8 +23,10 @@ from runtime.grad_sync.protocol import SyncReport
 class DDPSync:
     """DDP's allreduce during backward; `finish` has nothing left to do."""
 
-    def __init__(self, model: torch.nn.Module, *, world_size: int, device: torch.device):
+    def __init__(self, model: torch.nn.Module, *, world_size: int, device: torch.device,
+                 fold_clip: bool = False):
         self.model = model
+        self.fold_clip = fold_clip  # global_after: the step folds the clip (DDP clips never)
         self._local_sq: list[torch.Tensor] = []
         self._loss_scale: Any = 1.0
         if world_size > 1:

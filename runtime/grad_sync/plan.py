@@ -365,6 +365,34 @@ def tied_sync_mode(asked: str, clip_mode: str, world_size: int, pays: bool = Tru
         else "dense"
 
 
+def resolve_tied_sync(asked: str, clip_mode: str, world_size: int, *,
+                      rows: Optional[int] = None, tokens_per_step: Optional[int] = None,
+                      device_type: str = "cpu", cuda_graphs: str = "none") -> tuple[str, str]:
+    """``train.tied_embedding_sync`` resolved, and why: the one decision the gradient sync,
+    the tuner and the projection take (``rows``: the tied embedding's rows, None where the
+    model has none to split; ``tokens_per_step``: at most the tokens one rank feeds one step,
+    ``Config.tokens_per_step``). A plan file that cuts the embedding makes 'auto' dense too
+    (checked where the plan is read)."""
+    if asked != "auto":
+        return asked, f"asked (train.tied_embedding_sync = {asked})"
+    if cuda_graphs != "none":
+        return "dense", ("auto: dense under train.cuda_graphs (the split's decoder tap would "
+                         "fire inside a graphed backward)")
+    if world_size <= 1:
+        return "dense", "auto: dense on one rank (nothing to average)"
+    from runtime.choices import clip_spec
+    if clip_spec(clip_mode).before_allreduce:
+        return "dense", (f"auto: dense with clip_mode {clip_mode} (it clips each rank's "
+                         f"whole buckets before the allreduce)")
+    if rows is None:
+        return "dense", "auto: dense (no tied embedding and decoder found)"
+    if not split_pays(rows, tokens_per_step, world_size, device_type):
+        return "dense", (f"auto: dense - on CUDA the split sends min(tokens of every rank, "
+                         f"vocabulary) rows: {tokens_per_step} x {world_size} tokens a step "
+                         f"reach the {rows} rows, so it would send all of them and more")
+    return "split", "auto: split (several ranks, a clip after the allreduce, and it pays)"
+
+
 def split_pays(vocab_rows: int, tokens_per_step: Optional[int], world_size: int,
                device_type: str) -> bool:
     """Whether splitting the tied embedding can pay. On CUDA the touched rows travel in a

@@ -31,6 +31,10 @@ import torch
 
 class GradSync(Protocol):
     module: torch.nn.Module
+    fold_clip: bool
+    """Whether the optimizer step folds the global clip coefficient (clip_mode global_after
+    with a threshold): clipping has one owner - the sync clips before the allreduce, or says
+    the step must after it."""
 
     def begin_step(self, loss_scale: Any = 1.0) -> None: ...
 

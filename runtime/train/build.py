@@ -84,8 +84,7 @@ def build_parts(cfg: Config, dist: DistContext, *, bucket_plan: Optional[Path] =
     local_batch = cfg.local_batch_size(dist.world_size)
     grad_sync = build_grad_sync(
         model, train_cfg, world_size=dist.world_size if communicate else 1, device=dist.device,
-        group=dist.group, timeline=tl,
-        tokens_per_step=local_batch * t.gradient_accumulation_steps * cfg.data.max_seq_length,
+        group=dist.group, timeline=tl, tokens_per_step=cfg.tokens_per_step(dist.world_size),
         shard=cfg.optim.shard, local_rank=dist.local_rank,
         local_world_size=dist.local_world_size)
     base_lr = learning_rate(cfg)
@@ -229,5 +228,8 @@ def describe(parts: Parts, cfg: Config, dist: DistContext) -> dict:
                 optimizer_backend=opt.backend,
                 optimizer_shard=_shard_facts(parts, cfg),
                 optimizer_compiled=None if binding is None else binding.compiled,
-                optimizer_compile_s=round(opt.compile_seconds, 3))
+                optimizer_compile_s=round(opt.compile_seconds, 3),
+                **({"tied_embedding_sync": parts.grad_sync.tied_sync[0],
+                    "tied_embedding_sync_why": parts.grad_sync.tied_sync[1]}
+                   if hasattr(parts.grad_sync, "tied_sync") else {}))
 

@@ -38,7 +38,6 @@ import torch
 import torch.distributed as torch_dist
 
 from loaders.dataset import DataSetInfo, check_data_set
-from runtime.choices import clip_spec
 from runtime.config import Config, ConfigError
 from runtime.events import CallbackList, Event, RunState
 from runtime.launch import signals
@@ -134,7 +133,6 @@ class Trainer:
         t = cfg.train
         self.local_batch = cfg.local_batch_size(dist.world_size)
         self.accum = t.gradient_accumulation_steps
-        self.clip_after = clip_spec(t.clip_mode).after_allreduce and t.max_grad_norm > 0
         self.control.base_lr = self.base_lr
         self.balance_meter = BalanceMeter(self.model, dist.device, dist.world_size,
                                           cost=self.batch_cost)
@@ -330,7 +328,7 @@ class Trainer:
         with self._span("optimizer"):
             grad_scale, found_inf, coef, norm = step_multiplier(
                 sync.grad_norm(), scale.scale, max_norm=self.cfg.train.max_grad_norm,
-                clip=self.clip_after)
+                clip=sync.fold_clip)
             self.optimizer.step(grad_scale=grad_scale, found_inf=found_inf)
             scale.update(~found_inf)
             sync.zero_grad()

@@ -269,19 +269,19 @@ def _solve(cfg, ctx, args, m, sizes, times, rb) -> Solved:
                     align=measure.engine_align(), world_size=ctx.world_size,
                     **_shard_spec(cfg, ctx, comm))
     sizes_by_name = profile.sizes()
-    from runtime.grad_sync.plan import split_pays
-    pays = split_pays(profile.tied_rows, cfg.local_batch_size(ctx.world_size)
-                      * cfg.train.gradient_accumulation_steps * cfg.data.max_seq_length,
-                      ctx.world_size, ctx.device.type)
+    from runtime.grad_sync.plan import resolve_tied_sync, split_pays
+    pays = split_pays(profile.tied_rows, cfg.tokens_per_step(ctx.world_size), ctx.world_size,
+                      ctx.device.type)
     config_plan, config_name = None, f"this config (bucket_cap_mb={cfg.train.bucket_cap_mb:g})"
     if cfg.train.bucket_plan:
         config_plan = BucketPlan.read(cfg.train.bucket_plan, sizes_by_name)
         config_name = f"this config ({Path(cfg.train.bucket_plan).name})"
     else:
         from runtime.calibrate.tune.simulate import Instance
-        from runtime.grad_sync.plan import tied_sync_mode
-        mode = tied_sync_mode(cfg.train.tied_embedding_sync, cfg.train.clip_mode, ctx.world_size,
-                              pays)
+        mode, _ = resolve_tied_sync(cfg.train.tied_embedding_sync, cfg.train.clip_mode,
+                                    ctx.world_size, rows=profile.tied_rows,
+                                    tokens_per_step=cfg.tokens_per_step(ctx.world_size),
+                                    device_type=ctx.device.type)
         alone = profile.tied if mode == "split" else None
         inst = Instance.build(profile, spec, comm)
         config_plan = cap_plan(inst, cfg.train.bucket_cap_mb * MB, config_name, alone)

@@ -44,7 +44,7 @@ from typing import Optional
 
 from runtime.calibrate.tune.fabric import Fabric, FabricError, from_table, load_fabric
 from runtime.calibrate.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
-from runtime.grad_sync.plan import split_pays, tied_sync_mode
+from runtime.grad_sync.plan import resolve_tied_sync
 from runtime.calibrate.tune.solve import (DDP_MB, HOROVOD_MB, MEGATRON_MIN_PARAMS, MB, cap_plan,
                                           single_size_grid, solve)
 
@@ -387,8 +387,9 @@ def step_points(gp: GpuProfile, cpu: StepProfile, fabric: Fabric, gpus: int, loc
     (1: unsharded, the whole update on every GPU)."""
     profile = gpu_step_profile(gp, cpu, local_batch, gpus, whole_update=shard > 0)
     comm = fabric.comm_model(gpus)
-    tied = tied_sync_mode("auto", clip_mode, gpus, split_pays(
-        cpu.tied_rows, local_batch * gp.tokens_per_sequence, gpus, "cuda"))
+    tied, _ = resolve_tied_sync("auto", clip_mode, gpus, rows=cpu.tied_rows,
+                                tokens_per_step=local_batch * gp.tokens_per_sequence,
+                                device_type="cuda")
     spec = SyncSpec(clip_mode=clip_mode, tied_sync=tied, reduce_bytes=gp.reduce_bytes,
                     align=1024, world_size=gpus, shard=max(shard, 1),
                     shard_comm=fabric.shard_comm(gpus, shard) if shard > 1 else None)
