@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from runtime.config import ConfigError, load_config, read_toml_text, _section_types
+from runtime.config import ConfigError, key_type, load_config, parse_override, read_toml_text
 from submission import report as rep
 from submission import slurm
 
@@ -136,8 +136,7 @@ class Param:
 
 
 def _field_kind(key: str) -> str:
-    section, _, name = key.partition(".")
-    hint = str(_section_types(section)[name])
+    hint = str(key_type(key))
     if "Literal" in hint or hint in ("<class 'str'>", "<class 'bool'>"):
         return "categorical"
     if "float" in hint:
@@ -170,13 +169,13 @@ def load_space(path: str | Path, config: str | Path, overrides: list[str]) -> li
     params = []
     for key, spec in table.items():
         where = f"search space {path}: [params.\"{key}\"]"
-        section, dot, name = key.partition(".")
+        section, dot, _ = key.partition(".")
         if not dot or not isinstance(spec, dict):
             raise HpoError(f"{where}: each entry is a table named by a config key "
                            f"\"section.key\" (e.g. [params.\"optim.lr\"])")
         try:
-            _section_types(section)[name]
-        except (AttributeError, KeyError):
+            key_type(key)
+        except ConfigError:
             raise HpoError(f"{where}: unknown config key {key} (python -m runtime.config "
                            f"--help-keys lists them)") from None
         if section not in SEARCHABLE_SECTIONS and key not in SEARCHABLE_KEYS:
@@ -841,9 +840,8 @@ def best_config_text(study: Study, best: dict, rows: list[dict]) -> str:
     """The config file of the best trial: the study's config with its --set overrides and the
     trial's parameters applied, and a header saying where it came from."""
     data = tomllib.loads(read_toml_text(study.config))
-    from runtime.config import _parse_override
     for text in [*study.overrides, *trial_overrides(best["params"])]:
-        section, key, value = _parse_override(text)
+        section, key, value = parse_override(text)
         data.setdefault(section, {})[key] = value
     what = (f"{best['value']:,.0f} samples to target" if study.objective == "samples" else
             f"{best['value']:,.1f} s to target")
