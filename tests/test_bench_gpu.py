@@ -119,7 +119,7 @@ def test_a_stage_with_a_failed_part_is_partial():
 
 
 def test_the_graph_goals_from_the_stage_figures():
-    from bench.gpu_graphs import _goals
+    from bench.gpu.stages.graphs import _goals
     out = {"rows2": {"full": {"step_s": 0.020, "step_over_busy": 1.1}},
            "eager_b4": {"unpadded_dynamic": {"step_s": 0.080},
                         "padded_bucketed": {"step_s": 0.090},

@@ -19,6 +19,10 @@ One trainer per case serves its three modes in turn (eager, then the encoder gra
 full graph on the same parts): building BERT-large and compiling the fused optimizer once per
 case keeps the stage in its budget. On CPU (``--smoke``) the tiny model runs the eager modes
 only (no capture without CUDA) and the profiler counts CPU ops: the harness is what is tested.
+
+Owns: the cases and modes measured, the replay-versus-eager kernel comparison, the stage's
+goals (the thresholds its figures are held to).
+Never: captures a graph itself (runtime/train/graphs.py does, as training would).
 """
 from __future__ import annotations
 
@@ -27,8 +31,9 @@ import statistics
 import time
 from typing import Any
 
-from bench.gpu_stages import (DGX_CONFIG, CPU_CONFIG, LARGE_SHAPE, SMOKE_EAGER, TINY, Run,
-                              _config, _free_cuda, _max_pred, _seq, _synchronize, _world_of_one)
+from bench.gpu.harness import (DGX_CONFIG, CPU_CONFIG, LARGE_SHAPE, SMOKE_EAGER, TINY, Run,
+                               _config, _free_cuda, _max_pred, _profile, _seq, _synchronize,
+                               _world_of_one)
 
 STATIC = ["data.shapes=static", "data.balance=offline_pack", "model.attention=unpadded",
           "data.bin_edges=[]"]
@@ -59,29 +64,6 @@ def _trainer(run: Run, b: int, *extra: str):
     trainer = Trainer(cfg, _world_of_one(run.device))
     trainer.setup()
     return trainer
-
-
-def _profile(run: Run, step, n: int) -> tuple[float, float, dict]:
-    """(busy seconds per step, kernels per step, {kernel name: [calls, µs]}) over ``n``
-    calls of ``step`` under the profiler (CPU ops' self time on CPU)."""
-    from torch.profiler import ProfilerActivity, profile
-    activity = ProfilerActivity.CUDA if run.cuda else ProfilerActivity.CPU
-    _synchronize()
-    with profile(activities=[activity]) as prof:
-        for _ in range(n):
-            step()
-        _synchronize()
-    names: dict[str, list] = {}
-    for e in prof.events():
-        if e.device_type.name != ("CUDA" if run.cuda else "CPU"):
-            continue
-        us = e.device_time if run.cuda else e.self_cpu_time_total
-        r = names.setdefault(e.name[:90], [0, 0.0])
-        r[0] += 1
-        r[1] += us
-    busy = sum(t for _, t in names.values()) / n / 1e6
-    kernels = sum(c for c, _ in names.values()) / n
-    return busy, kernels, names
 
 
 def _measure(run: Run, trainer, it, warmup: int, steps: int) -> dict:
