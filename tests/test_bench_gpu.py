@@ -143,3 +143,30 @@ def test_the_fused_kernels_goals_read_the_throughput_figures():
     assert g["unpadded_bf16_200k_tokens_per_s"]["met"] is True  # the fused run is the best
     assert g["unpadded_bf16_half_of_gemm_peak"]["of_gemm_peak"] == 0.51
     assert gpu.goals({"stages": {}})["unpadded_bf16_200k_tokens_per_s"]["met"] is None
+
+
+def test_the_stage_list_budgets_help_and_goals_come_from_the_rows(capsys):
+    """One row per stage (bench/gpu/table.py): the orchestrator's stage list, budgets, data
+    needs, --help and goal verdicts are read from it, and a name used twice is refused."""
+    from bench.gpu.harness import Goal
+    from bench.gpu.table import Stage, _by_name
+    assert gpu.STAGE_NAMES == tuple(s.name for s in gpu.STAGES)
+    assert gpu.BUDGET_S["graphs"] == gpu.STAGE["graphs"].budget_s
+    assert "optimizer" not in gpu.NEEDS_DATA and "plain" in gpu.NEEDS_DATA
+    with pytest.raises(SystemExit):
+        gpu.main(["--help"])
+    text = capsys.readouterr().out
+    for s in gpu.STAGES:
+        assert f"  {s.name}" in text and f"{s.budget_s:4d} s" in text, s.name
+        for g in s.goals:
+            assert f"goal {g.name}" in text, g.name
+    names = [g.name for s in gpu.STAGES for g in s.goals]
+    assert list(gpu.goals({"stages": {"graphs": {"status": "ok", "result": {"goals": {
+        n: {"goal": 0, "met": True} for n in names}}}}})) == names  # every row's goal, in order
+    row = gpu.STAGE["env"]
+    with pytest.raises(ValueError, match="stage 'env' has two rows"):
+        _by_name((row, row))
+    goal = Goal("g", 1, lambda results, goal: {"met": None})
+    with pytest.raises(ValueError, match="goal 'g' is declared twice"):
+        _by_name((Stage("a", row.run, 1, False, "", (goal,)),
+                  Stage("b", row.run, 1, False, "", (goal,))))

@@ -8,25 +8,9 @@ H100), recording every stage's result even when a later one fails.
     python -m bench.gpu --bundle .gpu_bundle         here, before: what a bare GPU machine
                                                      lacks (docs/GPU.md)
 
-Stages (bench/gpu/stages/ has what each measures; docs/GPU.md the goal each figure meets):
-  env           torch / CUDA / driver versions, the GPU, which of apex, DALI, flash import
-  data          the data sets, built on the machine with loaders.prepare (seq 128 and 512)
-  cuda_tests    the suite's tests marked cuda, pass/fail each
-  checks        host syncs per ordinary step, the attention kernel that ran, the fused
-                optimizer compiled (no recompile after the first-step re-cut)
-  throughput    BERT-large at sequence 512, padded / unpadded / packed, bf16 and fp16, at the
-                largest local batch: sequences/s, tokens/s, peak memory
-  plain         the plain recipe (HF BertForPreTraining, torch fused AdamW, autocast, pad 512)
-  optimizer     fused LAMB / AdamW steps against the device's copy bandwidth, torch's AdamW
-  tune_profile  python -m runtime.calibrate.tune --profile-only at the projection's local batches
-  small_batches Presto's own step at those batches: back to back vs the host's enqueue time
-  attention     the fastest attention kernel per path (padded, packed, unpadded), bf16 with
-                dropout 0.1, forward and backward (bench/gpu/stages/attention.py)
-  graphs        the small-batch step eager, with encoder graphs and as one whole-step CUDA
-                graph (2 and 3 packed rows of 512, local batch 4, 16, 96), each beside its
-                busy time; eager at local batch 4 per path and shape policy (bench/gpu/stages/graphs.py)
-  short_runs    the CPU benchmark config on the device in fp32 / bf16 / fp16: losses, fp16
-                skips, the MLPerf log through the compliance checker
+The stages, in the order they run, with their budgets and goals: ``python -m bench.gpu
+--help`` (one row each in bench/gpu/table.py; what each measures: bench/gpu/stages/ and
+docs/GPU.md).
 
 Each stage is a child process (``--stage NAME``) with its own time budget, all within
 ``--deadline`` seconds: a crash, a hang or an out-of-memory ends that stage, not the run.
@@ -38,11 +22,17 @@ Writes to ``--out`` (at most 4 files, as few as a lent machine sends back):
 Exit 0 when every stage ran to the end (a missed goal is a result), 1 when one failed, ran
 out of time or ran with a part failed (status ``partial``: one path or batch of it broke),
 2 on bad arguments.
+
+The package: orchestrator.py (the command line, the child processes, the record, the goal
+verdicts, summary.txt), table.py (the stage rows), harness.py (what the stages share),
+stages/ (the stage functions and their goals), bundle.py (--bundle).
+Owns: the one-call GPU check. Never: a measurement outside a stage's own process.
 """
 from __future__ import annotations
 
-from bench.gpu.orchestrator import (BUDGET_S, NEEDS_DATA, SMOKE_BUDGET_S, STAGE_NAMES, goals,
-                                    main, parse_args, part_errors, render_summary, run_all)
+from bench.gpu.orchestrator import (SMOKE_BUDGET_S, goals, main, parse_args, part_errors,
+                                    render_summary, run_all)
+from bench.gpu.table import BUDGET_S, NEEDS_DATA, STAGE, STAGE_NAMES, STAGES, Stage
 
-__all__ = ["BUDGET_S", "NEEDS_DATA", "SMOKE_BUDGET_S", "STAGE_NAMES", "goals", "main",
-           "parse_args", "part_errors", "render_summary", "run_all"]
+__all__ = ["BUDGET_S", "NEEDS_DATA", "SMOKE_BUDGET_S", "STAGE", "STAGES", "STAGE_NAMES", "Stage",
+           "goals", "main", "parse_args", "part_errors", "render_summary", "run_all"]

@@ -1,22 +1,23 @@
 """What the stages of ``python -m bench.gpu`` share: where a stage works (Run), the configs and
 shapes they train, a process group of one rank, timing with the device synchronised, the
-largest batch that fits, the profiler's kernel times.
+largest batch that fits, the profiler's kernel times; and the Goal row, with which a stage
+module declares what its figures are held to.
 
 Every stage runs on the device it finds: a CUDA GPU, or the CPU in ``--smoke`` mode (tiny
 shapes, fp32, the simulated device of runtime.observe.hostsync for the sync checks), where it
 checks the harness itself in seconds.
 
 Owns: the shared constants (configs, BERT-large's shape, the tiny model, the attention paths)
-and helpers of the stages.
-Never: measures a stage's figures or decides a goal (bench/gpu/stages/), or imports torch
-before a helper is called (the orchestrator imports the stage table without it).
+and helpers of the stages, the Goal type.
+Never: measures a stage's figures or holds a goal's threshold (bench/gpu/stages/ do), or
+imports torch before a helper is called (the orchestrator imports the stage table without it).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from runtime.model.arithmetic import size
 
@@ -25,16 +26,35 @@ DGX_CONFIG = ROOT / "submission" / "configs" / "config_DGXA100_1x8x56x1.toml"
 CPU_CONFIG = ROOT / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
 SEQ = 512
 MAX_PRED = 76
-
-
 TINY = ["model.num_hidden_layers=2", "model.hidden_size=128", "model.num_attention_heads=2",
         "model.intermediate_size=256", "model.init=scratch"]
-
 # The smoke run's stages that only time steps (tune_profile, small_batches) take the uncompiled
 # optimizer: the checks and optimizer stages compile it, once each is enough on a CPU.
 SMOKE_EAGER = ['optim.backend="foreach"']
-
 LARGE_SHAPE = {**size("large"), "vocab_size": 30522}  # BERT-large (runtime.model.arithmetic)
+
+
+Results = Callable[[str], dict]
+"""A stage's name -> its recorded result ({} when it did not run or failed)."""
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A goal of docs/GPU.md: its name in the record and summary.txt, the figure to meet, and
+    its verdict - ``verdict(results, goal)`` reads the stages' recorded results and returns the
+    figures with ``met`` (True, False, or None: not measured), or None to leave the goal out
+    (a goal its stage reports itself, when that stage did not run)."""
+
+    name: str
+    threshold: Optional[float]          # None: a goal without a figure (every test passes)
+    verdict: Callable[[Results, "Goal"], Optional[dict]]
+
+    def entry(self, results: Results) -> Optional[dict]:
+        """The goal as the record and summary.txt show it: its threshold, figures and verdict."""
+        got = self.verdict(results, self)
+        if got is None or self.threshold is None:
+            return got
+        return {"goal": self.threshold, **got}
 
 
 @dataclass

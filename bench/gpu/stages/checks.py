@@ -1,15 +1,25 @@
 """The ``checks`` stage: what reading could not settle - host syncs per ordinary step, the
 attention kernel that ran, the fused optimizer compiled once.
 
-Owns: the cases checked (each attention path and precision) and the kernel names that say
-which SDPA implementation ran.
+Owns: the cases checked (each attention path and precision), the kernel names that say
+which SDPA implementation ran, the goal of no host sync in a step.
 Never: times anything (the throughput stages do).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from bench.gpu.harness import CPU_CONFIG, PATHS, TINY, Run, _config, _synchronize, _world_of_one
+from bench.gpu.harness import (CPU_CONFIG, PATHS, TINY, Goal, Results, Run, _config, _synchronize,
+                               _world_of_one)
+
+
+def _no_host_sync(results: Results, goal: Goal) -> dict:
+    chk = results("checks").get("goal_no_host_sync", {})
+    return {"worst_per_step": chk.get("worst_per_step"), "met": chk.get("met")}
+
+
+# Host syncs in an ordinary step, at most (the stage's own record says it too).
+NO_HOST_SYNC = Goal("no_host_sync_in_a_step", 0, _no_host_sync)
 
 
 def stage_checks(run: Run) -> dict:
@@ -55,7 +65,8 @@ def stage_checks(run: Run) -> dict:
         trainer.close()
     out["attention"] = _attention_kernels(run)
     worst = max(v["per_step"] for v in out["host_syncs"].values())
-    out["goal_no_host_sync"] = {"goal": 0, "worst_per_step": worst, "met": worst == 0}
+    out["goal_no_host_sync"] = {"goal": NO_HOST_SYNC.threshold, "worst_per_step": worst,
+                                "met": worst <= NO_HOST_SYNC.threshold}
     return out
 
 

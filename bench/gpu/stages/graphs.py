@@ -29,11 +29,11 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from typing import Any
+from typing import Any, Optional
 
-from bench.gpu.harness import (DGX_CONFIG, CPU_CONFIG, LARGE_SHAPE, SMOKE_EAGER, TINY, Run,
-                               _config, _free_cuda, _max_pred, _profile, _seq, _synchronize,
-                               _world_of_one)
+from bench.gpu.harness import (DGX_CONFIG, CPU_CONFIG, LARGE_SHAPE, SMOKE_EAGER, TINY, Goal,
+                               Results, Run, _config, _free_cuda, _max_pred, _profile, _seq,
+                               _synchronize, _world_of_one)
 
 STATIC = ["data.shapes=static", "data.balance=offline_pack", "model.attention=unpadded",
           "data.bin_edges=[]"]
@@ -48,6 +48,17 @@ EAGER_PATHS = {  # local batch 4, eager: the per-shape cost of each path and sha
     "packed_static": ["model.attention=padded", *STATIC[:2], "data.bin_edges=[]"],
 }
 GOAL_BUSY_RATIO, GOAL_STEP_S, GOAL_EAGER_RATIO = 1.15, 0.025, 1.2
+
+
+def _reported(results: Results, goal: Goal) -> Optional[dict]:
+    """The goal as the stage reported it (``goals`` of its result): left out when it did not run."""
+    return results("graphs").get("goals", {}).get(goal.name)
+
+
+# The stage holds its figures to these itself (_goals); the record takes its verdicts.
+GOALS = (Goal("full_graph_2rows_within_1_15x_busy", GOAL_BUSY_RATIO, _reported),
+         Goal("full_graph_2rows_under_25ms", GOAL_STEP_S, _reported),
+         Goal("eager_b4_within_1_2x_unpadded", GOAL_EAGER_RATIO, _reported))
 
 
 def _trainer(run: Run, b: int, *extra: str):
@@ -217,13 +228,12 @@ def _goals(out: dict) -> dict:
     base = eager.get("unpadded_dynamic", {}).get("step_s")
     ratios = {k: v["step_s"] / base for k, v in eager.items() if base and "step_s" in v}
     worst = max((r for k, r in ratios.items() if k != "unpadded_dynamic"), default=None)
+    busy, under, eager_goal = GOALS
     return {
-        "full_graph_2rows_within_1_15x_busy": {"goal": GOAL_BUSY_RATIO, "ratio": ratio,
-                                                "met": None if ratio is None
-                                                else ratio <= GOAL_BUSY_RATIO},
-        "full_graph_2rows_under_25ms": {"goal": GOAL_STEP_S, "step_s": step,
-                                         "met": None if step is None else step <= GOAL_STEP_S},
-        "eager_b4_within_1_2x_unpadded": {"goal": GOAL_EAGER_RATIO, "ratios": ratios,
-                                          "met": None if worst is None
-                                          else worst <= GOAL_EAGER_RATIO},
+        busy.name: {"goal": GOAL_BUSY_RATIO, "ratio": ratio,
+                    "met": None if ratio is None else ratio <= GOAL_BUSY_RATIO},
+        under.name: {"goal": GOAL_STEP_S, "step_s": step,
+                     "met": None if step is None else step <= GOAL_STEP_S},
+        eager_goal.name: {"goal": GOAL_EAGER_RATIO, "ratios": ratios,
+                          "met": None if worst is None else worst <= GOAL_EAGER_RATIO},
     }

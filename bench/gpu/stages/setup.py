@@ -3,7 +3,7 @@ accelerators import), ``data`` (the data sets, built on the machine from real te
 ``cuda_tests`` (the suite's tests marked ``cuda``).
 
 Owns: which modules env asks about, which data sets are built, which test files hold the
-CUDA tests.
+CUDA tests, and their goal (every one passes).
 Never: trains or times anything.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from bench.gpu.harness import MAX_PRED, ROOT, SEQ, Run
+from bench.gpu.harness import MAX_PRED, ROOT, SEQ, Goal, Results, Run
 
 
 # The files holding the tests marked ``cuda`` (pytest -m cuda); the rest of the suite needs
@@ -119,3 +119,13 @@ def stage_cuda_tests(run: Run) -> dict:
             counts[outcome] += 1
     return {"returncode": proc.returncode, "counts": counts, "tests": tests,
             "tail": (proc.stdout + proc.stderr).strip().splitlines()[-12:]}
+
+
+def _every_test_passes(results: Results, goal: Goal) -> dict:
+    tests = results("cuda_tests").get("counts", {})
+    ran = tests.get("passed", 0) + tests.get("failed", 0) + tests.get("error", 0)
+    return {"counts": tests, "met": (tests.get("failed", 0) == 0 and tests.get("error", 0) == 0)
+            if ran else None}
+
+
+CUDA_TESTS_GOALS = (Goal("every_cuda_test_passes", None, _every_test_passes),)

@@ -2,7 +2,8 @@
 precision at its largest local batch, the fused model beside each path: sequences/s, real
 tokens/s, TFLOP/s, MFU, busy time and peak memory.
 
-Owns: the cases measured, the GEMM peak they are compared with, the record of each case.
+Owns: the cases measured, the GEMM peak they are compared with, the record of each case,
+the goals on them (against the plain recipe's figures too).
 Never: measures the plain recipe (plain.py) or the optimizer alone (optimizer.py).
 """
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from bench.gpu.harness import (CPU_CONFIG, DGX_CONFIG, LARGE_SHAPE, PATHS, TINY, Run, _config,
-                               _fit_largest, _free_cuda, _is_oom, _max_pred, _profile, _seq,
-                               _synchronize, _timed, _world_of_one)
+from bench.gpu.harness import (CPU_CONFIG, DGX_CONFIG, LARGE_SHAPE, PATHS, TINY, Goal, Results,
+                               Run, _config, _fit_largest, _free_cuda, _is_oom, _max_pred,
+                               _profile, _seq, _synchronize, _timed, _world_of_one)
 
 
 FUSED = '["bias_gelu","dropout_add_norm","pad_vocab"]'
@@ -137,3 +138,46 @@ def stage_throughput(run: Run) -> dict:
             out[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         _free_cuda()
     return out
+
+
+# ------------------------------------------------------------------------------ goals
+
+def _over_plain(results: Results, goal: Goal) -> dict:
+    """Each case's sequences/s over the plain recipe's in the same precision; met by the best."""
+    thr, plain = results("throughput"), results("plain")
+    ratios = {}
+    for key, v in thr.items():
+        if not isinstance(v, dict) or "sequences_per_s" not in v:
+            continue
+        prec = next((p for p in ("bf16", "fp16", "fp32") if f"_{p}" in key), "")
+        base = plain.get(f"padded_{prec}", {}).get("sequences_per_s")
+        if base:
+            ratios[key] = v["sequences_per_s"] / base
+    return {"ratios": ratios, "met": max(ratios.values()) >= goal.threshold if ratios else None}
+
+
+def _best_unpadded_bf16(results: Results) -> Optional[dict]:
+    """The fused-kernels issue's case: unpadded bf16 at its largest batch, fused or not."""
+    return max((v for k, v in results("throughput").items() if k.startswith("unpadded_bf16") and
+                isinstance(v, dict) and "tokens_per_s" in v),
+               key=lambda v: v["tokens_per_s"], default=None)
+
+
+def _tokens_per_s(results: Results, goal: Goal) -> dict:
+    best = _best_unpadded_bf16(results)
+    return {"tokens_per_s": best and best["tokens_per_s"],
+            "met": None if best is None else best["tokens_per_s"] >= goal.threshold}
+
+
+def _of_gemm_peak(results: Results, goal: Goal) -> dict:
+    best = _best_unpadded_bf16(results)
+    return {"of_gemm_peak": best and best.get("of_gemm_peak"),
+            "met": None if best is None or best.get("of_gemm_peak") is None
+            else best["of_gemm_peak"] >= goal.threshold}
+
+
+# At least: the best path's sequences/s over the plain recipe's; unpadded bf16's real tokens/s
+# and its share of the GEMM peak measured in the stage.
+GOALS = (Goal("throughput_1_5x_plain", 1.5, _over_plain),
+         Goal("unpadded_bf16_200k_tokens_per_s", 200_000, _tokens_per_s),
+         Goal("unpadded_bf16_half_of_gemm_peak", 0.5, _of_gemm_peak))
