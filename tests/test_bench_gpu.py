@@ -170,3 +170,31 @@ def test_the_stage_list_budgets_help_and_goals_come_from_the_rows(capsys):
     with pytest.raises(ValueError, match="goal 'g' is declared twice"):
         _by_name((Stage("a", row.run, 1, False, "", (goal,)),
                   Stage("b", row.run, 1, False, "", (goal,))))
+
+
+def test_an_out_of_memory_steps_the_batch_down_and_the_last_one_is_raised():
+    """The largest batch, confirmed: an out-of-memory steps it down (at most 4 tries); the
+    last try's out-of-memory is raised - never a figure of an earlier case, which the copied
+    loops left in their result variable when every try ran out of memory."""
+    from bench.gpu.harness import _largest_that_runs
+    seen = []
+
+    def measure(fits: int):
+        def run(batch, steps=3, warmup=2):
+            seen.append((batch, steps))
+            if steps == 10 and batch > fits:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return {"peak_bytes": 1000 * batch, "batch": batch}
+        return run
+    # probes at 8 and 16 (1000 B per sequence) -> 92 % of 80 kB: 72, then 64, 56, 48
+    batch, r, probes = _largest_that_runs(measure(48), 8, 8, 80_000, False, steps=10, warmup=3)
+    assert (batch, r["batch"]) == (48, 48) and [p["batch"] for p in probes] == [8, 16]
+    assert seen == [(8, 3), (16, 3), (72, 10), (64, 10), (56, 10), (48, 10)]
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _largest_that_runs(measure(40), 8, 8, 80_000, False, steps=10, warmup=3)
+
+    def broken(batch, steps=3, warmup=2):
+        raise ValueError("not a memory error")
+    seen.clear()
+    with pytest.raises(ValueError):
+        _largest_that_runs(broken, 8, 8, 0, True, steps=3, warmup=1)   # smoke: no probes

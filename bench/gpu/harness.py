@@ -1,6 +1,6 @@
 """What the stages of ``python -m bench.gpu`` share: where a stage works (Run), the configs and
 shapes they train, a process group of one rank, timing with the device synchronised, the
-largest batch that fits, the profiler's kernel times; and the Goal row, with which a stage
+largest batch that fits (stepping down on out-of-memory), the profiler's kernel times; and the Goal row, with which a stage
 module declares what its figures are held to.
 
 Every stage runs on the device it finds: a CUDA GPU, or the CPU in ``--smoke`` mode (tiny
@@ -142,6 +142,26 @@ def _fit_largest(measure: Callable[[int], dict], start: int, step: int, total_by
     c = probes[0]["peak_bytes"] - a * start
     batch = max(step, int((0.92 * total_bytes - c) / max(a, 1) // step * step))
     return batch, probes
+
+
+def _largest_that_runs(measure: Callable[..., dict], start: int, step: int, total_bytes: int,
+                       smoke: bool, steps: int, warmup: int,
+                       tries: int = 4) -> tuple[int, dict, list[dict]]:
+    """(batch, its measurement, the probes): the largest batch that fits (_fit_largest),
+    measured over ``steps`` after ``warmup``; an out-of-memory steps the batch down by ``step``
+    (the cache freed between tries), at most ``tries`` times and never below ``step``. Any
+    other error, and the last try's out-of-memory, is raised: the stage records it as this
+    case's error."""
+    batch, probes = _fit_largest(measure, start, step, total_bytes, smoke)
+    for attempt in range(1, tries + 1):
+        try:
+            return batch, measure(batch, steps=steps, warmup=warmup), probes
+        except Exception as e:  # noqa: BLE001
+            if not _is_oom(e) or batch <= step or attempt == tries:
+                raise
+            _free_cuda()
+            batch -= step
+    raise ValueError(f"tries={tries}: give at least 1")
 
 
 def _timed(run: Run, step_fn: Callable[[], Any], warmup: int, steps: int) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.gpu.harness import (LARGE_SHAPE, Run, _fit_largest, _free_cuda, _is_oom, _seq,
+from bench.gpu.harness import (LARGE_SHAPE, Run, _free_cuda, _largest_that_runs, _seq,
                                _timed)
 
 
@@ -72,17 +72,9 @@ def stage_plain(run: Run) -> dict:
                 r["batch"] = batch
                 return r
 
-            batch, probes = _fit_largest(measure, 8, 8, total, run.smoke)
-            for attempt in range(4):
-                try:
-                    r = measure(batch, steps=10 if not run.smoke else 3,
-                                warmup=3 if not run.smoke else 1)
-                    break
-                except Exception as e:  # noqa: BLE001
-                    if not _is_oom(e) or batch <= 8:
-                        raise
-                    _free_cuda()
-                    batch -= 8
+            batch, r, probes = _largest_that_runs(measure, 8, 8, total, run.smoke,
+                                                  steps=10 if not run.smoke else 3,
+                                                  warmup=3 if not run.smoke else 1)
             out[f"padded_{prec}"] = {
                 "local_batch": batch, "sequences_per_s": batch * r["steps"] / r["seconds"],
                 "tokens_per_s": r["tokens"] / r["seconds"], "step_s": r["seconds"] / r["steps"],

@@ -12,7 +12,7 @@ import time
 from typing import Any, Optional
 
 from bench.gpu.harness import (CPU_CONFIG, DGX_CONFIG, LARGE_SHAPE, PATHS, TINY, Goal, Results,
-                               Run, _config, _fit_largest, _free_cuda, _is_oom, _max_pred,
+                               Run, _config, _free_cuda, _largest_that_runs, _max_pred,
                                _profile, _seq, _synchronize, _timed, _world_of_one)
 
 
@@ -108,17 +108,9 @@ def stage_throughput(run: Run) -> dict:
                 r["batch"] = batch
                 return r
 
-            batch, probes = _fit_largest(measure, 8, 8, total, run.smoke)
-            for attempt in range(4):
-                try:
-                    r = measure(batch, steps=10 if not run.smoke else 3,
-                                warmup=3 if not run.smoke else 1)
-                    break
-                except Exception as e:  # noqa: BLE001
-                    if not _is_oom(e) or batch <= 8:
-                        raise
-                    _free_cuda()
-                    batch -= 8
+            batch, r, probes = _largest_that_runs(measure, 8, 8, total, run.smoke,
+                                                  steps=10 if not run.smoke else 3,
+                                                  warmup=3 if not run.smoke else 1)
             peak = peak_of(device_name, prec, trainer.cfg.system.peak_tflops)
             tflops = r["flops"] / r["seconds"] / 1e12
             busy = _busy(run, trainer, cfg, spec, batch) if not run.smoke or not any(
