@@ -1,4 +1,6 @@
 """The plain PyTorch recipe a user would otherwise write: the baseline of bench.time_to_accuracy.
+(Its GPU sibling is the ``plain`` stage of bench.gpu, bench/gpu/stages/plain.py: Hugging Face's
+model and torch's fused AdamW for throughput on one GPU, where this one is time to accuracy.)
 
     torchrun --standalone --nproc_per_node 2 bench/baseline_ddp.py \\
         --config submission/configs/config_CPU_1x2x32x1.toml [--set section.key=value ...] \\

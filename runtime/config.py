@@ -601,6 +601,18 @@ def _section_types(section: str) -> dict[str, Any]:
     return get_type_hints(cls)
 
 
+def key_type(key: str) -> Any:
+    """The declared type of the config key ``section.key`` (its field's type hint: ``float``,
+    ``Optional[int]``, a ``Literal`` of choices ...), for tools that check values against
+    the config without building one (submission.hpo's search space); ConfigError for a name
+    that is not a key."""
+    section, dot, name = key.partition(".")
+    types = _section_types(section) if dot and section in SECTIONS else {}
+    if name not in types:
+        raise ConfigError(f"unknown key {key} (python -m runtime.config --help-keys lists them)")
+    return types[name]
+
+
 def _check_choice(key: str, value: Any, hint: Any) -> None:
     """For a ``Literal`` field: the value must be one of its choices."""
     if get_origin(hint) is Literal and value not in get_args(hint):
@@ -657,7 +669,9 @@ def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
     setattr(getattr(cfg, section), key, _coerce(f"{section}.{key}", value, types[key]))
 
 
-def _parse_override(text: str) -> tuple[str, str, Any]:
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """A ``section.key=value`` argument as (section, key, value): the value read as TOML, a
+    bare word as a string. Checks the form only; load_config checks the key and the value."""
     if "\n" in text or "\r" in text:   # TOML would read the rest as more lines, and drop it
         raise ConfigError(f"override {text!r} holds a line break: give each section.key=value "
                           f"as its own argument (a string value with a line break: \"...\\n...\")")
@@ -740,7 +754,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         cfg.source = str(path)
     named = set()
     for text in overrides:
-        section, key, value = _parse_override(text)
+        section, key, value = parse_override(text)
         _apply(cfg, section, key, value, "override")
         named.add(f"{section}.{key}")
     if path is not None:

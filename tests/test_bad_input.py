@@ -164,6 +164,22 @@ def test_an_override_holding_a_line_break_is_refused_not_cut_short(override):
     assert repr(override) in str(e.value)
 
 
+def test_the_config_answers_for_a_key_and_an_override_without_building_a_run():
+    """runtime.config's public accessors (submission.hpo checks a search space with them): a
+    key's declared type, an override's parts, and a name that is no key refused naming it."""
+    from typing import get_args
+    from runtime.config import key_type, parse_override
+    assert key_type("optim.lr") is float and "lamb" in get_args(key_type("optim.name"))
+    for bad in ("optim.lrr", "optim", "source.x", "nosuch.lr"):
+        with pytest.raises(ConfigError, match=f"unknown key {bad} "):
+            key_type(bad)
+    assert parse_override('optim.name="adamw"') == ("optim", "name", "adamw")
+    assert parse_override("train.max_steps=7") == ("train", "max_steps", 7)
+    assert parse_override("system.launcher=mpirun") == ("system", "launcher", "mpirun")
+    with pytest.raises(ConfigError, match="must look like section.key=value"):
+        parse_override("optim.lr")
+
+
 @pytest.mark.parametrize("override,key", [
     ("optim.lr=nan", "optim.lr"), ("optim.lr=inf", "optim.lr"), ("optim.eps=0", "optim.eps"),
     ("optim.beta2=nan", "optim.beta2"), ("data.eval_batch_size=0", "data.eval_batch_size"),

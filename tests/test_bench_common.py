@@ -10,8 +10,7 @@ from bench import common
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 # Not benchmarks with a record: the runtime's and baseline's helpers, the test bed.
-NO_RECORD = {"__init__.py", "common.py", "baseline_ddp.py", "fault_rank.py", "gpu_stages.py",
-             "netns.py"}
+NO_RECORD = {"__init__.py", "common.py", "baseline_ddp.py", "fault_rank.py", "netns.py"}
 
 
 def test_record_header_and_finish(tmp_path, capsys):

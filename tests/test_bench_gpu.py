@@ -119,7 +119,7 @@ def test_a_stage_with_a_failed_part_is_partial():
 
 
 def test_the_graph_goals_from_the_stage_figures():
-    from bench.gpu_graphs import _goals
+    from bench.gpu.stages.graphs import _goals
     out = {"rows2": {"full": {"step_s": 0.020, "step_over_busy": 1.1}},
            "eager_b4": {"unpadded_dynamic": {"step_s": 0.080},
                         "padded_bucketed": {"step_s": 0.090},
@@ -143,3 +143,58 @@ def test_the_fused_kernels_goals_read_the_throughput_figures():
     assert g["unpadded_bf16_200k_tokens_per_s"]["met"] is True  # the fused run is the best
     assert g["unpadded_bf16_half_of_gemm_peak"]["of_gemm_peak"] == 0.51
     assert gpu.goals({"stages": {}})["unpadded_bf16_200k_tokens_per_s"]["met"] is None
+
+
+def test_the_stage_list_budgets_help_and_goals_come_from_the_rows(capsys):
+    """One row per stage (bench/gpu/table.py): the orchestrator's stage list, budgets, data
+    needs, --help and goal verdicts are read from it, and a name used twice is refused."""
+    from bench.gpu.harness import Goal
+    from bench.gpu.table import Stage, _by_name
+    assert gpu.STAGE_NAMES == tuple(s.name for s in gpu.STAGES)
+    assert gpu.BUDGET_S["graphs"] == gpu.STAGE["graphs"].budget_s
+    assert "optimizer" not in gpu.NEEDS_DATA and "plain" in gpu.NEEDS_DATA
+    with pytest.raises(SystemExit):
+        gpu.main(["--help"])
+    text = capsys.readouterr().out
+    for s in gpu.STAGES:
+        assert f"  {s.name}" in text and f"{s.budget_s:4d} s" in text, s.name
+        for g in s.goals:
+            assert f"goal {g.name}" in text, g.name
+    names = [g.name for s in gpu.STAGES for g in s.goals]
+    assert list(gpu.goals({"stages": {"graphs": {"status": "ok", "result": {"goals": {
+        n: {"goal": 0, "met": True} for n in names}}}}})) == names  # every row's goal, in order
+    row = gpu.STAGE["env"]
+    with pytest.raises(ValueError, match="stage 'env' has two rows"):
+        _by_name((row, row))
+    goal = Goal("g", 1, lambda results, goal: {"met": None})
+    with pytest.raises(ValueError, match="goal 'g' is declared twice"):
+        _by_name((Stage("a", row.run, 1, False, "", (goal,)),
+                  Stage("b", row.run, 1, False, "", (goal,))))
+
+
+def test_an_out_of_memory_steps_the_batch_down_and_the_last_one_is_raised():
+    """The largest batch, confirmed: an out-of-memory steps it down (at most 4 tries); the
+    last try's out-of-memory is raised - never a figure of an earlier case, which the copied
+    loops left in their result variable when every try ran out of memory."""
+    from bench.gpu.harness import _largest_that_runs
+    seen = []
+
+    def measure(fits: int):
+        def run(batch, steps=3, warmup=2):
+            seen.append((batch, steps))
+            if steps == 10 and batch > fits:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return {"peak_bytes": 1000 * batch, "batch": batch}
+        return run
+    # probes at 8 and 16 (1000 B per sequence) -> 92 % of 80 kB: 72, then 64, 56, 48
+    batch, r, probes = _largest_that_runs(measure(48), 8, 8, 80_000, False, steps=10, warmup=3)
+    assert (batch, r["batch"]) == (48, 48) and [p["batch"] for p in probes] == [8, 16]
+    assert seen == [(8, 3), (16, 3), (72, 10), (64, 10), (56, 10), (48, 10)]
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _largest_that_runs(measure(40), 8, 8, 80_000, False, steps=10, warmup=3)
+
+    def broken(batch, steps=3, warmup=2):
+        raise ValueError("not a memory error")
+    seen.clear()
+    with pytest.raises(ValueError):
+        _largest_that_runs(broken, 8, 8, 0, True, steps=3, warmup=1)   # smoke: no probes

@@ -173,12 +173,12 @@ def test_a_killed_workers_trial_is_failed_and_retried_once(tmp_path, monkeypatch
     study, *_ = hpo.prepare(a)
     ostudy = hpo.open_study(study)
     orphan = ostudy.ask({"optim.lr": FloatDistribution(1e-4, 3e-2, log=True)})  # a worker ...
-    hb = hpo._heartbeat(study, orphan.number)
+    hb = hpo.heartbeat_file(study, orphan.number)
     hb.write_text("gone\n")
     os.utime(hb, (time.time() - 60, time.time() - 60))                        # ... killed
     lr = orphan.params["optim.lr"]
     fresh = ostudy.ask()                    # another worker's live trial: not touched
-    hpo._heartbeat(study, fresh.number).write_text("alive\n")
+    hpo.heartbeat_file(study, fresh.number).write_text("alive\n")
     with hpo.bookkeeping_lock(study):
         assert hpo.reap_stale(study, ostudy) == [orphan.number]
         assert hpo.reap_stale(study, ostudy, now=time.time()) == []          # once only
@@ -241,10 +241,10 @@ def test_the_slurm_dry_run_prints_the_array_and_never_the_password(tmp_path, sma
 
 def test_local_workers_need_the_cores(tmp_path):
     cfg = load_config(CPU_CONFIG)
-    assert hpo._local_slots(cfg, 1) == [{}]
+    assert hpo.local_slots(cfg, 1) == [{}]
     cores = os.cpu_count() or 1
     with pytest.raises(hpo.HpoError, match=rf"--workers {cores + 1}: .* this machine has {cores}"):
-        hpo._local_slots(cfg, cores + 1)
+        hpo.local_slots(cfg, cores + 1)
 
 
 def test_no_trial_is_pruned_before_its_warm_up_share_of_the_budget(tmp_path, capsys):
@@ -427,7 +427,7 @@ def test_a_brace_in_the_storage_url_is_a_literal_brace(tmp_path):
     d = tmp_path / "a{b}"
     d.mkdir()
     study = hpo.Study(name="s", dir=str(tmp_path), config="", space="", storage_kind="rdb")
-    hpo._storage(study, f"sqlite:///{d}/hpo.db")
+    hpo.open_storage(study, f"sqlite:///{d}/hpo.db")
     assert (d / "hpo.db").stat().st_size > 0
 
 

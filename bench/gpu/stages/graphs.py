@@ -19,16 +19,21 @@ One trainer per case serves its three modes in turn (eager, then the encoder gra
 full graph on the same parts): building BERT-large and compiling the fused optimizer once per
 case keeps the stage in its budget. On CPU (``--smoke``) the tiny model runs the eager modes
 only (no capture without CUDA) and the profiler counts CPU ops: the harness is what is tested.
+
+Owns: the cases and modes measured, the replay-versus-eager kernel comparison, the stage's
+goals (the thresholds its figures are held to).
+Never: captures a graph itself (runtime/train/graphs.py does, as training would).
 """
 from __future__ import annotations
 
 import gc
 import statistics
 import time
-from typing import Any
+from typing import Any, Optional
 
-from bench.gpu_stages import (DGX_CONFIG, CPU_CONFIG, LARGE_SHAPE, SMOKE_EAGER, TINY, Run,
-                              _config, _free_cuda, _max_pred, _seq, _synchronize, _world_of_one)
+from bench.gpu.harness import (DGX_CONFIG, CPU_CONFIG, LARGE_SHAPE, SMOKE_EAGER, TINY, Goal,
+                               Results, Run, _config, _free_cuda, _max_pred, _profile, _seq,
+                               _synchronize, _world_of_one)
 
 STATIC = ["data.shapes=static", "data.balance=offline_pack", "model.attention=unpadded",
           "data.bin_edges=[]"]
@@ -45,6 +50,17 @@ EAGER_PATHS = {  # local batch 4, eager: the per-shape cost of each path and sha
 GOAL_BUSY_RATIO, GOAL_STEP_S, GOAL_EAGER_RATIO = 1.15, 0.025, 1.2
 
 
+def _reported(results: Results, goal: Goal) -> Optional[dict]:
+    """The goal as the stage reported it (``goals`` of its result): left out when it did not run."""
+    return results("graphs").get("goals", {}).get(goal.name)
+
+
+# The stage holds its figures to these itself (_goals); the record takes its verdicts.
+GOALS = (Goal("full_graph_2rows_within_1_15x_busy", GOAL_BUSY_RATIO, _reported),
+         Goal("full_graph_2rows_under_25ms", GOAL_STEP_S, _reported),
+         Goal("eager_b4_within_1_2x_unpadded", GOAL_EAGER_RATIO, _reported))
+
+
 def _trainer(run: Run, b: int, *extra: str):
     from runtime.train.trainer import Trainer
     shape = TINY + SMOKE_EAGER if run.smoke else [f"model.{k}={v}"
@@ -59,29 +75,6 @@ def _trainer(run: Run, b: int, *extra: str):
     trainer = Trainer(cfg, _world_of_one(run.device))
     trainer.setup()
     return trainer
-
-
-def _profile(run: Run, step, n: int) -> tuple[float, float, dict]:
-    """(busy seconds per step, kernels per step, {kernel name: [calls, µs]}) over ``n``
-    calls of ``step`` under the profiler (CPU ops' self time on CPU)."""
-    from torch.profiler import ProfilerActivity, profile
-    activity = ProfilerActivity.CUDA if run.cuda else ProfilerActivity.CPU
-    _synchronize()
-    with profile(activities=[activity]) as prof:
-        for _ in range(n):
-            step()
-        _synchronize()
-    names: dict[str, list] = {}
-    for e in prof.events():
-        if e.device_type.name != ("CUDA" if run.cuda else "CPU"):
-            continue
-        us = e.device_time if run.cuda else e.self_cpu_time_total
-        r = names.setdefault(e.name[:90], [0, 0.0])
-        r[0] += 1
-        r[1] += us
-    busy = sum(t for _, t in names.values()) / n / 1e6
-    kernels = sum(c for c, _ in names.values()) / n
-    return busy, kernels, names
 
 
 def _measure(run: Run, trainer, it, warmup: int, steps: int) -> dict:
@@ -235,13 +228,12 @@ def _goals(out: dict) -> dict:
     base = eager.get("unpadded_dynamic", {}).get("step_s")
     ratios = {k: v["step_s"] / base for k, v in eager.items() if base and "step_s" in v}
     worst = max((r for k, r in ratios.items() if k != "unpadded_dynamic"), default=None)
+    busy, under, eager_goal = GOALS
     return {
-        "full_graph_2rows_within_1_15x_busy": {"goal": GOAL_BUSY_RATIO, "ratio": ratio,
-                                                "met": None if ratio is None
-                                                else ratio <= GOAL_BUSY_RATIO},
-        "full_graph_2rows_under_25ms": {"goal": GOAL_STEP_S, "step_s": step,
-                                         "met": None if step is None else step <= GOAL_STEP_S},
-        "eager_b4_within_1_2x_unpadded": {"goal": GOAL_EAGER_RATIO, "ratios": ratios,
-                                          "met": None if worst is None
-                                          else worst <= GOAL_EAGER_RATIO},
+        busy.name: {"goal": GOAL_BUSY_RATIO, "ratio": ratio,
+                    "met": None if ratio is None else ratio <= GOAL_BUSY_RATIO},
+        under.name: {"goal": GOAL_STEP_S, "step_s": step,
+                     "met": None if step is None else step <= GOAL_STEP_S},
+        eager_goal.name: {"goal": GOAL_EAGER_RATIO, "ratios": ratios,
+                          "met": None if worst is None else worst <= GOAL_EAGER_RATIO},
     }

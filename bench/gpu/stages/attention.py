@@ -9,13 +9,16 @@ likewise; the unpadded path's varlen kernels - FlashAttention-2 varlen
 the repad kernel (padded to the longest sequence). Each timed over back-to-back calls after a
 warm-up; a backend that refuses the inputs is recorded as such. On CPU (``--smoke``) the
 padded and unpadded kernels that run there, on small shapes: the harness is what is tested.
+
+Owns: the kernels and backends compared, and the fastest per path.
+Never: changes which kernel the model runs (kernels/attention.py's rule does).
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Callable
 
-from bench.gpu_stages import Run, _synchronize
+from bench.gpu.harness import Run, _synchronize
 
 
 def _time(fn: Callable[[], Any], reps: int) -> float:

@@ -1,0 +1,210 @@
+"""What the stages of ``python -m bench.gpu`` share: where a stage works (Run), the configs and
+shapes they train, a process group of one rank, timing with the device synchronised, the
+largest batch that fits (stepping down on out-of-memory), the profiler's kernel times; and the Goal row, with which a stage
+module declares what its figures are held to.
+
+Every stage runs on the device it finds: a CUDA GPU, or the CPU in ``--smoke`` mode (tiny
+shapes, fp32, the simulated device of runtime.observe.hostsync for the sync checks), where it
+checks the harness itself in seconds.
+
+Owns: the shared constants (configs, BERT-large's shape, the tiny model, the attention paths)
+and helpers of the stages, the Goal type.
+Never: measures a stage's figures or holds a goal's threshold (bench/gpu/stages/ do), or
+imports torch before a helper is called (the orchestrator imports the stage table without it).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from runtime.model.arithmetic import size
+
+ROOT = Path(__file__).resolve().parents[2]
+DGX_CONFIG = ROOT / "submission" / "configs" / "config_DGXA100_1x8x56x1.toml"
+CPU_CONFIG = ROOT / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
+SEQ = 512
+MAX_PRED = 76
+TINY = ["model.num_hidden_layers=2", "model.hidden_size=128", "model.num_attention_heads=2",
+        "model.intermediate_size=256", "model.init=scratch"]
+# The smoke run's stages that only time steps (tune_profile, small_batches) take the uncompiled
+# optimizer: the checks and optimizer stages compile it, once each is enough on a CPU.
+SMOKE_EAGER = ['optim.backend="foreach"']
+LARGE_SHAPE = {**size("large"), "vocab_size": 30522}  # BERT-large (runtime.model.arithmetic)
+
+
+Results = Callable[[str], dict]
+"""A stage's name -> its recorded result ({} when it did not run or failed)."""
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A goal of docs/GPU.md: its name in the record and summary.txt, the figure to meet, and
+    its verdict - ``verdict(results, goal)`` reads the stages' recorded results and returns the
+    figures with ``met`` (True, False, or None: not measured), or None to leave the goal out
+    (a goal its stage reports itself, when that stage did not run)."""
+
+    name: str
+    threshold: Optional[float]          # None: a goal without a figure (every test passes)
+    verdict: Callable[[Results, "Goal"], Optional[dict]]
+
+    def entry(self, results: Results) -> Optional[dict]:
+        """The goal as the record and summary.txt show it: its threshold, figures and verdict."""
+        got = self.verdict(results, self)
+        if got is None or self.threshold is None:
+            return got
+        return {"goal": self.threshold, **got}
+
+
+@dataclass
+class Run:
+    """Where a stage works and how big it may be."""
+
+    work: Path       # the orchestrator's work directory (data sets, stage files)
+    smoke: bool      # CPU: tiny shapes, seconds per stage
+
+    @property
+    def device(self) -> str:
+        import torch
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+    def data(self, name: str) -> Path:
+        return self.work / "data" / name
+
+    def precisions(self) -> list[str]:
+        return ["bf16", "fp16"] if self.cuda else ["fp32"]
+
+
+def _world_of_one(device):
+    """A process group of one rank on ``device`` (the stages train like a rank of a run)."""
+    from runtime.launch import dist
+    from runtime.launch.env import discover
+    if dist.current() is None:
+        dist.init_distributed(discover({}), device="cpu" if str(device).startswith("cpu")
+                              else str(device))
+    return dist.current()
+
+
+def _synchronize() -> None:
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _free_cuda() -> None:
+    import gc
+    import torch
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _is_oom(e: BaseException) -> bool:
+    import torch
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
+
+
+def _config(run: Run, base: Path, *overrides: str):
+    from runtime.config import load_config
+    return load_config(base, [f"train.output_dir={run.work / 'runs'}",
+                              "data.verify_checksums=false", *overrides])
+
+
+def _seq(run: Run) -> int:
+    return SEQ if not run.smoke else 128
+
+
+def _max_pred(run: Run) -> int:
+    return MAX_PRED if not run.smoke else 20
+
+
+# Packing takes its strata from the data (equal slices): the DGX config's fixed bins
+# [128, 256, 384, 512] suit MLPerf's length mix, not this Wikipedia set's (mean 128 of 512,
+# 1.8 % in (256, 384]: no sample of that bin in a batch of 8 rows).
+PATHS = {"padded": [], "unpadded": ["model.attention=unpadded"],
+         "packed": ["data.balance=pack", "data.bin_edges=[]"]}
+
+
+def _fit_largest(measure: Callable[[int], dict], start: int, step: int, total_bytes: int,
+                 smoke: bool) -> tuple[int, list[dict]]:
+    """The largest batch (a multiple of ``step``) that fits: peak memory measured at two
+    batches, extrapolated linearly to 92 % of the device, then confirmed (stepping down on
+    out-of-memory)."""
+    if smoke:
+        return start, []
+    probes = [measure(start), measure(2 * start)]
+    a = (probes[1]["peak_bytes"] - probes[0]["peak_bytes"]) / start
+    c = probes[0]["peak_bytes"] - a * start
+    batch = max(step, int((0.92 * total_bytes - c) / max(a, 1) // step * step))
+    return batch, probes
+
+
+def _largest_that_runs(measure: Callable[..., dict], start: int, step: int, total_bytes: int,
+                       smoke: bool, steps: int, warmup: int,
+                       tries: int = 4) -> tuple[int, dict, list[dict]]:
+    """(batch, its measurement, the probes): the largest batch that fits (_fit_largest),
+    measured over ``steps`` after ``warmup``; an out-of-memory steps the batch down by ``step``
+    (the cache freed between tries), at most ``tries`` times and never below ``step``. Any
+    other error, and the last try's out-of-memory, is raised: the stage records it as this
+    case's error."""
+    batch, probes = _fit_largest(measure, start, step, total_bytes, smoke)
+    for attempt in range(1, tries + 1):
+        try:
+            return batch, measure(batch, steps=steps, warmup=warmup), probes
+        except Exception as e:  # noqa: BLE001
+            if not _is_oom(e) or batch <= step or attempt == tries:
+                raise
+            _free_cuda()
+            batch -= step
+    raise ValueError(f"tries={tries}: give at least 1")
+
+
+def _timed(run: Run, step_fn: Callable[[], Any], warmup: int, steps: int) -> dict:
+    """``warmup`` then ``steps`` calls of ``step_fn`` (returns its real tokens, or (tokens,
+    model FLOPs)), timed as a whole with the device synchronised at both ends; peak memory of
+    the timed steps."""
+    import torch
+    for _ in range(warmup):
+        step_fn()
+    _synchronize()
+    if run.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    tokens = flops = 0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        got = step_fn()
+        tokens += got[0] if isinstance(got, tuple) else got
+        flops += got[1] if isinstance(got, tuple) else 0
+    _synchronize()
+    dt = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() if run.cuda else 0
+    return {"seconds": dt, "steps": steps, "tokens": tokens, "flops": flops,
+            "peak_bytes": peak}
+
+
+def _profile(run: Run, step, n: int) -> tuple[float, float, dict]:
+    """(busy seconds per step, kernels per step, {kernel name: [calls, µs]}) over ``n``
+    calls of ``step`` under the profiler (CPU ops' self time on CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+    activity = ProfilerActivity.CUDA if run.cuda else ProfilerActivity.CPU
+    _synchronize()
+    with profile(activities=[activity]) as prof:
+        for _ in range(n):
+            step()
+        _synchronize()
+    names: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type.name != ("CUDA" if run.cuda else "CPU"):
+            continue
+        us = e.device_time if run.cuda else e.self_cpu_time_total
+        r = names.setdefault(e.name[:90], [0, 0.0])
+        r[0] += 1
+        r[1] += us
+    busy = sum(t for _, t in names.values()) / n / 1e6
+    kernels = sum(c for c, _ in names.values()) / n
+    return busy, kernels, names

