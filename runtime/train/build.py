@@ -81,7 +81,6 @@ def build_parts(cfg: Config, dist: DistContext, *, bucket_plan: Optional[Path] =
     train_cfg = t
     if bucket_plan is not None and t.grad_sync == "buckets" and not t.bucket_plan:
         train_cfg = dataclasses.replace(t, bucket_plan=str(bucket_plan))
-    local_batch = cfg.local_batch_size(dist.world_size)
     grad_sync = build_grad_sync(
         model, train_cfg, world_size=dist.world_size if communicate else 1, device=dist.device,
         group=dist.group, timeline=tl, tokens_per_step=cfg.tokens_per_step(dist.world_size),
