@@ -1,10 +1,11 @@
-"""The sharded optimizer (optim.shard, issue 35): each rank updates a row shard of the flat
-buffers and keeps that shard's optimizer state; the run equals the unsharded one.
+"""The sharded optimizer (optim.shard): each rank updates a row shard of the flat buffers and
+keeps that shard's optimizer state; the run equals the unsharded one.
 
-The distributed cases run real ranks with the venv's mpiexec on tests/dist_scripts/shard.py,
-two launches: 2 ranks (every optimizer x clip mode, the reduce to the owners, exact resume, the
-capture-safe step, a rank killed mid-step) and 4 ranks (each optimizer and clip mode once, two
-"nodes" of two, the 2-rank checkpoint re-sharded 4 ways). The rest is in this process.
+Real ranks with the venv's mpiexec on tests/dist_scripts/shard.py, two launches: 2 ranks (each
+optimizer and each clip mode, the reduce to the owners, exact resume, the capture-safe step, a
+rank killed mid-step) and 4 ranks (each optimizer and clip mode paired otherwise, two "nodes"
+of two, the 2-rank checkpoint re-sharded 4 ways). In one process: tests/unit/test_shard_unit.py,
+tests/integration/test_shard_integration.py.
 """
 from __future__ import annotations
 
@@ -13,16 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from kernels.optim_flat import FlatLayout
-from runtime.config import ConfigError
-from runtime.grad_sync.shard import REDUCTION, Shard
-from runtime.launch.dist import BlockGroups
-from runtime.train import memory
-from runtime.train.trainer import Trainer
 from tests.support.launch import needs_mpiexec, run_script, tail
-from tests.support.tiny import tiny_config
 
 FAULT_DEADLINE_S = 60  # tests/test_dist.py: every rank gone within 60 s of a fault
 KEY_BIAS = "bert.encoder.layer.0.attention.self.key.bias"
@@ -199,68 +192,3 @@ def test_without_room_in_dev_shm_the_parameters_are_broadcast(two_ranks):
                              "parameters (No space left on device"), gather
 
 
-# ------------------------------------------------------------------------------ in process
-
-def groups(size: int, index: int = 0, blocks: int = 1) -> BlockGroups:
-    return BlockGroups(size, index, blocks, 0)
-
-
-def test_shards_are_equal_whole_rows_and_pieces_cover_a_bucket_once():
-    total = 10 * 1024 + 0  # 10 rows
-    shards = [Shard(total, groups(4, j), align=1024) for j in range(4)]
-    assert {s.elements for s in shards} == {3 * 1024} and shards[0].padded_total == 12 * 1024
-    assert [s.window for s in shards] == [(j * 3072, (j + 1) * 3072) for j in range(4)]
-    for lo, hi in ((0, 10240), (100, 5000), (3072, 6144), (9000, 10240), (5, 6)):
-        pieces = shards[0].pieces(lo, hi)
-        assert sum(b - a for _, a, b in pieces) == hi - lo
-        assert all(j * 3072 <= a < b <= (j + 1) * 3072 for j, a, b in pieces)
-        owned = [s.owned(lo, hi) for s in shards]
-        assert sum(b - a for o in owned if o for a, b in [o]) == hi - lo
-    assert Shard(total, groups(1)).window == (0, 10240)
-    assert REDUCTION == {"nccl": "reduce", "gloo": "allreduce"}
-
-
-def test_a_sharded_buffer_pads_rows_of_the_last_tensor():
-    layout = FlatLayout.build([(3, 1000), (5,)])   # 3 rows + 1 row
-    seg = layout.row_segment("cpu", rows=6)
-    assert seg.tolist() == [0, 0, 0, 1, 1, 1]
-
-
-def test_the_config_refuses_what_cannot_shard(small_dataset):
-    with pytest.raises(ConfigError, match="optim.shard='world' needs train.grad_sync"):
-        tiny_config(small_dataset, "optim.shard=world", "train.grad_sync=ddp",
-                    "train.clip_mode=global_after")
-    with pytest.raises(ConfigError, match="optim.shard='node' needs optim.backend"):
-        tiny_config(small_dataset, "optim.shard=node")   # the tiny config's foreach
-    with pytest.raises(ConfigError, match="optim.shard"):
-        tiny_config(small_dataset, "optim.shard=half")
-    tiny_config(small_dataset, "optim.shard=world", "optim.backend=fused")
-
-
-def test_the_memory_estimate_keeps_one_shard_of_the_optimizer_state(small_dataset):
-    base = ["system.ranks_per_node=8", "system.nodes=2", "train.global_batch_size=256",
-            "optim.backend=auto"]
-    est = {s: memory.estimate(tiny_config(small_dataset, *base, f"optim.shard={s}"))
-           for s in ("none", "node", "world")}
-    p = est["none"].params
-    assert est["none"].static == p * (12 + 8)
-    assert est["node"].static == int(p * (12 + 8 / 8))
-    assert est["world"].static == int(p * (12 + 8 / 16))
-
-
-def test_a_world_of_one_runs_the_sharded_step_as_the_unsharded_one(small_dataset, single_ctx):
-    """The sharded binding on one rank (one shard: its window is every row): the same
-    parameters and state, bit for bit, as the unsharded fused step."""
-    out = {}
-    for shard in ("none", "world"):
-        cfg = tiny_config(small_dataset, "optim.backend=auto", f"optim.shard={shard}",
-                          "train.log_every_steps=100", "optim.name=lars")
-        trainer = Trainer(cfg, single_ctx)
-        trainer.setup()
-        it = iter(trainer.train_loader)
-        for _ in range(3):
-            trainer.train_step(it)
-        out[shard] = [p.detach().clone() for p in trainer.model.parameters()]
-        assert (trainer.optimizer.shard is None) == (shard == "none")
-        trainer.close()
-    assert all(torch.equal(a, b) for a, b in zip(out["none"], out["world"]))

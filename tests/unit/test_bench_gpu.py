@@ -1,0 +1,104 @@
+"""bench.gpu, the one-call GPU harness, in process: the record's goals (met, missed or not
+measured), bad arguments, partial stages, the stage rows. Its smoke run on CPU (every stage in
+its own process, a failure isolated): tests/integration/test_bench_gpu_integration.py."""
+from __future__ import annotations
+
+
+import pytest
+
+from bench import gpu
+
+def test_goals_are_met_missed_or_not_measured():
+    record = {"date": "2026-11-24", "commit": "abc", "smoke": False, "wall_s": 1.0, "stages": {
+        "env": {"status": "ok", "result": {"gpu": "NVIDIA H100 80GB HBM3"}},
+        "throughput": {"status": "ok", "result": {
+            "unpadded_bf16": {"sequences_per_s": 330.0, "local_batch": 96,
+                              "tokens_per_s": 1.0, "peak_memory_GiB": 60.0},
+            "padded_bf16": {"sequences_per_s": 200.0, "local_batch": 48,
+                            "tokens_per_s": 1.0, "peak_memory_GiB": 60.0}}},
+        "plain": {"status": "ok", "result": {"padded_bf16": {
+            "sequences_per_s": 200.0, "local_batch": 32, "tokens_per_s": 1.0,
+            "peak_memory_GiB": 70.0}}},
+        "optimizer": {"status": "ok", "result": {"goal_lamb_within_1_5x": {
+            "ratio": 1.9, "met": False}}},
+        "cuda_tests": {"status": "ok", "result": {"counts": {
+            "passed": 30, "failed": 1, "skipped": 2, "error": 0}}}}}
+    g = gpu.goals(record)
+    assert g["throughput_1_5x_plain"]["met"] is True
+    assert g["throughput_1_5x_plain"]["ratios"] == {"unpadded_bf16": 1.65, "padded_bf16": 1.0}
+    assert g["fused_lamb_within_1_5x_bandwidth"]["met"] is False
+    assert g["every_cuda_test_passes"]["met"] is False
+    assert g["low_precision_loss_within_2pct"]["met"] is None  # short_runs did not run
+    record["goals"] = g
+    text = gpu.render_summary(record)
+    assert "nvidia-h100-80gb-hbm3" in text and "MISSED" in text and "330.0" in text
+
+
+def test_bad_arguments_exit_2(tmp_path):
+    assert gpu.main(["--out", str(tmp_path), "--stages", "env,warp"]) == 2
+    assert gpu.main([]) == 2
+
+
+def test_a_stage_with_a_failed_part_is_partial():
+    """The first H100 run recorded the throughput stage "ok" with both packed runs broken and
+    tune_profile "ok" with all three batches broken: a part's error now marks the stage."""
+    assert gpu.part_errors({"model": "bert-large", "padded_bf16": {"sequences_per_s": 1.0},
+                            "packed_bf16": {"error": "DataError: ..."}}) == ["packed_bf16"]
+    assert gpu.part_errors({"counts": {"passed": 3, "failed": 0, "error": 0}}) == []
+    assert gpu.part_errors({"error": "top-level"}) == []  # a failed stage, not a part
+
+
+def test_the_graph_goals_from_the_stage_figures():
+    from bench.gpu.stages.graphs import _goals
+    out = {"rows2": {"full": {"step_s": 0.020, "step_over_busy": 1.1}},
+           "eager_b4": {"unpadded_dynamic": {"step_s": 0.080},
+                        "padded_bucketed": {"step_s": 0.090},
+                        "packed_static": {"step_s": 0.200}, "packed_dynamic": {"error": "x"}}}
+    g = _goals(out)
+    assert g["full_graph_2rows_within_1_15x_busy"]["met"] is True
+    assert g["full_graph_2rows_under_25ms"]["met"] is True
+    assert g["eager_b4_within_1_2x_unpadded"]["met"] is False  # packed static: 2.5x
+    assert g["eager_b4_within_1_2x_unpadded"]["ratios"]["padded_bucketed"] == pytest.approx(1.125)
+    out["rows2"]["full"] = {"error": "capture failed"}
+    assert _goals(out)["full_graph_2rows_under_25ms"]["met"] is None  # not measured
+
+
+def test_the_fused_kernels_goals_read_the_throughput_figures():
+    record = {"stages": {"throughput": {"status": "ok", "result": {
+        "unpadded_bf16": {"sequences_per_s": 1.0, "tokens_per_s": 158_000.0,
+                          "of_gemm_peak": 0.39},
+        "unpadded_bf16_fused": {"sequences_per_s": 1.0, "tokens_per_s": 205_000.0,
+                                "of_gemm_peak": 0.51}}}}}
+    g = gpu.goals(record)
+    assert g["unpadded_bf16_200k_tokens_per_s"]["met"] is True  # the fused run is the best
+    assert g["unpadded_bf16_half_of_gemm_peak"]["of_gemm_peak"] == 0.51
+    assert gpu.goals({"stages": {}})["unpadded_bf16_200k_tokens_per_s"]["met"] is None
+
+
+def test_the_stage_list_budgets_help_and_goals_come_from_the_rows(capsys):
+    """One row per stage (bench/gpu/table.py): the orchestrator's stage list, budgets, data
+    needs, --help and goal verdicts are read from it, and a name used twice is refused."""
+    from bench.gpu.harness import Goal
+    from bench.gpu.table import Stage, _by_name
+    assert gpu.STAGE_NAMES == tuple(s.name for s in gpu.STAGES)
+    assert gpu.BUDGET_S["graphs"] == gpu.STAGE["graphs"].budget_s
+    assert "optimizer" not in gpu.NEEDS_DATA and "plain" in gpu.NEEDS_DATA
+    with pytest.raises(SystemExit):
+        gpu.main(["--help"])
+    text = capsys.readouterr().out
+    for s in gpu.STAGES:
+        assert f"  {s.name}" in text and f"{s.budget_s:4d} s" in text, s.name
+        for g in s.goals:
+            assert f"goal {g.name}" in text, g.name
+    names = [g.name for s in gpu.STAGES for g in s.goals]
+    assert list(gpu.goals({"stages": {"graphs": {"status": "ok", "result": {"goals": {
+        n: {"goal": 0, "met": True} for n in names}}}}})) == names  # every row's goal, in order
+    row = gpu.STAGE["env"]
+    with pytest.raises(ValueError, match="stage 'env' has two rows"):
+        _by_name((row, row))
+    goal = Goal("g", 1, lambda results, goal: {"met": None})
+    with pytest.raises(ValueError, match="goal 'g' is declared twice"):
+        _by_name((Stage("a", row.run, 1, False, "", (goal,)),
+                  Stage("b", row.run, 1, False, "", (goal,))))
+
+
