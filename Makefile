@@ -12,6 +12,11 @@ DATA     ?= data/cpu128
 SOURCES  := .cache/sources
 GENSIM_BZ2 := $(SOURCES)/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2
 PYTEST_ARGS ?=
+# The suite runs in two pytest-xdist workers, a whole test file per worker at a time (module
+# fixtures such as one shared rank launch stay one launch); PYTEST_WORKERS=0 runs it in this
+# process alone.
+PYTEST_WORKERS ?= 2
+XDIST    := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 .PHONY: venv run test data sources system-deps clean-data bench-deps
 
@@ -60,7 +65,7 @@ run: venv sources data
 	CONFIG=$(CONFIG) ./run_and_time.sh
 
 test: venv sources system-deps
-	$(VPY) -m pytest $(PYTEST_ARGS)
+	$(VPY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # Debian packages some tests launch for real (Open MPI's mpirun; iproute2's ip and tc for the
 # slow-network test bed). Installed when missing and when we are root; otherwise those tests
