@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench import common
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 # Not benchmarks with a record: the runtime's and baseline's helpers, the test bed.
 NO_RECORD = {"__init__.py", "common.py", "baseline_ddp.py", "fault_rank.py", "netns.py"}
 

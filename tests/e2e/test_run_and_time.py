@@ -24,7 +24,9 @@ import pytest
 
 from tests.support.launch import default_stop_signals
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow   # tests/e2e: every test here is slow
+
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "run_and_time.sh"
 RESULT_RE = re.compile(r"^RESULT,bert,(\d+),(\d+),(\S+),(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (AM|PM))$")
 

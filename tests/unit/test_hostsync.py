@@ -31,7 +31,7 @@ def test_each_kind_is_seen_at_its_line():
     got = kinds(syncs)
     assert [k for k, _ in got] == ["read", "shape", "shape", "shape", "shape", "h2d", "h2d",
                                    "d2h", "wrong_device"], got
-    assert all(e.where.startswith("tests/test_hostsync.py:") for e in syncs.events)
+    assert all(e.where.startswith("tests/unit/test_hostsync.py:") for e in syncs.events)
     lines = [int(e.where.split(":")[1].split()[0]) for e in syncs.events]
     assert lines == sorted(lines) and len(set(lines)) == len(lines)  # one line each
 

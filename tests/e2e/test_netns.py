@@ -20,7 +20,7 @@ import pytest
 from bench.netns import ADDRS, Testbed, unavailable
 from tests.support.tiny import TINY, as_overrides
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "dist_scripts" / "netns_allreduce.py"
 WHY = unavailable()
 pytestmark = [pytest.mark.slow,

@@ -28,7 +28,9 @@ from runtime.config import load_config
 from tests.support.runs import CPU_CONFIG
 from tests.support.tiny import run_overrides
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow   # tests/e2e: every test here is slow
+
+ROOT = Path(__file__).resolve().parents[2]
 SPACE = '[params."optim.lr"]\nlow = 1e-4\nhigh = 3e-2\nlog = true\n'
 # 10 steps of 16 samples, an evaluation every 5 steps, a target the tiny model never reaches
 # (every finished trial is censored: its value is what its accuracy gap says).

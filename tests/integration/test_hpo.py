@@ -21,7 +21,7 @@ from submission import hpo
 from submission.__main__ import main as submission_main
 from tests.support.runs import CPU_CONFIG
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SPACE = """
 [params."optim.lr"]

@@ -42,7 +42,7 @@ from tests.support.runs import (CPU_CONFIG, SEED, STEPS, evals, finish, ranks_le
                                 run_and_time, start, steps, wait_for_step)
 from tests.support.runs import resume_overrides as overrides
 
-pytestmark = needs_mpiexec
+pytestmark = [pytest.mark.slow, needs_mpiexec]
 
 
 @pytest.mark.slow

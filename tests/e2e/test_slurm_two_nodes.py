@@ -36,7 +36,7 @@ from tests.support.mllog import compliance, mllog_events
 from tests.support.runs import CPU_CONFIG
 from tests.support.tiny import run_overrides
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINT_EVERY = 160        # samples: every 10 steps of 16
 KILL_AFTER_STEP = 30          # kill once a checkpoint at or past this step is complete
 DIST_TIMEOUT_S = 60           # the collective timeout the surviving rank must not wait out

@@ -9,7 +9,7 @@ import pytest
 
 from runtime.config import load_config
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "submission" / "configs").glob("*.toml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "submission" / "configs").glob("*.toml"))
 NAME = re.compile(r"^config_(?P<system>[A-Za-z0-9-]+)_(?P<n>\d+)x(?P<g>\d+)x(?P<b>\d+)x(?P<a>\d+)\.toml$")
 
 
@@ -54,7 +54,7 @@ def test_dgx_configs_are_closed_bert_large(path):
 def test_published_dgx_hyperparameters():
     """NVIDIA's A100 closed-division settings: MLCommons training_results_v2.0,
     NVIDIA/benchmarks/bert/implementations/pytorch/config_DGXA100_*.sh (docs/REFERENCES.md §3)."""
-    root = Path(__file__).resolve().parents[1] / "submission" / "configs"
+    root = Path(__file__).resolve().parents[2] / "submission" / "configs"
     one = load_config(root / "config_DGXA100_1x8x56x1.toml")
     assert (one.optim.lr, one.schedule.total_steps, one.optim.beta1, one.optim.beta2,
             one.schedule.warmup_steps, one.schedule.start_warmup_step) == (4.25e-4, 6700, 0.9, 0.999, 0, 0)
