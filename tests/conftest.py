@@ -6,8 +6,9 @@ seq 128. Built in a second or two; test files that need real shards use it read-
 
 Imported from their modules so that every test file sees them: ``slurm_cluster`` (a real
 one-node Slurm cluster, tests/slurm_cluster.py), ``reference_run`` (the session's
-uninterrupted 2-rank run_and_time.sh run, tests/support/runs.py), ``synthetic_dataset``
-(tests/support/data.py). Helpers the tests share are in tests/support/, never in a test file.
+uninterrupted 2-rank run_and_time.sh run, tests/support/runs.py), ``synthetic_dataset`` and
+``eval_truth`` (tests/support/data.py), ``bindir`` (executables named like the launchers,
+tests/support/launch.py). Helpers the tests share are in tests/support/, never in a test file.
 
 Tiers: ``-m "not slow"`` runs the unit tier - everything in this process or in a short single
 process; tests that launch ranks (mpiexec, torchrun, srun, Open MPI), real clusters,
@@ -22,7 +23,8 @@ import pytest
 # A real one-node Slurm cluster (munged, slurmctld, slurmd by PID) shared by the whole session:
 # test_dist's srun tests and test_slurm use it.
 from slurm_cluster import slurm_cluster  # noqa: F401,E402
-from tests.support.data import synthetic_dataset  # noqa: F401
+from tests.support.data import SOURCES, eval_truth, synthetic_dataset  # noqa: F401
+from tests.support.launch import bindir  # noqa: F401
 from tests.support.runs import reference_run  # noqa: F401
 
 
@@ -41,7 +43,6 @@ def pytest_collection_modifyitems(config, items):
 # Options of the shared small set; tests that rebuild it for comparisons use the same ones.
 SMALL_DATASET_OPTIONS = dict(max_docs=400, shards=4, eval_samples=64, dupe_factor=2,
                              eval_doc_fraction=0.2, seq_len=128, max_pred=20, seed=12345)
-SOURCES = Path(__file__).resolve().parents[1] / ".cache" / "sources"
 
 
 @pytest.fixture(scope="session")

@@ -258,10 +258,11 @@ def test_a_checkpoint_dir_belongs_to_one_run_and_the_rerun_finds_it(small_datase
 
 def test_results_are_never_overwritten(small_dataset, tmp_path):
     """A finished run's directory is refused before anything is written; RUN_DIR and
-    `-- train.output_dir` naming two places is refused. Not slow: run_and_time.sh refuses both
-    before any rank starts. (Distinct directories for runs started in the same second:
-    tests/test_run_and_time.py; `-- train.output_dir=X` is the run directory of a real run -
-    run_and_time.sh says X and the ranks write there: the short run of tests/test_train_e2e.py.)"""
+    `-- train.output_dir` naming two places is refused. Quick (slow-marked only as every test in
+    tests/e2e is): run_and_time.sh refuses both before any rank starts. (Distinct directories for
+    runs started in the same second: tests/e2e/test_run_and_time.py; `-- train.output_dir=X` is
+    the run directory of a real run - run_and_time.sh says X and the ranks write there: the
+    short run of tests/e2e/test_train_e2e.py.)"""
     done = tmp_path / "done"
     done.mkdir()
     log = done / "mlperf_bert.log"

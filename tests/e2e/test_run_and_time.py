@@ -4,8 +4,9 @@ PYTHON, MPIEXEC, MPIRUN and SRUN are stub scripts that record their argv and exi
 $STUB_RC; the PYTHON stub passes `-m runtime.config`, `-m runtime.train.memory`, `-m
 submission.launchers` and `-m submission.session` (which starts the launcher) on to the real
 interpreter, so the launch values really come from the config and the launch command from
-the launchers' table (whose rows tests/test_launchers.py checks one by one). Everything lives under a directory with a space in its name
-to prove the quoting. The real end-to-end run is tested elsewhere (it trains).
+the launchers' table (whose rows tests/unit/test_launchers.py checks one by one). Everything
+lives under a directory with a space in its name to prove the quoting. The real end-to-end run
+is tested elsewhere (it trains).
 """
 from __future__ import annotations
 

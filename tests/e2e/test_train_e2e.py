@@ -5,8 +5,8 @@ configs stop every rank before training. All slow: each test
 is a run_and_time.sh launch of 2 ranks.
 
 Elsewhere, on runs made once: the budget-exhausted run (aborted, no RESULT line, a valid log)
-is the session's reference run (tests/test_resume_e2e.py); a killed rank ending the job
-within 60 s, and torchrun training and stopping, are in tests/test_resume_e2e.py too.
+is the session's reference run (tests/e2e/test_resume_e2e.py); a killed rank ending the job
+within 60 s, and torchrun training and stopping, are in tests/e2e/test_resume_e2e.py too.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_short_real_run_reaches_target_and_log_passes_checker(small_dataset, tmp
                            "as root)")
 def test_open_mpi_mpirun_trains_the_same_run(small_dataset, tmp_path):
     """Open MPI's mpirun starts the same 2-rank training (mpiexec: above; torchrun: the
-    SIGTERM-through-torchrun test of tests/test_resume_e2e.py)."""
+    SIGTERM-through-torchrun test of tests/e2e/test_resume_e2e.py)."""
     out = tmp_path / "run"
     proc = run_and_time(run_overrides(small_dataset, out, **{"system.launcher": '"mpirun"'}),
                         env_extra={"MPIRUN": "mpirun.openmpi"})

@@ -5,7 +5,7 @@ autocast, the fused optimizer compiled once, the CUDA timeline's marks, DALI's G
 equal to the torch loader's.
 
 What reading found and these confirm: docs/GPU.md. The same classes of bug are caught on CPU
-by the simulated device (tests/test_hot_path.py, tests/test_hostsync.py)."""
+by the simulated device (tests/ranks/test_hot_path.py, tests/unit/test_hostsync.py)."""
 from __future__ import annotations
 
 import pytest

@@ -3,7 +3,7 @@ the key, nothing written), the study directory's identity, the storage URL's pas
 typed overrides and the best config, and the worker's bookkeeping - the budget, a killed
 worker's stale trial failed and retried once, a signalled worker's trial retried, a stale
 journal lock broken - with ``run_trial`` replaced by a stand-in that answers at once (the real
-runs are in tests/test_hpo_e2e.py)."""
+runs are in tests/e2e/test_hpo_e2e.py)."""
 from __future__ import annotations
 
 import json

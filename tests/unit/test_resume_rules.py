@@ -1,7 +1,8 @@
 """The resume rules (runtime.train.resume_rules): every config key has one declared rule, and
 each rule does what it says - a MATCH key that differs from the checkpoint's is refused with
 both values and what to do, a RECORD key is accepted and listed. The end-to-end refusals
-(the optimizer swapped for AdamW or LARS on a LAMB checkpoint) are in tests/test_resume_e2e.py."""
+(the optimizer swapped for AdamW or LARS on a LAMB checkpoint) are in
+tests/e2e/test_resume_e2e.py."""
 from __future__ import annotations
 
 import copy

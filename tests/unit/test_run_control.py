@@ -2,7 +2,7 @@
 the decisions a logging point takes - divergence, a signal with and without checkpoints, after
 a resume with nothing trained, a non-finite window, non-finite weights, the checkpoint cadence
 - with a stand-in checkpoint manager, in milliseconds. (The end-to-end runs in
-tests/test_checkpoint.py check that a real run takes them.)"""
+tests/integration/test_checkpoint.py check that a real run takes them.)"""
 from __future__ import annotations
 
 import math
