@@ -21,6 +21,7 @@ from runtime.config import ConfigError, load_config
 from submission.train import exit_code_of
 from tests.support.data import copy_dataset, rewrite_shard, train_shards
 from tests.support.runs import CPU_CONFIG
+from tests.support.tiny import run_overrides
 
 LIMITS = Limits(vocab_size=30522, max_seq_length=128)
 
@@ -146,3 +147,23 @@ def test_values_that_make_no_sense_are_refused_by_config_and_submit(override, ke
     from submission import slurm
     with pytest.raises(slurm.SubmitError, match=key.replace(".", r"\.")):
         slurm.plan(CPU_CONFIG, 1, [override], logdir=tmp_path / "logs", ask_slurm=False)
+
+
+
+@pytest.mark.parametrize("override, words", [
+    ("train.glboal_batch_size=64", ["unknown key", "did you mean train.global_batch_size"]),
+    ("train.precision=bf16", ["train.precision", "CPU"]),
+    ("optim.lr=-1", ["optim.lr"]),
+])
+def test_the_config_check_names_what_it_refuses_before_any_launch(small_dataset, tmp_path,
+                                                                   override, words):
+    """The check run_and_time.sh runs before it launches anything (``python -m runtime.config``
+    on the CPU benchmark config and the tiny run's overrides) refuses a misspelt key, a
+    precision the CPU cannot run and a negative lr, with exit 2 and the words its stderr shows.
+    Through run_and_time.sh: tests/e2e/test_train_e2e.py (a refusal the ranks make) and
+    tests/e2e/test_run_and_time.py (the script's refusals)."""
+    with pytest.raises(ConfigError) as e:
+        load_config(CPU_CONFIG, run_overrides(small_dataset, tmp_path / "run") + [override])
+    for word in words:
+        assert word in str(e.value)
+    assert exit_code_of(e.value) == 2
