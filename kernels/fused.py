@@ -11,10 +11,10 @@ Owns:
     padded to a multiple of 64).
 The fast versions are the references compiled by torch.compile (Inductor: Triton on CUDA,
 C++/OpenMP on CPU) with dynamic shapes - one compile per dtype and training flag, none per
-batch (tests/test_fused.py counts them over an epoch of real batches) - the route of NVIDIA's
-MLPerf BERT (nvFuser-scripted bias-GELU and dropout-add, apex's LayerNorm) and MosaicBERT
-(fused LayerNorm, GELU, dropout-add), without CUDA code of our own. Where compiling fails the
-reference runs, after one warning (the numbers are the same).
+batch (tests/integration/test_fused.py counts them over an epoch of real batches) - the route
+of NVIDIA's MLPerf BERT (nvFuser-scripted bias-GELU and dropout-add, apex's LayerNorm) and
+MosaicBERT (fused LayerNorm, GELU, dropout-add), without CUDA code of our own. Where compiling
+fails the reference runs, after one warning (the numbers are the same).
 
 Never: owns parameters or decides which fusion a model uses (runtime.model.bert does, from the
 config). Dropout masks of the compiled version come from Inductor's RNG, not eager torch's:

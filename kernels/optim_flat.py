@@ -34,7 +34,7 @@ What this module owns:
     model-sized temporaries.
 
 The math is ``kernels.optim_reference``'s, operation for operation (read it there), and
-``tests/test_optim_backends.py`` holds every step equal to it. Hyperparameters are per
+``tests/integration/test_optim_backends.py`` holds every step equal to it. Hyperparameters are per
 tensor (a scalar is broadcast): lr, weight decay, adapt flag, betas, eps, bias correction,
 trust clamp, the step count (bias correction uses β^step of each tensor) and ``active``
 (False for a tensor without gradient this step: its parameter and state stay untouched).

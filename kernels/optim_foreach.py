@@ -3,9 +3,9 @@
 What this module owns: the ``foreach`` backend. Each function has exactly the signature and
 the meaning of its counterpart in ``kernels.optim_reference`` (read that module for the math
 and the conventions: in-place updates, fp32 math, 1-based ``step``, ``grad_scale`` folding)
-and is held equal to it by ``tests/test_optim_backends.py``. The same arithmetic is done in
-the same order, one operation at a time over the whole tensor list, so a step is a few dozen
-kernel launches instead of a few per tensor.
+and is held equal to it by ``tests/integration/test_optim_backends.py``. The same arithmetic is
+done in the same order, one operation at a time over the whole tensor list, so a step is a few
+dozen kernel launches instead of a few per tensor.
 
 What it never does:
   * allocate less than the reference: scaled gradients, the denominator and the update are

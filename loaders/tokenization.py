@@ -8,7 +8,7 @@ strip accents, split on whitespace and punctuation) followed by greedy longest-m
 WordPiece with ``##`` continuations; a word longer than ``MAX_CHARS_PER_WORD`` characters,
 or one that cannot be covered by vocab pieces, becomes [UNK]. It is built from HuggingFace
 ``tokenizers`` parts (BertNormalizer + BertPreTokenizer + WordPiece, no post-processor, no
-special tokens added) for its Rust speed; tests/test_prepare.py holds it equal to a plain
+special tokens added) for its Rust speed; tests/unit/test_prepare.py holds it equal to a plain
 Python reference on real sentences.
 
 Note: ``MAX_CHARS_PER_WORD`` is 100 (HuggingFace's BertTokenizer); Google's

@@ -98,7 +98,7 @@ CLIP_SPECS: dict[str, ClipSpec] = {s.name: s for s in (
              "Samsung", "per bucket b of K: (1/P) Σ_r min(1, (τ/√K)/‖g_r,b‖) g_r,b"),
     ClipSpec("none", "none", "none", "no clipping", "(1/P) Σ_r g_r"),
 )}
-"""Every ``ClipMode`` (tests/test_configs.py holds the two to the same names). A new mode is a
+"""Every ``ClipMode`` (tests/unit/test_configs.py holds the two to the same names). A new mode is a
 row here (its help text included: the config's is made from the rows), a policy in
 runtime/grad_sync/clip.py when its (where, unit) has none yet, and its cost in
 runtime/calibrate/tune/simulate.py (``Instance.build``)."""

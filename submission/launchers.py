@@ -228,7 +228,7 @@ def _torchrun_phrase(m: re.Match, records: Mapping[int, dict]) -> str:
 
 # ------------------------------------------------------------------------------------ table
 # The sample above each failure_line has the form of a real one (whole reports, captured, are
-# in tests/test_launchers.py).
+# in tests/unit/test_launchers.py).
 
 LAUNCHERS: dict[str, LauncherSpec] = {spec.name: spec for spec in (
     LauncherSpec(

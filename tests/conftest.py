@@ -1,4 +1,4 @@
-"""Shared fixtures.
+"""Shared fixtures, and the tiers.
 
 ``small_dataset``: a small real-text data set (Wikipedia lead sections, uncased BERT vocab)
 built once per test session with ``loaders.prepare`` - 4 training shards, 64 eval samples,
@@ -6,12 +6,30 @@ seq 128. Built in a second or two; test files that need real shards use it read-
 
 Imported from their modules so that every test file sees them: ``slurm_cluster`` (a real
 one-node Slurm cluster, tests/slurm_cluster.py), ``reference_run`` (the session's
-uninterrupted 2-rank run_and_time.sh run, tests/support/runs.py), ``synthetic_dataset``
-(tests/support/data.py). Helpers the tests share are in tests/support/, never in a test file.
+uninterrupted 2-rank run_and_time.sh run, tests/support/runs.py), ``synthetic_dataset`` and
+``eval_truth`` (tests/support/data.py), ``bindir`` (executables named like the launchers,
+tests/support/launch.py). Helpers the tests share are in tests/support/, never in a test file.
 
-Tiers: ``-m "not slow"`` runs the unit tier - everything in this process or in a short single
-process; tests that launch ranks (mpiexec, torchrun, srun, Open MPI), real clusters,
-run_and_time.sh training runs or end-to-end training are marked ``slow``.
+Tiers, one directory each (this conftest, tests/support/, tests/dist_scripts/ and the Slurm
+test clusters serve them all):
+
+  tests/unit/         pure and fast: no child process, no rank launch, no torch.compile, at
+                      most a step or two of the tiny model; ``pytest tests/unit`` takes under
+                      a minute on 2 cores
+  tests/integration/  one process, real components together: tiny-model training and
+                      checkpoints, torch.compile, the tuner, HPO and prepare in-process, one
+                      child process of a single Python command (no rank launch)
+  tests/ranks/        multi-process launches (mpiexec, torchrun, Open MPI, srun) of a rank
+                      script in tests/dist_scripts/ or of the trainer
+  tests/e2e/          run_and_time.sh (with real or stub launchers), Slurm clusters, network
+                      namespaces, HPO studies of real runs, ``python -m submission`` driving runs
+
+Every test in tests/ranks/ and tests/e2e/ is marked ``slow`` (a module-level ``pytestmark``),
+none in tests/unit/; collection refuses a test that breaks this. So ``pytest tests/unit``,
+``pytest tests/integration``, ``pytest tests/ranks``, ``pytest tests/e2e`` run one tier,
+``pytest -m "not slow"`` the unit and integration tiers (less integration's few slow tests),
+and ``pytest`` (``make test``) everything. The test files still at tests/ (test_shard.py,
+test_noise_scale.py, test_bench_gpu.py, test_buckets.py) are yet to be placed.
 """
 from __future__ import annotations
 
@@ -22,13 +40,32 @@ import pytest
 # A real one-node Slurm cluster (munged, slurmctld, slurmd by PID) shared by the whole session:
 # test_dist's srun tests and test_slurm use it.
 from slurm_cluster import slurm_cluster  # noqa: F401,E402
-from tests.support.data import synthetic_dataset  # noqa: F401
+from tests.support.data import SOURCES, eval_truth, synthetic_dataset  # noqa: F401
+from tests.support.launch import bindir  # noqa: F401
 from tests.support.runs import reference_run  # noqa: F401
 
 
+TESTS = Path(__file__).resolve().parent
+SLOW_TIERS, FAST_TIERS = {"ranks", "e2e"}, {"unit"}   # every test slow / none slow
+
+
+@pytest.hookimpl(tryfirst=True)   # before -m deselects: every collected test is checked
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``cuda`` skip cleanly where torch sees no GPU (CI, the dev machine);
+    """The ``slow`` marker agrees with the tier directories (a test in tests/ranks/ or
+    tests/e2e/ is slow, one in tests/unit/ is not), else collection stops naming the tests.
+    Tests marked ``cuda`` skip cleanly where torch sees no GPU (CI, the dev machine);
     ``python -m bench.gpu`` runs them on one with ``-m cuda``."""
+    wrong = []
+    for item in items:
+        parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+        tier = parts[0] if len(parts) > 1 else None
+        slow = item.get_closest_marker("slow") is not None
+        if (tier in SLOW_TIERS and not slow) or (tier in FAST_TIERS and slow):
+            wrong.append(item.nodeid)
+    if wrong:
+        raise pytest.UsageError(
+            "tests/ranks/ and tests/e2e/ hold only tests marked slow, tests/unit/ none (move "
+            "the test or fix its mark):\n  " + "\n  ".join(wrong))
     import torch
     if torch.cuda.is_available():
         return
@@ -41,7 +78,6 @@ def pytest_collection_modifyitems(config, items):
 # Options of the shared small set; tests that rebuild it for comparisons use the same ones.
 SMALL_DATASET_OPTIONS = dict(max_docs=400, shards=4, eval_samples=64, dupe_factor=2,
                              eval_doc_fraction=0.2, seq_len=128, max_pred=20, seed=12345)
-SOURCES = Path(__file__).resolve().parents[1] / ".cache" / "sources"
 
 
 @pytest.fixture(scope="session")

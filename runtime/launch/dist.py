@@ -571,7 +571,7 @@ def _kill_slurm_step(step: str) -> None:
     the step is cancelled. Without it, srun --kill-on-bad-exit signals the other tasks itself
     but waits for those of a lost node until the node is declared DOWN (SlurmdTimeout, 300 s
     by default) - and Slurm requeues the job under run.sub's feet; with it srun gives up after
-    KillWait + 2 s, so run.sub requeues at once (tests/test_slurm_two_nodes.py). (``scancel
+    KillWait + 2 s, so run.sub requeues at once (tests/e2e/test_slurm_two_nodes.py). (``scancel
     --signal=KILL`` would only signal the tasks: srun would still wait.) Best effort: no
     scancel, or a slow one, and this rank leaves anyway."""
     scancel = shutil.which("scancel")

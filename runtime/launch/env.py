@@ -47,7 +47,7 @@ from runtime.choices import Launcher
 # launcher at all (a plain `python -m ...`).
 DISCOVERED_LAUNCHERS = ("mpi", "srun", "torchrun", "single")
 # Each system.launcher (runtime.choices.Launcher, one row each in submission/launchers.py) as
-# discovery names it: the one place the two vocabularies meet (tests/test_launchers.py).
+# discovery names it: the one place the two vocabularies meet (tests/unit/test_launchers.py).
 DISCOVERED_AS: dict[Launcher, str] = {"mpiexec": "mpi", "mpirun": "mpi", "srun": "srun",
                                       "torchrun": "torchrun"}
 RENDEZVOUS = ("mpi", "tcp", "file", "local")

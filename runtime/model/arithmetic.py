@@ -6,7 +6,7 @@ Owns:
   * ``SIZES``: the named shapes (``tiny``: the test suite's; ``base``, ``large``: BERT's,
     Devlin et al. 2019) that configs, tests and benchmarks name instead of writing sizes out;
   * ``parameter_count``: BertForPreTraining's parameters, the tied decoder counted once
-    (tests/test_arithmetic.py holds it to the built model's count);
+    (tests/unit/test_arithmetic.py holds it to the built model's count);
   * ``step_flops``: the model FLOPs of a training step - forward and backward, 3 x the forward
     (the backward computes the gradients of activations and of weights, each a forward's
     worth) - of the *real* tokens: the dense layers 2·(4H² + 2·H·I) per token and layer, the
@@ -14,7 +14,7 @@ Owns:
     masked-LM head 2·(H² + H·V) per masked position, the pooler and NSP head 2·(H² + 2·H)
     per sequence. Padding, recomputation and kernels' own overheads are not the model's
     work: achieved / peak of these is the MFU of PaLM (Chowdhery et al. 2022, appendix B),
-    torchtitan's and nanoGPT's ``estimate_mfu``. tests/test_arithmetic.py holds the formula
+    torchtitan's and nanoGPT's ``estimate_mfu``. tests/unit/test_arithmetic.py holds the formula
     to torch's FlopCounterMode on the built model;
   * ``attention_layout``: ``model.attention`` and the kernel as the length-cost layout
     (kernels.attention_rule: the same rule the kernels follow), and ``computed_tokens``: the

@@ -17,7 +17,7 @@ The choices that set the cost of a step:
   ``attention(q, k, v, mask, dropout_p)``; ``attention="unpadded"`` gathers the real tokens
   once (``TokenLayout``), runs every layer on [T, H] with T = Σ lengths, and attends within
   each sequence through ``kernels.attention.varlen_attention`` (cu_seqlens). Both give the
-  same outputs on the real tokens (tests/test_model.py holds them equal).
+  same outputs on the real tokens (tests/unit/test_model.py holds them equal).
 - Packed rows (several sequences per row, ``attention_mask`` = 1-based sequence index, see
   ``loaders.collate.Batch``): position ids restart per sequence and NSP reads each sequence's
   own [CLS], both derived from the mask (``TokenLayout``); the padded path masks attention

@@ -30,16 +30,17 @@ reads the config or the environment, or runs outside CUDA (the trainer refuses t
 other devices before anything trains; the CPU tests check the captured region on the
 simulated device of runtime.observe.hostsync instead).
 
-Rules every captured region keeps (tests/test_graphs.py checks them on CPU, tests/test_cuda.py
-on a GPU): no host read of a device value, no data-dependent shape, no host tensor and no
-copy from host memory inside the region, every state update in place (a graph writes where it
-wrote at capture: ``DynamicLossScale.update``, the optimizer's step counts and buffers, the
-device step counter), the same op sequence and shapes for every batch, the same capture on
-every rank (NCCL: a captured collective must be captured by every rank). Autocast runs with
-``cache_enabled=False`` under graphs (its weight-cast cache would be captured once and never
-refreshed). The whole run uses one non-default stream (set by the trainer before the parts are
-built), so autograd's AccumulateGrad nodes, the eager warm-up, the capture and every replay
-share it (PyTorch warns that a mismatch breaks capture).
+Rules every captured region keeps (tests/integration/test_graphs_integration.py checks them on
+CPU, tests/integration/test_cuda.py on a GPU): no host read of a device value, no
+data-dependent shape, no host tensor and no copy from host memory inside the region, every
+state update in place (a graph writes where it wrote at capture: ``DynamicLossScale.update``,
+the optimizer's step counts and buffers, the device step counter), the same op sequence and
+shapes for every batch, the same capture on every rank (NCCL: a captured collective must be
+captured by every rank). Autocast runs with ``cache_enabled=False`` under graphs (its
+weight-cast cache would be captured once and never refreshed). The whole run uses one
+non-default stream (set by the trainer before the parts are built), so autograd's
+AccumulateGrad nodes, the eager warm-up, the capture and every replay share it (PyTorch warns
+that a mismatch breaks capture).
 """
 from __future__ import annotations
 

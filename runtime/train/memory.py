@@ -4,7 +4,7 @@ node has before any rank starts.
     python -m runtime.train.memory CONFIG [--set section.key=value ...]     (run_and_time.sh)
 
 Owns: the estimate - the parameter count of the configured BERT (exact: the same count as the
-built model's, tests/test_memory.py checks it), the bytes per parameter kept on a rank (fp32
+built model's, tests/unit/test_memory.py checks it), the bytes per parameter kept on a rank (fp32
 weights, gradients, the gradient buckets, the optimizer's state: 8 bytes for LAMB and AdamW's
 two moments, 4 for LARS's momentum, divided by the shard count under ``optim.shard`` - the
 ranks of a node, or every rank: ``optimizer_shards``; the parameters that one host's sharded
@@ -17,8 +17,8 @@ check: on the CPU, every rank of a node against the node's available memory
 checked). A run that cannot fit is refused (exit 2) with the estimate, the memory there is, the
 largest micro-batch that would fit and the gradient accumulation that gives one (the same
 global batch), or what else to change. The micro-batch is global / (ranks × accumulation):
-tests/test_memory.py holds the estimate against the peak measured on a CPU across
-accumulation values.
+tests/integration/test_memory_integration.py holds the estimate against the peak measured on
+a CPU across accumulation values.
 Never: builds the model, imports torch or allocates anything - an estimate, meant to catch the
 config that cannot fit (BERT-base at a local batch of 224 on a 24 GiB node), not to cut close.
 """

@@ -8,7 +8,7 @@ before any rank trains (exit 2), naming each key, both values and what to do. Ev
 may change and is RECORDed: the change is said on the console and written into the MLPerf
 log's ``presto_resumed`` event and the ``resume`` record of metrics.jsonl.
 
-Owns: ``RULES`` (every config key, its rule and why; tests/test_resume_rules.py checks that
+Owns: ``RULES`` (every config key, its rule and why; tests/unit/test_resume_rules.py checks that
 no key is left out, so a new key must be given one), ``compare`` (a saved resolved config
 against this run's: the refused keys and the recorded changes) and the refusal's text.
 Never: reads checkpoints (runtime.train.checkpoint), logs, or decides what to resume.

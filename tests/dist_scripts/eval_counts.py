@@ -1,6 +1,6 @@
 """Build the trainer on this rank, evaluate the untrained model once, write the all-reduced
 eval counts (rank 0) to OUT. Launch under mpiexec -n N or alone; the counts must not depend on N.
-The tiny model of tests/support/tiny.py; tests/test_trainer.py does the same in its own process
+The tiny model of tests/support/tiny.py; tests/unit/test_trainer.py does the same in its own process
 for a world of one.
 
     python tests/dist_scripts/eval_counts.py DATA_DIR OUT

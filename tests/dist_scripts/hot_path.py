@@ -1,4 +1,4 @@
-"""One rank of tests/test_hot_path.py, under ``mpiexec -n P`` (or alone):
+"""One rank of tests/ranks/test_hot_path.py, under ``mpiexec -n P`` (or alone):
 
     python tests/dist_scripts/hot_path.py CASE[,CASE...] DATA_DIR WORK_DIR
 

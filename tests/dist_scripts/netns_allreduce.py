@@ -1,4 +1,4 @@
-"""One rank of the test-bed check (tests/test_netns.py): join over the runtime's env path
+"""One rank of the test-bed check (tests/e2e/test_netns.py): join over the runtime's env path
 (torchrun-style variables, MASTER_ADDR = rank 0's namespace address), all-reduce a tensor of
 MB megabytes REPEAT times, print one JSON line: seconds per allreduce, the address the peer was
 reached at, and the sum (checked).

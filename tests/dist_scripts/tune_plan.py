@@ -1,5 +1,5 @@
-"""One rank of tests/test_tune.py's round trip: the trainer with the tuner's plan file and the
-trainer with a size-cap plan take one step on the same batches from the same weights; the
+"""One rank of tests/ranks/test_tune_ranks.py's round trip: the trainer with the tuner's plan file
+and the trainer with a size-cap plan take one step on the same batches from the same weights; the
 gradients the optimizer receives must be equal (the plan changes when, not what).
 
     python tests/dist_scripts/tune_plan.py PLAN RESULT_JSON [section.key=value ...]

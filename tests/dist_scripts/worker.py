@@ -1,6 +1,6 @@
 """One rank of the distributed tests: ``python tests/dist_scripts/worker.py MODE [--timeout S]``.
 
-Started by a real launcher (mpiexec, mpirun, torchrun) from tests/test_dist.py. Modes:
+Started by a real launcher (mpiexec, mpirun, torchrun) from tests/ranks/test_dist_ranks.py. Modes:
   allreduce  discover, join, all-reduce rank+1, check the sum and the object helpers, print
              (and with --out DIR write DIR/rank<N>.json) the result; exit 0
   config     ranks hold different configs: check_same_on_all_ranks must stop both

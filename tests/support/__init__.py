@@ -4,7 +4,8 @@ another test module: what two of them need lives here.
 
   launch   the venv's launchers (``MPIEXEC``, ``TORCHRUN``, the ``needs_*`` skips), a clean
            environment for the processes a test starts, ``mpiexec``/``run_ranks`` helpers,
-           the stop signals at their default disposition
+           the stop signals at their default disposition, the launcher tests' rank script
+           (``WORKER``) and stand-in launcher executables (``bindir``)
   tiny     the one tiny BERT of the suite: its shape, ``tiny_config`` (a loaded config) and
            the overrides of the run_and_time.sh runs; ``optim.backend = "foreach"`` so that
            building a Trainer compiles nothing (tests of the default, compiled pairing ask for
@@ -14,6 +15,10 @@ another test module: what two of them need lives here.
            compares against it)
   mllog    MLPerf log helpers: the real compliance checker, the events of a log, a synthetic
            run through the MLPerf logger callback
-  data     a synthetic schema-correct data set and batch fingerprints
+  data     a synthetic schema-correct data set and batch fingerprints, a data set copy with a
+           damaged shard, the eval truth of ``small_dataset``, the sources' directory
+  loaders  the balance tests' specs and loaders, a batch's sequences as fingerprints, a
+           static-shape loader
+  envs     fake launcher environments for ``discover``
   memory   the peak resident memory of an optimizer step (run in a fresh process)
 """

@@ -1,10 +1,15 @@
 """A synthetic data set (schema-correct, random text) and what tests compare batches with:
 the fingerprint of a stored sample and of a batch row, every row of a data set, two batch
 lists equal field by field. ``synthetic_dataset`` is a module fixture (tests/conftest.py
-imports it): 4 shards x 24 samples, divisible by 2 and 4 ranks and by batch 4."""
+imports it): 4 shards x 24 samples, divisible by 2 and 4 ranks and by batch 4.
+
+Also: a copy of a data set with one shard's values damaged and re-signed (the bad-input
+tests), and ``eval_truth``, a module fixture the eval-accuracy tests import: the counts a
+model that always predicts "the" must report on ``small_dataset``'s eval file."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +18,12 @@ import torch
 
 from loaders.collate import IGNORE_INDEX, Batch
 from loaders.dataset import STATS_FILE, DataSetInfo
-from loaders.shards import (EVAL_FILE, TRAIN_DIR, Samples, read_shard, shard_name, write_checksums,
-                            write_shard)
+from loaders.shards import (CHECKSUM_FILE, EVAL_FILE, TRAIN_DIR, Samples, read_shard, shard_name,
+                            write_checksums, write_shard)
 
 CLS, SEP, MASK = 101, 102, 103
 SEQ_LEN, MAX_PRED = 128, 20
+SOURCES = Path(__file__).resolve().parents[2] / ".cache" / "sources"   # `make sources`
 
 
 def synthetic_samples(first_id: int, count: int, rng: np.random.Generator) -> Samples:
@@ -112,3 +118,44 @@ def assert_batches_equal(a: list[Batch], b: list[Batch]) -> None:
             assert torch.equal(getattr(x.layout, name), getattr(y.layout, name)), name
         assert (x.layout.lengths, x.layout.max_len, x.layout.min_len) == \
             (y.layout.lengths, y.layout.max_len, y.layout.min_len)
+
+
+def copy_dataset(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def rewrite_shard(root: Path, rel: str, edit) -> Path:
+    """Change one shard's values and re-sign it: the checksums match, the values are bad."""
+    path = root / rel
+    samples = read_shard(path)
+    edit(samples)
+    write_shard(path, samples)
+    rels = [line.split("  ", 1)[1] for line in (root / CHECKSUM_FILE).read_text().splitlines()]
+    write_checksums(root, rels)
+    return path
+
+
+def train_shards(root: Path) -> list[str]:
+    return [s["file"] for s in json.loads((root / STATS_FILE).read_text())["train_shards"]]
+
+
+THE = 1996  # "the" in the uncased BERT vocab
+
+
+@pytest.fixture(scope="module")
+def eval_truth(small_dataset) -> dict:
+    """Independent truth from the eval file: the model is biased to always predict "the"."""
+    ev = read_shard(small_dataset / EVAL_FILE)
+    masked = np.concatenate(ev.masked_lm_ids)
+    want = {"count": int(masked.size), "correct": int((masked == THE).sum()),
+            "eval_samples": len(ev)}
+    assert want["correct"] > 0
+    return want
+
+
+def assert_eval_counts(got: dict, want: dict, ranks: int) -> None:
+    assert {k: got[k] for k in ("count", "correct")} == \
+        {k: want[k] for k in ("count", "correct")}, (ranks, got)
+    assert got["eval_samples"] == want["eval_samples"]
+    assert got["accuracy"] == pytest.approx(want["correct"] / want["count"])

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 MPIEXEC = BIN / "mpiexec"        # pip mpich's, next to the interpreter
 TORCHRUN = BIN / "torchrun"
+WORKER = ROOT / "tests" / "dist_scripts" / "worker.py"   # the rank of the launcher tests
 
 needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (pip mpich)")
 needs_torchrun = pytest.mark.skipif(not TORCHRUN.exists(), reason=f"{TORCHRUN} missing")
@@ -70,3 +71,14 @@ def run_script(ranks: int, script: str, *args, timeout: float = 300,
 def tail(proc: subprocess.CompletedProcess, n: int = 4000) -> str:
     """The end of a finished process's output, for an assertion message."""
     return (proc.stdout or "")[-n // 2:] + (proc.stderr or "")[-n:]
+
+
+@pytest.fixture
+def bindir(tmp_path):
+    """A directory with executables named like the launchers (and a python beside them)."""
+    d = tmp_path / "bin dir"
+    d.mkdir()
+    for name in ("python", "mpiexec", "mpirun", "srun", "torchrun"):
+        (d / name).write_text("#!/bin/sh\n")
+        (d / name).chmod(0o755)
+    return d

@@ -1,6 +1,6 @@
-"""Peak resident memory of an optimizer step, for tests/test_optim_backends.py, which runs
-``memory_growth`` in a fresh process (``python -c "import tests.support.memory ..."``): the
-heap a long test process has built up can hide the control's temporaries."""
+"""Peak resident memory of an optimizer step, for tests/integration/test_optim_backends.py, which
+runs ``memory_growth`` in a fresh process (``python -c "import tests.support.memory ..."``):
+the heap a long test process has built up can hide the control's temporaries."""
 from __future__ import annotations
 
 import torch

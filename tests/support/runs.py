@@ -2,7 +2,7 @@
 and the tiny model's overrides after ``--``, 2 MPI ranks - and the session's reference run.
 
 ``reference_run`` (a session fixture; tests/conftest.py imports it): the uninterrupted run the
-interrupted-and-resumed runs of tests/test_resume_e2e.py must equal step for step. 25 steps of
+interrupted-and-resumed runs of tests/e2e/test_resume_e2e.py must equal step for step. 25 steps of
 16 samples on 2 ranks with local balancing and 2 micro-batches, a checkpoint every 5 steps,
 evaluations at steps 10, 20 and 25, and a target (0.99) it never reaches: the step budget
 ends it, aborted (exit 1). Trained once per session, read by every test that compares with it.

@@ -6,9 +6,9 @@ vocabulary): every test that trains a tiny model builds the same parameter set, 
 measured or cached for one holds for all. ``optim.backend = "foreach"``: building a Trainer
 compiles nothing (``auto`` means the fused step, compiled with torch.compile in every process:
 seconds per Trainer and per rank). The tests of the default, compiled pairing
-(tests/test_hot_path.py, tests/test_optim_backends.py, the checkpoint round trip per backend)
-ask for it explicitly. Runs draw no loss_accuracy.png (``train.plot = false``: 1 s each);
-tests/test_train_e2e.py draws one.
+(tests/ranks/test_hot_path.py, tests/integration/test_optim_backends.py, the checkpoint round
+trip per backend) ask for it explicitly. Runs draw no loss_accuracy.png (``train.plot =
+false``: 1 s each); tests/e2e/test_train_e2e.py draws one.
 """
 from __future__ import annotations
 

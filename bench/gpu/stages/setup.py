@@ -20,8 +20,9 @@ from bench.gpu.harness import MAX_PRED, ROOT, SEQ, Goal, Results, Run
 
 # The files holding the tests marked ``cuda`` (pytest -m cuda); the rest of the suite needs
 # launchers and packages a bare GPU machine lacks, and has no CUDA test.
-CUDA_TEST_FILES = ("tests/test_cuda.py", "tests/test_kernels_attention.py",
-                   "tests/test_checkpoint.py", "tests/test_optim_backends.py")
+CUDA_TEST_FILES = ("tests/integration/test_cuda.py", "tests/unit/test_kernels_attention.py",
+                   "tests/unit/test_checkpoint_unit.py", "tests/integration/test_checkpoint.py",
+                   "tests/integration/test_optim_backends.py")
 
 
 def _importable(name: str) -> Optional[str]:

@@ -1,0 +1,220 @@
+"""Stopping a run as users do, and two runs reaching for one directory, through run_and_time.sh
+with real launchers (MPICH's mpiexec, Open MPI's mpirun, torchrun, and srun on the private
+Slurm cluster of tests/slurm_cluster.py) on real shards:
+
+* Ctrl-C twice and a closed terminal - SIGINT, SIGINT and SIGHUP to the script's whole process
+  group, which the test creates as a terminal would - stop a run exactly like one SIGTERM:
+  every rank checkpoints at its next logging point and exits 4, presto_interrupted is logged,
+  nothing is left running, and the rerun continues bit for bit (mpiexec, the default: each
+  alone; mpirun, torchrun and srun: all three in one run);
+* a SIGTERM right after the launch, while the ranks still start: exit 4, no launcher crash;
+* SIGKILL to run_and_time.sh alone: the ranks still stop (their launcher gets the stop request
+  as its parent-death signal) well within 60 s, and the rerun continues bit for bit;
+* a second run_and_time.sh on the RUN_DIR of a run launched a moment ago, and a second run
+  with the train.checkpoint_dir of a live run: refused with exit 2 naming the live run, before
+  anything is written; it reports itself, never the live run's ranks.
+
+The unit side of the same rules (the launcher gets one stop request, the locks) is
+tests/e2e/test_run_and_time.py, with stub launchers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.launch import needs_mpiexec, needs_torchrun
+from tests.support.mllog import mllog_events
+from tests.support.runs import (evals, finish, ranks_left, run, start, steps, wait_for_step)
+from tests.support.runs import resume_overrides as overrides
+
+pytestmark = [pytest.mark.slow, needs_mpiexec]
+
+OPENMPI = shutil.which("mpirun.openmpi")
+needs_openmpi = pytest.mark.skipif(OPENMPI is None, reason="Open MPI's mpirun.openmpi missing "
+                                   "(apt-get install openmpi-bin)")
+LAUNCHERS = {"mpiexec": (), "mpirun": (needs_openmpi,), "torchrun": (needs_torchrun,)}
+
+
+def launcher_args(launcher: str) -> tuple[dict, dict]:
+    """(overrides, environment) of a run under ``launcher``."""
+    env = {"MPIRUN": OPENMPI} if launcher == "mpirun" and OPENMPI else {}
+    return {"system.launcher": f'"{launcher}"'}, env
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank_*.json"))]
+
+
+def assert_stopped_like_sigterm(run_dir: Path, out: str, checkpoints: Path | None = None) -> int:
+    """Every rank exited 4 at one step after checkpointing there (in ``checkpoints``, default
+    the run directory's), the MLPerf log ends with presto_interrupted, nothing runs: the step
+    it stopped at."""
+    status = records(run_dir)
+    assert [s["exit"] for s in status] == [4, 4], status
+    assert len({s["step"] for s in status}) == 1, status
+    stopped = status[0]["step"]
+    ckpt = checkpoints or run_dir / "checkpoints"
+    assert (ckpt / f"step_{stopped:08d}" / "checkpoint.json").is_file()
+    events = mllog_events(run_dir / "mlperf_bert.log")
+    assert events[-1]["key"] == "presto_interrupted" and "run_stop" not in [e["key"] for e in events]
+    assert "stopping on signal" in out, out[-3000:]
+    deadline = time.time() + 10
+    while ranks_left(run_dir) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not ranks_left(run_dir)
+    return stopped
+
+
+def assert_rerun_continues_exactly(run_dir: Path, small_dataset, reference_run, stopped: int):
+    rc, out, err = run(run_dir, overrides(small_dataset))   # the same command again (mpiexec)
+    assert rc == 1, out[-3000:] + err[-3000:]
+    resumed = next(e for e in mllog_events(run_dir / "mlperf_bert.log")
+                   if e["key"] == "presto_resumed")["metadata"]
+    assert resumed["step"] == stopped
+    assert steps(run_dir) == steps(reference_run.dir)        # every step, bit for bit
+    assert evals(run_dir) == evals(reference_run.dir)
+
+
+def signal_group(proc: subprocess.Popen, sigs: str) -> None:
+    """``sigs`` ("INT INT", "HUP") to the script's process group, 0.3 s apart: what a
+    terminal sends on Ctrl-C, Ctrl-C, and when it is closed."""
+    for name in sigs.split():
+        os.killpg(proc.pid, getattr(signal, f"SIG{name}"))
+        time.sleep(0.3)
+
+
+# mpiexec, the default launcher: each probe alone, and the rerun continues bit for bit (after
+# Ctrl-C twice; the rerun does not care how the run was stopped). The other launchers: Ctrl-C
+# twice, then the terminal closed, in one run (each alone is a stub test and a bench.faults row).
+STOPS = [pytest.param("mpiexec", "INT INT", id="mpiexec-INT-INT"),
+         pytest.param("mpiexec", "HUP", id="mpiexec-HUP"),
+         pytest.param("mpirun", "INT INT HUP", id="mpirun-INT-INT-HUP", marks=needs_openmpi),
+         pytest.param("torchrun", "INT INT HUP", id="torchrun-INT-INT-HUP",
+                      marks=needs_torchrun)]
+
+
+@pytest.mark.parametrize("launcher,sigs", STOPS)
+def test_ctrl_c_twice_and_a_closed_terminal_stop_a_run_like_one_sigterm(
+        small_dataset, reference_run, tmp_path, launcher, sigs):
+    run_dir = tmp_path / "run"
+    values, env = launcher_args(launcher)
+    proc = start(run_dir, overrides(small_dataset, **values), **env)
+    wait_for_step(run_dir, 6, proc)
+    signal_group(proc, sigs)
+    rc, out, err = finish(proc)
+    assert rc == 4, out[-3000:] + err[-3000:]
+    assert f"got SIG{sigs.split()[0]}" in err
+    stopped = assert_stopped_like_sigterm(run_dir, out + err)
+    if sigs == "INT INT":
+        assert_rerun_continues_exactly(run_dir, small_dataset, reference_run, stopped)
+
+
+def test_srun_ctrl_c_twice_and_a_closed_terminal_stop_a_run_like_one_sigterm(
+        slurm_cluster, small_dataset, tmp_path):
+    """srun outside a job (from a login shell): srun aborts the step on a second SIGINT
+    within a second; run_and_time.sh passes it one USR1."""
+    run_dir = tmp_path / "run"
+    env = slurm_cluster.client_env()
+    proc = start(run_dir, overrides(small_dataset, **{"system.launcher": '"srun"'}),
+                 **{k: env[k] for k in ("PATH", "SLURM_CONF")})
+    wait_for_step(run_dir, 6, proc)
+    signal_group(proc, "INT INT HUP")
+    rc, out, err = finish(proc)
+    assert rc == 4, out[-3000:] + err[-3000:]
+    assert_stopped_like_sigterm(run_dir, out + err)
+
+
+@pytest.mark.parametrize("launcher", [pytest.param(n, marks=m) for n, m in LAUNCHERS.items()])
+def test_a_sigterm_while_the_ranks_start_stops_the_run_with_4_and_no_launcher_crash(
+        small_dataset, tmp_path, launcher):
+    """TERM 50 ms after the launch line: MPICH's mpiexec once reported "BAD TERMINATION ...
+    Segmentation fault" for a rank that got the stop signal before its handlers were in, and
+    the run exited 3. Now the request waits until the ranks can take it."""
+    run_dir = tmp_path / "run"
+    values, env = launcher_args(launcher)
+    proc = start(run_dir, overrides(small_dataset, **values), **env)
+    seen = []
+    while proc.poll() is None:
+        line = proc.stderr.readline()
+        seen.append(line)
+        if "launching:" in line or not line:
+            break
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    rc, out, err = finish(proc)
+    err = "".join(seen) + err
+    assert rc == 4, out[-3000:] + err[-3000:]
+    for crash in ("BAD TERMINATION", "Segmentation fault", "exited on signal"):
+        assert crash not in out + err, out[-3000:] + err[-3000:]
+    assert_stopped_like_sigterm(run_dir, out + err)
+
+
+def test_sigkill_to_run_and_time_stops_the_ranks_and_the_rerun_continues(
+        small_dataset, reference_run, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, overrides(small_dataset))
+    wait_for_step(run_dir, 6, proc)
+    os.kill(proc.pid, signal.SIGKILL)   # run_and_time.sh alone: it can pass nothing on
+    killed = time.time()
+    finish(proc)   # its output pipes close when the launcher's do
+    while ranks_left(run_dir) and time.time() - killed < 60:
+        time.sleep(0.2)
+    assert not ranks_left(run_dir), "the ranks outlived run_and_time.sh by 60 s"
+    out = (run_dir / "launcher.log").read_text()
+    stopped = assert_stopped_like_sigterm(run_dir, out)
+    assert_rerun_continues_exactly(run_dir, small_dataset, reference_run, stopped)
+
+
+def test_a_second_run_on_a_run_directory_just_launched_is_refused_and_touches_nothing(
+        small_dataset, tmp_path):
+    """The second run_and_time.sh comes before any rank of the first could take a lock (rank 0
+    took it about 4 s after the launch; the second run then exited 3, wrote into the first's
+    launcher.log and reported the first run's ranks as SIGKILLed)."""
+    run_dir = tmp_path / "run"
+    first = start(run_dir, overrides(small_dataset))
+    deadline = time.time() + 60
+    while not (run_dir / "launcher.log").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    second = start(run_dir, overrides(small_dataset))
+    rc, out, err = finish(second)
+    assert rc == 2, out[-3000:] + err[-3000:]
+    assert f"is in use by another run (run_and_time.sh pid {first.pid} on " in err, err[-3000:]
+    assert "rank 0 (pid" not in err and "rank 1 (pid" not in err   # it reports itself only
+    assert "STARTING TIMING RUN" not in out
+    wait_for_step(run_dir, 6, first)
+    first.send_signal(signal.SIGTERM)
+    rc, out, err = finish(first)
+    assert rc == 4, out[-3000:] + err[-3000:]
+    assert_stopped_like_sigterm(run_dir, out + err)
+    assert "in use by another run" not in (run_dir / "launcher.log").read_text()
+
+
+def test_two_runs_cannot_share_a_checkpoint_directory(small_dataset, tmp_path):
+    """A fresh train.checkpoint_dir given to two runs started together (the second with
+    another seed, in another run directory): the second is refused (exit 2, naming the first's
+    run directory) before anything is written, and the directory stays the first's (once, the
+    first run reported four checkpoints that were all the second's)."""
+    ckpt, run_a, run_b = tmp_path / "ckpt", tmp_path / "a", tmp_path / "b"
+    extra = overrides(small_dataset, **{"train.checkpoint_dir": f'"{ckpt}"'})
+    first = start(run_a, extra)
+    deadline = time.time() + 60
+    while not (run_a / "launcher.log").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    rc, out, err = run(run_b, [*extra, "train.seed=8"])
+    assert rc == 2, out[-3000:] + err[-3000:]
+    assert f"train.checkpoint_dir '{ckpt}' is in use by another run (run_and_time.sh pid " \
+           f"{first.pid} on " in err and f"run directory {run_a}" in err, err[-3000:]
+    assert not run_b.exists()          # nothing of the refused run is left
+    wait_for_step(run_a, 6, first)
+    first.send_signal(signal.SIGTERM)
+    rc, out, err = finish(first)
+    assert rc == 4, out[-3000:] + err[-3000:]
+    assert json.loads((ckpt / "run.json").read_text())["run_dir"] == str(run_a)
+    assert_stopped_like_sigterm(run_a, out + err, checkpoints=ckpt)

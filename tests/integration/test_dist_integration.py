@@ -1,0 +1,79 @@
+"""runtime.launch in one process or one child process, no launcher: a plain run never imports
+mpi4py (nor starts MPI under Open MPI's variables), a failing task of an srun step cancels its
+step (a stub ``scancel``), and tests/dist_scripts/worker.py alone joins a world of one.
+
+Rank discovery on fake launcher environments: tests/unit/test_dist.py; real launchers:
+tests/ranks/test_dist_ranks.py."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.envs import OMPI_ENV
+from tests.support.launch import ROOT, WORKER, clean_env
+
+
+# ---------------------------------------------------------------------------------------------
+# discovery and the srun step, in a child process
+
+
+def test_a_failing_srun_task_without_mpi_kills_its_step(tmp_path):
+    """run_guarded on a task of an srun step (no MPI): before it exits, `scancel JOB.STEP`
+    (Slurm's pmi2 plugin kills the step on MPI_Abort alike), so srun ends even when a node
+    is gone. An error every rank raised alike, or bad input (exit 2), kills nothing."""
+    log = tmp_path / "scancel.log"
+    fake = tmp_path / "bin" / "scancel"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    fake.chmod(0o755)
+    code = ("import sys; from runtime.launch.dist import run_guarded; "
+            "from runtime.launch.env import discover; "
+            "from tests.support.envs import SRUN_ENV; info = discover(SRUN_ENV, use_mpi=False); "
+            "e = RuntimeError('boom'); e.raised_on_all_ranks = sys.argv[1] == 'all'; "
+            "e.exit_code = 2 if sys.argv[1] == 'bad-input' else 1; "
+            "run_guarded(lambda: (_ for _ in ()).throw(e), info)")
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    for case, rc, expected in [("one", 1, "--quiet 1234.0\n"), ("all", 1, None),
+                               ("bad-input", 2, None)]:
+        log.unlink(missing_ok=True)
+        proc = subprocess.run([sys.executable, "-c", code, case], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == rc and "[rank 5]" in proc.stderr, (case, proc.stderr)
+        assert (log.read_text() if log.exists() else None) == expected
+
+
+def _run_py(code: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_plain_run_never_imports_mpi4py():
+    code = ("import sys; from runtime.launch.env import discover; i = discover(); "
+            "assert 'mpi4py' not in sys.modules, 'imported'; print(i.launcher)")
+    out = _run_py(code, clean_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "single"
+    # Under Open MPI's launcher with pip's MPICH, mpi4py is looked at but MPI is not started.
+    code = ("import sys; from runtime.launch.env import discover; i = discover(); "
+            "from mpi4py import MPI; assert not MPI.Is_initialized(); print(i.rendezvous)")
+    out = _run_py(code, {**clean_env(), **OMPI_ENV})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "file"
+
+
+# ---------------------------------------------------------------------------------------------
+# no launcher: a world of one
+
+
+@pytest.mark.timeout(60)
+def test_single_process_joins_a_world_of_one():
+    proc = subprocess.run([sys.executable, str(WORKER), "allreduce"], env=clean_env(),
+                          cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    (r,) = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines()
+            if line.startswith("RESULT ")]
+    assert (r["world_size"], r["launcher"], r["rendezvous"], r["sum"]) == (1, "single", "local", 1.0)

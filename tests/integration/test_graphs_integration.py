@@ -1,0 +1,147 @@
+"""Static shapes and the CUDA-graph step (issue: the small-batch step at the device's speed),
+checked on the CPU with the model and the trainer: a static batch's losses and gradients equal
+the dynamic batch's on the same samples, and the region a full graph captures is capture-safe
+on the simulated device (runtime.observe.hostsync: no host read, no data-dependent shape, no
+host copy, the same op trace for other data, state changed in place) and keeps each step's
+values. The shapes, the capacity rule and the config's refusals: tests/unit/test_graphs.py; the
+replays themselves on a GPU: tests/integration/test_cuda.py (marked cuda)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from loaders.collate import pad_rows, pad_rows_static
+from runtime.model.bert import BertForPreTraining
+from runtime.model.config import BertConfig
+from runtime.observe.hostsync import SIM_DEVICE, HostSyncs
+from runtime.optim.grad_scale import DynamicLossScale
+from runtime.train.graphs import _Packed
+from tests.support.loaders import OFFLINE, static_loader
+from tests.support.tiny import tiny_config
+
+
+# ------------------------------------------------------------------------------ the batches
+
+
+@pytest.mark.parametrize("attention", ["unpadded", "padded"])
+@pytest.mark.parametrize("spec", [OFFLINE, {"mode": "random"}], ids=["packed", "unpacked"])
+def test_static_batches_give_the_dynamic_losses_and_gradients(small_dataset, attention, spec):
+    cfg = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, intermediate_size=128, max_position_embeddings=128,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg, attention=attention, packed=spec["mode"] == "offline_pack")
+    with static_loader(small_dataset, **spec) as loader:
+        for _ in range(2):
+            rows = loader.next_rows()
+            results = []
+            for batch in (pad_rows(rows), pad_rows_static(rows, loader.static)):
+                model.zero_grad()
+                out = model(batch.input_ids, batch.token_type_ids, batch.attention_mask,
+                            masked_lm_labels=batch.masked_lm_labels,
+                            next_sentence_labels=batch.next_sentence_labels,
+                            layout=batch.layout)
+                out.loss.backward()
+                results.append((out, [p.grad.clone() for p in model.parameters()]))
+            (a, ga), (b, gb) = results
+            torch.testing.assert_close(b.mlm_loss, a.mlm_loss, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(b.nsp_loss, a.nsp_loss, rtol=1e-6, atol=1e-6)
+            assert int(a.mlm_count) == int(b.mlm_count) > 0
+            assert int(a.mlm_correct) == int(b.mlm_correct)
+            for x, y in zip(ga, gb):
+                torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------ the step
+
+def simulated_trainer(data, *extra):
+    """A trainer of the tiny model on the simulated GPU, static shapes, the full graph mode
+    (its eager warm-up: on the simulated device nothing is captured)."""
+    from runtime.launch import dist
+    from runtime.train.trainer import Trainer
+    ctx = dist.current()
+    ctx = dataclasses.replace(ctx, device=SIM_DEVICE)
+    cfg = tiny_config(data, "train.log_every_steps=1000", 'system.device="auto"',
+                      "data.shapes=static", "train.cuda_graphs=full", "optim.backend=auto",
+                      *extra)
+    trainer = Trainer(cfg, ctx)
+    trainer.setup()
+    trainer.full_graph.warmup_steps = 10 ** 9  # never capture: run the body, watched
+    return trainer
+
+
+def persistent_tensors(trainer) -> dict[str, tuple[int, int]]:
+    """What lives from step to step: (identity, memory) of each tensor a graph would read or
+    write at every replay."""
+    out = {}
+    scale = trainer.loss_scale
+    for name in ("scale", "good_steps", "skipped"):
+        t = getattr(scale, name)
+        if isinstance(t, torch.Tensor):
+            out[f"loss_scale.{name}"] = t
+    for i, part in enumerate(trainer.optimizer.flat_binding.parts):
+        out[f"opt{i}.steps"] = part.steps
+        out[f"opt{i}.params"] = part.buffers.params
+        for k, v in part.buffers.state.items():
+            out[f"opt{i}.{k}"] = v
+    out["grads"] = trainer.grad_sync.flat
+    out["device_step"] = trainer.device_step
+    out["lr_table"] = trainer.lr_table
+    for n, p in trainer.model.named_parameters():
+        out[n] = p
+    return {k: (id(t), t.data_ptr()) for k, t in out.items()}
+
+
+@pytest.mark.parametrize("case", [
+    ["model.attention=unpadded", "data.balance=offline_pack"],
+    ["data.balance=offline_pack", "train.clip_mode=local_before",
+     "train.gradient_accumulation_steps=2"],
+    ["model.attention=unpadded", "train.clip_mode=bucket_before", "fp16"],
+    ["train.clip_mode=none"],
+    ["model.attention=unpadded", "optim.shard=world", "optim.name=lars",
+     "train.clip_mode=bucket_before", "fp16"],
+], ids=["unpadded-packed-global_after", "padded-packed-local_before-accum2",
+        "unpadded-bucket_before-fp16", "padded-none", "sharded-lars-bucket_before-fp16"])
+def test_the_captured_step_is_capture_safe_on_the_simulated_device(small_dataset, single_ctx,
+                                                                  case):
+    fp16 = "fp16" in case
+    with HostSyncs(SIM_DEVICE, capture=True) as syncs:
+        trainer = simulated_trainer(small_dataset, *[c for c in case if c != "fp16"],
+                                    "train.bucket_cap_mb=0.05")
+        if fp16:  # CPU configs refuse fp16; the loss scale itself is what is checked
+            trainer.loss_scale = DynamicLossScale(2.0 ** 16, device=SIM_DEVICE)
+        it = iter(trainer.train_loader)
+        for _ in range(2):  # the first step re-cuts the buckets (before any capture)
+            trainer.train_step(it)
+        graph = trainer.full_graph
+        before = persistent_tensors(trainer)
+        traces = []
+        for step in range(2):
+            batches = [next(it) for _ in range(trainer.accum)]
+            graph.inputs.load(batches)  # outside the region, as before a replay
+            n, e = len(syncs.trace), len(syncs.events)
+            values = trainer._step(graph.inputs.slots)  # the region a full graph captures
+            assert syncs.events[e:] == [], HostSyncs.report(syncs)
+            traces.append(syncs.trace[n:])
+            _Packed(values).pack(values)  # what the graph copies out
+        assert traces[0] == traces[1], "the op sequence depends on the data"
+        assert len(traces[0]) > 100
+        # every state the step changes is changed where it lives
+        assert persistent_tensors(trainer) == before
+        assert int(trainer.device_step) == trainer.state.step + 2
+        trainer.close()
+
+
+def test_a_full_graph_step_keeps_each_steps_values_and_counts_the_steps(small_dataset,
+                                                                        single_ctx):
+    trainer = simulated_trainer(small_dataset)
+    it = iter(trainer.train_loader)
+    recs = [trainer.train_step(it) for _ in range(3)]
+    losses = [r.loss for r in recs]
+    assert len(set(losses)) == 3  # each record kept its own step's values
+    assert int(trainer.device_step) == 3 == trainer.state.step
+    # the learning rate the device used is the host's schedule, exactly
+    assert recs[-1].lr == trainer.schedule(2) == float(trainer.lr_table[2])
+    trainer.close()

@@ -1,0 +1,399 @@
+"""Optimizer backends (foreach, fused, apex) against the plain-torch reference: 100 steps on
+random problems, the flat-buffer binding (views, zero_grad, state_dict, skipped tensors),
+the compile fallback, backend dispatch, and the fused step's memory. CUDA and apex tests
+skip without a GPU / without NVIDIA apex."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import optim_apex, optim_flat
+from kernels.optim_flat import FlatLayout
+from runtime.optim import optimizers as optim
+from runtime.optim.optimizers import build_optimizer
+from tests.support.memory import MEMORY_SHAPES
+
+CUDA = pytest.mark.cuda  # skipped without a GPU (conftest)
+
+# name -> shape; init "zero" gives a zero-norm weight (trust ratio 1). "head.still.weight"
+# never gets a gradient (with λ = 0 its update is 0: ratio 1 from a zero update norm).
+SHAPES = {
+    "emb.word_embeddings.weight": (700, 3),      # spans several 1024-element rows
+    "enc.dense.weight": (37, 5),
+    "enc.dense.bias": (37,),                     # excluded: no decay, no adaptation
+    "enc.LayerNorm.weight": (5,),                # excluded
+    "enc.zero.weight": (6, 4),                   # zero init
+    "head.still.weight": (1024,),                # exactly one row, zero gradient
+    "head.scalar": (),                           # 0-dim parameter
+}
+STEPS = 100
+
+
+def _problem(seed: int, device="cpu", dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    init = {n: torch.randn(s, generator=gen, dtype=torch.float64) for n, s in SHAPES.items()}
+    init["enc.zero.weight"].zero_()
+    grads = []
+    for _ in range(STEPS):
+        g = {n: torch.randn(s, generator=gen, dtype=torch.float64) for n, s in SHAPES.items()}
+        g["head.still.weight"].zero_()
+        grads.append(g)
+    cast = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    return ({n: cast(t) for n, t in init.items()},
+            [{n: cast(t) for n, t in g.items()} for g in grads])
+
+
+def _named(init):
+    return [(n, t.clone().requires_grad_()) for n, t in init.items()]
+
+
+def _grad_scale(step: int, device):
+    # float and 0-dim tensor scales both fold into the step (clip coef × unscale)
+    return 0.37 if step % 2 else torch.tensor(0.81, device=device)
+
+
+def _run(name, backend, init, grads, hparams, *, in_place_grads=False):
+    named = _named(init)
+    opt = build_optimizer(name, named, backend=backend, **hparams)
+    device = next(iter(init.values())).device
+    for step, g in enumerate(grads, start=1):
+        optim.set_lr(opt, hparams["lr"] * (1.0 - step / (2 * STEPS)))  # a schedule
+        for n, p in named:
+            if in_place_grads and step % 3 and p.grad is not None:
+                p.grad.copy_(g[n])  # the fused backend's own gradient view
+            else:
+                p.grad = g[n].clone()
+        opt.step(grad_scale=_grad_scale(step, device))
+    return named, opt
+
+
+def _assert_rel(actual: torch.Tensor, expected: torch.Tensor, tol: float, what: str,
+                scale: float | None = None):
+    """max |actual − expected| ≤ tol · scale, scale = max|expected| unless given."""
+    err = (actual.double() - expected.double()).abs().max().item()
+    scale = expected.double().abs().max().item() if scale is None else scale
+    assert err <= tol * scale or err == 0.0, f"{what}: max error {err:.3g}, scale {scale:.3g}"
+
+
+def _max_abs(tensors) -> float:
+    return max(t.double().abs().max().item() for t in tensors)
+
+
+def _compare(name, backend, hparams, tol=1e-6, device="cpu", dtype=torch.float32,
+             in_place_grads=False):
+    """Both runs agree within ``tol`` relative to the largest magnitude of each quantity
+    (parameters, each state) across the model. Relative to each element would not do: a
+    moment passing near zero (cancellation) keeps the absolute error of its history."""
+    init, grads = _problem(0, device, dtype)
+    ref, ref_opt = _run(name, "reference", init, grads, hparams)
+    got, got_opt = _run(name, backend, init, grads, hparams, in_place_grads=in_place_grads)
+    scale = _max_abs(q.detach() for _, q in ref)
+    for (n, p), (_, q) in zip(got, ref):
+        assert p.dtype == q.dtype
+        _assert_rel(p.detach(), q.detach(), tol, f"{backend} {name} param {n}", scale)
+    for key, value in ref_opt.state[ref[0][1]].items():
+        if not isinstance(value, torch.Tensor):
+            assert [got_opt.state[p][key] for _, p in got] == \
+                [ref_opt.state[q][key] for _, q in ref], key
+            continue
+        scale = _max_abs(ref_opt.state[q][key] for _, q in ref)
+        for (n, p), (_, q) in zip(got, ref):
+            _assert_rel(got_opt.state[p][key], ref_opt.state[q][key], tol,
+                        f"{backend} {name} {key} {n}", scale)
+    # the problem moved the parameters: equality is not trivially "both did nothing"
+    assert any(not torch.equal(p.detach(), init[n]) for n, p in ref)
+
+
+LAMB = dict(lr=0.02, beta1=0.9, beta2=0.999, eps=1e-6)
+ADAMW = dict(lr=0.01, beta1=0.9, beta2=0.99, eps=1e-8)
+LARS = dict(lr=0.1, momentum=0.9, trust_coefficient=0.01, eps=1e-9)
+
+
+@pytest.mark.parametrize("backend", ["foreach", "fused"])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.05])
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_lamb_backend_equals_reference(backend, weight_decay, bias_correction):
+    _compare("lamb", backend, dict(LAMB, weight_decay=weight_decay,
+                                   bias_correction=bias_correction),
+             in_place_grads=backend == "fused")
+
+
+@pytest.mark.parametrize("backend", ["foreach", "fused"])
+@pytest.mark.parametrize("extra", [dict(trust_clamp=1.5), dict(use_nvlamb=True)])
+def test_lamb_variants_equal_reference(backend, extra):
+    _compare("lamb", backend, dict(LAMB, weight_decay=0.01, **extra))
+
+
+@pytest.mark.parametrize("backend", ["foreach", "fused"])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.05])
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_adamw_backend_equals_reference(backend, weight_decay, bias_correction):
+    _compare("adamw", backend, dict(ADAMW, weight_decay=weight_decay,
+                                    bias_correction=bias_correction))
+
+
+@pytest.mark.parametrize("backend", ["foreach", "fused"])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.05])
+def test_lars_backend_equals_reference(backend, weight_decay):
+    _compare("lars", backend, dict(LARS, weight_decay=weight_decay))
+
+
+@pytest.mark.parametrize("name,hparams", [("lamb", LAMB), ("adamw", ADAMW), ("lars", LARS)])
+def test_fused_skips_tensors_without_grad_like_the_reference(name, hparams):
+    # Some tensors miss gradients on some steps: their parameters and state stay untouched
+    # and their step counts (bias correction) fall behind the others' — per-tensor steps.
+    init, grads = _problem(1)
+    runs = {}
+    for backend in ("reference", "fused"):
+        named = _named(init)
+        opt = build_optimizer(name, named, backend=backend, weight_decay=0.01, **hparams)
+        for step, g in enumerate(grads[:30], start=1):
+            for i, (n, p) in enumerate(named):
+                p.grad = None if (step + i) % 4 == 0 else g[n].clone()
+            opt.step()
+        runs[backend] = (named, opt)
+    (ref, ref_opt), (got, got_opt) = runs["reference"], runs["fused"]
+    for (n, p), (_, q) in zip(got, ref):
+        _assert_rel(p.detach(), q.detach(), 1e-6, n)
+        assert got_opt.state[p]["step"] == ref_opt.state[q]["step"] < 30
+
+
+# ----------------------------------------------------------------------------- binding
+
+def test_fused_params_grads_and_state_are_views_of_flat_buffers():
+    init, grads = _problem(2)
+    named = _named(init)
+    opt = build_optimizer("lamb", named, lr=1e-3, backend="fused")
+    (part,) = opt.flat_binding.parts
+    b = part.buffers
+    order = [n for n, _ in reversed(named)]  # gradient-production order: reverse model order
+    assert [tuple(s.shape) for s in b.layout.segments] == [SHAPES[n] for n in order]
+    base = {b.params.data_ptr(), b.grads.data_ptr(), *(t.data_ptr() for t in b.state.values())}
+    assert len(base) == 2 + len(b.state)
+    for i, (n, p) in enumerate(reversed(named)):
+        seg = b.layout.segments[i]
+        assert seg.offset % optim_flat.ROW == 0
+        assert p.data_ptr() == b.params.data_ptr() + 4 * seg.offset, n
+        assert p.grad.data_ptr() == b.grads.data_ptr() + 4 * seg.offset, n
+        assert opt.state[p]["exp_avg"].data_ptr() == b.state["exp_avg"].data_ptr() + 4 * seg.offset
+        assert torch.equal(p.detach(), init[n])
+    # backward accumulates into the buffer; zero_grad zeroes it and keeps the views
+    p = named[1][1]
+    (p * 2.0).sum().backward()
+    assert b.grads.abs().sum().item() == 2.0 * p.numel()
+    opt.zero_grad(set_to_none=True)
+    assert p.grad is not None and b.grads.abs().sum().item() == 0.0
+    assert p.grad.data_ptr() == b.grads.data_ptr() + 4 * b.layout.segments[len(named) - 2].offset
+
+
+def test_flat_layout_rows_and_bucket_bounds():
+    layout = FlatLayout.build([(3, 5), (1024,), (), (2049,)], row=1024)
+    assert [s.offset for s in layout.segments] == [0, 1024, 2048, 3072]
+    assert [s.rows for s in layout.segments] == [1, 1, 1, 3]
+    assert layout.total == 6 * 1024 and layout.rows == 6
+    assert layout.bucket_bounds(1, 2) == (1024, 3072)
+    assert layout.row_segment("cpu").tolist() == [0, 1, 2, 3, 3, 3]
+
+
+def test_fused_state_dict_round_trip_continues_identically():
+    init, grads = _problem(3)
+    a, b = _named(init), _named(init)
+    opt_a = build_optimizer("lamb", a, lr=1e-2, backend="fused")
+    for (n, p) in a:
+        p.grad = grads[0][n].clone()
+    opt_a.step()
+    for (_, p), (_, q) in zip(a, b):
+        q.data.copy_(p.data)
+    opt_b = build_optimizer("lamb", b, lr=1e-2, backend="fused")
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))
+    (part,) = opt_b.flat_binding.parts
+    for i, p in enumerate(part.params):  # loaded state lives in the flat buffers again
+        assert opt_b.state[p]["exp_avg"].data_ptr() == part.buffers.view(
+            part.buffers.state["exp_avg"], i).data_ptr()
+    for (n, p), (_, q) in zip(a, b):
+        p.grad = grads[1][n].clone()
+        q.grad = grads[1][n].clone()
+    opt_a.step()
+    opt_b.step()
+    for (_, p), (_, q) in zip(a, b):
+        assert torch.equal(p, q)
+
+
+def test_grad_norm_equals_reference_global_norm():
+    init, grads = _problem(4)
+    for backend in ("reference", "fused"):
+        named = _named(init)
+        opt = build_optimizer("adamw", named, lr=1e-3, backend=backend)
+        for n, p in named:
+            p.grad = grads[0][n].clone()
+        want = torch.sqrt(sum((g.double() ** 2).sum() for g in grads[0].values()))
+        assert opt.grad_norm().dtype == torch.float32
+        assert opt.grad_norm().item() == pytest.approx(want.item(), rel=1e-6)
+        named[0][1].grad[0, 0] = float("nan")
+        assert not torch.isfinite(opt.grad_norm())
+
+
+def test_compile_failure_warns_and_falls_back_to_the_same_numbers(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("simulated inductor failure\nsecond line")
+
+    monkeypatch.setattr(optim_flat, "_COMPILED", {fn: broken for fn in (
+        optim_flat.lamb_pass1, optim_flat.lamb_pass2)})
+    init, grads = _problem(5)
+    with pytest.warns(RuntimeWarning) as caught:
+        named = _named(init)
+        opt = build_optimizer("lamb", named, lr=1e-2, backend="fused")
+    messages = " | ".join(str(w.message) for w in caught)
+    for fn in ("lamb_pass1", "lamb_pass2"):
+        assert f"torch.compile of {fn} failed (RuntimeError: simulated" in messages
+    assert not opt.flat_binding.compiled
+    ref = _named(init)
+    ref_opt = build_optimizer("lamb", ref, lr=1e-2)
+    for g in grads[:5]:
+        for (n, p), (_, q) in zip(named, ref):
+            p.grad, q.grad = g[n].clone(), g[n].clone()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # warned once, at build time
+            opt.step()
+        ref_opt.step()
+    for (n, p), (_, q) in zip(named, ref):
+        _assert_rel(p.detach(), q.detach(), 1e-6, n)
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+def test_backend_dispatch():
+    assert optim.resolve_backend("lamb", "auto", torch.device("cpu")) == "fused"
+    assert optim.resolve_backend("lamb", "auto", torch.device("cuda")) == "fused"
+    assert optim.resolve_backend("lamb", "auto", torch.device("meta")) == "foreach"
+    assert optim.resolve_backend("adamw", "reference", torch.device("cpu")) == "reference"
+    with pytest.raises(ValueError, match="'apex' runs on CUDA only"):
+        optim.resolve_backend("lamb", "apex", torch.device("cpu"))
+    opt = build_optimizer("lars", _named(_problem(6)[0]), lr=1e-3, backend="auto")
+    assert (opt.requested_backend, opt.backend) == ("auto", "fused")
+    assert opt.compile_seconds > 0
+    assert "apex" not in optim.available_backends("lars")
+
+
+@pytest.mark.skipif(optim_apex.available(), reason="NVIDIA apex is installed here")
+def test_apex_not_offered_without_apex():
+    assert "apex" not in optim.available_backends("lamb")
+    with pytest.raises(ValueError, match="backend 'apex' is not available .*amp_C"):
+        build_optimizer("lamb", _named(_problem(6)[0]), lr=1e-3, backend="apex")
+
+
+# ----------------------------------------------------------------------------- memory
+
+@pytest.fixture(scope="module")
+def memory_growths() -> dict:
+    """memory_growth of the three optimizers, in one fresh process (one torch import, not
+    three: each measurement resets the resident-set peak before its step)."""
+    root = Path(__file__).resolve().parents[2]
+    code = ("import json, tests.support.memory as m; print(json.dumps({n: m.memory_growth(n) "
+            "for n in ('lamb', 'adamw', 'lars')}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(root)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
+@pytest.mark.parametrize("name", ["lamb", "adamw", "lars"])
+def test_fused_step_allocates_no_model_sized_temporaries(name, memory_growths):
+    # One tensor above glibc's largest mmap threshold (32 MiB): its temporaries are always
+    # fresh pages, so the foreach control cannot hide them in a reused heap.
+    growth = memory_growths[name]
+    buffer = sum(torch.Size(s).numel() for s in MEMORY_SHAPES) * 4
+    # The control shows the measurement sees temporaries: foreach allocates several.
+    assert growth["foreach"] > 0.9 * buffer, growth
+    assert growth["fused"] < 0.05 * buffer, growth
+
+
+# ----------------------------------------------------------------------------- CUDA
+
+@CUDA
+@pytest.mark.parametrize("name,hparams", [("lamb", dict(LAMB, weight_decay=0.01)),
+                                          ("adamw", dict(ADAMW, weight_decay=0.01)),
+                                          ("lars", dict(LARS, weight_decay=0.01))])
+@pytest.mark.parametrize("backend", ["foreach", "fused"])
+def test_cuda_fp32_backend_equals_reference(name, hparams, backend):
+    _compare(name, backend, hparams, device="cuda")
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("backend", ["foreach", "fused"])
+def test_cuda_low_precision_params_keep_fp32_state(dtype, backend):
+    # bf16/fp16 parameters, fp32 state and math, rounded once per step: as the reference.
+    # (No separate fp32 master copy of the weights: see kernels.optim_reference.)
+    _compare("lamb", backend, dict(LAMB, weight_decay=0.01), tol=1e-2, device="cuda",
+             dtype=dtype)
+
+
+@CUDA
+@pytest.mark.skipif(not optim_apex.available(), reason="needs NVIDIA apex with amp_C")
+@pytest.mark.parametrize("name,hparams", [("lamb", dict(LAMB, weight_decay=0.01)),
+                                          ("adamw", dict(ADAMW, weight_decay=0.01))])
+def test_cuda_apex_equals_reference(name, hparams):
+    _compare(name, "apex", hparams, tol=1e-5, device="cuda")
+
+
+def test_fused_leaves_gradients_owned_by_buckets_in_place():
+    # An owner that does not share its buffer (share_gradients) made every .grad a view of it
+    # before the optimizer is built; the fused backend must read them (copy), never re-point.
+    init, grads = _problem(8)
+    named, ref = _named(init), _named(init)
+    owner = torch.zeros(sum(p.numel() for _, p in named))
+    offset = 0
+    for _, p in named:
+        p.grad = owner[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    views = [p.grad.data_ptr() for _, p in named]
+    opt = build_optimizer("lamb", named, lr=1e-2, backend="fused")
+    ref_opt = build_optimizer("lamb", ref, lr=1e-2)
+    assert opt.flat_binding.external_grads
+    for g in grads[:5]:
+        for (n, p), (_, q) in zip(named, ref):
+            p.grad.copy_(g[n])  # what the bucket allreduce leaves there
+            q.grad = g[n].clone()
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        assert [p.grad.data_ptr() for _, p in named] == views
+        assert owner.abs().sum().item() == 0.0
+    for (n, p), (_, q) in zip(named, ref):
+        _assert_rel(p.detach(), q.detach(), 1e-6, n)
+
+
+def test_an_uncompiled_backend_never_imports_dynamo():
+    """torch wraps Optimizer.add_param_group/zero_grad/state_dict/load_state_dict in a guard
+    that imports torch._dynamo on first use (1.3 s of every rank's start-up); Presto's
+    optimizers call them unwrapped, so the foreach, reference and (on GPU) apex backends start
+    without it. A fresh process: build, step, zero_grad, state_dict round trip, per optimizer."""
+    code = """
+import sys, torch
+from runtime.optim.optimizers import build_optimizer
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+for name in ("lamb", "adamw", "lars"):
+    for backend in ("foreach", "reference"):
+        opt = build_optimizer(name, model.named_parameters(), lr=1e-3, backend=backend)
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        opt.load_state_dict(opt.state_dict())
+        assert opt.state_dict()["state"], (name, backend)
+print("dynamo" if "torch._dynamo" in sys.modules else "no dynamo")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["no", "dynamo"], proc.stdout + proc.stderr[-2000:]

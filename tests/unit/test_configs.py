@@ -1,0 +1,76 @@
+"""submission/configs: every file loads and validates, and its name
+``config_<SYSTEM>_<nodes>x<ranks>x<batch>x<accum>.toml`` says what is inside."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from runtime.config import load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "submission" / "configs").glob("*.toml"))
+NAME = re.compile(r"^config_(?P<system>[A-Za-z0-9-]+)_(?P<n>\d+)x(?P<g>\d+)x(?P<b>\d+)x(?P<a>\d+)\.toml$")
+
+
+def test_there_are_configs():
+    assert CONFIGS
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_name_agrees_with_values(path):
+    m = NAME.match(path.name)
+    assert m, f"{path.name} is not config_<SYSTEM>_<nodes>x<ranks>x<batch>x<accum>.toml"
+    cfg = load_config(path)
+    n, g, b, a = (int(m.group(k)) for k in "ngba")
+    assert cfg.system.name == m.group("system")
+    assert cfg.system.nodes == n
+    assert cfg.system.ranks_per_node == g
+    assert cfg.train.gradient_accumulation_steps == a
+    assert cfg.train.global_batch_size == n * g * b * a
+    assert cfg.local_batch_size(n * g) == b
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if "DGXA100" in p.name], ids=lambda p: p.name)
+def test_dgx_configs_are_closed_bert_large(path):
+    cfg = load_config(path)
+    m = cfg.model
+    assert (m.num_hidden_layers, m.hidden_size, m.num_attention_heads, m.intermediate_size,
+            m.vocab_size) == (24, 1024, 16, 4096, 30522)
+    assert (cfg.data.max_seq_length, cfg.data.max_predictions_per_seq) == (512, 76)
+    assert cfg.optim.name == "lamb" and cfg.optim.eps == 1e-6 and cfg.optim.weight_decay == 0.01
+    assert cfg.submission.division == "closed" and cfg.train.target_mlm_accuracy == 0.720
+    assert cfg.system.device == "cuda" and cfg.train.precision in ("bf16", "fp16")
+    # What a fast GPU run needs (docs/GPU.md): no padding compute, the compiled fused step,
+    # no split tied sync where the step's tokens cover the vocabulary.
+    assert cfg.model.attention == "unpadded" and cfg.optim.backend in ("auto", "fused")
+    assert cfg.train.tied_embedding_sync == "dense" and cfg.data.balance == "local"
+    # The eval cadence is NVIDIA's, which is also MLPerf's formula for this batch.
+    gbs = cfg.train.global_batch_size
+    formula = int(0.05 * (230.23 * gbs + 3_000_000) // 25_000) * 25_000
+    assert cfg.train.eval_cadence() == (formula, formula)
+
+
+def test_published_dgx_hyperparameters():
+    """NVIDIA's A100 closed-division settings: MLCommons training_results_v2.0,
+    NVIDIA/benchmarks/bert/implementations/pytorch/config_DGXA100_*.sh (docs/REFERENCES.md §3)."""
+    root = Path(__file__).resolve().parents[2] / "submission" / "configs"
+    one = load_config(root / "config_DGXA100_1x8x56x1.toml")
+    assert (one.optim.lr, one.schedule.total_steps, one.optim.beta1, one.optim.beta2,
+            one.schedule.warmup_steps, one.schedule.start_warmup_step) == (4.25e-4, 6700, 0.9, 0.999, 0, 0)
+    assert one.train.eval_iter_samples == 150_000
+    eight = load_config(root / "config_DGXA100_8x8x48x1.toml")
+    assert (eight.optim.lr, eight.schedule.total_steps, eight.optim.beta1, eight.optim.beta2,
+            eight.schedule.warmup_steps, eight.schedule.start_warmup_step) == (1.5e-3, 1271, 0.83, 0.925, 100, -25)
+    assert eight.train.eval_iter_samples == 175_000
+
+
+def test_every_clip_mode_has_one_spec_row():
+    from typing import get_args
+    from runtime.choices import CLIP_SPECS, ClipMode, clip_spec
+    assert tuple(CLIP_SPECS) == get_args(ClipMode)
+    assert [m for m, s in CLIP_SPECS.items() if s.before_allreduce] == ["local_before",
+                                                                          "bucket_before"]
+    assert clip_spec("global_after").after_allreduce and clip_spec("local_before").holds_launches
+    with pytest.raises(ValueError, match="clip_mode must be one of global_after"):
+        clip_spec("layer_before")

@@ -1,0 +1,54 @@
+"""Pieces of ``python -m submission`` that need no process: the PRESTO_CACHE_CLEAR word run.sub
+passes (runtime.launch.env.cache_cleared), olympic scoring counting failed runs as not
+converged (submission.report), and Slurm's time limits parsed (submission.slurm). The command
+line and run.sub with stub sbatch/srun: tests/e2e/test_submission.py."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from runtime.launch.env import LaunchError, cache_cleared
+from submission import report as rep
+from submission import slurm
+
+
+# ------------------------------------------------------------------------------ the env accessor
+
+def test_cache_cleared_reads_run_sub_word():
+    assert cache_cleared({}) is None
+    assert cache_cleared({"PRESTO_CACHE_CLEAR": "1"}) is True
+    assert cache_cleared({"PRESTO_CACHE_CLEAR": "0"}) is False
+    with pytest.raises(LaunchError, match="PRESTO_CACHE_CLEAR='yes'"):
+        cache_cleared({"PRESTO_CACHE_CLEAR": "yes"})
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def _run(name, t):
+    return rep.RunResult(name, None, "success" if t is not None else "aborted",
+                         time_to_train_s=t)
+
+
+def test_olympic_mean_counts_failed_runs_as_not_converged():
+    runs = [_run(f"r{i}", t) for i, t in enumerate([10.0, 12.0, 11.0, 30.0, 9.0])]
+    o = rep.olympic_mean(runs)
+    assert o["score_s"] == pytest.approx((10 + 11 + 12) / 3) and o["dropped"] == ["r4", "r3"]
+    o = rep.olympic_mean(runs[:4] + [_run("bad", None)])
+    assert o["score_s"] == pytest.approx((11 + 12 + 30) / 3) and o["dropped"] == ["r0", "bad"]
+    o = rep.olympic_mean(runs[:3] + [_run("bad1", None), _run("bad2", None)])
+    assert o["score_s"] is None and "2 of 5 runs did not converge" in o["note"]
+    o = rep.olympic_mean(runs[:2])
+    assert o["score_s"] is None and "2 run(s): olympic scoring needs at least 3" in o["note"]
+    assert o["mean_of_converged_s"] == 11.0
+    assert math.isclose(rep.olympic_mean([_run(f"r{i}", 1.0 + i) for i in range(10)])["score_s"], 5.5)
+
+
+# ------------------------------------------------------------------------------ status
+
+
+def test_parse_slurm_minutes():
+    f = slurm.parse_slurm_minutes
+    assert [f("30"), f("1:30:00"), f("2-00:00:00"), f("45:30"), f("1-12")] == [30, 90, 2880, 46, 2160]
+    assert f("UNLIMITED") is None and f("infinite") is None
