@@ -28,8 +28,7 @@ Every test in tests/ranks/ and tests/e2e/ is marked ``slow`` (a module-level ``p
 none in tests/unit/; collection refuses a test that breaks this. So ``pytest tests/unit``,
 ``pytest tests/integration``, ``pytest tests/ranks``, ``pytest tests/e2e`` run one tier,
 ``pytest -m "not slow"`` the unit and integration tiers (less integration's few slow tests),
-and ``pytest`` (``make test``) everything. The test files still at tests/ (test_shard.py,
-test_noise_scale.py, test_bench_gpu.py, test_buckets.py) are yet to be placed.
+and ``pytest`` (``make test``) everything.
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ Owns:
         sharded run would differ from the unsharded one by rounding, which Adam's m/√v
         amplifies on parameters whose gradient is rounding noise. With the allreduce a CPU
         run is the unsharded one bit for bit at any world size. The 'reduce' row runs on gloo
-        too (tests/test_shard.py sets it);
+        too (tests/ranks/test_shard.py sets it);
   * the parameters' all-gather after the step (`gather`): every rank keeps the whole model
     (the forward needs it), each updates its shard, then NCCL ``all_gather_into_tensor`` in
     place, gloo one broadcast per shard (gloo's all-gather measured slower than its broadcasts

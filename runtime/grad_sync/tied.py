@@ -13,7 +13,7 @@ share, and their reduction across ranks:
     allreduce-max of the row mask gives the union, and only those rows are reduced (rows no
     rank touched are zero on every rank, so the result is exact);
   * at the end, the reduced decoder share is added to the reduced lookup share: the same
-    averaged gradient as one dense allreduce (tests/test_buckets.py holds it to the formula);
+    averaged gradient as one dense allreduce (tests/ranks/test_buckets_ranks.py holds it to the formula);
   * the squared norm of this rank's whole tied gradient, lookup + decoder, as it goes to the
     averaging (``local_sq``, loss-scaled, on the device): the gradient noise scale's small batch
     (runtime.observe.noise_scale) must see the whole gradient, and the two shares leave apart.

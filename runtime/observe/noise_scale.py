@@ -23,7 +23,7 @@ sequence for a token count.
 
 What it measures is the whole gradient, every parameter, whatever the sync (DDP's buckets, the
 bucket engine's, the split tied embedding's two shares: each reports its whole local squared
-norm, tests/test_noise_scale.py holds them equal).
+norm, tests/ranks/test_noise_scale_ranks.py holds them equal).
 
 Each step's record carries ``noise_scale_window_samples``: the samples the average spans (its
 weights' sum × B_big: every sample so far early on, then the horizon), beside the raw

@@ -1,4 +1,4 @@
-"""One rank of the gradient-bucket tests (tests/test_buckets.py), under ``mpiexec -n P``:
+"""One rank of the gradient-bucket tests (tests/ranks/test_buckets_ranks.py), under ``mpiexec -n P``:
 
     python tests/dist_scripts/grad_sync.py CASE[,CASE...] DATA_DIR WORK_DIR
 
@@ -10,7 +10,7 @@ gradients are all-gathered, and the gradient the optimizer receives (``p.grad`` 
 clip mode (docs/REFERENCES.md §5), computed here from the gathered gradients. Two steps per mode: the second runs on
 the plan re-cut in measured production order.
 
-Several cases run one after the other in one launch (the 2-rank ones of tests/test_buckets.py
+Several cases run one after the other in one launch (the 2-rank ones of tests/ranks/test_buckets_ranks.py
 share one start-up).
 
 CASE:

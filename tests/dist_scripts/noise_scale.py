@@ -1,4 +1,4 @@
-"""One rank of tests/test_noise_scale.py, under ``mpiexec -n P``:
+"""One rank of tests/ranks/test_noise_scale_ranks.py, under ``mpiexec -n P``:
 
     python tests/dist_scripts/noise_scale.py OUT.json
 

@@ -1,4 +1,4 @@
-"""One rank of tests/test_shard.py (the sharded optimizer, optim.shard), under ``mpiexec -n P``:
+"""One rank of tests/ranks/test_shard.py (the sharded optimizer, optim.shard), under ``mpiexec -n P``:
 
     python tests/dist_scripts/shard.py CASE[,CASE...] DATA_DIR WORK_DIR
 

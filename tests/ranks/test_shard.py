@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.launch import needs_mpiexec, run_script, tail
 
-FAULT_DEADLINE_S = 60  # tests/test_dist.py: every rank gone within 60 s of a fault
+FAULT_DEADLINE_S = 60  # tests/ranks/test_dist_ranks.py: every rank gone within 60 s of a fault
 KEY_BIAS = "bert.encoder.layer.0.attention.self.key.bias"
 
 

@@ -76,7 +76,7 @@ def stage_throughput(run: Run) -> dict:
     cases += [(f"{name}_{run.precisions()[0]}_fused", [*extra, f"model.fusions={FUSED}"],
                run.precisions()[0]) for name, extra in PATHS.items()
               if not run.smoke]  # (smoke: the harness only - compiling on 2 CPU cores takes
-    #                  a minute; tests/test_fused.py holds the fusions to their references)
+    #                  a minute; tests/integration/test_fused.py holds the fusions to their references)
     for key, extra, prec in cases:
         try:
             cfg = _config(run, DGX_CONFIG if not run.smoke else CPU_CONFIG,
