@@ -99,7 +99,7 @@ def worker(args) -> None:
         if ctx.rank == 0:
             Path(args.worker_out).write_text(json.dumps(record))
         shutdown()
-    run_guarded(body, info)
+    run_guarded(body, info, leave=True)
 
 
 def allreduce_calibration(cfg, ctx, repeat: int) -> dict:

@@ -96,7 +96,7 @@ def worker(args) -> None:
             Path(args.worker_out).write_text(json.dumps({"plans": plans, "measured": out,
                                                          "all": rows}))
         shutdown()
-    run_guarded(body, info)
+    run_guarded(body, info, leave=True)
 
 
 def distinct_plans(rec: dict) -> dict[str, str]:

@@ -281,7 +281,7 @@ def main(argv=None) -> int:
         print(f"launch error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     return run_guarded(lambda: train(cfg, info, cache_clear, args.lock_holder), info,
-                       exit_code=exit_code_of)
+                       exit_code=exit_code_of, leave=True)
 
 
 if __name__ == "__main__":

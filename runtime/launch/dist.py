@@ -28,6 +28,7 @@ and mpirun also kill the remaining ranks once one exits non-zero or dies from a 
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -473,7 +474,8 @@ BAD_INPUT_EXIT = 2   # an error whose message names the file, key or rank: print
 
 
 def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None,
-                exit_code: Optional[Callable[[BaseException], int]] = None) -> T:
+                exit_code: Optional[Callable[[BaseException], int]] = None,
+                leave: bool = False) -> T:
     """Run ``main_fn()``; if it raises on this rank, end the whole job, never hang.
 
     The traceback goes to stderr with every line prefixed ``[rank N]``. Then:
@@ -496,9 +498,15 @@ def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None,
     traceback on every rank. ``SystemExit(0)`` passes through; ``SystemExit(n)`` counts as a
     failure with status n. ``exit_code(exc)`` gives the status for an exception (default:
     its ``exit_code`` attribute, else 1).
+
+    ``leave``: a rank's entry point - when ``main_fn`` returns (its value the exit status, None
+    = 0), `leave_process` ends the process instead of returning.
     """
     try:
-        return main_fn()
+        result = main_fn()
+        if leave:
+            leave_process(int(result or 0))
+        return result
     except SystemExit as e:
         if e.code in (None, 0):
             raise
@@ -515,6 +523,26 @@ def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None,
             text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         _die(code, info, text + _notes(e), everywhere=everywhere)
     raise AssertionError("unreachable")
+
+
+def leave_process(code: int) -> None:
+    """End a rank that has finished its work and left the process group: the exit handlers
+    run (logging's flush, MPI_Finalize), then ``os._exit`` - skipping the interpreter's
+    teardown of torch's C++ objects. That teardown raced between ranks: a 2-rank script that
+    had written every result still died now and then in std::terminate ("terminate called
+    without an active exception", exit 6) - twice in five suite runs on 2026-11-24, once in
+    one run with two test workers on 2026-11-27, after `shutdown`'s barrier and rank 0's
+    wait for its peers. Files are closed by their owners before this (the trainer's close,
+    the callbacks' end); what is still buffered in Python's stdio is flushed here."""
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed pipe: nothing left to say
+                pass
+        os._exit(code)
 
 
 def _die(code: int, info: Optional[LaunchInfo], text: str, everywhere: bool):

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from runtime.launch.dist import init_distributed, shutdown  # noqa: E402
+from runtime.launch.dist import init_distributed, run_guarded, shutdown  # noqa: E402
 from runtime.launch.env import discover  # noqa: E402
 from runtime.train.trainer import Trainer  # noqa: E402
 from tests.support.tiny import tiny_config  # noqa: E402
@@ -41,4 +41,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_guarded(main, leave=True)

@@ -39,4 +39,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_guarded(main)
+    run_guarded(main, leave=True)

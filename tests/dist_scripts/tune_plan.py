@@ -55,4 +55,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run_guarded(main)
+    run_guarded(main, leave=True)

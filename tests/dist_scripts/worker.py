@@ -104,7 +104,7 @@ def main(mode: str, timeout_s: float, out_dir: str = "") -> int:
             raise SystemExit(f"unknown mode {mode}")
         return 0
 
-    return dist.run_guarded(body, info)
+    return dist.run_guarded(body, info, leave=True)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,28 @@ def test_a_failing_srun_task_without_mpi_kills_its_step(tmp_path):
         assert (log.read_text() if log.exists() else None) == expected
 
 
+def test_a_rank_that_returns_leaves_with_its_status_after_the_exit_handlers(tmp_path):
+    """run_guarded(leave=True), a rank's entry point: the returned status is the exit status
+    (None = 0), the exit handlers ran (logging's flush, MPI_Finalize live there), buffered
+    stdout came out - and nothing after it ran (the interpreter's teardown is skipped)."""
+    code = ("import atexit, sys; from pathlib import Path; "
+            "from runtime.launch.dist import run_guarded; "
+            "atexit.register(lambda: Path(sys.argv[2]).write_text('ran')); "
+            "sys.stdout.write('buffered, no newline'); "
+            "value = None if sys.argv[1] == 'none' else int(sys.argv[1]); "
+            "run_guarded(lambda: value, leave=True); Path(sys.argv[2] + '.after').touch()")
+    for arg, rc in (("none", 0), ("3", 3), ("0", 0)):
+        mark = tmp_path / f"atexit-{arg}"
+        proc = subprocess.run([sys.executable, "-c", code, arg, str(mark)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == rc, (arg, proc.stderr)
+        assert proc.stdout == "buffered, no newline" and mark.read_text() == "ran"
+        assert not (tmp_path / f"atexit-{arg}.after").exists()
+    # without leave, run_guarded returns the value to its caller
+    from runtime.launch.dist import run_guarded
+    assert run_guarded(lambda: 7) == 7
+
+
 def _run_py(code: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=60)

@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         return 2
     if args.profile_only:
         from runtime.launch.dist import run_guarded
-        return run_guarded(lambda: profile_only(cfg, info, args), info)
+        return run_guarded(lambda: profile_only(cfg, info, args), info, leave=True)
     if info.world_size == 1:
         print("runtime.calibrate.tune: nothing to tune: a world of one rank sends no gradients (no "
               "allreduce to overlap). Run it under the launcher and rank count you train with, "
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
               "./run_and_time.sh`.", flush=True)
         return 0
     from runtime.launch.dist import run_guarded
-    return run_guarded(lambda: tune(cfg, info, args), info)
+    return run_guarded(lambda: tune(cfg, info, args), info, leave=True)
 
 
 class BadInput(Exception):
