@@ -172,12 +172,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         cfg = load_config(a.config, a.set)
+        why = problem(cfg)   # the batch's split over the ranks is checked here too
+        est = estimate(cfg) if a.print else None
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    why = problem(cfg)
-    if a.print:
-        est = estimate(cfg)
+    if est is not None:
         print(f"{est.params / 1e6:.1f} M parameters; each rank about {est.total / GIB:.2f} GiB "
               f"(micro-batch {est.micro_batch})")
     if why:

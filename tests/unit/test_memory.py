@@ -106,3 +106,11 @@ def test_no_accumulation_can_fit_says_so_instead_of_raising_it():
     why = memory.problem(cfg, host_bytes=int(4 * memory.GIB))
     assert why and "gradient_accumulation_steps" not in why.split("fits")[-1], why
     assert "smaller [model]" in why
+
+
+def test_the_command_refuses_a_batch_the_ranks_cannot_split_with_exit_2(capsys):
+    """`python -m runtime.train.memory` on a global batch the ranks cannot split: the config
+    error and exit 2, never a traceback (run_and_time.sh runs it before every launch)."""
+    code = memory.main([str(CPU_CONFIG), "--set", "train.global_batch_size=63", "--print"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("config error: ") and "global_batch_size" in err, err
