@@ -527,8 +527,10 @@ def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None,
 
 def leave_process(code: int) -> None:
     """End a rank that has finished its work and left the process group: the exit handlers
-    run (logging's flush, MPI_Finalize), then ``os._exit`` - skipping the interpreter's
-    teardown of torch's C++ objects. That teardown raced between ranks: a 2-rank script that
+    run (logging's flush), MPI is finalized when it was started (mpi4py does it in the
+    interpreter's teardown, which this skips; a rank gone without MPI_Finalize is an abnormal
+    termination to Open MPI's mpirun and MPICH's mpiexec), then ``os._exit`` - skipping the
+    interpreter's teardown of torch's C++ objects. That teardown raced between ranks: a 2-rank script that
     had written every result still died now and then in std::terminate ("terminate called
     without an active exception", exit 6) - twice in five suite runs on 2026-11-24, once in
     one run with two test workers on 2026-11-27, after `shutdown`'s barrier and rank 0's
@@ -536,6 +538,9 @@ def leave_process(code: int) -> None:
     the callbacks' end); what is still buffered in Python's stdio is flushed here."""
     try:
         atexit._run_exitfuncs()
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:

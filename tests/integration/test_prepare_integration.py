@@ -215,8 +215,10 @@ def test_debian_docs_build(tmp_path, monkeypatch):
         if r.returncode != 0:
             pytest.skip(f"apt-get download failed: {r.stderr.strip()[:200]}")
     from loaders import prepare
+    # workers=1: no forked pool inside a pytest-xdist worker (execnet's threads at the fork
+    # hung this build once in 600 s on 2026-11-27); the pool is the small_dataset fixture's
     cfg = PrepareConfig(out=tmp_path / "d", sources=SOURCES, debian_docs=True, dupe_factor=1,
-                        shards=4, eval_samples=500)
+                        shards=4, eval_samples=500, workers=1)
     files = prepare._source_files(cfg)
     debs = [f for f in files if f[0] == "debian-docs"]
     assert [n for n, _ in files] == ["wiki-summaries", "enwiki"] + ["debian-docs"] * 3
