@@ -52,15 +52,18 @@ def test_side_by_side_runs_each_plan_with_the_real_trainer_step(small_dataset, s
     assert calls == [k1, kf, kf, k1]      # round 1 (warm-up): tuned first; round 2: fine
     assert set(times) == {"tuned", "fine"}
     assert all(len(v) == 1 and v[0] > 0 for v in times.values())
-    # a race: a plan measurably slower (here made so, 0.5 s a step) is out after 5 rounds of
-    # 20 asked, and the race ends with one left
+    # a race: a plan measurably slower is out after 5 rounds of 20 asked, and the race ends
+    # with one left. Slower by 3x its own step + 0.2 s, not a fixed 0.5 s: under a second test
+    # worker's load the tiny step itself took 0.9-1.5 s and a fixed sleep lost rounds
     calls.clear()
 
     def slow_fine(self, it):
         calls.append(len(self.grad_sync.plan.buckets))
+        start = time.perf_counter()
+        out = original(self, it)
         if len(self.grad_sync.plan.buckets) > 1:
-            time.sleep(0.5)
-        return original(self, it)
+            time.sleep(2 * (time.perf_counter() - start) + 0.2)
+        return out
     monkeypatch.setattr(trainer_module.Trainer, "train_step", slow_fine)
     said = []
     times = run_side_by_side(cfg, single_ctx, cs, steps=20, warmup=1, log=said.append)
