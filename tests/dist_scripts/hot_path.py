@@ -43,13 +43,10 @@ from runtime.launch.env import discover  # noqa: E402
 from runtime.optim.optimizers import build_optimizer  # noqa: E402
 from runtime.train.build import optimizer_hparams  # noqa: E402
 from runtime.train.trainer import Trainer, build_model  # noqa: E402
+from tests.support.capture import Collectives  # noqa: E402
 from tests.support.tiny import tiny_config as support_tiny_config  # noqa: E402
 
 TAU = 0.5
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
-               "broadcast", "broadcast_object_list", "barrier", "monitored_barrier",
-               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "gather", "scatter",
-               "reduce", "send", "recv")
 READS = ("item", "tolist", "__float__", "__int__", "__bool__", "numpy", "__index__")
 
 
@@ -172,29 +169,6 @@ def big_allocations(prof, threshold_bytes: int) -> list[str]:
         if parent is not None:
             out.append(f"{e.name} {e.cpu_memory_usage} B")
     return out
-
-
-class Collectives:
-    def __init__(self):
-        self.calls: dict[str, int] = {}
-        self._real = {}
-        for name in COLLECTIVES:
-            real = getattr(torch_dist, name, None)
-            if real is None:
-                continue
-            self._real[name] = real
-
-            def counted(*a, _name=name, _real=real, **k):
-                self.calls[_name] = self.calls.get(_name, 0) + 1
-                return _real(*a, **k)
-            setattr(torch_dist, name, counted)
-
-    def reset(self):
-        self.calls = {}
-
-    def restore(self):
-        for name, real in self._real.items():
-            setattr(torch_dist, name, real)
 
 
 def events(syncs, start: int) -> list[str]:

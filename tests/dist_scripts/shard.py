@@ -72,6 +72,7 @@ from runtime.train.graphs import _Packed  # noqa: E402
 from runtime.train.build import batch_cost, build_train_loader  # noqa: E402
 from runtime.train.trainer import Trainer  # noqa: E402
 from loaders.shards import Limits  # noqa: E402
+from tests.support.capture import Collectives, persistent_tensors  # noqa: E402
 from tests.support.tiny import tiny_config as support_tiny_config  # noqa: E402
 
 TAU = 0.5
@@ -86,11 +87,6 @@ DIAGONAL_2 = (("lamb", "global_after"), ("adamw", "local_before"), ("lars", "buc
 DIAGONAL_4 = (("adamw", "global_after"), ("lars", "local_before"), ("lamb", "bucket_before"),
               ("lars", "none"))
 NODE = (("lars", "global_after"), ("lamb", "local_before"))
-COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-               "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "barrier",
-               "all_gather_object", "broadcast_object_list", "monitored_barrier")
-
-
 def tiny_config(data_dir, *extra):
     """The tiny model on the default pairing, clipped at TAU, 1 MB buckets (the tied
     embedding cut into pieces, so buckets straddle shard boundaries)."""
@@ -384,43 +380,6 @@ def case_reshard(ctx, data_dir, work):
 
 # ----------------------------------------------------------------------------------- count
 
-class Collectives:
-    def __init__(self):
-        self.calls, self._real = {}, {}
-        for name in COLLECTIVES:
-            real = getattr(torch_dist, name, None)
-            if real is None:
-                continue
-            self._real[name] = real
-
-            def counted(*a, _name=name, _real=real, **k):
-                self.calls[_name] = self.calls.get(_name, 0) + 1
-                return _real(*a, **k)
-            setattr(torch_dist, name, counted)
-
-    def restore(self):
-        for name, real in self._real.items():
-            setattr(torch_dist, name, real)
-
-
-def persistent(trainer) -> dict:
-    out = {}
-    for name in ("scale", "good_steps", "skipped"):
-        t = getattr(trainer.loss_scale, name)
-        if isinstance(t, torch.Tensor):
-            out[f"loss_scale.{name}"] = t
-    for i, part in enumerate(trainer.optimizer.flat_binding.parts):
-        out[f"opt{i}.steps"] = part.steps
-        out[f"opt{i}.params"] = part.buffers.params
-        for k, v in part.buffers.state.items():
-            out[f"opt{i}.{k}"] = v
-    out["grads"] = trainer.grad_sync.flat
-    out["device_step"] = trainer.device_step
-    for n, p in trainer.model.named_parameters():
-        out[n] = p
-    return {k: (id(t), t.data_ptr()) for k, t in out.items()}
-
-
 def case_count(ctx, data_dir):
     ctx = dataclasses.replace(ctx, device=SIM_DEVICE)
     dist_module._CTX = ctx
@@ -450,7 +409,7 @@ def count_one(ctx, data_dir, clip, extra, reduction):
         for _ in range(2):  # the first step re-cuts the buckets (and re-shards the state)
             trainer.train_step(it)
         graph = trainer.full_graph
-        before = persistent(trainer)
+        before = persistent_tensors(trainer)
         traces, calls, events = [], [], []
         for _ in range(2):
             graph.inputs.load([next(it) for _ in range(trainer.accum)])
@@ -469,7 +428,7 @@ def count_one(ctx, data_dir, clip, extra, reduction):
         out = {"clip": clip, "reduction": reduction, "events": events,
                "same_trace": traces[0] == traces[1], "trace_ops": len(traces[0]),
                "calls": calls, "pieces": pieces, "buckets": trainer.grad_sync.num_buckets,
-               "shards": shard.size, "in_place": persistent(trainer) == before}
+               "shards": shard.size, "in_place": persistent_tensors(trainer) == before}
         trainer.close()
     return out
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from bench import gpu
+from tests.support.launch import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from runtime.observe.timeline import plot_timeline
-from tests.support.launch import ROOT, run_script, tail
+from tests.support.launch import ROOT
 from tests.support.tiny import tiny_config
 
 # ---------------------------------------------------------------------------------------------
@@ -48,28 +46,3 @@ def test_timeline_is_recorded_into_metrics_and_drawn(small_dataset, tmp_path, si
     assert png.stat().st_size > 10_000
     with pytest.raises(ValueError, match="step 7 has no timeline"):
         plot_timeline(metrics, tmp_path / "x.png", step=7)
-
-
-# ---------------------------------------------------------------------------------------------
-# real ranks
-
-
-def run_cases(cases: str, ranks: int, data_dir: Path, work: Path, timeout=240):
-    """One launch of grad_sync.py running ``cases``: (process, seconds)."""
-    start = time.monotonic()
-    proc = run_script(ranks, "grad_sync.py", cases, data_dir, work, timeout=timeout)
-    return proc, time.monotonic() - start
-
-
-TWO_RANK_CASES = "modes,split,accumulation,plan,order"
-
-
-@pytest.fixture(scope="module")
-def two_ranks(small_dataset, tmp_path_factory) -> Path:
-    """The work directory of one 2-rank launch running every case that must succeed."""
-    work = tmp_path_factory.mktemp("grad_sync2")
-    proc, _ = run_cases(TWO_RANK_CASES, 2, small_dataset, work, timeout=420)
-    assert proc.returncode == 0, tail(proc, 6000)
-    return work
-
-

@@ -18,6 +18,7 @@ from runtime.model.config import BertConfig
 from runtime.observe.hostsync import SIM_DEVICE, HostSyncs
 from runtime.optim.grad_scale import DynamicLossScale
 from runtime.train.graphs import _Packed
+from tests.support.capture import persistent_tensors
 from tests.support.loaders import OFFLINE, static_loader
 from tests.support.tiny import tiny_config
 
@@ -70,28 +71,6 @@ def simulated_trainer(data, *extra):
     trainer.setup()
     trainer.full_graph.warmup_steps = 10 ** 9  # never capture: run the body, watched
     return trainer
-
-
-def persistent_tensors(trainer) -> dict[str, tuple[int, int]]:
-    """What lives from step to step: (identity, memory) of each tensor a graph would read or
-    write at every replay."""
-    out = {}
-    scale = trainer.loss_scale
-    for name in ("scale", "good_steps", "skipped"):
-        t = getattr(scale, name)
-        if isinstance(t, torch.Tensor):
-            out[f"loss_scale.{name}"] = t
-    for i, part in enumerate(trainer.optimizer.flat_binding.parts):
-        out[f"opt{i}.steps"] = part.steps
-        out[f"opt{i}.params"] = part.buffers.params
-        for k, v in part.buffers.state.items():
-            out[f"opt{i}.{k}"] = v
-    out["grads"] = trainer.grad_sync.flat
-    out["device_step"] = trainer.device_step
-    out["lr_table"] = trainer.lr_table
-    for n, p in trainer.model.named_parameters():
-        out[n] = p
-    return {k: (id(t), t.data_ptr()) for k, t in out.items()}
 
 
 @pytest.mark.parametrize("case", [

@@ -17,12 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.launch import needs_mpiexec
+from tests.support.launch import MPIEXEC, ROOT, needs_mpiexec
 from tests.support.runs import run
 from tests.support.tiny import run_overrides
 
-ROOT = Path(__file__).resolve().parents[2]
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
 SCRIPT = ROOT / "tests" / "dist_scripts" / "noise_scale.py"
 
 

@@ -21,4 +21,6 @@ another test module: what two of them need lives here.
            static-shape loader
   envs     fake launcher environments for ``discover``
   memory   the peak resident memory of an optimizer step (run in a fresh process)
+  capture  what a captured step may touch: the collectives it calls (``Collectives``) and the
+           tensors that must live from step to step (``persistent_tensors``)
 """

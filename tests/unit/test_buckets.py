@@ -6,8 +6,6 @@ tests/integration/test_buckets_integration.py."""
 from __future__ import annotations
 
 import math
-import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +17,6 @@ from runtime.grad_sync import (BucketPlan, GradientBuckets, GradLayout, Piece, P
 from runtime.grad_sync.plan import production_order
 from runtime.config import ConfigError, load_config
 from runtime.observe.timeline import StepTimeline, union_length
-from tests.support.launch import run_script, tail
 
 SIZES = {"a": 10, "big": 25, "b": 3}
 
@@ -267,26 +264,7 @@ def test_timeline_summary_derives_exposed_communication():
 
 
 # ---------------------------------------------------------------------------------------------
-# real ranks
-
-
-def run_cases(cases: str, ranks: int, data_dir: Path, work: Path, timeout=240):
-    """One launch of grad_sync.py running ``cases``: (process, seconds)."""
-    start = time.monotonic()
-    proc = run_script(ranks, "grad_sync.py", cases, data_dir, work, timeout=timeout)
-    return proc, time.monotonic() - start
-
-
-TWO_RANK_CASES = "modes,split,accumulation,plan,order"
-
-
-@pytest.fixture(scope="module")
-def two_ranks(small_dataset, tmp_path_factory) -> Path:
-    """The work directory of one 2-rank launch running every case that must succeed."""
-    work = tmp_path_factory.mktemp("grad_sync2")
-    proc, _ = run_cases(TWO_RANK_CASES, 2, small_dataset, work, timeout=420)
-    assert proc.returncode == 0, tail(proc, 6000)
-    return work
+# the tied embedding's sync
 
 
 def test_split_config_is_refused_with_the_before_modes():
@@ -315,5 +293,3 @@ def test_split_plan_keeps_the_tied_parameter_whole_and_alone():
     assert alone_bucket(plan, "emb", 100) == 2
     with pytest.raises(PlanError, match="whole and alone"):
         alone_bucket(BucketPlan.from_cap(order, 8), "emb", 100)
-
-
