@@ -13,7 +13,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from bench.gpu.harness import Goal, Results, Run, _free_cuda, _synchronize
+from bench.gpu.harness import Goal, Results, Run, _free_cuda, _profile, _synchronize
 
 
 def _lamb_within(results: Results, goal: Goal) -> dict:
@@ -133,20 +133,7 @@ def _kernel_table(run: Run, fn: Callable[[], Any], top: int = 8) -> list[dict]:
     """One call of ``fn`` under the profiler: its ``top`` device kernels (CPU ops on CPU) by
     total time - name, calls, microseconds - and the rest summed, so a step's gap to its
     bandwidth limit can be read as kernels (passes, small per-tensor ops, launches)."""
-    from torch.profiler import ProfilerActivity, profile
-    activity = ProfilerActivity.CUDA if run.cuda else ProfilerActivity.CPU
-    _synchronize()
-    with profile(activities=[activity]) as prof:
-        fn()
-        _synchronize()
-    rows: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.device_type.name != ("CUDA" if run.cuda else "CPU"):
-            continue
-        us = e.device_time if run.cuda else e.self_cpu_time_total
-        r = rows.setdefault(e.name[:90], [0, 0.0])
-        r[0] += 1
-        r[1] += us
+    _, _, rows = _profile(run, fn, 1)
     ranked = sorted(rows.items(), key=lambda kv: -kv[1][1])
     table = [{"kernel": k, "calls": c, "us": round(t, 1)} for k, (c, t) in ranked[:top]]
     rest = ranked[top:]
