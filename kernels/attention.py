@@ -17,10 +17,12 @@ returning [T, heads, d], with attention confined to each sequence:
 ``flash_varlen``   CUDA, bf16/fp16: FlashAttention-2's varlen kernel called directly with
                    cu_seqlens (aten._flash_attention_forward, differentiable) - no nested
                    tensors, whose Python dispatch made the step host-bound on an H100.
-``cuda_varlen``    ``flash_varlen`` where it fits, else ``jagged`` on CUDA (fp32, odd head
-                   sizes), with dropout and backward. The plumbing is tested on CPU (a
-                   stand-in for the flash op, and ``jagged``); the CUDA kernels by the
-                   cuda-marked tests.
+``cuda_varlen``    ``flash_varlen`` where it fits, else (fp32, odd head sizes) ``repad`` for
+                   a layout with zero-length sequence slots (static shapes) and ``jagged``
+                   for any other (``cuda_varlen_kernel`` is the rule), with dropout and
+                   backward. The plumbing is tested on CPU (a stand-in for the flash op,
+                   ``jagged``, and the rule's choice on the simulated device of
+                   runtime.observe.hostsync); the CUDA kernels by the cuda-marked tests.
 
 ``varlen_attention(..., kernel="auto")`` picks ``cuda_varlen`` on CUDA and ``repad`` on CPU
 (the fastest CPU path measured by ``python -m bench.balance --attention``): the rule is
@@ -119,8 +121,10 @@ def repad(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
         out = t.new_zeros(n, width, *t.shape[1:])
         return out.index_put(where, t).transpose(1, 2)  # [n, heads, max_len, d]
 
+    # A zero-length sequence slot (a static layout's unused slots) keeps one key: a row of
+    # only masked keys is NaN in some SDPA backends, and no token reads that row's output.
     key_mask = (torch.arange(width, device=q.device)[None, :]
-                < varlen.device_lengths()[:, None])[:, None, None, :]
+                < varlen.device_lengths().clamp(min=1)[:, None])[:, None, None, :]
     out = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=key_mask,
                                          dropout_p=dropout_p)
     return out.transpose(1, 2)[where]
@@ -174,21 +178,46 @@ def flash_varlen(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tenso
 
 def flash_varlen_fits(q: torch.Tensor) -> bool:
     """Whether ``flash_varlen`` takes these tokens: CUDA, half precision, head size 8k ≤ 256."""
-    d = q.shape[-1]
-    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0
-            and d <= 256)
+    return q.is_cuda and _flash_takes(q.dtype, q.shape[-1])
+
+
+def _flash_takes(dtype: torch.dtype, head_dim: int) -> bool:
+    return dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256
+
+
+def cuda_varlen_kernel(dtype: torch.dtype, head_dim: int, min_len: int) -> str:
+    """The kernel ``cuda_varlen`` runs for CUDA tokens of ``dtype`` in heads of ``head_dim``
+    over a layout whose shortest sequence has ``min_len`` tokens - host values only, so the
+    choice never reads the device:
+
+    * ``flash_varlen`` in half precision (head size 8k ≤ 256): zero-length slots are fine
+      (NVIDIA's MLPerf recipe pads cu_seqlens with them);
+    * ``repad`` otherwise (fp32) when the layout has zero-length slots - a static batch
+      (data.shapes = 'static') always has them: nested-tensor SDPA refuses its fused kernels
+      for a zero-length sequence and takes its math path, which splits the tokens per sequence
+      with a host read each - a stall per segment, and no CUDA-graph capture ("operation not
+      permitted when stream is capturing"); repad's shapes are the layout's (segments x
+      width), read from no device value;
+    * ``jagged`` otherwise (fp32 dynamic batches: SDPA's memory-efficient kernel)."""
+    if _flash_takes(dtype, head_dim):
+        return "flash_varlen"
+    return "repad" if min_len == 0 else "jagged"
 
 
 def cuda_varlen(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
-    """CUDA: ``flash_varlen`` where it fits (training in bf16/fp16), else ``jagged`` (SDPA
-    over nested tensors picks flash, memory-efficient or math; fp32 goes there). Which
-    kernel ran is a named check of ``python -m bench.gpu``; ``per_sequence`` is the
+    """CUDA: the kernel ``cuda_varlen_kernel`` picks (flash varlen in training's bf16/fp16).
+    Which kernel ran is a named check of ``python -m bench.gpu``; ``per_sequence`` is the
     reference."""
     if not q.is_cuda:
         raise RuntimeError("cuda_varlen needs CUDA tensors; use kernel='repad' on CPU")
-    if flash_varlen_fits(q):
-        return flash_varlen(q, k, v, varlen, dropout_p)
-    return jagged(q, k, v, varlen, dropout_p)
+    return cuda_dispatch(q, k, v, varlen, dropout_p)
+
+
+def cuda_dispatch(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
+    """``cuda_varlen`` without its device check: the CPU tests run the CUDA rule's choice on
+    the simulated device (runtime.observe.hostsync) through it."""
+    kernel = cuda_varlen_kernel(q.dtype, q.shape[-1], varlen.min_len)
+    return _BY_NAME[kernel](q, k, v, varlen, dropout_p)
 
 
 _BY_NAME = {"per_sequence": per_sequence, "repad": repad, "block_diagonal": block_diagonal,

@@ -181,6 +181,57 @@ def test_flash_varlen_fits_training_shapes_only():
     def t(dtype, d=64):
         return torch.zeros(4, 2, d, dtype=dtype, device="cuda")
     assert flash_varlen_fits(t(torch.bfloat16)) and flash_varlen_fits(t(torch.float16))
-    assert not flash_varlen_fits(t(torch.float32))  # fp32 goes through jagged SDPA
+    assert not flash_varlen_fits(t(torch.float32))  # fp32: jagged SDPA, or repad (static)
     assert not flash_varlen_fits(t(torch.bfloat16, d=60)) and not flash_varlen_fits(
         t(torch.bfloat16, d=320))
+
+
+# ---- the CUDA rule on static layouts (zero-length slots), on the simulated device ----------
+
+def test_the_cuda_rule_never_sends_zero_length_slots_to_jagged():
+    """Nested-tensor SDPA refuses its fused kernels for a zero-length sequence and takes its
+    math path, which splits the tokens with a host read per sequence (no CUDA-graph capture):
+    a static layout (min_len 0) in fp32 goes to repad; flash takes zero-length slots."""
+    rule = attention.cuda_varlen_kernel
+    assert rule(torch.float32, 64, min_len=0) == "repad"
+    assert rule(torch.float32, 64, min_len=3) == "jagged"
+    for half in (torch.bfloat16, torch.float16):
+        assert rule(half, 64, min_len=0) == rule(half, 64, min_len=3) == "flash_varlen"
+    assert rule(torch.bfloat16, 60, min_len=0) == "repad"  # flash takes no odd head size
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_a_static_batch_attends_without_host_syncs_in_every_precision(small_dataset,
+                                                                      monkeypatch, precision):
+    """The unpadded model's forward and backward on a static batch (zero-length sequence
+    slots, the padding tail as a segment) with the kernel the CUDA rule picks in each
+    precision, on the simulated device: no host read, data-dependent shape, host copy or
+    host tensor - what makes a static step capturable (flash: its CPU stand-in)."""
+    from runtime.model.bert import BertForPreTraining
+    from runtime.model.config import BertConfig
+    from runtime.observe.hostsync import SIM_DEVICE, HostSyncs
+    from tests.support.loaders import OFFLINE, static_loader
+    monkeypatch.setattr(attention, "_FLASH_OPS", _FlashStandIn())
+    monkeypatch.setitem(attention._BY_NAME, "cuda_varlen", attention.cuda_dispatch)
+    with static_loader(small_dataset, **OFFLINE) as loader:
+        batch = next(loader)
+    assert batch.layout.min_len == 0 and 0 in batch.layout.lengths
+    cfg = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, intermediate_size=128, max_position_embeddings=128,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    stand_in = f"{__name__.replace('.', '/')}.py"  # the flash stand-in's own host reads
+    with HostSyncs(SIM_DEVICE, allow=[stand_in]) as syncs:
+        model = BertForPreTraining(cfg, attention="unpadded", packed=True,
+                                   kernel="cuda_varlen").to(SIM_DEVICE)
+        b = batch.to(SIM_DEVICE, non_blocking=True)  # (pinned on CUDA)
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            out = model(b.input_ids, b.token_type_ids, b.attention_mask,
+                        masked_lm_labels=b.masked_lm_labels,
+                        next_sentence_labels=b.next_sentence_labels, layout=b.layout)
+        out.loss.backward()
+    assert syncs.events == [], syncs.report()
+    assert torch.isfinite(out.loss) and all(torch.isfinite(p.grad).all()
+                                            for p in model.parameters() if p.grad is not None)
+    assert bool(attention._FLASH_OPS.calls) == (dtype is not None)
