@@ -18,7 +18,7 @@ from runtime.model.config import BertConfig
 from runtime.observe.hostsync import SIM_DEVICE, HostSyncs
 from runtime.optim.grad_scale import DynamicLossScale
 from runtime.train.graphs import _Packed
-from tests.support.capture import persistent_tensors
+from tests.support.capture import ForcedOverflow, persistent_tensors
 from tests.support.loaders import OFFLINE, static_loader
 from tests.support.tiny import tiny_config
 
@@ -123,4 +123,20 @@ def test_a_full_graph_step_keeps_each_steps_values_and_counts_the_steps(small_da
     assert int(trainer.device_step) == 3 == trainer.state.step
     # the learning rate the device used is the host's schedule, exactly
     assert recs[-1].lr == trainer.schedule(2) == float(trainer.lr_table[2])
+    trainer.close()
+
+
+def test_a_forced_overflow_skips_until_the_scale_is_back_in_range(small_dataset, single_ctx):
+    """The CUDA test's fp16 overflow scenario (tests/integration/test_cuda.py) in the full
+    graph's step body on the CPU: fp32 overflows at 2^127 and still at 2^126 (a loss of ~10
+    times either is past fp32's 3.4e38), so two steps are skipped, the scale halving inside
+    each - the CUDA test once expected one."""
+    trainer = simulated_trainer(small_dataset)
+    trainer.loss_scale = DynamicLossScale(2.0 ** 16, device=SIM_DEVICE)
+    forced, it, recs = ForcedOverflow(2.0 ** 127), iter(trainer.train_loader), []
+    for i in range(10):
+        forced(trainer, i)
+        recs.append(trainer.train_step(it))
+    forced.check(recs)
+    assert all(r.loss == r.loss for r in recs)  # the skipped steps left no NaN behind
     trainer.close()

@@ -61,3 +61,34 @@ def persistent_tensors(trainer) -> dict[str, tuple[int, int]]:
     for n, p in trainer.model.named_parameters():
         out[n] = p
     return {k: (id(t), t.data_ptr()) for k, t in out.items()}
+
+
+class ForcedOverflow:
+    """A loss-scale overflow forced into a run (a ``between(trainer, i)`` hook of the step
+    loop): before step ``at`` the scale is set to ``scale`` - far beyond the gradients' range
+    -, restored to its value before that at step ``at + restore_after``. The scale is changed
+    in place, so a captured step reads it as an eager one does.
+
+    What must follow, eager or replayed (``check``): steps ``at`` to ``at + restore_after - 1``
+    are skipped, the scale halving inside each (halving once cannot bring a scale this large
+    into range: 2^120 x a gradient of size 1 is still past fp16's 65504 at 2^119), and no step
+    before or after them is skipped."""
+
+    def __init__(self, scale: float, at: int = 6, restore_after: int = 2):
+        self.scale, self.at, self.restore_after = scale, at, restore_after
+        self.before: float | None = None
+
+    def __call__(self, trainer, i: int) -> None:
+        live = trainer.loss_scale.scale
+        if i == self.at:
+            self.before = float(live)
+            live.fill_(self.scale)
+        elif i == self.at + self.restore_after:
+            live.fill_(self.before)
+
+    def check(self, recs) -> None:
+        bad = range(self.at, self.at + self.restore_after)
+        assert [r.skipped for r in recs] == [i in bad for i in range(len(recs))], \
+            [r.skipped for r in recs]
+        for k, i in enumerate(bad):
+            assert recs[i].loss_scale == self.scale / 2 ** (k + 1)  # halved inside the step
