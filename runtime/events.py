@@ -72,6 +72,8 @@ class StepMetrics:
     loss_scale: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)  # numbers; "timeline" is a dict
     elapsed_s: float | None = None  # seconds from RUN_START to the end of this step
+    device_step_s: float | None = None  # the device's time for the step (CUDA events around
+    #                                     it; a CPU's wall time): TFLOP/s and MFU divide by it
 
 
 @dataclass

@@ -62,6 +62,7 @@ class MetricsWriter:
                              "samples": m.samples, "loss": m.loss, "mlm_loss": m.mlm_loss,
                              "nsp_loss": m.nsp_loss, "lr": m.lr, "grad_norm": m.grad_norm,
                              "clip_coef": m.clip_coef, "step_time_s": m.step_time_s,
+                             "device_step_s": m.device_step_s,
                              "real_tokens": m.real_tokens, "computed_tokens": m.computed_tokens,
                              "padding_efficiency": m.real_tokens / max(m.computed_tokens, 1),
                              "skipped": m.skipped, "loss_scale": m.loss_scale, **m.extra})
@@ -154,8 +155,10 @@ class ProgressPrinter:
     / Σ computed tokens over all ranks since the start; ``imbalance tok … cost … fwd …`` the
     mean, over the steps since the previous line, of max/mean over ranks of computed tokens,
     of the length-cost model's batch cost and of forward time (runtime.observe.balance_meter);
-    TFLOP/s and MFU are per device over the steps since the previous line (runtime.observe.mfu:
-    MFU only where the device's peak is known)."""
+    TFLOP/s and MFU are per device over the steps since the previous line, from the device's
+    time of those steps (runtime.observe.step_log: CUDA events on a GPU, "(device time)"; the
+    wall clock on a CPU, "(wall time)"), MFU only where the device's peak is known
+    (runtime.observe.mfu)."""
 
     def __init__(self, every: int = 10, stream=sys.stdout):
         self.every = max(1, every)
@@ -172,9 +175,9 @@ class ProgressPrinter:
             self.flops = [0.0, 0.0]  # model FLOPs of every rank, step seconds: since the line
         elif event is Event.LOG:
             for m in state.logged_steps:
-                if m.extra.get("model_flops_all"):
+                if m.extra.get("model_flops_all") and m.device_step_s:
                     self.flops[0] += m.extra["model_flops_all"]
-                    self.flops[1] += m.step_time_s
+                    self.flops[1] += m.device_step_s
                 # All ranks' tokens when the trainer measured balance, else ours.
                 self.tokens[0] += m.extra.get("real_tokens_all", m.real_tokens)
                 self.tokens[1] += m.extra.get("computed_tokens_all", m.computed_tokens)
@@ -212,8 +215,10 @@ class ProgressPrinter:
                 from runtime.observe.mfu import Peak, figures
                 peak = Peak(state.derived.get("peak_tflops"), "")
                 f = figures(self.flops[0], state.world_size, self.flops[1], peak)
+                timed = {"cuda_events": "device time"}.get(
+                    state.derived.get("step_time_source"), "wall time")
                 parts.append(f"{f['tflops']:.3g} TFLOP/s" + (
-                    f" MFU {f['mfu']:.1%}" if f["mfu"] is not None else ""))
+                    f" MFU {f['mfu']:.1%}" if f["mfu"] is not None else "") + f" ({timed})")
                 self.flops = [0.0, 0.0]
             if self.imbalance:  # mean of the steps since the last line
                 tokens, cost, compute = (sum(x) / len(x) for x in zip(*self.imbalance))

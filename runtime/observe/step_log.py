@@ -12,6 +12,12 @@ Never: runs a collective or reads a device tensor back on an ordinary step, or c
 trained. (torchtitan's lesson: reduce losses only when you log them; a ``.item()`` per step is
 a stall on a GPU and rules out CUDA-graph capture of the step.)
 
+Step time for TFLOP/s and MFU is the device's: ``mark()`` (runtime.observe.clock) before and
+after each step - CUDA events on a GPU, read at the logging point (already a synchronisation),
+so a host that enqueues graph replays dozens of steps ahead cannot inflate them; the host's
+wall clock on a CPU, whose ops run as they are called. ``step_time_s`` stays the host's time to
+run ``train_step`` (on a GPU: to enqueue it); ``device_step_s`` is the device's.
+
 `StepRecord` is what ``Trainer.train_step`` returns: reading one of its metric attributes
 resolves this rank's own values (a host read, no collective) - for tests and tools that drive
 single steps; the training loop never reads them.
@@ -25,6 +31,7 @@ import torch
 
 from runtime.launch.dist import all_reduce_sum
 from runtime.events import StepMetrics
+from runtime.observe.clock import DeviceClock
 
 _DEVICE_FIELDS = ("grad_norm", "clip_coef", "skipped", "loss_scale")
 
@@ -33,7 +40,8 @@ _DEVICE_FIELDS = ("grad_norm", "clip_coef", "skipped", "loss_scale")
 class StepRecord:
     """One optimizer step as recorded, device values unread (see the module docstring)."""
 
-    host: dict[str, Any]                         # step, samples, lr, step_time_s, elapsed_s, ...
+    host: dict[str, Any]                         # step, samples, lr, step_time_s, elapsed_s,
+    #                                              marks (the device marks around the step)...
     losses: torch.Tensor                         # [4] this rank's loss, mlm_loss, nsp_loss and
     #                                              ‖g_r‖² (the noise scale's small batch; 0: none)
     device: dict[str, Any]                       # _DEVICE_FIELDS, 0-dim tensors (or numbers)
@@ -87,22 +95,32 @@ def _metrics(rec: StepRecord, losses: list, device: dict, extra: dict) -> StepMe
                        step_time_s=h["step_time_s"], real_tokens=h["real_tokens"],
                        computed_tokens=h["computed_tokens"], skipped=bool(device["skipped"]),
                        loss_scale=device["loss_scale"], extra=extra,
-                       elapsed_s=h.get("elapsed_s"))
+                       elapsed_s=h.get("elapsed_s"), device_step_s=h.get("device_step_s"))
 
 
 class StepLog:
     """The steps since the last logging point; `flush` reduces and returns them."""
 
     def __init__(self, world_size: int, meter: Any = None, noise: Any = None,
-                 peak: Any = None):
+                 peak: Any = None, clock: Optional[DeviceClock] = None):
         self.world_size = world_size
+        self.clock = clock or DeviceClock("cpu")  # the step marks (see the module docstring)
         self.meter = meter  # a runtime.observe.balance_meter.BalanceMeter, or None
         self.noise = noise  # a runtime.observe.noise_scale.NoiseScale, or None (one rank)
         self.peak = peak    # a runtime.observe.mfu.Peak: each step's TFLOP/s and MFU
         self.pending: list[StepRecord] = []
         self.flags: list[float] = []  # the last flush's flags, summed over ranks
         self.flops_total = 0.0  # Σ over ranks of the model FLOPs of every flushed step ...
-        self.seconds_total = 0.0  # ... and Σ of their step times: the run's TFLOP/s, MFU
+        self.seconds_total = 0.0  # ... and Σ of their device times: the run's TFLOP/s, MFU
+
+    @property
+    def time_source(self) -> str:
+        """What ``device_step_s`` (and so TFLOP/s and MFU) is timed with."""
+        return "cuda_events" if self.clock.cuda else "host_wall"
+
+    def mark(self):
+        """A mark on the device's timeline (before and after a step: ``host["marks"]``)."""
+        return self.clock.now()
 
     def record(self, rec: StepRecord) -> StepRecord:
         self.pending.append(rec)
@@ -126,7 +144,11 @@ class StepLog:
             padded = list(flags) + [0.0] * (-len(flags) % width)
             rows = torch.cat([rows, torch.tensor(padded, dtype=torch.float64,
                                                  device=rows.device).view(-1, width)])
-        reduced = all_reduce_sum(rows).tolist()
+        reduced = all_reduce_sum(rows).tolist()  # (the device has done every pending step)
+        for r in pending:
+            marks = r.host.pop("marks", None)
+            if marks is not None:
+                r.host["device_step_s"] = self.clock.seconds(*marks)
         self.flags = [x for row in reduced[len(pending):] for x in row][:len(flags)]
         losses = [[x / self.world_size for x in row] for row in reduced[:len(pending)]]
         balance = self.meter.reduce() if self.meter is not None else [{}] * len(pending)
@@ -149,14 +171,15 @@ class StepLog:
 
     def _mfu(self, rec: StepRecord, balance: dict) -> dict:
         """This step's achieved TFLOP/s per device and MFU, from every rank's model FLOPs
-        and this rank's step time (runtime.observe.mfu); none without a FLOP count."""
-        flops = balance.get("model_flops_all")
-        if flops is None or self.peak is None or not flops:
+        and this rank's device time of the step (runtime.observe.mfu); none without a FLOP
+        count or a device time."""
+        flops, seconds = balance.get("model_flops_all"), rec.host.get("device_step_s")
+        if flops is None or self.peak is None or not flops or not seconds:
             return {}
         from runtime.observe.mfu import figures
         self.flops_total += flops
-        self.seconds_total += rec.host["step_time_s"]
-        return figures(flops, self.world_size, rec.host["step_time_s"], self.peak)
+        self.seconds_total += seconds
+        return figures(flops, self.world_size, seconds, self.peak)
 
     def run_figures(self) -> dict:
         """TFLOP/s and MFU over every flushed step (the run's, for summary.json)."""
@@ -164,7 +187,8 @@ class StepLog:
             return {}
         from runtime.observe.mfu import figures
         return {**figures(self.flops_total, self.world_size, self.seconds_total, self.peak),
-                "peak_tflops": self.peak.tflops, "peak_source": self.peak.source}
+                "peak_tflops": self.peak.tflops, "peak_source": self.peak.source,
+                "time_source": self.time_source, "device_seconds": self.seconds_total}
 
     def _noise(self, loss: list, device: dict) -> dict:
         """This step's gradient-noise-scale figures (from the mean over ranks of ‖g_r‖² and

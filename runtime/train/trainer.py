@@ -46,6 +46,7 @@ from runtime.observe import noise_scale
 from loaders.collate import IGNORE_INDEX
 from runtime.model.arithmetic import attention_layout, batch_work, computed_tokens, step_flops
 from runtime.observe.balance_meter import BalanceMeter
+from runtime.observe.clock import DeviceClock
 from runtime.observe.hostsync import SIM_DEVICE
 from runtime.observe.metrics import LogWriteError
 from runtime.observe.mfu import peak_of
@@ -142,7 +143,8 @@ class Trainer:
         device_name = torch.cuda.get_device_name(dist.device) \
             if dist.device.type == "cuda" else None
         self.peak = peak_of(device_name, t.precision, cfg.system.peak_tflops)
-        self.step_log = StepLog(dist.world_size, self.balance_meter, self.noise, self.peak)
+        self.step_log = StepLog(dist.world_size, self.balance_meter, self.noise, self.peak,
+                                DeviceClock(dist.device))
         self._run_t0: float | None = None
         if self.train_loader is not None:
             self.state.train_samples = (self.train_loader.steps_per_epoch * self.local_batch
@@ -151,7 +153,8 @@ class Trainer:
             [sum(b.num_sequences for b in self.eval_batches)], device=dist.device)).item())
         self.state.derived.update(describe(parts, cfg, dist))
         self.state.derived.update(attention_layout=self.layout, peak_tflops=self.peak.tflops,
-                                  peak_source=self.peak.source)
+                                  peak_source=self.peak.source,
+                                  step_time_source=self.step_log.time_source)
         if self.state.derived["optimizer_compiled"] is False:
             self._say(f"warning: the fused {cfg.optim.name} step runs eagerly (torch.compile "
                       f"failed: the rank log has why): same numbers, several times slower, "
@@ -272,7 +275,7 @@ class Trainer:
         whole-step CUDA graph (train.cuda_graphs = 'full'). No host read and no collective
         but the gradient allreduces: norms, the clip coefficient and the skip decision stay
         on the device."""
-        t0 = time.perf_counter()
+        t0, mark = time.perf_counter(), self.step_log.mark()
         if self.timeline:
             self.timeline.start_step()
         step, lr = self.state.step, self.schedule(self.state.step)
@@ -289,7 +292,7 @@ class Trainer:
                                        layout_tokens=b.layout.num_tokens if b.layout
                                        is not None else b.num_real_tokens) for b in batches)
         flops = sum(self._model_flops(b) for b in batches)
-        return self._record(step, lr, t0, real, computed, values, flops)
+        return self._record(step, lr, (t0, mark), real, computed, values, flops)
 
     def _model_flops(self, batch) -> float:
         """The model FLOPs of one host micro-batch (runtime.model.arithmetic: its real
@@ -351,7 +354,10 @@ class Trainer:
                            next_sentence_labels=batch.next_sentence_labels, layout=batch.layout)
         return out.loss, out.mlm_loss, out.nsp_loss
 
-    def _record(self, step, lr, t0, real, computed, values, flops=0.0) -> StepRecord:
+    def _record(self, step, lr, start, real, computed, values, flops=0.0) -> StepRecord:
+        """The step's StepRecord, its device values unread; ``start``: (host time, device
+        mark) when the step began (TFLOP/s and MFU divide by the device's time)."""
+        t0, mark = start
         losses = values.pop("losses")
         device = {k: values.pop(k) for k in _DEVICE_KEYS if k in values}
         extra = values
@@ -363,7 +369,8 @@ class Trainer:
         now = time.perf_counter()
         host = dict(step=step + 1, samples=self.state.samples, lr=lr, step_time_s=now - t0,
                     elapsed_s=None if self._run_t0 is None else now - self._run_t0,
-                    real_tokens=real, computed_tokens=computed, model_flops=flops)
+                    real_tokens=real, computed_tokens=computed, model_flops=flops,
+                    marks=(mark, self.step_log.mark()))
         return self.step_log.record(StepRecord(host, losses, device, extra))
 
     # ---- evaluation ---------------------------------------------------------------------

@@ -30,3 +30,55 @@ def test_eval_cadence_events_and_stop_at_max_steps(small_dataset, single_ctx):
     kinds = [e for e, *_ in rec.events if e is not Event.STEP]
     assert kinds[:3] == [Event.INIT_START, Event.INIT_STOP, Event.RUN_START]
     assert kinds[-1] is Event.RUN_STOP
+
+
+class FakeDeviceClock:
+    """A device that takes ``per_step`` seconds for each step, whatever the host does (the
+    trainer marks the start and end of every step; a mark here is a count)."""
+
+    cuda = True  # its marks stand for CUDA events
+
+    def __init__(self, per_step: float):
+        self.per_step, self.n = per_step, 0
+
+    def now(self):
+        self.n += 1
+        return self.n
+
+    def seconds(self, start, end):
+        return (end - start) * self.per_step
+
+
+def test_tflops_and_mfu_come_from_the_device_time_not_the_hosts(small_dataset, single_ctx):
+    """A host that enqueues steps far ahead of the device (a replayed CUDA graph is ~10
+    launches a step) returns from train_step long before the device is done: TFLOP/s and MFU
+    divide by the device's time of each step (here a fake device's 2 s), never the host's - in
+    the step metrics, the run's figures and the progress line."""
+    import io
+    import pytest
+    from runtime.observe.metrics import ProgressPrinter
+    cfg = tiny_config(small_dataset, "system.peak_tflops=1", "train.log_every_steps=1000")
+    trainer = Trainer(cfg, single_ctx)
+    trainer.setup()
+    trainer.step_log.clock = FakeDeviceClock(2.0)
+    it = iter(trainer.train_loader)
+    for _ in range(3):
+        trainer.train_step(it)
+    logged = trainer.step_log.flush()
+    flops = [m.extra["model_flops_all"] for m in logged]
+    for m, f in zip(logged, flops):
+        assert m.device_step_s == 2.0 and m.step_time_s < 2.0
+        assert m.extra["tflops"] == pytest.approx(f / 2.0 / 1e12)
+        assert m.extra["mfu"] == pytest.approx(m.extra["tflops"] / 1.0)  # system.peak_tflops
+    run = trainer.step_log.run_figures()
+    assert run["time_source"] == "cuda_events" and run["device_seconds"] == 6.0
+    assert run["tflops"] == pytest.approx(sum(flops) / 6.0 / 1e12)
+    line, st = io.StringIO(), trainer.state
+    st.derived["step_time_source"] = trainer.step_log.time_source
+    st.logged_steps, st.last_step = logged, logged[-1]
+    progress = ProgressPrinter(every=1, stream=line)
+    progress.on_event(Event.RUN_START, st)
+    progress.on_event(Event.LOG, st)
+    assert f"{sum(flops) / 6.0 / 1e12:.3g} TFLOP/s" in line.getvalue()
+    assert "(device time)" in line.getvalue()
+    trainer.close()
