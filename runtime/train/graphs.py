@@ -247,14 +247,20 @@ class _MicroBatchLoss(nn.Module):
 
 class EncoderGraphs:
     """Each micro-batch's forward and backward from graphs (``train.cuda_graphs =
-    'encoder'``), captured after ``warmup_steps`` eager micro-batches; see the module
-    docstring. ``forward(host_batch)`` returns (loss, mlm_loss, nsp_loss) whose backward
-    replays the backward graph."""
+    'encoder'``), captured after ``warmup_steps`` eager optimizer steps of ``micro_batches``
+    micro-batches each; see the module docstring. ``forward(host_batch)`` returns (loss,
+    mlm_loss, nsp_loss) whose backward replays the backward graph.
+
+    Counted in steps, not micro-batches: the bucket engine's re-cut at the end of the first
+    step re-binds every parameter and gradient to new buffers (runtime.grad_sync.buckets), and
+    a graph captured before it - at the 4th micro-batch of step 1 with 4 a step - would go on
+    reading and writing the freed ones: garbage or NaN, with no error."""
 
     def __init__(self, net: nn.Module, device: torch.device, autocast: Callable,
-                 warmup_steps: int = WARMUP_STEPS, pause: Optional[Callable] = None):
+                 warmup_steps: int = WARMUP_STEPS, pause: Optional[Callable] = None,
+                 micro_batches: int = 1):
         self.net, self.device, self.autocast = net, torch.device(device), autocast
-        self.warmup_steps = warmup_steps
+        self.warmup_steps, self.micro_batches = warmup_steps, micro_batches
         self.pause = pause or contextlib.nullcontext
         self.inputs: Optional[StaticInputs] = None
         self.loss: Optional[_MicroBatchLoss] = None
@@ -272,7 +278,7 @@ class EncoderGraphs:
         self.inputs.load([batch])
         args = batch_tensors(self.inputs.slots[0])
         self.calls += 1
-        if self.calls <= self.warmup_steps:
+        if self.calls <= self.warmup_steps * self.micro_batches:
             with self.autocast():
                 return self.loss(*args)
         if self.graphed is None:

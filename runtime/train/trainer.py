@@ -192,7 +192,8 @@ class Trainer:
             return
         self.balance_meter.hooked = False  # graphs run no module hooks: spans are explicit
         if mode == "encoder":
-            self.encoder_graphs = EncoderGraphs(self.net, device, self._autocast, pause=pause)
+            self.encoder_graphs = EncoderGraphs(self.net, device, self._autocast, pause=pause,
+                                                micro_batches=self.accum)
             return
         steps = self.cfg.train.max_steps + 1
         if steps > LR_TABLE_MAX:

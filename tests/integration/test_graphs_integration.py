@@ -140,3 +140,58 @@ def test_a_forced_overflow_skips_until_the_scale_is_back_in_range(small_dataset,
     forced.check(recs)
     assert all(r.loss == r.loss for r in recs)  # the skipped steps left no NaN behind
     trainer.close()
+
+
+def _addresses(trainer) -> dict:
+    """Where each parameter and its gradient live (what a captured graph reads and writes)."""
+    return {n: (p.data_ptr(), None if p.grad is None else p.grad.data_ptr())
+            for n, p in trainer.model.named_parameters()}
+
+
+@pytest.mark.parametrize("accum", [1, 2, 4, 8])
+@pytest.mark.parametrize("mode", ["encoder", "full"])
+def test_graphs_are_captured_after_the_recut_on_the_live_buffers(small_dataset, single_ctx,
+                                                                 monkeypatch, mode, accum):
+    """The bucket engine re-cuts its plan at the end of the first step and re-binds every
+    parameter and gradient to new buffers: a graph captured before that (encoder graphs once
+    counted micro-batches, so with 4 a step they captured inside step 1) would replay on the
+    freed ones. The capture, faked on CPU, records the buffers it would bake in; after more
+    steps they are still the live ones, at every accumulation."""
+    from runtime.launch import dist
+    from runtime.train.graphs import FullStepGraph
+    from runtime.train.trainer import Trainer
+    baked = []
+
+    def fake_make_graphed(fn, args):  # encoder: the callable, run eagerly from now on
+        baked.append(_addresses(trainer))
+        return fn
+
+    def fake_capture(graph):  # full: the body, replayed eagerly from now on
+        baked.append(_addresses(trainer))
+
+        class Replay:
+            def replay(self):
+                values = graph.body(graph.inputs.slots)
+                graph._out = graph._packed.pack(values)
+        values = graph.body(graph.inputs.slots)
+        graph._packed = _Packed(values)
+        graph._out = graph._packed.pack(values)
+        graph.graph = Replay()
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_make_graphed)
+    monkeypatch.setattr(FullStepGraph, "_capture", fake_capture)
+    ctx = dataclasses.replace(dist.current(), device=SIM_DEVICE)
+    cfg = tiny_config(small_dataset, "train.log_every_steps=1000", 'system.device="auto"',
+                      "data.shapes=static", f"train.cuda_graphs={mode}",
+                      "model.attention=unpadded", "data.balance=offline_pack",
+                      "train.bucket_cap_mb=0.05", f"train.gradient_accumulation_steps={accum}",
+                      "optim.backend=auto")
+    trainer = Trainer(cfg, ctx)
+    trainer.setup()
+    before = _addresses(trainer)
+    it = iter(trainer.train_loader)
+    for _ in range(5):  # 3 eager steps, the capture in the 4th, one more
+        trainer.train_step(it)
+    assert len(baked) == 1, "captured once"
+    assert baked[0] != before, "no re-cut: the test would not see an early capture"
+    assert baked[0] == _addresses(trainer)
+    trainer.close()

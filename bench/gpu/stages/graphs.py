@@ -131,7 +131,8 @@ def _modes(run: Run, trainer) -> dict:
             if mode == "encoder":
                 trainer.encoder_graphs = EncoderGraphs(trainer.net, trainer.dist.device,
                                                        trainer._autocast,
-                                                       pause=trainer.balance_meter.paused)
+                                                       pause=trainer.balance_meter.paused,
+                                                       micro_batches=trainer.accum)
             else:
                 trainer.encoder_graphs = None
                 gc.collect()
