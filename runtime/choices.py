@@ -40,6 +40,17 @@ Division = Literal["open", "closed"]
 CudaGraphs = Literal["none", "encoder", "full"]
 
 
+def allocator_conf(cuda_graphs: str) -> str | None:
+    """The CUDA caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF) a run in graph mode
+    ``cuda_graphs`` takes when the user set none: growable ("expandable") segments for eager
+    steps - every batch has its own shapes, which fragments fixed-size segments -, the default
+    allocator under graphs: NCCL registers the buffers of captured collectives
+    (NCCL_GRAPH_REGISTER=1 by default) assuming each is one contiguous allocation, and replays
+    that hang with expandable segments are reported upstream (pytorch/pytorch#158029,
+    pytorch/torchtitan#3306); static shapes do not fragment the pool anyway."""
+    return "expandable_segments:True" if cuda_graphs == "none" else None
+
+
 ClipWhere = Literal["before", "after", "none"]
 ClipUnit = Literal["rank", "bucket", "global", "none"]
 

@@ -37,7 +37,54 @@ import sys
 import time
 from pathlib import Path
 
+from runtime.choices import allocator_conf
 from runtime.launch import signals
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m submission.train", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="config TOML (submission/configs/...)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one config key (repeatable)")
+    ap.add_argument("--lock-holder", default="", metavar="LINE",
+                    help="run_and_time.sh's: the line of the locks it holds for this run on "
+                         "the run and checkpoint directories (rank 0 accepts them)")
+    ap.add_argument("--signals-ready", default="", metavar="DIR",
+                    help="run_and_time.sh's: say in DIR when the stop-signal handlers are in")
+    return ap.parse_args(argv)
+
+
+def set_allocator(argv, environ=os.environ) -> None:
+    """CUDA's caching allocator settings for the run ``argv`` configures (growable segments
+    for eager steps, the default under CUDA graphs: runtime.choices.allocator_conf), set
+    before torch is imported - torch reads them when it loads. A value the user set wins
+    (growable segments with graphs: said to be a risk); a config that does not load leaves
+    the default, and main() reports why."""
+    from runtime.config import load_config
+    config, sets = None, []  # (argparse would print its usage errors twice: main's is enough)
+    for i, arg in enumerate(argv):
+        flag, _, value = arg.partition("=")
+        if not value and i + 1 < len(argv):
+            value = argv[i + 1]
+        if flag == "--config":
+            config = value
+        elif flag == "--set":
+            sets.append(value)
+    try:
+        mode = load_config(config, sets).train.cuda_graphs
+    except Exception:  # noqa: BLE001 - main() loads it again and says what is wrong
+        return
+    user = environ.get("PYTORCH_CUDA_ALLOC_CONF", environ.get("PYTORCH_ALLOC_CONF"))
+    if user is None:
+        conf = allocator_conf(mode)
+        if conf is not None:
+            environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    elif "expandable_segments:true" in user.replace(" ", "").lower() and mode != "none":
+        print(f"warning: PYTORCH_CUDA_ALLOC_CONF={user} with train.cuda_graphs='{mode}': "
+              f"replays of captured NCCL collectives have hung with expandable segments "
+              f"(pytorch/pytorch#158029); unset it, or set NCCL_GRAPH_REGISTER=0",
+              file=sys.stderr, flush=True)
+
 
 if __name__ == "__main__":
     # Before the heavy imports: a TERM while torch loads is a stop request too. Only as the
@@ -46,11 +93,7 @@ if __name__ == "__main__":
     signals.install()
     if "--signals-ready" in sys.argv[:-1]:
         signals.announce(sys.argv[sys.argv.index("--signals-ready") + 1])
-
-# Before CUDA's caching allocator starts: every batch has its own shapes (rows padded to their
-# longest, or a varying number of real tokens), which fragments fixed-size segments; growable
-# ones keep the peak close to what is live. A value the user set wins.
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    set_allocator(sys.argv[1:])
 
 import torch  # noqa: E402
 
@@ -104,19 +147,6 @@ def exit_code_of_run(state) -> int:
         code = EXIT_FAILURE if state.stop_reason == "diverged" else \
             EXIT_STOPPED if (state.stop_reason or "").startswith("signal") else EXIT_NOT_REACHED
     return code
-
-
-def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m submission.train", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", required=True, help="config TOML (submission/configs/...)")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="override one config key (repeatable)")
-    ap.add_argument("--lock-holder", default="", metavar="LINE",
-                    help="run_and_time.sh's: the line of the locks it holds for this run on "
-                         "the run and checkpoint directories (rank 0 accepts them)")
-    ap.add_argument("--signals-ready", default="", metavar="DIR",
-                    help="run_and_time.sh's: say in DIR when the stop-signal handlers are in")
-    return ap.parse_args(argv)
 
 
 def set_threads(cfg, local_world_size: int) -> None:

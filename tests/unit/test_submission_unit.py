@@ -52,3 +52,29 @@ def test_parse_slurm_minutes():
     f = slurm.parse_slurm_minutes
     assert [f("30"), f("1:30:00"), f("2-00:00:00"), f("45:30"), f("1-12")] == [30, 90, 2880, 46, 2160]
     assert f("UNLIMITED") is None and f("infinite") is None
+
+
+def test_the_allocator_setting_follows_the_graph_mode(tmp_path, capsys):
+    """Growable segments for eager runs; under CUDA graphs the default allocator (replays of
+    captured NCCL collectives have hung with expandable segments) - decided from the command
+    line before torch loads; a value the user set wins, with a warning under graphs."""
+    from submission.train import set_allocator
+    cfg = "submission/configs/config_CPU_1x2x32x1.toml"
+    gpu = [f"--set={o}" for o in ("system.device=cuda", "data.shapes=static",
+                                  "train.precision=bf16", "optim.backend=auto")]
+    env: dict = {}
+    set_allocator(["--config", cfg, *gpu], env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    for mode in ("full", "encoder"):
+        env = {}
+        set_allocator(["--config", cfg, "--set", f"train.cuda_graphs={mode}", *gpu], env)
+        assert env == {}
+        set_allocator([f"--config={cfg}", f"--set=train.cuda_graphs={mode}", *gpu], env)
+        assert env == {}
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    set_allocator(["--config", cfg, "--set", "train.cuda_graphs=full", *gpu], env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert "pytorch/pytorch#158029" in capsys.readouterr().err
+    env = {}
+    set_allocator(["--config", str(tmp_path / "missing.toml")], env)  # main() says why
+    assert env == {}
