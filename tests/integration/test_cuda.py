@@ -227,3 +227,76 @@ def test_encoder_graphs_with_gradient_accumulation(small_dataset, cuda_ctx):
     extra = ["train.gradient_accumulation_steps=2", "train.precision=bf16"]
     assert_runs_close(graph_run(small_dataset, cuda_ctx, "none", 10, *extra),
                       graph_run(small_dataset, cuda_ctx, "encoder", 10, *extra), 2e-2)
+
+
+# ---------------------------------------------------------- dropout under capture (replays)
+
+def _captured(fn):
+    """``fn()`` captured in a CUDA graph after a warm-up on a side stream: (graph, output)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def test_dropout_draws_new_masks_at_every_replay(cuda_ctx):
+    """A captured dropout must not replay the capture's mask: torch registers the default
+    generator with the graph and advances its offset per replay; flash varlen takes its seed
+    and offset on the device. Masks differ from replay to replay and keep 1 - p of the
+    elements (the training step's dropouts are these two)."""
+    import torch.nn.functional as F
+    from kernels.attention import Varlen, flash_varlen
+    p = 0.1
+    ones = torch.ones(1 << 20, device="cuda")
+    graph, out = _captured(lambda: F.dropout(ones, p))
+    masks = []
+    for _ in range(3):
+        graph.replay()
+        masks.append((out != 0).clone())
+    for m in masks:
+        assert abs(m.float().mean().item() - (1 - p)) < 0.005
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+    # flash varlen: q = k = 0 (uniform attention), v = 1 - each output is the kept share of
+    # its sequence's keys over 1 - p: its mean ~1, its values a mask's fingerprint
+    lengths = torch.tensor([300, 212, 0, 512], device="cuda")  # a zero-length slot, as static
+    layout = Varlen.from_lengths(lengths)
+    q = torch.zeros(int(lengths.sum()), 16, 64, device="cuda", dtype=torch.bfloat16)
+    v = torch.ones_like(q)
+    graph, out = _captured(lambda: flash_varlen(q, q, v, layout, dropout_p=p))
+    outs = []
+    for _ in range(3):
+        graph.replay()
+        outs.append(out.float().clone())
+    for o in outs:
+        assert abs(o.mean().item() - 1.0) < 0.02
+    assert not torch.equal(outs[0], outs[1]) and not torch.equal(outs[1], outs[2])
+
+
+def test_a_replayed_step_with_dropout_matches_eager_in_distribution(small_dataset, cuda_ctx):
+    """The full graph with the model's dropout on (0.1, the MLPerf model's), one batch over
+    and over and a learning rate too small to move the weights: the replays' losses vary
+    (new masks each replay) and their mean is the eager steps' within sampling error."""
+    import itertools
+    import statistics
+    losses = {}
+    for mode in ("none", "full"):
+        trainer = cuda_trainer(small_dataset, cuda_ctx, *GRAPHED, f"train.cuda_graphs={mode}",
+                               "train.precision=bf16", "model.hidden_dropout_prob=0.1",
+                               "model.attention_probs_dropout_prob=0.1", "optim.lr=1e-12")
+        batch = next(iter(trainer.train_loader))
+        it = itertools.repeat(batch)
+        recs = [trainer.train_step(it).local() for _ in range(40)]
+        losses[mode] = [r.loss for r in recs[8:]]  # past the warm-up and the capture
+        trainer.step_log.flush()
+        trainer.close()
+    eager, replayed = losses["none"], losses["full"]
+    assert len(set(replayed)) > len(replayed) // 2, "the replays reuse one dropout mask"
+    n = len(eager)
+    spread = (statistics.variance(eager) / n + statistics.variance(replayed) / n) ** 0.5
+    assert abs(statistics.mean(replayed) - statistics.mean(eager)) < 4 * spread + 1e-3
