@@ -64,3 +64,23 @@ def test_the_chosen_batch_is_the_fastest_of_those_the_table_allows():
     assert best.global_batch <= 1024 and best.samples == pytest.approx(
         steep.samples_at(best.global_batch))
     assert best.ttt_s == pytest.approx(best.steps * best.step_s + best.evals * best.eval_s)
+
+
+def test_encoder_graphs_are_charged_the_allreduce_they_cannot_overlap():
+    """An encoder graph's backward is one autograd node that hands back every gradient when it
+    ends: no bucket starts during backward. The projection makes every gradient ready at the
+    end of backward for train.cuda_graphs = 'encoder' and so charges the whole allreduce;
+    'full' (collectives captured where backward launches them) keeps the eager overlap."""
+    from dataclasses import replace
+    from runtime.calibrate.tune.project import step_points
+    gp, cpu, _ = load_profile(DATA / "a100_packed.toml")
+    fabric = load_fabric(DATA / "dgx_a100_8xhdr.toml")
+    points = {mode: {p.plan: p for p in step_points(replace(gp, cuda_graphs=mode), cpu, fabric,
+                                                    64, 16, "global_after",
+                                                    plans_wanted=["tuned"])}
+              for mode in ("none", "encoder", "full")}
+    eager, encoder, full = (points[m]["tuned"] for m in ("none", "encoder", "full"))
+    assert full.step_s == eager.step_s and full.exposed_s == eager.exposed_s
+    assert encoder.exposed_s > 2 * eager.exposed_s and encoder.step_s > eager.step_s
+    with pytest.raises(ValueError, match="cuda_graphs must be none | encoder | full"):
+        step_points(replace(gp, cuda_graphs="segmented"), cpu, fabric, 64, 16, "global_after")

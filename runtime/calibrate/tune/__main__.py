@@ -88,6 +88,10 @@ def parse_args(argv):
                     "profile file (runtime.calibrate.tune.project)")
     ap.add_argument("--gpus", default="8,16,32,64,128,256,512,1024",
                     help="with --simulate: GPU counts")
+    ap.add_argument("--cuda-graphs", choices=("none", "encoder", "full"), default=None,
+                    help="with --simulate: the step's train.cuda_graphs (default: the profile "
+                         "file's; 'encoder' hands back every gradient at the end of backward, "
+                         "so the allreduces are exposed)")
     ap.add_argument("--json", default=None, help="with --simulate: write the projection here")
     ap.add_argument("--samples", default=None, metavar="TABLE",
                     help="with --simulate: samples to target per global batch, a CSV "

@@ -96,6 +96,12 @@ class GpuProfile:
     max_local_batch: int = 64
     """the largest local batch that fits the GPU's memory at this sequence length (NVIDIA runs
     56 at sequence 512 on an A100 80 GB): the batch chooser goes no further"""
+    cuda_graphs: str = "none"
+    """the step's train.cuda_graphs: 'encoder' graphs each micro-batch's forward and backward
+    as one autograd node, which hands back every gradient when the whole backward ends - no
+    bucket can start during backward, so the model makes every gradient ready at its end and
+    charges the exposed allreduce; 'none' and 'full' (the collectives captured where backward
+    launches them) keep the overlap"""
     source: str = ""
     """where the numbers come from"""
 
@@ -157,12 +163,19 @@ def gpu_step_profile(gp: GpuProfile, cpu: StepProfile, local_batch: int,
     hbm = gp.hbm_GBps * 1e9
     opt = params * gp.optimizer_bytes_per_param / hbm / \
         (1 if whole_update else max(1, gp.optimizer_shard))
+    if gp.cuda_graphs not in ("none", "encoder", "full"):
+        raise ValueError(f"{gp.name}: cuda_graphs must be none | encoder | full, got "
+                         f"{gp.cuda_graphs!r}")
+    at_end = gp.cuda_graphs == "encoder"  # every gradient when the graphed backward ends
+    backward = cpu.backward_s * scale
     return replace(
-        cpu, grads=tuple(Gradient(g.name, g.numel, g.ready_s * scale) for g in cpu.grads),
-        forward_s=cpu.forward_s * scale, backward_s=cpu.backward_s * scale, optimizer_s=opt,
+        cpu, grads=tuple(Gradient(g.name, g.numel, backward if at_end else g.ready_s * scale)
+                         for g in cpu.grads),
+        forward_s=cpu.forward_s * scale, backward_s=backward, optimizer_s=opt,
         data_s=0.0, tail_s=gp.step_overhead_ms * 1e-3, element_bytes=4,
         prescale_s_per_element=8 / hbm, norm_s_per_element=4 / hbm,
-        decoder_ready_s=None if cpu.decoder_ready_s is None else cpu.decoder_ready_s * scale,
+        decoder_ready_s=None if cpu.decoder_ready_s is None else
+        backward if at_end else cpu.decoder_ready_s * scale,
         touched_rows=touched_rows(gp, cpu.tied_rows, gpus * local_batch * gp.tokens_per_sequence),
         # the split's finish: row mask, gather and the decoder share's add, ~12 B/element
         tied_finish_s=cpu.sizes().get(cpu.tied, 0) * 12 / hbm if cpu.tied else 0.0,
@@ -529,6 +542,8 @@ def main(args) -> int:
         fabric = load_fabric(args.simulate)
         prof_path = args.profile or DATA / "a100_packed.toml"
         gp, cpu, _ = load_profile(prof_path)
+        if getattr(args, "cuda_graphs", None):
+            gp = replace(gp, cuda_graphs=args.cuda_graphs)
         gpus = [int(x) for x in str(args.gpus).split(",")]
         # read (and refuse) the samples table before seconds of simulation
         table = SamplesTable.read(args.samples) if getattr(args, "samples", None) \
@@ -544,7 +559,8 @@ def main(args) -> int:
         print(f"runtime.calibrate.tune --simulate: {e}", file=sys.stderr)
         return 2
     print(f"fabric: {fabric.name} ({fabric.source}); profile: {gp.name} "
-          f"({gp.sequences_per_second:g} seq/s per GPU; {gp.source}); local batch {local}\n")
+          f"({gp.sequences_per_second:g} seq/s per GPU; {gp.source}); local batch {local}; "
+          f"cuda_graphs {gp.cuda_graphs}\n")
     print(scaling_table(pts))
     try:
         chosen = [(p, choose_batch(gp, cpu, fabric, p, table)) for p in gpus]
