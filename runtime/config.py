@@ -247,6 +247,10 @@ class ScheduleConfig:
             raise ConfigError(f"schedule.power must be a finite number > 0, got {self.power}")
 
 
+MAX_PROFILED_STEPS = 32
+"""train.profile_steps: at most this many (each writes a trace of tens of MB per rank)."""
+
+
 @dataclass
 class TrainConfig:
     """Batch, precision, clipping, evaluation cadence and stopping."""
@@ -295,6 +299,13 @@ class TrainConfig:
                              False)
     timeline: bool = _doc("record each step's compute/communication timeline into "
                           "metrics.jsonl (python -m runtime.observe.timeline draws it)", False)
+    profile_steps: list[int] = _doc(
+        "steps to profile with torch.profiler (runtime/observe/profiler.py; docs/GPU.md, "
+        "\"Profiling a step\"), e.g. [20, 21, 22]: each rank writes a Chrome/TensorBoard trace "
+        "per step into <output_dir>/profile and logs its wall time, device busy time (the "
+        "kernels' sum; CPU: the ops'), kernel count, top kernels, and 'host-bound' when wall "
+        "> 1.5x busy; a profiled step synchronises the device before and after itself. "
+        "[] = off (nothing is started)", default_factory=list)
     cuda_graphs: CudaGraphs = _doc(
         "CUDA graphs of the step (runtime/train/graphs.py, docs/GPU.md): 'none' (eager) | "
         "'encoder' (each micro-batch's forward and backward replayed from a graph, the "
@@ -377,6 +388,11 @@ class TrainConfig:
         if not 0 <= self.seed <= SEED_MAX:
             raise ConfigError(f"train.seed must be a whole number from 0 to {SEED_MAX} (what "
                               f"numpy's and torch's generators take), got {self.seed}")
+        bad = [s for s in self.profile_steps if s < 1]
+        if bad or len(self.profile_steps) > MAX_PROFILED_STEPS:
+            raise ConfigError(f"train.profile_steps takes up to {MAX_PROFILED_STEPS} step "
+                              f"numbers >= 1 (a trace is tens of MB a step), got "
+                              f"{self.profile_steps}")
 
     def sample_budget(self) -> int:
         """The samples the run trains at most: max_steps × the global batch, or

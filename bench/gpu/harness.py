@@ -197,14 +197,8 @@ def _profile(run: Run, step, n: int) -> tuple[float, float, dict]:
         for _ in range(n):
             step()
         _synchronize()
-    names: dict[str, list] = {}
-    for e in prof.events():
-        if e.device_type.name != ("CUDA" if run.cuda else "CPU"):
-            continue
-        us = e.device_time if run.cuda else e.self_cpu_time_total
-        r = names.setdefault(e.name[:90], [0, 0.0])
-        r[0] += 1
-        r[1] += us
+    from runtime.observe.profiler import kernel_table
+    names = kernel_table(prof, run.cuda)
     busy = sum(t for _, t in names.values()) / n / 1e6
     kernels = sum(c for c, _ in names.values()) / n
     return busy, kernels, names

@@ -50,6 +50,7 @@ from runtime.observe.clock import DeviceClock
 from runtime.observe.hostsync import SIM_DEVICE
 from runtime.observe.metrics import LogWriteError
 from runtime.observe.mfu import peak_of
+from runtime.observe.profiler import StepProfiler
 from runtime.observe.step_log import StepLog, StepRecord
 from runtime.optim.grad_scale import step_multiplier
 from runtime.optim.optimizers import set_lr
@@ -145,6 +146,8 @@ class Trainer:
         self.peak = peak_of(device_name, t.precision, cfg.system.peak_tflops)
         self.step_log = StepLog(dist.world_size, self.balance_meter, self.noise, self.peak,
                                 DeviceClock(dist.device))
+        self.profiler = StepProfiler(t.profile_steps, t.output_dir, dist.rank, dist.device,
+                                     self._say) if t.profile_steps else None
         self._run_t0: float | None = None
         if self.train_loader is not None:
             self.state.train_samples = (self.train_loader.steps_per_epoch * self.local_batch
@@ -455,7 +458,8 @@ class Trainer:
                 fire(Event.BLOCK_START, st)
                 while st.samples < self.next_eval and not self._out_of_budget() \
                         and self.stop is None:
-                    self.train_step(it)
+                    with self._profiled(st.step + 1):
+                        self.train_step(it)
                     st.epoch = self.train_loader.epoch
                     fire(Event.STEP, st)
                     if st.step % t.log_every_steps == 0 or \
@@ -478,6 +482,10 @@ class Trainer:
                 st.status = "aborted"
             else:  # a signal: the run continues when restarted, if there is a checkpoint
                 st.status = "interrupted" if self.control.resumable() else "aborted"
+
+    def _profiled(self, step: int):
+        """train.profile_steps: this step under the profiler, when named (else nothing)."""
+        return self.profiler.around(step) if self.profiler else contextlib.nullcontext()
 
     def _log(self) -> None:
         """A logging point (every rank, same step): reduce the steps since the last one -

@@ -82,3 +82,36 @@ def test_tflops_and_mfu_come_from_the_device_time_not_the_hosts(small_dataset, s
     assert f"{sum(flops) / 6.0 / 1e12:.3g} TFLOP/s" in line.getvalue()
     assert "(device time)" in line.getvalue()
     trainer.close()
+
+
+def test_the_step_profiler_traces_and_reports_the_named_steps(small_dataset, single_ctx,
+                                                               tmp_path):
+    """train.profile_steps: a Chrome trace per named step in the run directory, and per step
+    its wall time, busy time (CPU: the ops' own time), op count, top ops and host-bound flag -
+    in rank<R>.jsonl and on the console; steps not named are not profiled, and with the key
+    empty no profiler exists."""
+    import json
+    lines = []
+    cfg = tiny_config(small_dataset, "train.max_steps=4", "train.target_mlm_accuracy=0.99",
+                      "train.profile_steps=[2, 3]", f'train.output_dir="{tmp_path}"')
+    trainer = Trainer(cfg, single_ctx, log=lines.append)
+    trainer.fit()
+    trainer.close()
+    recs = [json.loads(x) for x in (tmp_path / "profile" / "rank0.jsonl").read_text().split("\n")
+            if x]
+    assert [r["step"] for r in recs] == [2, 3]
+    for r in recs:
+        assert 0 < r["busy_s"] and 0 < r["wall_s"] and r["kernels"] > 50
+        assert r["busy_source"] == "cpu ops" and isinstance(r["host_bound"], bool)
+        assert r["host_bound"] == (r["wall_s"] > 1.5 * r["busy_s"])
+        assert len(r["top"]) == 10 and r["top"][0]["us"] >= r["top"][-1]["us"]
+        trace = json.loads(open(r["trace"]).read())
+        assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
+    assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == [
+        "rank0.jsonl", "rank0_step2.pt.trace.json", "rank0_step3.pt.trace.json"]
+    said = [x for x in lines if x.startswith("profile step")]
+    assert len(said) == 2 and "busy" in said[0] and "trace" in said[0]
+    off = Trainer(tiny_config(small_dataset), single_ctx)
+    off.setup()
+    assert off.profiler is None
+    off.close()
