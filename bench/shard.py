@@ -96,7 +96,7 @@ class _Timers:
             setattr(self.cls, name, real)
 
 
-def _phase(parts, cfg, scale) -> float:
+def optimizer_phase(parts, cfg, scale) -> float:
     """The trainer's optimizer span (runtime/train/trainer.py, _step); returns the seconds of
     its last part, zeroing the gradient buffer (the same full buffer in both variants: every
     rank accumulates its whole local gradient)."""
@@ -174,7 +174,7 @@ def worker(models: list[str], reps: int) -> None:
             parts.grad_sync.flat.normal_()
             for _ in range(2):   # untimed: first touch, caches
                 parts.grad_sync.flat.normal_()
-                _phase(parts, cfg, scale)
+                optimizer_phase(parts, cfg, scale)
         timers = _Timers()
         for _, parts, _ in built.values():  # the step's own reference to the shard's sum
             (part,) = parts.optimizer.flat_binding.parts
@@ -189,7 +189,7 @@ def worker(models: list[str], reps: int) -> None:
                 parts.grad_sync.flat.normal_()  # outside the timed phase
                 d.barrier()
                 t0 = time.perf_counter()
-                zero = _phase(parts, cfg, scale)
+                zero = optimizer_phase(parts, cfg, scale)
                 times[mode].append(time.perf_counter() - t0)
                 parts_of[mode]["zero"].append(zero)
                 for k, v in timers.take().items():

@@ -168,7 +168,7 @@ def flash_varlen(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tenso
     Why not ``jagged`` on CUDA: nested tensors dispatch every op through Python
     (``__torch_function__``/``__torch_dispatch__``, schema checks, 576 nested-tensor
     constructions a step for BERT-large); on an H100 that host work was ~350 ms a step at
-    any local batch (bench.gpu ``small_batches``), far above the device's time for the step
+    any local batch (bench.gpu, 2026-11-24), far above the device's time for the step
     at the small local batches of a 1,024-GPU run."""
     out = _FLASH_OPS._flash_attention_forward(
         q.contiguous(), k.contiguous(), v.contiguous(), varlen.cu_seqlens, varlen.cu_seqlens,

@@ -28,10 +28,15 @@ SEQ = 512
 MAX_PRED = 76
 TINY = ["model.num_hidden_layers=2", "model.hidden_size=128", "model.num_attention_heads=2",
         "model.intermediate_size=256", "model.init=scratch"]
-# The smoke run's stages that only time steps (tune_profile, small_batches) take the uncompiled
+# The smoke run's stages that only time steps (tune_profile, graphs) take the uncompiled
 # optimizer: the checks and optimizer stages compile it, once each is enough on a CPU.
 SMOKE_EAGER = ['optim.backend="foreach"']
 LARGE_SHAPE = {**size("large"), "vocab_size": 30522}  # BERT-large (runtime.model.arithmetic)
+
+
+def partial_path(work: Path, stage: str) -> Path:
+    """Where a stage's cases are written as they finish (read back if it does not)."""
+    return work / f"stage_{stage}.partial.json"
 
 
 Results = Callable[[str], dict]
@@ -57,12 +62,45 @@ class Goal:
         return {"goal": self.threshold, **got}
 
 
+class Live(dict):
+    """A stage's result that writes itself to ``path`` whenever a case is set (``out[k] =
+    case``; ``save()`` after changing one in place): a stage killed at its budget loses only
+    the case it was in. Written whole to a temporary file and renamed over the last one, so a
+    kill mid-write leaves the previous cases."""
+
+    def __init__(self, path: Path, initial: dict):
+        super().__init__(initial)
+        self.path = path
+        self.save()
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.save()
+
+    def save(self) -> None:
+        import json
+        import os
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self, default=str))
+        os.replace(tmp, self.path)
+
+
 @dataclass
 class Run:
     """Where a stage works and how big it may be."""
 
     work: Path       # the orchestrator's work directory (data sets, stage files)
     smoke: bool      # CPU: tiny shapes, seconds per stage
+    plan: str = "verdicts"  # the plan the stage runs in (bench/gpu/table.py PLANS)
+    stage: str = "stage"    # its name: where its cases are written as they finish
+    stages: tuple = ()      # the stages of this call (the data stage builds what they read)
+
+    def partial_path(self) -> Path:
+        return partial_path(self.work, self.stage)
+
+    def result(self, initial: dict) -> Live:
+        """The stage's result, written after every case (``Live``)."""
+        return Live(self.partial_path(), initial)
 
     @property
     def device(self) -> str:

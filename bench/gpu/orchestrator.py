@@ -1,6 +1,11 @@
-"""The orchestrator of ``python -m bench.gpu``: the command line, each stage in its own child
-process with its own budget within the run's deadline, the record, the goals and
-summary.txt.
+"""The orchestrator of ``python -m bench.gpu``: the command line, the plan (printed first, with
+each stage's budget), each stage in its own child process and process group with its own
+budget within the run's deadline, the record, the goals and summary.txt.
+
+A stage writes each case as it finishes (bench.gpu.harness.Live): a stage that runs past its
+budget is ended - its whole process group, the test runs, tuner and trainings it started
+included (SIGTERM, then SIGKILL) - and its record keeps every case it finished, status
+``timeout``; one that crashes keeps them too, status ``failed``.
 
 Owns: the run of the stages (their order, budgets and data needs), the child's record of its
 stage, the files written to --out (their names and number), the goal verdicts, the exit
@@ -15,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,41 +31,59 @@ from typing import Any, Optional
 
 from bench import common
 from bench.gpu.bundle import install_bundle, make_bundle
-from bench.gpu.table import BUDGET_S, NEEDS_DATA, STAGE, STAGE_NAMES, STAGES, help_text
+from bench.gpu.harness import partial_path
+from bench.gpu.table import (BUDGET_S, NEEDS_DATA, PLAN, PLANS, STAGE, STAGE_NAMES, STAGES,
+                             help_text, plan_text)
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE_BUDGET_S = 120
+KILL_GRACE_S = 5.0
+"""Seconds between the SIGTERM to a stage's process group at its budget and the SIGKILL."""
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=(
-        "Check and measure the CUDA path in one call (under 9 minutes on one H100), recording\n"
-        "every stage's result even when a later one fails (docs/GPU.md)."),
+        "Check and measure the CUDA path on a GPU machine, a plan of stages per call (the open\n"
+        "goals' verdicts first, in under 6 minutes on one H100), recording every stage's\n"
+        "result - and every case a stage finished - even when a later one fails (docs/GPU.md)."),
         epilog=help_text(SMOKE_BUDGET_S), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="folder for the record, summary and logs")
-    ap.add_argument("--stages", default=",".join(STAGE_NAMES),
-                    help=f"comma-separated subset of {','.join(STAGE_NAMES)}")
+    ap.add_argument("--plan", default="verdicts", choices=[p.name for p in PLANS],
+                    help="which stages, in which order, within which deadline (below)")
+    ap.add_argument("--stages", default=None,
+                    help=f"comma-separated subset of the plan's stages (of "
+                         f"{','.join(STAGE_NAMES)})")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes (CI)")
-    ap.add_argument("--deadline", type=float, default=575.0, help="seconds for all stages")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds for all stages (default: the plan's)")
     ap.add_argument("--work", type=Path, default=None, help="work folder (data sets, stage "
                     "files; default: a temporary one)")
     ap.add_argument("--bundle", type=Path, default=None, help="with --out: a bundle made here "
                     "before (its wheels are installed for the stages); alone: make one")
     ap.add_argument("--fail", default="", help=argparse.SUPPRESS)  # tests: stages to break
+    ap.add_argument("--hang", default="", help=argparse.SUPPRESS)  # tests: stages that hang
+    ap.add_argument("--stage-budget", type=float, default=None,
+                    help=argparse.SUPPRESS)  # tests: every stage's budget
     ap.add_argument("--stage", default=None, help=argparse.SUPPRESS)  # child: run one stage
     return ap.parse_args(argv)
 
 
 # ------------------------------------------------------------------------------ the run
 
-def run_stage_child(name: str, work: Path, smoke: bool, fail: set) -> int:
-    """In the child: run one stage, write WORK/stage_NAME.json."""
+def run_stage_child(name: str, work: Path, smoke: bool, fail: set, plan: str = "verdicts",
+                    hang: set = frozenset(), stages: tuple = ()) -> int:
+    """In the child: run one stage, write WORK/stage_NAME.json (its cases as they finish:
+    WORK/stage_NAME.partial.json)."""
     from bench.gpu.harness import Run
     t0 = time.perf_counter()
+    run = Run(work=work, smoke=smoke, plan=plan, stage=name,
+              stages=tuple(stages) or PLAN[plan].stages)
     try:
         if name in fail:
             raise RuntimeError(f"injected failure in stage {name} (--fail)")
-        result, status = STAGE[name].run(Run(work=work, smoke=smoke)), "ok"
+        if name in hang:
+            _hang(run)
+        result, status = STAGE[name].run(run), "ok"
         if isinstance(result, dict) and "skipped" in result and len(result) == 1:
             status = "skipped"
         elif part_errors(result):
@@ -72,6 +96,16 @@ def run_stage_child(name: str, work: Path, smoke: bool, fail: set) -> int:
         rec["why"] = "these parts failed: " + ", ".join(part_errors(result))
     (work / f"stage_{name}.json").write_text(json.dumps(rec, indent=1, default=str))
     return 0 if status != "failed" else 1
+
+
+def _hang(run) -> None:
+    """--hang (tests): finish one case, start a child that sleeps (its pid in the work
+    folder), then hang - what a stage stuck in a collective or a test run looks like."""
+    out = run.result({"before_the_hang": "finished"})
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    (run.work / f"hang_{run.stage}.pid").write_text(str(child.pid))
+    out["child"] = child.pid
+    time.sleep(600)
 
 
 def part_errors(result: Any) -> list[str]:
@@ -87,8 +121,10 @@ def run_all(args, stages: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="presto_gpu_"))
     work.mkdir(parents=True, exist_ok=True)
+    plan = PLAN[args.plan]
+    deadline = args.deadline or plan.deadline_s
+    print(plan_text(plan, stages, SMOKE_BUDGET_S if args.smoke else None), flush=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as training sets it
     if args.bundle:
         extra = install_bundle(args.bundle, work)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), extra,
@@ -97,12 +133,14 @@ def run_all(args, stages: list[str]) -> int:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", ""))
                                             if p)
     start = time.monotonic()
-    record: dict[str, Any] = common.record("gpu", args.argv, smoke=args.smoke, stages={})
+    record: dict[str, Any] = common.record("gpu", args.argv, smoke=args.smoke, plan=plan.name,
+                                           deadline_s=deadline, stages={})
     log = open(out / "stages.log", "w")
     try:
         for name in stages:
-            left = args.deadline - (time.monotonic() - start)
-            budget = min(SMOKE_BUDGET_S if args.smoke else BUDGET_S[name], left)
+            left = deadline - (time.monotonic() - start)
+            budget = min(args.stage_budget or (SMOKE_BUDGET_S if args.smoke else BUDGET_S[name]),
+                         left)
             if budget < 5:
                 record["stages"][name] = {"status": "skipped", "why": "out of time (--deadline)"}
                 continue
@@ -111,7 +149,8 @@ def run_all(args, stages: list[str]) -> int:
                                           "why": "no data sets: run the data stage first, or "
                                                  "pass --work with a folder that has them"}
                 continue
-            record["stages"][name] = _child(name, work, args, env, budget, log)
+            record["stages"][name] = _child(name, work, args, _stage_env(env, name), budget,
+                                            log)
             _save(record, out)
             print(f"bench.gpu: {name:12s} {record['stages'][name]['status']:8s} "
                   f"{record['stages'][name].get('seconds', 0):6.1f} s", flush=True)
@@ -134,30 +173,76 @@ def run_all(args, stages: list[str]) -> int:
     return 1 if failed else 0
 
 
+def _stage_env(env: dict, name: str) -> dict:
+    """A stage's environment: the allocator settings training would take for what the stage
+    runs (runtime.choices.allocator_conf: growable segments for eager steps, the default for a
+    stage that captures graphs); a value the user set wins."""
+    from runtime.choices import allocator_conf
+    conf = allocator_conf("full" if STAGE[name].captures else "none")
+    if conf is None or "PYTORCH_CUDA_ALLOC_CONF" in env or "PYTORCH_ALLOC_CONF" in env:
+        return env
+    return {**env, "PYTORCH_CUDA_ALLOC_CONF": conf}
+
+
+def _end_group(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
+    """End the stage's whole process group (the stage and whatever it started: a pytest run,
+    the tuner, a training): SIGTERM, then SIGKILL to what is left after ``grace`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        if sig == signal.SIGTERM:
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+            if not _group_alive(proc.pid):
+                return
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 def _child(name: str, work: Path, args, env: dict, budget: float, log) -> dict:
-    cmd = [sys.executable, "-m", "bench.gpu", "--stage", name, "--work", str(work)]
+    cmd = [sys.executable, "-m", "bench.gpu", "--stage", name, "--work", str(work),
+           "--plan", args.plan, "--stages", ",".join(args.run_stages)]
     if args.smoke:
         cmd.append("--smoke")
     if args.fail:
         cmd += ["--fail", args.fail]
+    if args.hang:
+        cmd += ["--hang", args.hang]
     log.write(f"===== {name} (budget {budget:.0f} s): {' '.join(cmd)}\n")
     log.flush()
+    partial = partial_path(work, name)
+    partial.unlink(missing_ok=True)
     t0 = time.monotonic()
+    # Its own session and process group: at its budget the group goes, children included.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=budget, start_new_session=True)
-        rc = proc.returncode
+        rc = proc.wait(timeout=budget)
     except subprocess.TimeoutExpired:
         rc = None
+    _end_group(proc)  # at its budget; after a normal end, whatever it left running
     seconds = round(time.monotonic() - t0, 1)
     path = work / f"stage_{name}.json"
-    if rc is None:
-        return {"status": "timeout", "seconds": seconds,
-                "why": f"ran past its budget of {budget:.0f} s"}
-    if not path.is_file():
-        return {"status": "failed", "seconds": seconds,
-                "why": f"the stage's process exited {rc} without a record (crash or signal): "
-                       f"stages.log has its output"}
+    cases = json.loads(partial.read_text()) if partial.is_file() else None
+    partial.unlink(missing_ok=True)
+    if rc is None or not path.is_file():
+        rec = {"status": "timeout" if rc is None else "failed", "seconds": seconds,
+               "why": f"ran past its budget of {budget:.0f} s (its process group was ended)"
+               if rc is None else f"the stage's process exited {rc} without a record (crash "
+                                  f"or signal): stages.log has its output"}
+        if cases is not None:
+            rec["result"] = cases  # every case it finished
+        return rec
     rec = json.loads(path.read_text())
     path.unlink()
     rec["seconds"] = seconds
@@ -187,8 +272,9 @@ def _save(record: dict, out: Path) -> Path:
 # ------------------------------------------------------------------------------ goals
 
 def _result(record: dict, stage: str) -> dict:
+    """A stage's recorded result - also the cases a stage that ran out of time finished."""
     s = record["stages"].get(stage, {})
-    return s.get("result", {}) if s.get("status") in ("ok", "partial") else {}
+    return s.get("result", {}) if s.get("status") in ("ok", "partial", "timeout") else {}
 
 
 def goals(record: dict) -> dict:
@@ -205,8 +291,8 @@ def goals(record: dict) -> dict:
 
 def render_summary(record: dict) -> str:
     lines = [f"bench.gpu {record['date'][:10]} commit {record['commit']} "
-             f"({'smoke, CPU' if record['smoke'] else _device_name(record)}), "
-             f"{record.get('wall_s', 0):.0f} s", ""]
+             f"({'smoke, CPU' if record['smoke'] else _device_name(record)}), plan "
+             f"{record.get('plan', '?')}, {record.get('wall_s', 0):.0f} s", ""]
     for name, s in record["stages"].items():
         why = s.get("why") or s.get("result", {}).get("error", "") if isinstance(
             s.get("result"), dict) else s.get("why", "")
@@ -217,7 +303,7 @@ def render_summary(record: dict) -> str:
     for name, g in record.get("goals", {}).items():
         detail = {k: v for k, v in g.items() if k != "met"}
         lines.append(f"  goal {name:36s} {mark[g['met']]:13s} {json.dumps(detail, default=_num)}")
-    thr = _result(record, "throughput")
+    thr = {**_result(record, "throughput"), **_result(record, "throughput_paths")}
     plain = _result(record, "plain")
     rows = [(f"presto {k}", v) for k, v in thr.items() if isinstance(v, dict)] + \
            [(f"plain {k}", v) for k, v in plain.items() if isinstance(v, dict)]
@@ -246,16 +332,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"bench.gpu: --stage takes one of {', '.join(STAGE_NAMES)} and --work",
                   file=sys.stderr)
             return 2
-        return run_stage_child(args.stage, args.work, args.smoke, fail)
+        return run_stage_child(args.stage, args.work, args.smoke, fail, args.plan,
+                               {s for s in args.hang.split(",") if s},
+                               tuple(s for s in (args.stages or "").split(",") if s))
     if args.bundle and args.out is None:
         return make_bundle(args.bundle)
     if args.out is None:
         print("bench.gpu: give --out DIR (or --bundle DIR to make a bundle)", file=sys.stderr)
         return 2
-    stages = [s for s in args.stages.split(",") if s]
+    plan = PLAN[args.plan]
+    stages = list(plan.stages) if args.stages is None else \
+        [s for s in args.stages.split(",") if s]
     unknown = [s for s in stages if s not in STAGE_NAMES]
     if unknown:
         print(f"bench.gpu: unknown stage(s) {', '.join(unknown)}; the stages are "
               f"{', '.join(STAGE_NAMES)}", file=sys.stderr)
         return 2
+    args.run_stages = stages
     return run_all(args, stages)

@@ -1,12 +1,27 @@
-"""The stages of ``python -m bench.gpu``, one row each: its name, the function its child process
-runs, its budget, whether it reads the data sets, what it measures (the ``--help`` line) and
-the goals its figures are held to (each declared beside its stage, in bench/gpu/stages/).
-The orchestrator derives from these rows the stage list and order, the budgets, the stages
-that wait for data, ``--help`` and the goal verdicts of the record and summary.txt.
+"""The stages and plans of ``python -m bench.gpu``, one row each.
 
-A new stage: its function (and goals) in a module of bench/gpu/stages/, and one row here.
+A stage row: its name, the function its child process runs, its budget, the data sets it
+reads, whether it captures CUDA graphs (its process then keeps the default allocator: captured
+NCCL collectives and expandable segments do not mix, runtime.choices.allocator_conf), what it
+measures (the ``--help`` line) and the goals its figures are held to (each declared beside its
+stage, in bench/gpu/stages/). A plan row: the stages one call runs, in order, and its
+deadline. The orchestrator derives from these rows the stage list and order, the budgets, the
+data sets to build, ``--help``, the printed plan and the goal verdicts.
 
-Owns: the rows, in the order the stages run (data before the stages that read it).
+Budgets are seconds on one H100, from the stages' measured times in bench/results/gpu_*.json
+(2026-11-24: env 6-11 s, data 13-18, cuda_tests 43-58 before the graph tests, checks 24-28,
+throughput 111-123 for 6 cases, plain 34-41, optimizer 28-58 for 6 cases, tune_profile 32-113,
+short_runs 76-82 at 300 steps) and the new cases' estimated share; each plan's budgets sum to at
+most 1/1.2 of its deadline (``SLACK``), and ``verdicts`` - what the open goals need - fits in 6
+minutes: a lent GPU machine (15 minutes, 10 a call) runs it first, then ``rest`` if time is
+left. An H200 runs the same kernels at least as fast. The first record with these stages says
+how good the estimates were (docs/GPU.md).
+
+A new stage: its function (and goals) in a module of bench/gpu/stages/, one row here, and its
+name in the plans that run it.
+
+Owns: the rows, in the order the stages run (data before the stages that read it; the stages
+whose figures decide open goals first).
 Never: runs a stage (the orchestrator does, each in its own process) or imports torch.
 """
 from __future__ import annotations
@@ -17,7 +32,10 @@ from typing import Callable
 
 from bench.gpu.harness import Goal, Run
 from bench.gpu.stages import (attention, checks, graphs, optimizer, plain, setup, short_runs,
-                              small_batches, throughput)
+                              throughput, tune_profile)
+
+SLACK = 1.2
+"""A plan's deadline over the sum of its stages' budgets, at least."""
 
 
 @dataclass(frozen=True)
@@ -26,45 +44,76 @@ class Stage:
 
     name: str                       # --stages / --stage, the record's key
     run: Callable[[Run], dict]      # in the child process: the stage's JSON-able result
-    budget_s: int                   # seconds on one H100 (most need far less); the deadline caps all
-    needs_data: bool                # reads the data sets: skipped without the data stage or --work
+    budget_s: int                   # seconds on one H100 (bench/results/gpu_* and estimates)
+    data: tuple[str, ...]           # the data sets it reads (setup.DATA_SETS)
     about: str                      # what it measures, for --help
     goals: tuple[Goal, ...] = ()
+    captures: bool = False          # captures CUDA graphs (the default allocator then)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The stages one call runs, in order, within its deadline."""
+
+    name: str
+    stages: tuple[str, ...]
+    deadline_s: int
+    about: str
 
 
 STAGES = (
-    Stage("env", setup.stage_env, 30, False,
+    Stage("env", setup.stage_env, 10, (),
           "torch / CUDA / driver versions, the GPU, which of apex, DALI, flash import"),
-    Stage("data", setup.stage_data, 90, False,
-          "the data sets, built on the machine with loaders.prepare (seq 128 and 512)"),
-    Stage("cuda_tests", setup.stage_cuda_tests, 150, True,
-          "the suite's tests marked cuda, pass/fail each", setup.CUDA_TESTS_GOALS),
-    Stage("checks", checks.stage_checks, 90, True,
+    Stage("data", setup.stage_data, 20, (),
+          "the data sets the plan's stages read, built on the machine with loaders.prepare"),
+    Stage("cuda_tests", setup.stage_cuda_tests, 100, (),
+          "the suite's tests marked cuda, pass/fail each (their own data set)",
+          setup.CUDA_TESTS_GOALS, captures=True),
+    Stage("graphs", graphs.stage_graphs, 85, ("seq512",),
+          "the small-batch step eager, with encoder graphs and as one whole-step CUDA graph "
+          "(2 packed rows of 512, local batch 4), each beside its busy time, host syncs per "
+          "replay; eager at local batch 4 per path and shape policy", graphs.GOALS,
+          captures=True),
+    Stage("throughput", throughput.stage_throughput, 60, ("seq512",),
+          "BERT-large at sequence 512, unpadded bf16, fused beside unfused, at the largest "
+          "local batch: tokens/s, MFU from device time, share of a measured GEMM peak",
+          throughput.GOALS),
+    Stage("optimizer", optimizer.stage_optimizer, 25, (),
+          "fused LAMB and AdamW against the device's copy bandwidth, torch's fused AdamW; the "
+          "trainer's optimizer phase sharded (a group of 1) against unsharded",
+          optimizer.GOALS),
+    Stage("graph_batches", graphs.stage_graph_batches, 45, ("seq512",),
+          "the three modes at the cluster projection's local batches (3 and 16 sequences, "
+          "3 packed rows): the measured profile of runtime.calibrate.tune --simulate",
+          captures=True),
+    Stage("checks", checks.stage_checks, 25, ("small",),
           "host syncs per ordinary step, the attention kernel that ran, the fused optimizer "
           "compiled (no recompile after the first-step re-cut)", (checks.NO_HOST_SYNC,)),
-    Stage("throughput", throughput.stage_throughput, 200, True,
-          "BERT-large at sequence 512, padded / unpadded / packed, bf16 and fp16, fused beside "
-          "unfused, at the largest local batch: sequences/s, tokens/s, MFU, peak memory",
-          throughput.GOALS),
-    Stage("plain", plain.stage_plain, 90, True,
+    Stage("throughput_paths", throughput.stage_throughput_paths, 65, ("seq512",),
+          "the other paths and precisions at their largest batch (padded, packed; fp16), "
+          "fused beside unfused", throughput.PATH_GOALS),
+    Stage("plain", plain.stage_plain, 35, ("seq512",),
           "the plain recipe (HF BertForPreTraining, torch fused AdamW, autocast, pad 512)"),
-    Stage("optimizer", optimizer.stage_optimizer, 75, False,
-          "fused LAMB / AdamW steps against the device's copy bandwidth, torch's AdamW",
-          (optimizer.LAMB_WITHIN,)),
-    Stage("tune_profile", small_batches.stage_tune_profile, 240, True,
-          "python -m runtime.calibrate.tune --profile-only at the projection's local batches"),
-    Stage("small_batches", small_batches.stage_small_batches, 90, True,
-          "Presto's own step at those batches: back to back vs the host's enqueue time"),
-    Stage("graphs", graphs.stage_graphs, 200, True,
-          "the small-batch step eager, with encoder graphs and as one whole-step CUDA graph "
-          "(2 and 3 packed rows of 512, local batch 4, 16, 96), each beside its busy time; "
-          "eager at local batch 4 per path and shape policy", graphs.GOALS),
-    Stage("attention", attention.stage_attention, 60, True,
+    Stage("attention", attention.stage_attention, 25, ("seq512",),
           "the fastest attention kernel per path (padded, packed, unpadded), bf16 with "
           "dropout 0.1, forward and backward"),
-    Stage("short_runs", short_runs.stage_short_runs, 120, True,
+    Stage("tune_profile", tune_profile.stage_tune_profile, 35, ("seq512",),
+          "python -m runtime.calibrate.tune --profile-only at local batch 4: forward, backward "
+          "and each gradient's ready time (the split the projection scales)"),
+    Stage("short_runs", short_runs.stage_short_runs, 35, ("cpu128",),
           "the CPU benchmark config on the device in fp32 / bf16 / fp16: losses, fp16 skips, "
           "the MLPerf log through the compliance checker", (short_runs.LOSS_WITHIN,)),
+)
+
+VERDICTS = ("env", "data", "cuda_tests", "graphs", "throughput", "optimizer")
+REST = ("env", "data", "graph_batches", "checks", "throughput_paths", "plain", "attention",
+        "tune_profile", "short_runs")
+PLANS = (
+    Plan("verdicts", VERDICTS, 360,
+         "what the open GPU goals need, first on a lent machine (under 6 minutes)"),
+    Plan("rest", REST, 360, "everything else, in a second call"),
+    Plan("all", VERDICTS + REST[2:], 720,
+         "both in one call, on a machine that allows 12 minutes"),
 )
 
 
@@ -86,15 +135,44 @@ def _by_name(rows: tuple[Stage, ...]) -> dict[str, Stage]:
 STAGE = _by_name(STAGES)
 STAGE_NAMES = tuple(STAGE)
 BUDGET_S = {s.name: s.budget_s for s in STAGES}
-NEEDS_DATA = {s.name for s in STAGES if s.needs_data}
+NEEDS_DATA = {s.name for s in STAGES if s.data}
+PLAN = {p.name: p for p in PLANS}
+
+
+def data_sets(stages) -> tuple[str, ...]:
+    """The data sets the given stages read, in setup.DATA_SETS order."""
+    from bench.gpu.stages.setup import DATA_SETS
+    wanted = {d for s in stages for d in STAGE[s].data}
+    return tuple(d for d in DATA_SETS if d in wanted)
+
+
+def budget_sum(plan: Plan) -> int:
+    return sum(BUDGET_S[s] for s in plan.stages)
+
+
+def plan_text(plan: Plan, stages=None, smoke_budget_s: int | None = None) -> str:
+    """The plan as the run prints it first: each stage with its budget on one H100, and the
+    sum against the deadline (``smoke_budget_s``: what each stage may take in --smoke)."""
+    stages = list(stages or plan.stages)
+    total = sum(BUDGET_S[s] for s in stages)
+    head = (f"bench.gpu plan {plan.name}: {len(stages)} stages, budgets {total} s of the "
+            f"{plan.deadline_s} s deadline ({total / plan.deadline_s:.0%}) on one H100"
+            + (f"; --smoke: each stage up to {smoke_budget_s} s here" if smoke_budget_s else ""))
+    return head + "\n" + "\n".join(f"  {i + 1:2d}. {s:17s} {BUDGET_S[s]:4d} s"
+                                    for i, s in enumerate(stages))
 
 
 def help_text(smoke_budget_s: int) -> str:
-    """The stages for ``--help``: each with its budget, what it measures and its goals."""
-    lines = [f"stages, in the order they run (seconds: the budget on one H100; --smoke: "
-             f"{smoke_budget_s} each; * reads the data sets):"]
+    """The plans and stages for ``--help``: each stage with its budget, what it measures and
+    its goals."""
+    lines = ["plans (--plan):"]
+    for p in PLANS:
+        lines.append(f"  {p.name:9s} deadline {p.deadline_s:4d} s, budgets {budget_sum(p):4d} s: "
+                     f"{p.about}")
+    lines += ["", f"stages, in the order they run (seconds: the budget on one H100; --smoke: "
+                  f"{smoke_budget_s} each; * reads the data sets):"]
     for s in STAGES:
-        head = f"  {s.name + (' *' if s.needs_data else ''):15s} {s.budget_s:4d} s  "
+        head = f"  {s.name + (' *' if s.data else ''):18s} {s.budget_s:4d} s  "
         lines += textwrap.wrap(s.about, 96, initial_indent=head,
                                subsequent_indent=" " * len(head))
         for g in s.goals:

@@ -31,7 +31,7 @@ other devices before anything trains; the CPU tests check the captured region on
 simulated device of runtime.observe.hostsync instead).
 
 Rules every captured region keeps (tests/integration/test_graphs_integration.py checks them on
-CPU, tests/integration/test_cuda.py on a GPU): no host read of a device value, no
+CPU, tests/integration/test_cuda_graphs.py on a GPU): no host read of a device value, no
 data-dependent shape, no host tensor and no copy from host memory inside the region, every
 state update in place (a graph writes where it wrote at capture: ``DynamicLossScale.update``,
 the optimizer's step counts and buffers, the device step counter), the same op sequence and

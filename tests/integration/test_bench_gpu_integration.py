@@ -6,8 +6,10 @@ record's goals in process: tests/unit/test_bench_gpu.py."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -20,39 +22,50 @@ from tests.support.launch import ROOT
 @pytest.mark.timeout(300)
 def test_smoke_run_records_every_stage_and_isolates_a_failure(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--smoke", "--out", str(out),
-                           "--work", str(work), "--fail", "throughput"],
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--smoke", "--plan", "all",
+                           "--out", str(out), "--work", str(work), "--fail", "throughput"],
                           cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # a stage failed
+    assert proc.stdout.startswith("bench.gpu plan all: 13 stages, budgets 565 s of the 720 s")
+    assert "   1. env                 10 s" in proc.stdout  # the plan, printed first
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8 and set(files) <= {"summary.txt", "stages.log", "cuda_tests.xml",
                                               "gpu_cpu-smoke_" + _today() + ".json"}, files
     record = json.loads((out / f"gpu_cpu-smoke_{_today()}.json").read_text())
     assert record["benchmark"] == "gpu" and record["smoke"] and record["commit"]
+    assert record["plan"] == "all"
     stages = record["stages"]
-    assert list(stages) == list(gpu.STAGE_NAMES)
+    assert list(stages) == list(gpu.PLAN["all"].stages)
     assert stages["throughput"]["status"] == "failed"
     assert "injected failure" in stages["throughput"]["result"]["error"]
-    for name in set(gpu.STAGE_NAMES) - {"throughput"}:  # the failure ended nothing else
+    for name in set(stages) - {"throughput"}:  # the failure ended nothing else
         assert stages[name]["status"] == "ok", (name, stages[name])
     r = {name: s["result"] for name, s in stages.items()}
     assert r["env"]["torch"] and r["env"]["cuda_available"] is False
     assert r["data"]["small"]["train_sequences"] > 0
+    assert r["data"]["data_sets"] == ["small", "cpu128", "seq512"]  # what the plan reads
     counts = r["cuda_tests"]["counts"]  # collected and skipped here, run on a GPU
-    assert counts["skipped"] >= 10 and counts["failed"] == counts["error"] == 0
+    assert counts["skipped"] >= 40 and counts["failed"] == counts["error"] == 0
+    assert len(r["cuda_tests"]["returncode"]) == 2  # the graph tests in a process of their own
+    assert any("test_cuda_graphs.py" in t for t in r["cuda_tests"]["tests"])
     checks = r["checks"]
     assert set(checks["host_syncs"]) == {"padded_fp32", "unpadded_fp32", "packed_fp32"}
     assert all(v["per_step"] == 0 and v["optimizer_compiled"]
                for v in checks["host_syncs"].values()), checks
     assert {v["kernel"] for v in checks["attention"].values()} <= {"math", "flash", "efficient"}
     assert r["plain"]["padded_fp32"]["sequences_per_s"] > 0
+    assert r["throughput_paths"]["padded_fp32"]["sequences_per_s"] > 0
     assert r["optimizer"]["lamb_presto:fused"]["ratio_to_limit"] > 0
+    phase = r["optimizer"]["phase_sharded_vs_unsharded"]
+    assert phase["world"]["step_s"] > 0 and phase["sharded_over_unsharded"] > 0
     assert r["tune_profile"]["b2"]["forward_s"] > 0
     graphs = r["graphs"]  # the CUDA-graph stage: eager only on a CPU, graphs said skipped
     assert graphs["rows2"]["rows"] == 2 and graphs["rows2"]["eager"]["step_s"] > 0
     assert graphs["rows2"]["eager"]["kernels"] > 0 and graphs["rows2"]["eager"]["busy_s"] > 0
-    assert "skipped" in graphs["rows2"]["full"] and "skipped" in graphs["b4"]["encoder"]
+    assert "skipped" in graphs["rows2"]["full"] and "skipped" in graphs["rows2"]["encoder"]
     assert set(graphs["eager_b4"]) == {"unpadded_dynamic", "padded_bucketed", "packed_static"}
+    assert graphs["eager_b4"]["unpadded_dynamic"]["host_top"]  # the host's work, profiled
+    assert r["graph_batches"]["b3"]["eager"]["step_s"] > 0
     assert goals_of(record, "full_graph_2rows_under_25ms") is None
     assert goals_of(record, "eager_b4_within_1_2x_unpadded") in (True, False)
     att = r["attention"]  # the fastest kernel per path (math / repad on a CPU)
@@ -61,11 +74,46 @@ def test_smoke_run_records_every_stage_and_isolates_a_failure(tmp_path):
     assert short["returncode"] in (0, 1) and short["compliance"]["returncode"] == 0, short
     goals = record["goals"]
     assert goals["no_host_sync_in_a_step"]["met"] is True
-    assert goals["throughput_1_5x_plain"]["met"] is None  # its stage failed: not measured
+    assert goals["unpadded_bf16_200k_tokens_per_s"]["met"] is None  # its stage failed
     assert goals["every_cuda_test_passes"]["met"] is None  # nothing ran on a CPU
     summary = (out / "summary.txt").read_text()
     assert "throughput   failed" in summary and "not measured" in summary
-    assert (out / "stages.log").read_text().count("=====") == len(gpu.STAGE_NAMES)
+    assert (out / "stages.log").read_text().count("=====") == len(stages)
+
+
+@pytest.mark.timeout(120)
+def test_a_stage_past_its_budget_loses_only_its_running_case_and_its_whole_group(tmp_path):
+    """A stage that hangs (as one stuck in a collective would) after finishing a case and
+    starting a child: at its budget its whole process group is ended - the child too - and
+    the record keeps the case it finished, status timeout; the next stage still runs."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--smoke", "--out", str(out),
+                           "--work", str(work), "--stages", "env,data", "--hang", "env",
+                           "--stage-budget", "8"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=100)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    record = json.loads((out / f"gpu_cpu-smoke_{_today()}.json").read_text())
+    env = record["stages"]["env"]
+    assert env["status"] == "timeout" and "process group was ended" in env["why"]
+    assert env["result"]["before_the_hang"] == "finished"  # the case it finished
+    child = int((work / "hang_env.pid").read_text())
+    assert env["result"]["child"] == child
+    for _ in range(50):  # the child was in the stage's group: gone (reaped by init)
+        if not _alive(child):
+            break
+        time.sleep(0.1)
+    assert not _alive(child), f"the stage's child {child} survived its stage"
+    assert record["stages"]["data"]["status"] == "ok"
+    assert not list(work.glob("stage_*.json"))  # the orchestrator read and removed them
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead
+        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 def goals_of(record: dict, name: str):

@@ -4,7 +4,7 @@ the dynamic batch's on the same samples, and the region a full graph captures is
 on the simulated device (runtime.observe.hostsync: no host read, no data-dependent shape, no
 host copy, the same op trace for other data, state changed in place) and keeps each step's
 values. The shapes, the capacity rule and the config's refusals: tests/unit/test_graphs.py; the
-replays themselves on a GPU: tests/integration/test_cuda.py (marked cuda)."""
+replays themselves on a GPU: tests/integration/test_cuda_graphs.py (marked cuda)."""
 from __future__ import annotations
 
 import dataclasses
@@ -127,7 +127,7 @@ def test_a_full_graph_step_keeps_each_steps_values_and_counts_the_steps(small_da
 
 
 def test_a_forced_overflow_skips_until_the_scale_is_back_in_range(small_dataset, single_ctx):
-    """The CUDA test's fp16 overflow scenario (tests/integration/test_cuda.py) in the full
+    """The CUDA test's fp16 overflow scenario (tests/integration/test_cuda_graphs.py) in the full
     graph's step body on the CPU: fp32 overflows at 2^127 and still at 2^126 (a loss of ~10
     times either is past fp32's 3.4e38), so two steps are skipped, the scale halving inside
     each - the CUDA test once expected one."""

@@ -16,6 +16,7 @@ def test_goals_are_met_missed_or_not_measured():
                               "tokens_per_s": 1.0, "peak_memory_GiB": 60.0},
             "padded_bf16": {"sequences_per_s": 200.0, "local_batch": 48,
                             "tokens_per_s": 1.0, "peak_memory_GiB": 60.0}}},
+        "throughput_paths": {"status": "ok", "result": {}},
         "plain": {"status": "ok", "result": {"padded_bf16": {
             "sequences_per_s": 200.0, "local_batch": 32, "tokens_per_s": 1.0,
             "peak_memory_GiB": 70.0}}},
@@ -57,6 +58,10 @@ def test_the_graph_goals_from_the_stage_figures():
     g = _goals(out)
     assert g["full_graph_2rows_within_1_15x_busy"]["met"] is True
     assert g["full_graph_2rows_under_25ms"]["met"] is True
+    assert g["busy_2rows_under_12ms"]["met"] is None  # no busy time: not measured
+    out["rows2"]["full"].update(busy_s=0.0125, syncs_per_step=0.0)
+    g = _goals(out)
+    assert g["busy_2rows_under_12ms"]["met"] is False and g["no_host_sync_in_a_replay"]["met"]
     assert g["eager_b4_within_1_2x_unpadded"]["met"] is False  # packed static: 2.5x
     assert g["eager_b4_within_1_2x_unpadded"]["ratios"]["padded_bucketed"] == pytest.approx(1.125)
     out["rows2"]["full"] = {"error": "capture failed"}
@@ -83,6 +88,7 @@ def test_the_stage_list_budgets_help_and_goals_come_from_the_rows(capsys):
     assert gpu.STAGE_NAMES == tuple(s.name for s in gpu.STAGES)
     assert gpu.BUDGET_S["graphs"] == gpu.STAGE["graphs"].budget_s
     assert "optimizer" not in gpu.NEEDS_DATA and "plain" in gpu.NEEDS_DATA
+    assert gpu.STAGE["graphs"].captures and not gpu.STAGE["throughput"].captures
     with pytest.raises(SystemExit):
         gpu.main(["--help"])
     text = capsys.readouterr().out
@@ -102,3 +108,49 @@ def test_the_stage_list_budgets_help_and_goals_come_from_the_rows(capsys):
                   Stage("b", row.run, 1, False, "", (goal,))))
 
 
+
+
+def test_the_plans_put_the_verdicts_first_and_fit_their_deadlines():
+    """The verdicts (the stages whose figures decide the open goals) run first, in under 6
+    minutes of budget; every plan's budgets leave 20 % of its deadline; each stage is in a
+    plan, data comes before every stage that reads it, and 'all' is the verdicts then the
+    rest."""
+    verdicts = gpu.PLAN["verdicts"]
+    assert verdicts.stages == ("env", "data", "cuda_tests", "graphs", "throughput",
+                               "optimizer") and verdicts.deadline_s <= 360
+    for plan in gpu.PLANS:
+        total = sum(gpu.BUDGET_S[s] for s in plan.stages)
+        assert total * gpu.SLACK <= plan.deadline_s, (plan.name, total, plan.deadline_s)
+        assert plan.stages[:2] == ("env", "data")
+        assert len(set(plan.stages)) == len(plan.stages)
+    rest = gpu.PLAN["rest"].stages
+    assert gpu.PLAN["all"].stages == verdicts.stages + rest[2:]
+    assert set(gpu.PLAN["all"].stages) == set(gpu.STAGE_NAMES)
+    from bench.gpu.table import data_sets
+    assert data_sets(verdicts.stages) == ("seq512",)
+    assert data_sets(rest) == ("small", "cpu128", "seq512")
+
+
+def test_a_stage_writes_each_case_as_it_finishes(tmp_path):
+    """bench.gpu.harness.Live: every case set is on disk at once, whole (written beside and
+    renamed), so a stage ended at its budget keeps what it finished."""
+    import json
+    from bench.gpu.harness import Run
+    run = Run(work=tmp_path, smoke=True, stage="graphs")
+    out = run.result({"seq": 128})
+    read = lambda: json.loads(run.partial_path().read_text())  # noqa: E731
+    assert read() == {"seq": 128}
+    out["rows2"] = {"step_s": 0.02}
+    assert read() == {"seq": 128, "rows2": {"step_s": 0.02}}
+    out["rows2"]["busy_s"] = 0.01  # changed in place: on disk at the next save
+    out.save()
+    assert read()["rows2"] == {"step_s": 0.02, "busy_s": 0.01}
+    assert [p.name for p in tmp_path.iterdir()] == ["stage_graphs.partial.json"]
+
+
+def test_only_stages_that_capture_get_the_default_allocator():
+    from bench.gpu.orchestrator import _stage_env
+    assert _stage_env({}, "throughput") == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert _stage_env({}, "graphs") == {} and _stage_env({}, "cuda_tests") == {}
+    mine = {"PYTORCH_CUDA_ALLOC_CONF": "backend:native"}
+    assert _stage_env(mine, "throughput") == mine

@@ -4,7 +4,7 @@ capacity rule refuses (never drops), the static inputs take a batch in place, an
 refuses what cannot be captured. A static batch's losses and gradients against the dynamic
 batch's, and the captured step on the simulated device:
 tests/integration/test_graphs_integration.py; the replays themselves on a GPU:
-tests/integration/test_cuda.py (marked cuda)."""
+tests/integration/test_cuda_graphs.py (marked cuda)."""
 from __future__ import annotations
 
 import numpy as np

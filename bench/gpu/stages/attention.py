@@ -47,9 +47,9 @@ def stage_attention(run: Run) -> dict:
     with TrainLoader(run.data("seq512"), 0, 1, b, 5, verify=False) as loader:
         batch = next(loader).to(dev)
     rows, width = batch.input_ids.shape
-    out: dict[str, Any] = {"rows": rows, "width": width, "heads": heads, "head_dim": d,
-                           "real_tokens": batch.num_real_tokens, "dropout": p,
-                           "dtype": str(dtype).removeprefix("torch.")}
+    out = run.result({"rows": rows, "width": width, "heads": heads, "head_dim": d,
+                      "real_tokens": batch.num_real_tokens, "dropout": p,
+                      "dtype": str(dtype).removeprefix("torch.")})
 
     def leaf(*shape):
         return torch.randn(*shape, device=dev, dtype=dtype, requires_grad=True)
@@ -94,4 +94,4 @@ def stage_attention(run: Run) -> dict:
     out["fastest"] = {path: min((k for k, v in out[path].items() if "ms" in v),
                                 key=lambda k: out[path][k]["ms"], default=None)
                       for path in ("padded", "packed", "unpadded")}
-    return out
+    return dict(out)

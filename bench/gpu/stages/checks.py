@@ -7,7 +7,6 @@ Never: times anything (the throughput stages do).
 """
 from __future__ import annotations
 
-from typing import Any
 
 from bench.gpu.harness import (CPU_CONFIG, PATHS, TINY, Goal, Results, Run, _config, _synchronize,
                                _world_of_one)
@@ -36,7 +35,7 @@ def stage_checks(run: Run) -> dict:
         ctx = dataclasses.replace(ctx, device=SIM_DEVICE)
         dist._CTX = ctx
     precision = "bf16" if run.cuda else "fp32"
-    out: dict[str, Any] = {"precision": precision, "host_syncs": {}}
+    out = run.result({"precision": precision, "host_syncs": {}})
     cases = [(name, precision, extra) for name, extra in PATHS.items()]
     if run.cuda:
         cases.append(("unpadded", "fp16", PATHS["unpadded"]))
@@ -62,12 +61,13 @@ def stage_checks(run: Run) -> dict:
             "per_step": len(events) / steps, "events": sorted({str(e) for e in events}),
             "optimizer_compiled": trainer.optimizer.flat_binding.compiled,
             "recompiles_after_setup": _unique_graphs() - graphs}
+        out.save()
         trainer.close()
     out["attention"] = _attention_kernels(run)
     worst = max(v["per_step"] for v in out["host_syncs"].values())
     out["goal_no_host_sync"] = {"goal": NO_HOST_SYNC.threshold, "worst_per_step": worst,
                                 "met": worst <= NO_HOST_SYNC.threshold}
-    return out
+    return dict(out)
 
 
 def _unique_graphs() -> int:

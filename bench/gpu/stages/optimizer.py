@@ -1,9 +1,14 @@
 """The ``optimizer`` stage: one optimizer step over BERT-large's parameters - Presto's fused
-LAMB and AdamW, the reference and foreach LAMB, torch's fused and foreach AdamW - against the
-bytes each must move over the device's copy bandwidth measured in the same run.
+LAMB and AdamW, torch's fused AdamW (foreach on CPU) - against the bytes each must move over
+the device's copy bandwidth measured in the same run; and the trainer's whole optimizer phase
+(the reduced gradient's norm, the clip multiplier, the step, the loss scale, zeroing; for the
+sharded optimizer its partial norms' sum and the parameters' gather: bench.shard's phase) with
+``optim.shard = world`` on a group of one against ``none``: what the sharded code path costs
+before any communication. (The reference and foreach LAMB, slow by design, were measured on
+2026-11-24 and are not repeated.)
 
 Owns: the optimizers compared, the step's timings (back to back, isolated, host) and kernel
-table, the bandwidth limit and the goal against it.
+table, the bandwidth limit and the goal against it, the sharded-phase comparison.
 Never: trains a model (random parameters and gradients of BERT-large's shapes).
 """
 from __future__ import annotations
@@ -21,9 +26,17 @@ def _lamb_within(results: Results, goal: Goal) -> dict:
     return {"ratio": opt.get("ratio"), "met": opt.get("met")}
 
 
+def _sharded_within(results: Results, goal: Goal) -> dict:
+    phase = results("optimizer").get("phase_sharded_vs_unsharded", {})
+    ratio = phase.get("sharded_over_unsharded")
+    return {"ratio": ratio, "met": None if ratio is None else ratio <= goal.threshold}
+
+
 # Fused LAMB's step over the bytes it must move at the copy bandwidth, at most (the stage's
-# own record says it too).
+# own record says it too); the sharded phase on a group of one over the unsharded, at most.
 LAMB_WITHIN = Goal("fused_lamb_within_1_5x_bandwidth", 1.5, _lamb_within)
+SHARDED_WITHIN = Goal("sharded_phase_group1_within_1_1x", 1.1, _sharded_within)
+GOALS = (LAMB_WITHIN, SHARDED_WITHIN)
 
 
 def _copy_bandwidth(device: str, elements: int) -> float:
@@ -53,13 +66,10 @@ def stage_optimizer(run: Run) -> dict:
     device = run.device
     shapes = bert_named_shapes("tiny" if run.smoke else "large")
     bw = _copy_bandwidth(device, (1 << 22) if run.smoke else (1 << 28))
-    out: dict[str, Any] = {"model": "tiny" if run.smoke else "bert-large", "copy_GBps": bw,
-                           "elements": sum(math.prod(s) for _, s in shapes)}
-    # foreach LAMB: its per-tensor trust ratios are 0-dim tensors, which foreach's fast path
-    # refuses (one multiply kernel per tensor on CUDA) - its time here shows the cost.
-    cases = [("lamb", "presto:fused"), ("adamw", "presto:fused"), ("lamb", "presto:reference"),
-             ("lamb", "presto:foreach"), *([("adamw", "torch:fused")] if run.cuda else []),
-             ("adamw", "torch:foreach")]
+    out = run.result({"model": "tiny" if run.smoke else "bert-large", "copy_GBps": bw,
+                      "elements": sum(math.prod(s) for _, s in shapes)})
+    cases = [("lamb", "presto:fused"), ("adamw", "presto:fused"),
+             ("adamw", "torch:fused" if run.cuda else "torch:foreach")]
     for optimizer, impl in cases:
         key = f"{optimizer}_{impl}"
         try:
@@ -82,15 +92,16 @@ def stage_optimizer(run: Run) -> dict:
             opt.step(**kwargs)
             step, isolated, host = _optimizer_times(lambda: opt.step(**kwargs), run.smoke)
             limit = out["elements"] * BYTES_PER_ELEMENT[optimizer] / (bw * 1e9)
-            out[key] = {"step_s": step, "limit_s": limit, "ratio_to_limit": step / limit,
-                        "isolated_step_s": isolated, "host_s": host}
+            rec = {"step_s": step, "limit_s": limit, "ratio_to_limit": step / limit,
+                   "isolated_step_s": isolated, "host_s": host}
             if impl == "presto:fused":
-                out[key]["compiled"] = opt.flat_binding.compiled
-                out[key]["compile_s"] = round(opt.compile_seconds, 2)
+                rec["compiled"] = opt.flat_binding.compiled
+                rec["compile_s"] = round(opt.compile_seconds, 2)
             if impl in ("presto:fused", "torch:fused"):
                 table = _kernel_table(run, lambda: opt.step(**kwargs))
-                out[key]["kernels"] = table
-                out[key]["device_s"] = sum(r["us"] for r in table) / 1e6
+                rec["kernels"] = table
+                rec["device_s"] = sum(r["us"] for r in table) / 1e6
+            out[key] = rec
             del opt, named
         except Exception as e:  # noqa: BLE001
             out[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
@@ -98,6 +109,46 @@ def stage_optimizer(run: Run) -> dict:
     lamb = out.get("lamb_presto:fused", {}).get("ratio_to_limit")
     out["goal_lamb_within_1_5x"] = {"goal": LAMB_WITHIN.threshold, "ratio": lamb,
                                     "met": lamb is not None and lamb <= LAMB_WITHIN.threshold}
+    try:
+        out["phase_sharded_vs_unsharded"] = _sharded_phase(run)
+    except Exception as e:  # noqa: BLE001
+        out["phase_sharded_vs_unsharded"] = {"error": f"{type(e).__name__}: "
+                                                      f"{str(e).splitlines()[0][:300]}"}
+    _free_cuda()
+    return dict(out)
+
+
+def _sharded_phase(run: Run) -> dict:
+    """The trainer's optimizer phase (bench.shard.optimizer_phase) on BERT-large's parts (the
+    tiny model in --smoke), the fused LAMB, with optim.shard none and world on a group of one
+    rank, each timed as ``_optimizer_times`` times a step."""
+    import torch
+    from bench.gpu.harness import DGX_CONFIG, CPU_CONFIG, LARGE_SHAPE, TINY, _config, _world_of_one
+    from bench.shard import optimizer_phase
+    from runtime.optim.grad_scale import DynamicLossScale
+    from runtime.train.build import build_parts
+    ctx = _world_of_one(run.device)
+    shape = TINY if run.smoke else [f"model.{k}={v}" for k, v in LARGE_SHAPE.items()]
+    out: dict[str, Any] = {}
+    for mode in ("none", "world"):
+        cfg = _config(run, CPU_CONFIG if run.smoke else DGX_CONFIG, *shape,
+                      "model.init=scratch", "system.nodes=1", "system.ranks_per_node=1",
+                      "train.global_batch_size=8", f"system.device={run.device}",
+                      "optim.name=lamb", "optim.backend=fused", f"optim.shard={mode}")
+        parts = build_parts(cfg, ctx, train_loader=False, eval_batches=False)
+        scale = DynamicLossScale(1.0, enabled=False)
+        torch.manual_seed(0)
+        parts.grad_sync.flat.normal_()
+        optimizer_phase(parts, cfg, scale)  # compiles, first touch
+
+        def phase(parts=parts, cfg=cfg):
+            return optimizer_phase(parts, cfg, scale)
+        step, isolated, host = _optimizer_times(phase, run.smoke)
+        out[mode] = {"step_s": step, "isolated_step_s": isolated, "host_s": host}
+        parts.grad_sync.close()
+        del parts
+        _free_cuda()
+    out["sharded_over_unsharded"] = out["world"]["step_s"] / out["none"]["step_s"]
     return out
 
 

@@ -8,7 +8,6 @@ Never: uses Presto's runtime for the step (only its data loader).
 """
 from __future__ import annotations
 
-from typing import Any
 
 from bench.gpu.harness import (LARGE_SHAPE, Run, _free_cuda, _largest_that_runs, _seq,
                                _timed)
@@ -30,7 +29,7 @@ def stage_plain(run: Run) -> dict:
     shape = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2,
                  intermediate_size=256, vocab_size=30522) if run.smoke else LARGE_SHAPE
     total = torch.cuda.get_device_properties(0).total_memory if run.cuda else 0
-    out: dict[str, Any] = {"model": "tiny" if run.smoke else "bert-large", "seq": seq}
+    out = run.result({"model": "tiny" if run.smoke else "bert-large", "seq": seq})
     for prec in run.precisions():
         try:
             torch.manual_seed(0)
@@ -86,4 +85,4 @@ def stage_plain(run: Run) -> dict:
             _free_cuda()
     import transformers
     out["transformers"] = transformers.__version__
-    return out
+    return dict(out)

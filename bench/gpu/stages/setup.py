@@ -18,11 +18,16 @@ from typing import Any, Optional
 from bench.gpu.harness import MAX_PRED, ROOT, SEQ, Goal, Results, Run
 
 
-# The files holding the tests marked ``cuda`` (pytest -m cuda); the rest of the suite needs
-# launchers and packages a bare GPU machine lacks, and has no CUDA test.
-CUDA_TEST_FILES = ("tests/integration/test_cuda.py", "tests/unit/test_kernels_attention.py",
-                   "tests/unit/test_checkpoint_unit.py", "tests/integration/test_checkpoint.py",
-                   "tests/integration/test_optim_backends.py")
+# The files holding the tests marked ``cuda`` (pytest -m cuda), in groups each run by a pytest
+# process of its own - the graph captures last and alone (a failed capture can spoil the
+# captures after it in its process); the rest of the suite needs launchers and packages a bare
+# GPU machine lacks, and has no CUDA test.
+CUDA_TEST_GROUPS = (
+    ("tests/integration/test_cuda.py", "tests/unit/test_kernels_attention.py",
+     "tests/unit/test_checkpoint_unit.py", "tests/integration/test_checkpoint.py",
+     "tests/integration/test_optim_backends.py"),
+    ("tests/integration/test_cuda_graphs.py",),
+)
 
 
 def _importable(name: str) -> Optional[str]:
@@ -67,19 +72,27 @@ def stage_env(run: Run) -> dict:
     return rec
 
 
+DATA_SETS = ("small", "cpu128", "seq512")
+"""The data sets a stage may read (its row's ``data``): ``small`` (the test suite's set),
+``cpu128`` (the CPU benchmark's, for the short runs), ``seq512`` (MLPerf's shape: sequence
+512, 76 predictions)."""
+
+
 def stage_data(run: Run) -> dict:
-    """The data sets the other stages read, built here with loaders.prepare from the real
-    text: ``small`` (the test suite's set), ``cpu128`` (the CPU benchmark's, for the short
-    runs) and ``seq512`` (MLPerf's shape: sequence 512, 76 predictions, for throughput)."""
+    """The data sets this call's stages read (bench/gpu/table.py: each row's ``data``), built
+    here with loaders.prepare from the real text (the smoke run builds ``small`` and reads it
+    wherever the others would)."""
+    from bench.gpu.table import data_sets
     from loaders.prepare import PrepareConfig, build
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import SMALL_DATASET_OPTIONS, SOURCES
     workers = min(16, os.cpu_count() or 1)
-    wanted = {"small": dict(SMALL_DATASET_OPTIONS)}
-    if not run.smoke:
-        wanted["cpu128"] = {}
-        wanted["seq512"] = dict(seq_len=SEQ, max_pred=MAX_PRED, shards=8, eval_samples=512)
-    out = {}
+    options = {"small": dict(SMALL_DATASET_OPTIONS), "cpu128": {},
+               "seq512": dict(seq_len=SEQ, max_pred=MAX_PRED, shards=8, eval_samples=512)}
+    needed = data_sets(run.stages)
+    wanted = {"small": options["small"]} if run.smoke and needed else \
+        {name: options[name] for name in needed}
+    out = run.result({"data_sets": list(needed)})
     for name, options in wanted.items():
         t0 = time.perf_counter()
         report = build(PrepareConfig(out=run.data(name), sources=SOURCES, workers=workers,
@@ -89,7 +102,7 @@ def stage_data(run: Run) -> dict:
                      "train_sequences": stats["sequences"]["train"],
                      "mean_length": stats["train"]["mean_length"], "options": options}
         del report
-    if run.smoke:  # the smoke run reads the small set wherever the others would
+    if run.smoke and wanted:  # the smoke run reads the small set wherever the others would
         for name in ("cpu128", "seq512"):
             link = run.data(name)
             if not link.exists():
@@ -98,28 +111,60 @@ def stage_data(run: Run) -> dict:
 
 
 def stage_cuda_tests(run: Run) -> dict:
-    """The suite's tests marked ``cuda``, one outcome each (JUnit XML from pytest)."""
+    """The suite's tests marked ``cuda``, one outcome each, recorded as each test ends (the
+    plugin bench.gpu.case_log), one pytest process per group of CUDA_TEST_GROUPS; JUnit XML of
+    the whole in WORK/cuda_tests.xml."""
+    log = run.work / "cuda_tests.jsonl"
+    log.unlink(missing_ok=True)
+    out = run.result({"counts": {}, "tests": {}, "returncode": []})
+    env = dict(os.environ, PRESTO_CASE_LOG=str(log))
+    tail: list[str] = []
+    for i, files in enumerate(CUDA_TEST_GROUPS):
+        cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+               "-p", "bench.gpu.case_log", f"--junitxml={run.work / f'cuda_tests_{i}.xml'}",
+               *files]
+        with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) as proc:
+            seen = 0
+            for line in proc.stdout:  # pytest's output, while its outcomes arrive in the log
+                tail = (tail + [line.rstrip()])[-12:]
+                seen = _read_outcomes(log, out, seen)
+            out["returncode"] = out["returncode"] + [proc.wait()]
+        _read_outcomes(log, out, seen)
+    _merge_junit(run.work)
+    out["tail"] = tail
+    return dict(out)
+
+
+def _read_outcomes(log, out, seen: int) -> int:
+    """The test outcomes appended to ``log`` since line ``seen`` into ``out`` (saved)."""
+    if not log.is_file():
+        return seen
+    lines = log.read_text().splitlines()
+    new = [json.loads(x) for x in lines[seen:] if x.strip()]
+    if new:
+        tests, counts = dict(out["tests"]), {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+        for r in new:
+            name = "::".join(r["test"].split("::")[-2:]).removeprefix("tests/")
+            tests[name] = r["outcome"] + (f": {r['message']}" if r["message"] else "")
+        for v in tests.values():
+            counts[v.split(":")[0]] += 1
+        out["tests"], out["counts"] = tests, counts
+    return len(lines)
+
+
+def _merge_junit(work) -> None:
+    """The groups' JUnit reports as one WORK/cuda_tests.xml (what the record sends back)."""
     import xml.etree.ElementTree as ET
-    xml = run.work / "cuda_tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
-           f"--junitxml={xml}", *CUDA_TEST_FILES]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    tests, counts = {}, {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
-    if xml.is_file():
-        for case in ET.parse(xml).getroot().iter("testcase"):
-            name = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
-            outcome, message = "passed", ""
-            for tag in ("failure", "error", "skipped"):
-                node = case.find(tag)
-                if node is not None:
-                    outcome = "failed" if tag == "failure" else tag
-                    message = (node.get("message") or node.text or "").strip()
-                    message = message.splitlines()[0][:300] if message else ""
-                    break
-            tests[name] = outcome if not message else f"{outcome}: {message}"
-            counts[outcome] += 1
-    return {"returncode": proc.returncode, "counts": counts, "tests": tests,
-            "tail": (proc.stdout + proc.stderr).strip().splitlines()[-12:]}
+    parts = sorted(work.glob("cuda_tests_*.xml"))
+    if not parts:
+        return
+    root = ET.Element("testsuites")
+    for p in parts:
+        tree = ET.parse(p).getroot()
+        root.extend(tree.iter("testsuite"))
+        p.unlink()
+    ET.ElementTree(root).write(work / "cuda_tests.xml")
 
 
 def _every_test_passes(results: Results, goal: Goal) -> dict:
