@@ -92,6 +92,7 @@ RULES: dict[str, tuple[str, str]] = {
     "train.allreduce_dtype": (RECORD, "the allreduce's precision from here on"),
     "train.tied_embedding_sync": (RECORD, "how the tied embedding is synced"),
     "train.tensorboard": (RECORD, "observation"), "train.timeline": (RECORD, "observation"),
+    "train.profile_steps": (RECORD, "observation"),
     "train.cuda_graphs": (RECORD, "how the step is launched: the same update"),
     "train.target_mlm_accuracy": (RECORD, "when the run stops"),
     "train.max_steps": (RECORD, "the budget"),
