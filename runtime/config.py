@@ -786,7 +786,8 @@ def help_keys() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m runtime.config FILE [--get section.key] [--check]` for shell layers."""
-    ap = argparse.ArgumentParser(prog="python -m runtime.config", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m runtime.config",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("file", nargs="?", help="config TOML")
     ap.add_argument("--get", action="append", default=[], metavar="SECTION.KEY",
                     help="print the value (one line per --get)")

@@ -342,9 +342,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     options = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(
         prog="python -m submission.launchers",
-        description="the launch of one run for run_and_time.sh: NUL-ended items on stdout - "
-                    "the signal to forward, this process's rank or '', the ranks the launch "
-                    "starts, the launch argv")
+        description="The launch of one run, for run_and_time.sh: NUL-ended items on stdout "
+                    "(the signal to forward, this process's rank or '', the ranks the launch "
+                    "starts, the launch argv), or the launchers in words.")
     ap.add_argument("action", choices=["argv", "describe"],
                     help="argv: the launch (needs the options below); describe: the launchers")
     ap.add_argument("--launcher", help="system.launcher")

@@ -107,7 +107,8 @@ def exit_code_of_run(state) -> int:
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m submission.train", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m submission.train",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True, help="config TOML (submission/configs/...)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override one config key (repeatable)")

@@ -165,7 +165,7 @@ def _advice(cfg: Config, fit: int) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m runtime.train.memory",
-                                 description=__doc__.split("\n")[0])
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("config")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--print", action="store_true", help="print the estimate even when it fits")
