@@ -34,9 +34,13 @@ The format ``presto-checkpoint/1`` - one directory per checkpoint::
                             sharded (optim.shard): the step counts only, and under
                             'presto_shards' how the shard files fit together
         optimizer_shard_00000.pt ...  sharded: one per shard, written by its owner in the
-                            first node group - that rank's window of every state buffer; a
-                            resume on the same shards loads its own, any other (world size,
-                            optim.shard) reads them all and re-shards
+                            first node group - that rank's window of every state buffer, and
+                            the file's identity: its shard index, the shard count, the
+                            fingerprint of the flat layout it was cut from (``presto_shards``
+                            of optimizer.pt) and the step; a resume on the same shards loads
+                            its own, any other (world size, optim.shard) reads them all and
+                            re-shards - and every file read must be the one it is named (a
+                            swapped, stale or foreign shard is refused, naming the file)
         train_state.pt      {name: state_dict()} of the run's other parts (the trainer's
                             'progress': step, samples, next eval, loss scaler, bucket plan,
                             resolved config ...)
@@ -70,6 +74,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from runtime.model.hf import load_error_reason
 from runtime.optim.optimizers import SHARD_KEY  # where a sharded optimizer's state dict says
 #                                                 how its shard files fit together
 
@@ -121,6 +126,13 @@ def shard_file(index: int) -> str:
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
+
+
+def layout_fingerprint(meta: dict) -> str:
+    """A sharded optimizer's flat layout (its ``presto_shards`` record: shard count and size,
+    the state's names, every tensor's place) as a short digest, which each shard file
+    carries: a file cut from another layout is not this checkpoint's."""
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------ RNG states
@@ -230,9 +242,9 @@ class Checkpoint:
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unpickling failure names the file
-            raise CheckpointError(f"{path}: cannot be read with torch.load(weights_only=True) "
-                                  f"({type(e).__name__}: {e}); the checkpoint is damaged - "
-                                  f"delete {self.path} to resume from the one before") from e
+            raise CheckpointError(f"{path}: not a readable torch file "
+                                  f"({load_error_reason(e)}); the checkpoint is damaged - "
+                                  f"delete {self.path} to resume from the one before") from None
 
     def model_state(self) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
@@ -247,13 +259,37 @@ class Checkpoint:
     def optimizer_state(self) -> dict:
         return self._load(OPTIMIZER_FILE)
 
-    def optimizer_shard(self, index: int) -> dict:
-        """Shard ``index`` of a sharded optimizer's state (CheckpointError when missing)."""
-        if not (self.path / shard_file(index)).is_file():
-            raise CheckpointError(f"{self.path / shard_file(index)}: missing - the optimizer "
-                                  f"state was saved in shards and this one is needed; "
-                                  f"delete {self.path} to resume from the one before")
-        return self._load(shard_file(index))
+    def optimizer_shard(self, index: int, meta: Optional[dict] = None) -> dict:
+        """Shard ``index`` of a sharded optimizer's state, checked to be that shard of this
+        checkpoint: its index, and - files written since they carry them - the shard count
+        and layout of ``meta`` (optimizer.pt's ``presto_shards``) and this checkpoint's step.
+        CheckpointError naming the file when it is missing or another's."""
+        path = self.path / shard_file(index)
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing - the optimizer state was saved in shards "
+                                  f"and this one is needed; delete {self.path} to resume from "
+                                  f"the one before")
+        data = self._load(shard_file(index))
+        why = None
+        if not isinstance(data, dict) or data.get("index") != index:
+            got = data.get("index") if isinstance(data, dict) else None
+            why = (f"holds shard {got}, not shard {index}: the file of another shard "
+                   f"(swapped or renamed)")
+        elif "step" in data and data["step"] != self.step:
+            why = (f"was written at step {data['step']}, this checkpoint is step {self.step}: "
+                   f"a stale file from another checkpoint")
+        elif meta is not None and "shards" in data and data["shards"] != meta.get("shards"):
+            why = (f"is one of {data['shards']} shards, this checkpoint has "
+                   f"{meta.get('shards')}: a file from another run")
+        elif meta is not None and "layout" in data and data["layout"] != \
+                layout_fingerprint(meta):
+            why = (f"was cut from another flat layout (fingerprint {data['layout']}, this "
+                   f"checkpoint's {layout_fingerprint(meta)}): a file from another run or model")
+        if why:
+            raise CheckpointError(f"{path}: {why}; its optimizer state is not this "
+                                  f"checkpoint's - delete {self.path} to resume from the one "
+                                  f"before")
+        return data
 
     def train_state(self) -> dict:
         if self._train_state is None:
@@ -436,9 +472,11 @@ class CheckpointManager:
                  "data": self.loader.state_dict(),
                  "steps_per_epoch": self.loader.steps_per_epoch}))
             shard = getattr(self.optimizer, "shard", None)
-            if shard is not None and shard.first_copy:  # one copy of each shard
-                _write_bytes(tmp / shard_file(shard.index),
-                             _torch_bytes(_to_cpu(self.optimizer.shard_state_dict())))
+            if shard is not None and shard.first_copy:  # one copy of each shard, saying whose
+                meta = self.optimizer.state_dict()[SHARD_KEY]
+                _write_bytes(tmp / shard_file(shard.index), _torch_bytes({
+                    **_to_cpu(self.optimizer.shard_state_dict()), "index": shard.index,
+                    "shards": shard.size, "layout": layout_fingerprint(meta), "step": step}))
             if self.rank == 0:
                 self._write_shared(tmp)
             self._barrier()  # every rank's file is on disk
@@ -541,8 +579,10 @@ class CheckpointManager:
                                   f"the file does not hold what its manifest says - delete "
                                   f"{ckpt.path} to resume from the one before") from e
         if SHARD_KEY in state:
+            meta = state[SHARD_KEY]
             try:
-                how = self.optimizer.load_shard_states(state[SHARD_KEY], ckpt.optimizer_shard)
+                how = self.optimizer.load_shard_states(
+                    meta, lambda j: ckpt.optimizer_shard(j, meta))
             except CheckpointError:
                 raise
             except Exception as e:  # noqa: BLE001 - the same: the files do not fit
