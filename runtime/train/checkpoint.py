@@ -13,7 +13,9 @@ RNG states it omits):
     (a rename is atomic), then fsyncs the parent. A directory without a manifest, or with a
     file whose size or SHA-256 differs from it, is not a checkpoint: ``latest`` skips it with
     a warning and takes the one before;
-  * keeping the newest ``keep`` checkpoints (older ones go once a new one is complete);
+  * keeping the newest ``keep`` checkpoints (older ones go once a new one is complete); a
+    damaged one the look-up skips is moved to ``<checkpoint_dir>/damaged/`` first (logged):
+    keep-K never deletes the checkpoint a run resumed from to keep a damaged one;
   * reading back with ``torch.load(weights_only=True)`` (never unpickles code) and
     ``safetensors``, into the same parts (``restore``), including onto another world size:
     the data position is then mapped to the same fraction of the epoch (the sample order
@@ -82,6 +84,7 @@ FORMAT = "presto-checkpoint/1"
 MANIFEST = "checkpoint.json"
 MODEL_FILE = "model.safetensors"
 OWNER_FILE = "run.json"   # in the checkpoint directory: the run directory it belongs to
+DAMAGED_DIR = "damaged"   # in the checkpoint directory: damaged checkpoints, moved aside
 HF_CONFIG_FILE = "config.json"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "train_state.pt"
@@ -261,20 +264,17 @@ class Checkpoint:
 
     def optimizer_shard(self, index: int, meta: Optional[dict] = None) -> dict:
         """Shard ``index`` of a sharded optimizer's state, checked to be that shard of this
-        checkpoint: its index, and - files written since they carry them - the shard count
-        and layout of ``meta`` (optimizer.pt's ``presto_shards``) and this checkpoint's step.
-        CheckpointError naming the file when it is missing or another's."""
+        checkpoint (its index; where the file carries them, ``meta``'s shard count and layout
+        and this step): CheckpointError naming the file when it is missing or another's."""
         path = self.path / shard_file(index)
         if not path.is_file():
             raise CheckpointError(f"{path}: missing - the optimizer state was saved in shards "
                                   f"and this one is needed; delete {self.path} to resume from "
                                   f"the one before")
         data = self._load(shard_file(index))
-        why = None
-        if not isinstance(data, dict) or data.get("index") != index:
-            got = data.get("index") if isinstance(data, dict) else None
-            why = (f"holds shard {got}, not shard {index}: the file of another shard "
-                   f"(swapped or renamed)")
+        why, got = None, data.get("index") if isinstance(data, dict) else None
+        if got != index:
+            why = f"holds shard {got}, not shard {index}: the file of another shard (swapped)"
         elif "step" in data and data["step"] != self.step:
             why = (f"was written at step {data['step']}, this checkpoint is step {self.step}: "
                    f"a stale file from another checkpoint")
@@ -343,15 +343,17 @@ def list_checkpoints(directory: str | Path) -> list[Path]:
 
 
 def find_latest(directory: str | Path, verify: bool = True,
-                warn: Callable[[str], None] = lambda msg: warnings.warn(msg, stacklevel=2)
-                ) -> Optional[Checkpoint]:
+                warn: Callable[[str], None] = lambda msg: warnings.warn(msg, stacklevel=2),
+                damaged: Optional[Callable[[Path], None]] = None) -> Optional[Checkpoint]:
     """The newest complete checkpoint in ``directory`` (None when there is none); a damaged
-    newer one is skipped with a warning naming it."""
+    newer one is skipped with a warning naming it (and given to ``damaged``)."""
     for path in list_checkpoints(directory):
         try:
             return Checkpoint.open(path, verify=verify)
         except CheckpointError as e:
             warn(f"skipping checkpoint {path}: {e}")
+            if damaged is not None:
+                damaged(path)
     return None
 
 
@@ -383,6 +385,7 @@ class CheckpointManager:
         self.files: dict[str, Callable[[], Optional[bytes]]] = {}
         self.last_saved: Optional[Path] = None
         self.save_seconds: list[float] = []
+        self._damaged: set[str] = set()   # damaged checkpoints that could not be moved aside
 
     def track(self, *, model: Any, optimizer: Any, loader: Any, states: dict[str, Any],
               files: Optional[dict[str, Callable[[], Optional[bytes]]]] = None) -> None:
@@ -449,10 +452,30 @@ class CheckpointManager:
         says which), or None."""
         found = None
         if self.rank == 0:
-            ckpt = find_latest(self.directory, warn=lambda m: self._log(f"warning: {m}"))
+            ckpt = find_latest(self.directory, warn=lambda m: self._log(f"warning: {m}"),
+                               damaged=self._set_aside)
             found = str(ckpt.path) if ckpt else None
         found = self._broadcast(found)
         return Checkpoint.open(Path(found), verify=False) if found else None
+
+    def _set_aside(self, path: Path) -> None:
+        """Move a damaged checkpoint to ``damaged/`` (rank 0, at the look-up): keep-K counted
+        it, and deleted the good one the run resumed from. Kept for a look, not deleted; where
+        it cannot be moved, keep-K leaves it out of its count instead."""
+        target, n = self.directory / DAMAGED_DIR / path.name, 1
+        while target.exists():
+            n, target = n + 1, self.directory / DAMAGED_DIR / f"{path.name}.{n + 1}"
+        try:
+            target.parent.mkdir(exist_ok=True)
+            os.replace(path, target)
+        except OSError as e:
+            self._damaged.add(path.name)
+            self._log(f"warning: cannot move the damaged checkpoint {path} aside ({e.strerror}):"
+                      f" it stays, and train.checkpoint_keep does not count it")
+            return
+        self._log(f"warning: moved the damaged checkpoint {path} to {target}: "
+                  f"train.checkpoint_keep counts only checkpoints that can be resumed (delete "
+                  f"it when you are done with it)")
 
     # -- saving ----------------------------------------------------------------------------
     def save(self, step: int, samples: int) -> Path:
@@ -556,7 +579,8 @@ class CheckpointManager:
         _fsync_dir(self.directory)
 
     def _prune(self) -> None:
-        complete = [p for p in list_checkpoints(self.directory) if (p / MANIFEST).is_file()]
+        complete = [p for p in list_checkpoints(self.directory) if (p / MANIFEST).is_file()
+                    and p.name not in self._damaged]
         for old in complete[self.keep:]:
             shutil.rmtree(old, ignore_errors=True)
 

@@ -121,3 +121,49 @@ def test_a_file_that_is_not_weights_alone_is_refused_without_torchs_advice(tmp_p
     for advice in ("weights_only", "Re-running", "arbitrary code", "Check the documentation"):
         assert advice not in text, text
     assert e.value.__cause__ is None and e.value.__suppress_context__
+
+
+# ------------------------------------------------------------------------------ keep-K
+
+def fake_checkpoint(root, step: int) -> None:
+    """A complete checkpoint directory of one small file (its manifest true)."""
+    import hashlib
+    import json
+    d = root / f"step_{step:08d}"
+    d.mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(b"weights %d" % step)
+    data = (d / "model.safetensors").read_bytes()
+    (d / MANIFEST).write_text(json.dumps({
+        "format": FORMAT, "step": step, "samples": step * 64, "world_size": 2,
+        "files": {"model.safetensors": {"bytes": len(data),
+                                        "sha256": hashlib.sha256(data).hexdigest()}}}))
+
+
+def test_a_damaged_checkpoint_is_set_aside_so_keep_k_never_deletes_the_good_one(tmp_path):
+    """The probe's row N7: step 15 damaged (a file of it deleted), the run falls back to
+    step 10 - and at step 20 keep-2 deleted step 10 and kept the damaged 15, leaving nothing
+    to fall back to after one more bad save. The look-up now moves the damaged one to
+    damaged/ (and says so); keep-2 then keeps 20 and 10."""
+    from runtime.train.checkpoint import CheckpointManager, list_checkpoints
+    root = tmp_path / "checkpoints"
+    for step in (10, 15):
+        fake_checkpoint(root, step)
+    (root / "step_00000015" / "model.safetensors").unlink()
+    said = []
+    manager = CheckpointManager(root, keep=2, rank=0, world_size=2, log=said.append)
+    assert manager.latest().step == 10
+    assert any("skipping checkpoint" in s and "step_00000015" in s for s in said), said
+    assert any(f"moved the damaged checkpoint {root / 'step_00000015'} to "
+               f"{root / 'damaged' / 'step_00000015'}" in s for s in said), said
+    assert (root / "damaged" / "step_00000015" / MANIFEST).is_file()
+    fake_checkpoint(root, 20)   # the next save, then its pruning
+    manager._prune()
+    assert [p.name for p in list_checkpoints(root)] == ["step_00000020", "step_00000010"]
+    # a damaged one that cannot be moved is not counted either
+    fake_checkpoint(root, 25)
+    (root / "step_00000025" / "model.safetensors").write_bytes(b"changed")
+    manager._damaged.add("step_00000025")
+    fake_checkpoint(root, 30)
+    manager._prune()
+    assert [p.name for p in list_checkpoints(root)] == ["step_00000030", "step_00000025",
+                                                        "step_00000020"]
