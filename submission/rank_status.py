@@ -187,12 +187,19 @@ def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
     if culprit:
         lines.append(culprit)
     last = max((int(r.get("step", 0)) for r in records.values()), default=0)
-    for rank, rec in sorted(records.items()):
+    failed = [r for r, rec in sorted(records.items()) if rec.get("state") == "failed"]
+    who = (f"rank {failed[0]}" if len(failed) == 1 else
+           "ranks " + ", ".join(map(str, failed))) + " failed"
+    # the ranks that failed first: the others ended because of them
+    for rank, rec in sorted(records.items(), key=lambda kv: (kv[0] not in failed, kv[0])):
         where = f"pid {rec.get('pid')} on {rec.get('host')}"
         if "exit" in rec:
+            reason = next((x for x in rec.get("reason", "").splitlines() if x.strip()), "")
             lines.append(f"rank {rank} ({where}): exit {rec['exit']}, {rec.get('state')} after "
-                         f"step {rec.get('step')}" + (f": {rec['reason'].splitlines()[-1]}"
-                                                      if rec.get("reason") else ""))
+                         f"step {rec.get('step')}" + (f": {reason}" if reason else ""))
+        elif failed:
+            lines.append(f"rank {rank} ({where}): stopped after {who} (the launcher ended it "
+                         f"before it could record its end); last logged step {rec.get('step')}")
         else:
             lines.append(f"rank {rank} ({where}): no exit record - killed (SIGKILL, OOM, lost "
                          f"node) or stopped by the launcher after another rank ended; last "

@@ -29,11 +29,13 @@ pass the status on).
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
 import json
 import os
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,7 +60,8 @@ from loaders.shards import DataError  # noqa: E402
 from runtime.train.checkpoint import CheckpointError, find_latest  # noqa: E402
 from runtime.config import ConfigError, load_config  # noqa: E402
 from runtime.launch.dist import (RanksDisagree, broadcast_object, check_same_on_all_ranks,
-                                 init_distributed, on_failure, run_guarded, shutdown)
+                                 init_distributed, keep_tracebacks, on_failure, run_guarded,
+                                 shutdown)
 from runtime.launch.env import LaunchError, cache_cleared, discover  # noqa: E402
 from runtime.events import CallbackList  # noqa: E402
 from runtime.observe.metrics import MetricsWriter, ProgressPrinter, plot_metrics  # noqa: E402
@@ -94,6 +97,34 @@ def exit_code_of(e: BaseException) -> int:
     if isinstance(e, KeyboardInterrupt):
         return EXIT_STOPPED
     return getattr(e, "exit_code", EXIT_FAILURE)
+
+
+def expected_failure(e: BaseException) -> bool:
+    """A failure whose message says all there is (a full disk, a stop signal, a refusal):
+    the console gets its one line, the rank's log file its traceback."""
+    if isinstance(e, (*BAD_INPUT, KeyboardInterrupt)) or hasattr(type(e), "exit_code"):
+        return True   # LogWriteError, CheckpointWriteError: the disk is full
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def rank_log(out: Path, rank: int):
+    """``keep_tracebacks``' sink for this rank: appends to ``<run dir>/ranks/rank_<r>.log``
+    (beside its status record), or a file in the temporary directory when the run directory
+    cannot take it (its disk is full); returns where it went."""
+    def keep(text: str) -> str:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        body = f"--- rank {rank}, pid {os.getpid()}, {stamp}\n{text}"
+        path = rank_status.status_path(out, rank).with_suffix(".log")
+        try:
+            with open(path, "a") as f:
+                f.write(body)
+        except OSError:
+            fd, name = tempfile.mkstemp(prefix=f"presto_rank{rank}_", suffix=".log")
+            with os.fdopen(fd, "w") as f:
+                f.write(body)
+            path = Path(name)
+        return str(path)
+    return keep
 
 
 def exit_code_of_run(state) -> int:
@@ -213,6 +244,7 @@ def train(cfg, info, cache_clear: bool | None = None, lock_holder: str = "") -> 
     check_run_dir(cfg, ctx.rank, lock_holder)
     out = Path(cfg.train.output_dir)
     status = RankStatus(out, ctx.rank, ctx.world_size)
+    keep_tracebacks(rank_log(out, ctx.rank))   # the run directory is this run's now
     trainer = None
 
     def note(e: BaseException) -> str:
@@ -282,7 +314,7 @@ def main(argv=None) -> int:
         print(f"launch error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     return run_guarded(lambda: train(cfg, info, cache_clear, args.lock_holder), info,
-                       exit_code=exit_code_of, leave=True)
+                       exit_code=exit_code_of, leave=True, expected=expected_failure)
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ def test_torchrun_command_line(sandbox):
     assert proc.returncode == 0, proc.stderr
     assert [c["prog"] for c in calls] == ["python"]
     argv = calls[0]["argv"]
-    assert argv[:5] == ["-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+    assert argv[:5] == ["-m", "submission.torchrun", "--nnodes=1", "--nproc_per_node=2",
                         "--standalone"]
     assert argv[5:7] == ["-m", "submission.train"]
     train_args(cfg, 7, argv)
@@ -442,6 +442,8 @@ def _signals_reach_the_launcher_once(sandbox, sigs, launcher, group):
     assert (files / "got").read_text().split() == ["SIGUSR1"], err[-3000:]
     first = sigs.split()[0]
     assert f"got SIG{first}" in err and "RESULT," not in out
+    # a stop the ranks answered is no failure: no FAILED line (issue 46)
+    assert "stopped by a signal: " in err and "FAILED" not in err, err[-3000:]
     assert "stub still writing 1999" in out
     (log,) = (root / "log dir").glob("*/launcher.log")
     assert "stub still writing 1999" in log.read_text()
