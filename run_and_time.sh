@@ -245,9 +245,10 @@ fi
 # locks held under it as this run's.
 HOLDER="run_and_time.sh pid $$ on $(hostname) since $(date +'%Y-%m-%d %H:%M:%S') for run directory $RUN_DIR"
 ARMED_DIR="$RUN_DIR/.armed/$(hostname).$$"   # where this launch's ranks say they can stop
+SHM_NOTES="$ARMED_DIR.shm"   # where its ranks note MPICH's /dev/shm files (submission.shm)
 TRAIN=("$PYTHON" -m submission.train --config "$CONFIG" --set "train.seed=$SEED"
        --set "train.output_dir=$RUN_DIR" --lock-holder "$HOLDER" --signals-ready "$ARMED_DIR"
-       "${OVERRIDES[@]}")
+       --shm-notes "$SHM_NOTES" "${OVERRIDES[@]}")
 if [[ "$MODE" == tune ]]; then   # the bucket tuner, launched exactly as training would be
     TRAIN=("$PYTHON" -m runtime.calibrate.tune --config "$CONFIG" --set "train.seed=$SEED"
            --out "$RUN_DIR" "${OVERRIDES[@]}")
@@ -309,8 +310,8 @@ if command -v flock >/dev/null && { [[ -z "$SELF_RANK" && "$STARTS" == "$NP" ]] 
     fi
 fi
 [[ -z "$GOT_SIGNAL" ]] || stopped_before_launch
-rm -rf -- "$ARMED_DIR"
-mkdir -p -- "$ARMED_DIR"
+rm -rf -- "$ARMED_DIR" "$SHM_NOTES"
+mkdir -p -- "$ARMED_DIR" "$SHM_NOTES"
 
 # -- run and time ----------------------------------------------------------------------------
 START=$(date +%s)
@@ -379,6 +380,11 @@ while :; do
     break
 done
 rm -rf -- "$ARMED_DIR"
+# MPICH's shared-memory files of this launch's ranks here, which a job that ended without
+# MPI_Finalize (a rank's failure, a kill) leaves in /dev/shm: the ranks noted them, and every
+# rank of this host is gone now
+"$PYTHON" -m submission.shm clean "$SHM_NOTES" 2>/dev/null
+rm -rf -- "$SHM_NOTES"
 rmdir -- "$RUN_DIR/.armed" 2>/dev/null
 set -e
 

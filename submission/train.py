@@ -20,7 +20,9 @@ and a complete checkpoint: the run resumes and continues that log.
 ``--signals-ready DIR`` (run_and_time.sh's): once the stop-signal handlers are in - the first
 thing this module does - a file in DIR says so (runtime.launch.signals.announce); the script
 holds a stop request until every rank has said it, since a stop signal before the handlers
-would kill the rank.
+would kill the rank. ``--shm-notes DIR`` (run_and_time.sh's): once MPI has started, the
+/dev/shm files it maps are noted in DIR, for the script to remove after the launch
+(submission.shm: MPICH leaves them when a job ends without MPI_Finalize).
 
 Exit status: 0 success, 1 target not reached, 2 bad input, 3 runtime failure, 4 stopped by a
 signal - what each covers is the table in README.md, "Exit status" (run_and_time.sh and run.sub
@@ -67,7 +69,7 @@ from runtime.events import CallbackList  # noqa: E402
 from runtime.observe.metrics import MetricsWriter, ProgressPrinter, plot_metrics  # noqa: E402
 from runtime.train.trainer import InitCheckpointError, Trainer  # noqa: E402
 from submission.mllog_callback import MLPerfLogger, _logged_keys  # noqa: E402
-from submission import rank_status  # noqa: E402
+from submission import rank_status, shm  # noqa: E402
 from submission.rank_status import RankStatus, lost_ranks  # noqa: E402
 
 LOG_NAME = "mlperf_bert.log"
@@ -148,6 +150,9 @@ def parse_args(argv):
                          "the run and checkpoint directories (rank 0 accepts them)")
     ap.add_argument("--signals-ready", default="", metavar="DIR",
                     help="run_and_time.sh's: say in DIR when the stop-signal handlers are in")
+    ap.add_argument("--shm-notes", default="", metavar="DIR",
+                    help="run_and_time.sh's: note in DIR the /dev/shm files MPI maps, for it "
+                         "to remove once the ranks are gone (submission.shm)")
     return ap.parse_args(argv)
 
 
@@ -305,6 +310,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, args.set)
         info = discover()
+        shm.note(args.shm_notes)   # MPI has started (discover): what it put in /dev/shm
         cache_clear = cache_cleared()  # run.sub's word on the page caches (None: not run.sub)
         cfg.local_batch_size(info.world_size)  # fail before any rank trains
     except ConfigError as e:
