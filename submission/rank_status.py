@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -51,8 +52,12 @@ def status_path(run_dir: str | Path, rank: int) -> Path:
 def _write(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(record) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(record) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)   # a full disk: no half-written file left
+        raise
 
 
 def read_all(run_dir: str | Path, since: Optional[float] = None) -> dict[int, dict]:
@@ -153,6 +158,16 @@ def launcher_culprit(text: str, records: dict[int, dict],
     return None
 
 
+# A rank's failure as run_guarded prints it: "[rank N] ErrorName: message" (its one line, or
+# the last line of its traceback) - read when the rank could not record it (a full disk).
+_CONSOLE_FAILURE = re.compile(r"^\[rank (\d+)\] ([A-Za-z_][\w.]*): (.+)$", re.M)
+
+
+def console_failures(text: str) -> dict[int, str]:
+    """Rank -> "ErrorName: message", the last failure each rank printed in ``text``."""
+    return {int(m[1]): f"{m[2]}: {m[3]}" for m in _CONSOLE_FAILURE.finditer(text)}
+
+
 def job_exit_code(records: dict[int, dict], world_size: Optional[int], launcher_rc: int,
                   launcher: Optional[str] = None) -> int:
     if not records:
@@ -188,6 +203,11 @@ def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
         lines.append(culprit)
     last = max((int(r.get("step", 0)) for r in records.values()), default=0)
     failed = [r for r, rec in sorted(records.items()) if rec.get("state") == "failed"]
+    said = {}   # records the ranks could not finish (a full disk): what they printed
+    if not failed:
+        said = {r: why for r, why in console_failures(text).items()
+                if r in records and "exit" not in records[r]}
+        failed = sorted(said)
     who = (f"rank {failed[0]}" if len(failed) == 1 else
            "ranks " + ", ".join(map(str, failed))) + " failed"
     # the ranks that failed first: the others ended because of them
@@ -197,6 +217,9 @@ def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
             reason = next((x for x in rec.get("reason", "").splitlines() if x.strip()), "")
             lines.append(f"rank {rank} ({where}): exit {rec['exit']}, {rec.get('state')} after "
                          f"step {rec.get('step')}" + (f": {reason}" if reason else ""))
+        elif rank in said:
+            lines.append(f"rank {rank} ({where}): failed after step {rec.get('step')} (its "
+                         f"record could not be finished; it printed): {said[rank]}")
         elif failed:
             lines.append(f"rank {rank} ({where}): stopped after {who} (the launcher ended it "
                          f"before it could record its end); last logged step {rec.get('step')}")

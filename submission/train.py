@@ -117,10 +117,13 @@ def rank_log(out: Path, rank: int):
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         body = f"--- rank {rank}, pid {os.getpid()}, {stamp}\n{text}"
         path = rank_status.status_path(out, rank).with_suffix(".log")
+        existed = path.exists()
         try:
             with open(path, "a") as f:
                 f.write(body)
         except OSError:
+            if not existed:   # no empty file left behind on the full disk
+                path.unlink(missing_ok=True)
             fd, name = tempfile.mkstemp(prefix=f"presto_rank{rank}_", suffix=".log")
             with os.fdopen(fd, "w") as f:
                 f.write(body)

@@ -263,6 +263,17 @@ def test_a_rank_the_launcher_ended_after_another_failed_is_said_so_and_after_it(
     (ranks / "rank_00001.json").write_text(json.dumps({"rank": 1, "pid": 11, **started}))
     code, lines = rank_status.summary(tmp_path, 9, None)
     assert code == 3 and "killed (SIGKILL, OOM, lost node)" in lines[0], lines
+    # a full disk: neither rank could finish its record, rank 0 printed its failure
+    log = tmp_path / "launcher.log"
+    log.write_text("[rank 0] LogWriteError: cannot write metrics.jsonl (No space left on "
+                   "device) (its traceback: /tmp/presto_rank0_x.log)\n"
+                   "[rank 0] last completed step 15 (960 samples)\nAbort(3) on node 0\n")
+    code, lines = rank_status.summary(tmp_path, 3, log)
+    assert code == 3 and lines[0] == (
+        "rank 0 (pid 10 on vm): failed after step 15 (its record could not be finished; it "
+        "printed): LogWriteError: cannot write metrics.jsonl (No space left on device) (its "
+        "traceback: /tmp/presto_rank0_x.log)"), lines
+    assert lines[1].startswith("rank 1 (pid 11 on vm): stopped after rank 0 failed"), lines
 
 
 def test_a_torchrun_stop_ends_in_one_line_with_the_signals_status(monkeypatch, capsys):
