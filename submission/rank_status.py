@@ -238,10 +238,11 @@ def _meaning(code: int) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m submission.rank_status",
-                                 description="After a launch: the job's one exit status on stdout, from its "
-                                             "ranks' status files, and on stderr a summary "
-                                             "of the rank that failed and the last step.")
+    ap = argparse.ArgumentParser(
+        prog="python -m submission.rank_status",
+        description="After a launch: the job's one exit status on stdout, from its ranks' "
+                    "status files, and on stderr a summary of the rank that failed and the "
+                    "last step.")
     ap.add_argument("run_dir")
     ap.add_argument("--rc", type=int, required=True, help="the launcher's exit status")
     ap.add_argument("--launcher", help="system.launcher: read only its report, and know "

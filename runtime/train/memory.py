@@ -4,25 +4,25 @@ node has before any rank starts.
     python -m runtime.train.memory CONFIG [--set section.key=value ...]     (run_and_time.sh)
 
 Owns: the estimate - the parameter count of the configured BERT (exact: the same count as the
-built model's, tests/unit/test_memory.py checks it), the bytes per parameter kept on a rank (fp32
-weights, gradients, the gradient buckets, the optimizer's state: 8 bytes for LAMB and AdamW's
-two moments, 4 for LARS's momentum, divided by the shard count under ``optim.shard`` - the
-ranks of a node, or every rank: ``optimizer_shards``; the parameters that one host's sharded
-CPU ranks share are still counted per rank), the activations of one micro-batch (Korthikanti
-et al., "Reducing Activation Recomputation in Large Transformer Models", 2022: s·b·h·(34 + 5·a·s/h)
+built model's, tests/unit/test_memory.py checks it), the bytes per parameter kept on a rank
+(fp32 weights, gradients, the gradient buckets, the optimizer's state: 8 bytes for LAMB and
+AdamW's two moments, 4 for LARS's momentum, divided by the shard count under ``optim.shard`` -
+the ranks of a node, or every rank: ``optimizer_shards``; the parameters that one host's sharded
+CPU ranks share are still counted per rank), the activations of one micro-batch (Korthikanti et
+al., "Reducing Activation Recomputation in Large Transformer Models", 2022: s·b·h·(34 + 5·a·s/h)
 bytes per layer with 16-bit activations - doubled in fp32 - plus the masked-LM logits, their
-softmax and its gradient over the vocabulary), and a fixed runtime overhead per rank - under
-``data.shapes = 'static'`` of the rows the static batch always has (``ActivationRows``: data.static_rows
-rows of the full width, or the micro-batch; each row's sequence slots as attention segments
-padded to the width where the CPU's repad kernel pads them; its masked-LM slots; the slot
-tables) - and the
-check: on the CPU, every rank of a node against the node's available memory
+softmax and its gradient over the vocabulary; under ``data.shapes = 'static'`` of the rows every
+static batch has, ``ActivationRows``: data.static_rows rows of the full width, or the
+micro-batch, each row's sequence slots as attention segments padded to the width where the CPU's
+repad kernel pads them, its masked-LM slots and its slot tables), and a fixed runtime overhead
+per rank - and the check: on the CPU, every rank of a node against the node's available memory
 (/proc/meminfo MemAvailable); on CUDA, one rank against ``system.device_memory_gb`` (0: not
 checked). A run that cannot fit is refused (exit 2) with the estimate, the memory there is, the
-largest micro-batch that would fit and the gradient accumulation that gives one (the same
-global batch), or what else to change. The micro-batch is global / (ranks × accumulation):
-tests/integration/test_memory_integration.py holds the estimate against the peak measured on
-a CPU across accumulation values.
+largest micro-batch that would fit and the gradient accumulation that gives one (the same global
+batch) - static rows: the most rows, and the most sequence slots, that fit - or what else to
+change. The micro-batch is global / (ranks × accumulation):
+tests/integration/test_memory_integration.py holds the estimate against the peak measured on a
+CPU across accumulation values.
 Never: builds the model, imports torch or allocates anything - an estimate, meant to catch the
 config that cannot fit (BERT-base at a local batch of 224 on a 24 GiB node), not to cut close.
 """

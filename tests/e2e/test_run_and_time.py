@@ -1,12 +1,12 @@
 """run_and_time.sh: fail-fast checks, the launch command per launcher, the RESULT line.
 
-PYTHON, MPIEXEC, MPIRUN and SRUN are stub scripts that record their argv and exit with
-$STUB_RC; the PYTHON stub passes `-m runtime.config`, `-m runtime.train.memory`, `-m
+PYTHON, MPIEXEC, MPIRUN and SRUN are stub scripts that record their argv and exit with $STUB_RC;
+the PYTHON stub passes `-m runtime.config`, `-m runtime.train.memory`, `-m
 submission.launchers`, `-m submission.session` (which starts the launcher) and `-m
-submission.shm` (which cleans up after it) on to the real interpreter, so the launch values really come from the config and the launch command from
-the launchers' table (whose rows tests/unit/test_launchers.py checks one by one). Everything
-lives under a directory with a space in its name to prove the quoting. The real end-to-end run
-is tested elsewhere (it trains).
+submission.shm` (which cleans up after it) on to the real interpreter, so the launch values
+really come from the config and the launch command from the launchers' table (whose rows
+tests/unit/test_launchers.py checks one by one). Everything lives under a directory with a space
+in its name to prove the quoting. The real end-to-end run is tested elsewhere (it trains).
 """
 from __future__ import annotations
 
