@@ -123,7 +123,10 @@ def rank_log(out: Path, rank: int):
                 f.write(body)
         except OSError:
             if not existed:   # no empty file left behind on the full disk
-                path.unlink(missing_ok=True)
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
             fd, name = tempfile.mkstemp(prefix=f"presto_rank{rank}_", suffix=".log")
             with os.fdopen(fd, "w") as f:
                 f.write(body)
