@@ -36,7 +36,8 @@
 # Output, as in the MLPerf reference scripts: STARTING/ENDING TIMING RUN lines, then on success
 #   RESULT,bert,SEED,SECONDS,USER,START      (START like "2025-01-31 02:03:04 PM")
 # printed once (by SLURM_PROCID 0 when every task runs this script). On failure no RESULT line:
-# a FAILED line on stderr, a summary naming the rank that failed or vanished and the last
+# a FAILED line on stderr (a run its ranks stopped on a signal, exit 4, says "stopped by a
+# signal" instead), a summary naming the rank that failed or vanished and the last
 # completed step (python -m submission.rank_status, from each rank's RUN_DIR/ranks/ file and
 # the launcher's output, kept in RUN_DIR/launcher.log), and the run's exit status:
 #   0 success   1 target not reached   2 bad input (config, data, launch, run directory)
@@ -244,9 +245,10 @@ fi
 # locks held under it as this run's.
 HOLDER="run_and_time.sh pid $$ on $(hostname) since $(date +'%Y-%m-%d %H:%M:%S') for run directory $RUN_DIR"
 ARMED_DIR="$RUN_DIR/.armed/$(hostname).$$"   # where this launch's ranks say they can stop
+SHM_NOTES="$ARMED_DIR.shm"   # where its ranks note MPICH's /dev/shm files (submission.shm)
 TRAIN=("$PYTHON" -m submission.train --config "$CONFIG" --set "train.seed=$SEED"
        --set "train.output_dir=$RUN_DIR" --lock-holder "$HOLDER" --signals-ready "$ARMED_DIR"
-       "${OVERRIDES[@]}")
+       --shm-notes "$SHM_NOTES" "${OVERRIDES[@]}")
 if [[ "$MODE" == tune ]]; then   # the bucket tuner, launched exactly as training would be
     TRAIN=("$PYTHON" -m runtime.calibrate.tune --config "$CONFIG" --set "train.seed=$SEED"
            --out "$RUN_DIR" "${OVERRIDES[@]}")
@@ -308,8 +310,8 @@ if command -v flock >/dev/null && { [[ -z "$SELF_RANK" && "$STARTS" == "$NP" ]] 
     fi
 fi
 [[ -z "$GOT_SIGNAL" ]] || stopped_before_launch
-rm -rf -- "$ARMED_DIR"
-mkdir -p -- "$ARMED_DIR"
+rm -rf -- "$ARMED_DIR" "$SHM_NOTES"
+mkdir -p -- "$ARMED_DIR" "$SHM_NOTES"
 
 # -- run and time ----------------------------------------------------------------------------
 START=$(date +%s)
@@ -378,25 +380,41 @@ while :; do
     break
 done
 rm -rf -- "$ARMED_DIR"
+# MPICH's shared-memory files of this launch's ranks here, which a job that ended without
+# MPI_Finalize (a rank's failure, a kill) leaves in /dev/shm: the ranks noted them, and every
+# rank of this host is gone now
+"$PYTHON" -m submission.shm clean "$SHM_NOTES" 2>/dev/null
+rm -rf -- "$SHM_NOTES"
 rmdir -- "$RUN_DIR/.armed" 2>/dev/null
 set -e
 
 END=$(date +%s)
 echo "ENDING TIMING RUN AT $(LC_ALL=C date +'%Y-%m-%d %r')" || true
 if ((RC != 0)); then
-    say "FAILED: $LAUNCHER exited with status $RC after $((END - START)) s; no RESULT line (logs in $RUN_DIR)"
+    LAUNCH_RC=$RC DETAIL=""   # the job's status and summary first: the headline says which
     if [[ -n "$SELF_RANK" ]]; then
         if ((RC > 128)); then   # this task's rank died from a signal: say which rank, where
             STEP="$(sed -n 's/.*"step": \([0-9]*\).*/\1/p' "$RUN_DIR/ranks/rank_$(printf %05d "$SELF_RANK").json" 2>/dev/null)"
-            say "rank $SELF_RANK (pid $LAUNCH_PID on $(hostname)) was killed by signal $((RC - 128)) after step ${STEP:-?}"
+            DETAIL="run_and_time.sh: rank $SELF_RANK (pid $LAUNCH_PID on $(hostname)) was killed by signal $((RC - 128)) after step ${STEP:-?}"
             RC=3
         fi
     elif [[ "$MODE" == train ]]; then
         sleep 0.2   # let tee write the launcher's last lines
+        DETAIL_FILE="$(mktemp 2>/dev/null)" || DETAIL_FILE=""   # none: straight to stderr
         CODE="$("$PYTHON" -m submission.rank_status "$RUN_DIR" --rc "$RC" --launcher "$LAUNCHER" \
-                --launcher-log "$LAUNCH_LOG" --since "$START")" \
+                --launcher-log "$LAUNCH_LOG" --since "$START" 2>"${DETAIL_FILE:-/dev/stderr}")" \
             && [[ "$CODE" =~ ^[0-9]+$ ]] && RC="$CODE"
+        if [[ -n "$DETAIL_FILE" ]]; then
+            DETAIL="$(cat -- "$DETAIL_FILE")" || true
+            rm -f -- "$DETAIL_FILE"
+        fi
     fi
+    if ((RC == 4)); then   # a stop request the ranks answered: no failure
+        say "stopped by a signal: $LAUNCHER ended with status $LAUNCH_RC after $((END - START)) s; no RESULT line (logs in $RUN_DIR)"
+    else
+        say "FAILED: $LAUNCHER exited with status $LAUNCH_RC after $((END - START)) s; no RESULT line (logs in $RUN_DIR)"
+    fi
+    [[ -z "$DETAIL" ]] || printf '%s\n' "$DETAIL" >&2 || true
     if ((RC == 2)) && [[ -n "$CREATED_RUN_DIR" && ! -e "$RUN_DIR/mlperf_bert.log" ]]; then
         # Refused by the ranks (bad input): the directory this script made holds only the
         # launcher's words, said above - no empty run directory is left behind.

@@ -365,7 +365,8 @@ def print_tables(rec: dict) -> None:
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m bench.balance", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.balance",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=REPO / "data/cpu128")
     ap.add_argument("--worlds", default="8,64,1024")
     ap.add_argument("--modes", default=",".join(MODES))

@@ -178,7 +178,7 @@ def evaluate(model: torch.nn.Module, eval_batches) -> float:
 # ------------------------------------------------------------------------------------ main
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="bench/baseline_ddp.py", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="bench/baseline_ddp.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True)
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--baseline-lr", type=float, default=None,

@@ -406,7 +406,7 @@ def calibrate(args, workdir: Path) -> dict:
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m bench.batch_scaling",
-                                 description=__doc__.split("\n")[0])
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", default="32,64,128,256,512,1024")
     ap.add_argument("--optimizers", default="lamb,adamw")
     ap.add_argument("--rules", default="linear,sqrt")

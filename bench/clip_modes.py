@@ -1,5 +1,5 @@
 """``python -m bench.clip_modes``: does every gradient-clipping mode reach the CPU benchmark's
-target? (issue 5, item 7)
+target (issue 5, item 7)?
 
 For each ``train.clip_mode`` (global_after, local_before, bucket_before, none) and seed it runs
 the real benchmark, ``SEED=s CONFIG=CFG RUN_DIR=... ./run_and_time.sh -- train.clip_mode=M
@@ -70,7 +70,8 @@ def table(runs: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.clip_modes", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.clip_modes",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, default=CONFIG)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--seeds", default="42")

@@ -25,7 +25,12 @@ import torch
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.fault_rank")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.fault_rank",
+        description="One rank of submission.train with a numerical fault injected from a "
+                    "step on (nan: NaN activations; fp16: an overflow storm the loss scaler "
+                    "cannot end), for bench.faults. The arguments after -- are "
+                    "submission.train's.")
     ap.add_argument("--fault", choices=["nan", "fp16"], required=True)
     ap.add_argument("--from-step", type=int, required=True, help="first faulty step (1-based)")
     ap.add_argument("train_args", nargs=argparse.REMAINDER)

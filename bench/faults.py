@@ -450,7 +450,8 @@ def fault_storm(kind: str, work: Path, data: Path, ref: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.faults",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--data", type=Path, default=ROOT / "data" / "cpu128")
     ap.add_argument("--faults", default=",".join(FAULTS))

@@ -204,7 +204,7 @@ def answer(table: list[dict]) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m bench.hpo_batch",
-                                 description=__doc__.split("\n")[0])
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--trials", type=int, default=12, help="trials per optimizer's search")
     ap.add_argument("--seeds", default="1,2,3", help="seeds of the confirmation runs")

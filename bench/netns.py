@@ -229,7 +229,7 @@ def _sigterm_to_exit(signum, frame):
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.netns", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.netns", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate-mbit", type=float, default=None, help="link rate each way (default: "
                     "unlimited)")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay (netem)")

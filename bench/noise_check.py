@@ -214,7 +214,7 @@ def per_example(ckpt: Path, batch_list: list, check: Optional[tuple] = None) -> 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m bench.noise_check",
-                                 description=__doc__.split("\n")[0])
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--every", type=int, default=50, help="steps between checkpoints")
     ap.add_argument("--examples", type=int, default=1024, help="sequences per checkpoint "

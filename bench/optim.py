@@ -332,7 +332,7 @@ def print_table(records: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.optim", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="base,large")
     ap.add_argument("--only", default="lamb,adamw,lars", help="optimizers to run")
     ap.add_argument("--reps", type=int, default=3, help="timed steps per implementation")

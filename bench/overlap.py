@@ -344,7 +344,8 @@ def orchestrate(args) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m bench.overlap", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.overlap",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate-mbit", type=float, default=None, help="test-bed link rate each way "
                     "(default: chosen so one full allreduce takes as long as backward)")
     ap.add_argument("--config", default=str(DEFAULT_CONFIG))

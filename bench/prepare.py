@@ -43,7 +43,8 @@ def run_once(workers: int, sources: Path, debian_docs: bool) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.prepare", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.prepare",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=1, help="builds to time; the fastest is kept")
     p.add_argument("--sources", type=Path, default=DEFAULT_SOURCES)

@@ -263,7 +263,7 @@ def table(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.shard", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.shard", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="cpu,base")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", type=Path, default=RESULTS)

@@ -61,7 +61,8 @@ def seconds_per_step(steps: list[dict], skip: int) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.step_time", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.step_time",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--trees", required=True, help="A,B: two checkouts to compare")
     ap.add_argument("--config", required=True, help="config TOML (path relative to each tree)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")

@@ -292,7 +292,7 @@ def compact(record: dict) -> dict:
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m bench.time_to_accuracy",
-                                 description=__doc__.split("\n")[0])
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path,
                     default=REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml")
     ap.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")

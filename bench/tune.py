@@ -334,7 +334,7 @@ def orchestrate(args) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m bench.tune", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.tune", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(CONFIG))
     ap.add_argument("--shapes", default="cpu,l12")
     ap.add_argument("--ratios", default="1,3", help="full allreduce / backward")

@@ -124,10 +124,13 @@ def _choose(counts, ahead, ranks, total, fixed: int = 0, per_rank: int = 0):
     if fixed:
         # R from `fixed` down to the fewest rows that can hold a rank's share, the one whose
         # rows must hold what the window's rows hold on average first: the window's mix stays
-        # the stream's, instead of running out of one kind of row
+        # the stream's, instead of running out of one kind of row. No R above a rank's
+        # sequences (each row holds one at least) or the window's rows can be exact: they are
+        # never tried (a huge `fixed` must not become a huge list).
         fewest = max(1, -(-per_rank // max(int(k.max()), 1))) if len(k) else 1
         mean = float(k.mean()) if len(k) else 1.0
-        tries = sorted(range(fewest, fixed + 1),
+        most = min(fixed, per_rank or fixed, len(k) // ranks)
+        tries = sorted(range(fewest, most + 1),
                        key=lambda r: (abs(total / (ranks * r) - mean), -r))
         for rows_per_rank in tries:
             n = ranks * rows_per_rank

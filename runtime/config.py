@@ -27,13 +27,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from loaders.balance import STATIC_SEQS_PER_ROW, BalanceMode, BalanceSpec, ShapeMode
-from runtime.choices import (AFTER_MODES, ConfigError, AttentionMode, CacheClear, ClipMode, CudaGraphs, DeviceKind,
-                             Division, GradSyncKind, Launcher, LoaderKind, LrScaling,
-                             OptimBackend, OptimizerName, OptimShard, Precision, ReduceDtype,
-                             ScheduleName, SrunMpi,
-                             TiedEmbeddingSync, GRAPH_MODES, clip_help, clip_spec, graph_modes_help, hparam_error,
-                             is_number)
+from loaders.balance import (STATIC_SEQS_PER_ROW, BalanceMode, BalanceSpec, ShapeMode,
+                             shape_size_problem)
+from runtime.choices import (AFTER_MODES, GRAPH_MODES, AttentionMode, CacheClear, ClipMode,
+                             ConfigError, CudaGraphs, DeviceKind, Division, GradSyncKind,
+                             Launcher, LoaderKind, LrScaling, OptimBackend, OptimizerName,
+                             OptimShard, Precision, ReduceDtype, ScheduleName, SrunMpi,
+                             TiedEmbeddingSync, clip_help, clip_spec, graph_modes_help,
+                             hparam_error, is_number)
 from kernels.fusions import check_fusions
 from runtime.model.config import BertConfig
 
@@ -132,14 +133,16 @@ class DataConfig:
         "replays; random/global/local: local batch rows of one sequence each; offline_pack: "
         "data.static_rows rows of up to data.max_seqs_per_row sequences)", "dynamic")
     shape_bucket: int = _doc("data.shapes='bucketed': the width is a multiple of this "
-                             "(capped at the sequence length)", 64)
+                             "(capped at the sequence length; 1 .. data.max_seq_length)", 64)
     max_seqs_per_row: int = _doc(
         "offline_pack: sequences one packed row holds at most (0 = no limit, or "
-        f"{STATIC_SEQS_PER_ROW} with data.shapes='static': NVIDIA's max_pack_factor)", 0)
+        f"{STATIC_SEQS_PER_ROW} with data.shapes='static': NVIDIA's max_pack_factor; at most "
+        "data.pack_length // 5, a sequence's shortest)", 0)
     static_rows: int = _doc(
         "offline_pack with data.shapes='static': rows each rank computes per micro-batch (0 = "
         "ceil(local batch / mean sequences per packed row); a step the plan packs into fewer "
-        "rows gets empty ones, reported as padding)", 0)
+        "rows gets empty ones, reported as padding; at most the micro-batch, and counted by "
+        "the memory check)", 0)
 
     def validate(self) -> None:
         if self.max_seq_length < 1 or self.max_predictions_per_seq < 1 or \
@@ -536,6 +539,15 @@ class Config:
             raise ConfigError(f"train.precision={self.train.precision} needs CUDA but "
                               "system.device='cpu'; use precision='fp32' on CPU")
         self._validate_cuda_graphs()
+        d = self.data   # static/bucketed sizes within what the data and sequence length allow
+        why = shape_size_problem(
+            static_rows=d.static_rows, max_seqs_per_row=d.max_seqs_per_row,
+            shape_bucket=d.shape_bucket, seq_len=d.max_seq_length,
+            pack_length=d.pack_length or d.max_seq_length,
+            local_batch=self.local_batch_size(self.system.nodes * self.system.ranks_per_node)
+            if d.static_rows else d.static_rows)
+        if why:
+            raise ConfigError(why)
         if self.optim.shard != "none":
             if self.train.grad_sync != "buckets":
                 raise ConfigError(f"optim.shard='{self.optim.shard}' needs train.grad_sync="
@@ -778,7 +790,8 @@ def help_keys() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m runtime.config FILE [--get section.key] [--check]` for shell layers."""
-    ap = argparse.ArgumentParser(prog="python -m runtime.config", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m runtime.config",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("file", nargs="?", help="config TOML")
     ap.add_argument("--get", action="append", default=[], metavar="SECTION.KEY",
                     help="print the value (one line per --get)")

@@ -28,10 +28,13 @@ from submission import slurm
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m submission", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m submission", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("submit", help="check a config and sbatch NEXP experiments of it")
+    s = sub.add_parser("submit", help="check a config and sbatch NEXP experiments of it",
+                       description="Check a config and submit NEXP experiments of it as one "
+                                   "Slurm job (run.sub); --dry-run prints the command and "
+                                   "script instead.")
     s.add_argument("--config", required=True, help="config TOML (submission/configs/...)")
     s.add_argument("--nexp", type=int, required=True, help="experiments (MLPerf BERT: 10)")
     s.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
@@ -53,18 +56,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true",
                    help="check everything, print the exact command and script, submit nothing")
 
-    s = sub.add_parser("status", help="state of submitted jobs and of each experiment")
+    s = sub.add_parser("status", help="state of submitted jobs and of each experiment",
+                       description="Show the state of submitted jobs and of each of their "
+                                   "experiments.")
     s.add_argument("job", nargs="?", help="job id (default: every job in the registry)")
     s.add_argument("--logs", type=Path, help="a run.sub LOGDIR (instead of a job id)")
     s.add_argument("--registry", type=Path, default=slurm.DEFAULT_REGISTRY)
 
-    s = sub.add_parser("report", help="score a directory of MLPerf logs")
+    s = sub.add_parser("report", help="score a directory of MLPerf logs",
+                       description="Score a directory of MLPerf logs: convergence, the "
+                                   "compliance checker, and MLPerf's olympic mean.")
     s.add_argument("--logs", type=Path, required=True, help="run.sub LOGDIR or any log directory")
     s.add_argument("--json", metavar="FILE", help="write the JSON report here ('-': print it "
                    "instead of the table; default LOGS/report.json)")
     s.add_argument("--no-compliance", action="store_true", help="skip the compliance checker")
 
-    s = sub.add_parser("package", help="MLPerf submission layout, checked")
+    s = sub.add_parser("package", help="MLPerf submission layout, checked",
+                       description="Lay a directory of runs out as an MLPerf submission and "
+                                   "check it.")
     s.add_argument("--logs", type=Path, required=True)
     s.add_argument("--org", required=True, help="submitting organisation (directory name)")
     s.add_argument("--system", required=True, help="system name (systems/<SYS>.json)")
@@ -72,10 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--impl", default="presto_pytorch", help="implementation directory name")
     s.add_argument("--config", type=Path, help="config, when LOGS has no job.json")
 
-    s = sub.add_parser("hpo", help="search hyperparameters with Optuna, each trial a real run")
+    s = sub.add_parser("hpo", help="search hyperparameters with Optuna, each trial a real run",
+                       description="Search hyperparameters with Optuna, each trial a real "
+                                   "run (docs/HPO.md).")
     hpo.add_arguments(s)
     s = sub.add_parser("hpo-worker", help="one worker of an existing study (a Slurm array "
-                       "task runs this)")
+                       "task runs this)",
+                       description="Run one worker of an existing study (what a task of "
+                                   "the study's Slurm array runs).")
     s.add_argument("--dir", type=Path, required=True, help="the study directory")
     s.add_argument("--worker", type=int, help="worker index (default SLURM_ARRAY_TASK_ID)")
     return ap

@@ -208,7 +208,9 @@ def _srun_phrase(m: re.Match, records: Mapping[int, dict]) -> str:
 
 def _torchrun_argv(launch: Launch) -> list[str]:
     torchrun = launch.env.get("TORCHRUN", "")
-    argv = [torchrun] if torchrun else [launch.command[0], "-m", "torch.distributed.run"]
+    # the default: torchrun's own main, whose stop (SIGTERM passed on to its workers) ends
+    # in one line, not its agent's SignalException traceback (submission/torchrun.py)
+    argv = [torchrun] if torchrun else [launch.command[0], "-m", "submission.torchrun"]
     argv += [f"--nnodes={launch.nodes}", f"--nproc_per_node={launch.ranks_per_node}"]
     if launch.nodes > 1:
         addr = _require(launch.env, "MASTER_ADDR", f"system.nodes={launch.nodes} needs "
@@ -273,7 +275,8 @@ LAUNCHERS: dict[str, LauncherSpec] = {spec.name: spec for spec in (
         "$TORCHRUN --nnodes=NODES --nproc_per_node=RANKS, then --standalone on one node or "
         "--rdzv_backend=c10d --rdzv_endpoint=MASTER_ADDR:MASTER_PORT on several, "
         "-m submission.train ARGS; its agent gives workers 30 s after SIGTERM before SIGKILL",
-        (("TORCHRUN", 'default "$PYTHON -m torch.distributed.run"'),
+        (("TORCHRUN", 'default "$PYTHON -m submission.torchrun" (torch.distributed.run, '
+                      'a stop without the agent\'s traceback)'),
          ("MASTER_ADDR", "the rendezvous host: required when system.nodes > 1"),
          ("MASTER_PORT", f"its port, default {TORCHRUN_DEFAULT_PORT}")),
         _torchrun_argv, forward_signal="TERM", folds_exit_status=True,
@@ -342,9 +345,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     options = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(
         prog="python -m submission.launchers",
-        description="the launch of one run for run_and_time.sh: NUL-ended items on stdout - "
-                    "the signal to forward, this process's rank or '', the ranks the launch "
-                    "starts, the launch argv")
+        description="The launch of one run, for run_and_time.sh: NUL-ended items on stdout "
+                    "(the signal to forward, this process's rank or '', the ranks the launch "
+                    "starts, the launch argv), or the launchers in words.")
     ap.add_argument("action", choices=["argv", "describe"],
                     help="argv: the launch (needs the options below); describe: the launchers")
     ap.add_argument("--launcher", help="system.launcher")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -51,8 +52,12 @@ def status_path(run_dir: str | Path, rank: int) -> Path:
 def _write(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(record) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(record) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)   # a full disk: no half-written file left
+        raise
 
 
 def read_all(run_dir: str | Path, since: Optional[float] = None) -> dict[int, dict]:
@@ -153,6 +158,16 @@ def launcher_culprit(text: str, records: dict[int, dict],
     return None
 
 
+# A rank's failure as run_guarded prints it: "[rank N] ErrorName: message" (its one line, or
+# the last line of its traceback) - read when the rank could not record it (a full disk).
+_CONSOLE_FAILURE = re.compile(r"^\[rank (\d+)\] ([A-Za-z_][\w.]*): (.+)$", re.M)
+
+
+def console_failures(text: str) -> dict[int, str]:
+    """Rank -> "ErrorName: message", the last failure each rank printed in ``text``."""
+    return {int(m[1]): f"{m[2]}: {m[3]}" for m in _CONSOLE_FAILURE.finditer(text)}
+
+
 def job_exit_code(records: dict[int, dict], world_size: Optional[int], launcher_rc: int,
                   launcher: Optional[str] = None) -> int:
     if not records:
@@ -187,12 +202,27 @@ def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
     if culprit:
         lines.append(culprit)
     last = max((int(r.get("step", 0)) for r in records.values()), default=0)
-    for rank, rec in sorted(records.items()):
+    failed = [r for r, rec in sorted(records.items()) if rec.get("state") == "failed"]
+    said = {}   # records the ranks could not finish (a full disk): what they printed
+    if not failed:
+        said = {r: why for r, why in console_failures(text).items()
+                if r in records and "exit" not in records[r]}
+        failed = sorted(said)
+    who = (f"rank {failed[0]}" if len(failed) == 1 else
+           "ranks " + ", ".join(map(str, failed))) + " failed"
+    # the ranks that failed first: the others ended because of them
+    for rank, rec in sorted(records.items(), key=lambda kv: (kv[0] not in failed, kv[0])):
         where = f"pid {rec.get('pid')} on {rec.get('host')}"
         if "exit" in rec:
+            reason = next((x for x in rec.get("reason", "").splitlines() if x.strip()), "")
             lines.append(f"rank {rank} ({where}): exit {rec['exit']}, {rec.get('state')} after "
-                         f"step {rec.get('step')}" + (f": {rec['reason'].splitlines()[-1]}"
-                                                      if rec.get("reason") else ""))
+                         f"step {rec.get('step')}" + (f": {reason}" if reason else ""))
+        elif rank in said:
+            lines.append(f"rank {rank} ({where}): failed after step {rec.get('step')} (its "
+                         f"record could not be finished; it printed): {said[rank]}")
+        elif failed:
+            lines.append(f"rank {rank} ({where}): stopped after {who} (the launcher ended it "
+                         f"before it could record its end); last logged step {rec.get('step')}")
         else:
             lines.append(f"rank {rank} ({where}): no exit record - killed (SIGKILL, OOM, lost "
                          f"node) or stopped by the launcher after another rank ended; last "
@@ -208,8 +238,11 @@ def _meaning(code: int) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m submission.rank_status",
-                                 description="the job's exit status from its ranks' status files")
+    ap = argparse.ArgumentParser(
+        prog="python -m submission.rank_status",
+        description="After a launch: the job's one exit status on stdout, from its ranks' "
+                    "status files, and on stderr a summary of the rank that failed and the "
+                    "last step.")
     ap.add_argument("run_dir")
     ap.add_argument("--rc", type=int, required=True, help="the launcher's exit status")
     ap.add_argument("--launcher", help="system.launcher: read only its report, and know "

@@ -50,7 +50,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     command = argv[argv.index("--") + 1:] if "--" in argv else []
     options = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(prog="python -m submission.session",
-                                 description=__doc__.split("\n")[0])
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--stop-signal", required=True, help="USR1, TERM ...: the launcher's stop "
                     "request (submission.launchers), sent to it when --parent dies")
     ap.add_argument("--parent", type=int, required=True, help="run_and_time.sh's PID")

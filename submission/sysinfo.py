@@ -12,6 +12,7 @@ job, so ``package`` describes the compute node, not the login node it runs on.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -177,6 +178,17 @@ def system_description(facts: dict, cfg, org: str, system: str) -> dict:
     }
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m submission.sysinfo",
+        description="Print this host's facts (CPU, memory, storage, accelerators, OS and "
+                    "software versions) as JSON on stdout, for the MLPerf system "
+                    "description; run.sub keeps them in LOGDIR/sysinfo.json.")
+    ap.parse_args(argv)
     json.dump(collect(), sys.stdout, indent=2)
     print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

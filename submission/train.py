@@ -20,7 +20,9 @@ and a complete checkpoint: the run resumes and continues that log.
 ``--signals-ready DIR`` (run_and_time.sh's): once the stop-signal handlers are in - the first
 thing this module does - a file in DIR says so (runtime.launch.signals.announce); the script
 holds a stop request until every rank has said it, since a stop signal before the handlers
-would kill the rank.
+would kill the rank. ``--shm-notes DIR`` (run_and_time.sh's): once MPI has started, the
+/dev/shm files it maps are noted in DIR, for the script to remove after the launch
+(submission.shm: MPICH leaves them when a job ends without MPI_Finalize).
 
 Exit status: 0 success, 1 target not reached, 2 bad input, 3 runtime failure, 4 stopped by a
 signal - what each covers is the table in README.md, "Exit status" (run_and_time.sh and run.sub
@@ -29,11 +31,13 @@ pass the status on).
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
 import json
 import os
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,7 +46,8 @@ from runtime.launch import signals
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m submission.train", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m submission.train",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True, help="config TOML (submission/configs/...)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override one config key (repeatable)")
@@ -51,6 +56,9 @@ def parse_args(argv):
                          "the run and checkpoint directories (rank 0 accepts them)")
     ap.add_argument("--signals-ready", default="", metavar="DIR",
                     help="run_and_time.sh's: say in DIR when the stop-signal handlers are in")
+    ap.add_argument("--shm-notes", default="", metavar="DIR",
+                    help="run_and_time.sh's: note in DIR the /dev/shm files MPI maps, for it "
+                         "to remove once the ranks are gone (submission.shm)")
     return ap.parse_args(argv)
 
 
@@ -102,13 +110,14 @@ from loaders.shards import DataError  # noqa: E402
 from runtime.train.checkpoint import CheckpointError, find_latest  # noqa: E402
 from runtime.config import ConfigError, load_config  # noqa: E402
 from runtime.launch.dist import (RanksDisagree, broadcast_object, check_same_on_all_ranks,
-                                 init_distributed, on_failure, run_guarded, shutdown)
+                                 init_distributed, keep_tracebacks, on_failure, run_guarded,
+                                 shutdown)
 from runtime.launch.env import LaunchError, cache_cleared, discover  # noqa: E402
 from runtime.events import CallbackList  # noqa: E402
 from runtime.observe.metrics import MetricsWriter, ProgressPrinter, plot_metrics  # noqa: E402
 from runtime.train.trainer import InitCheckpointError, Trainer  # noqa: E402
 from submission.mllog_callback import MLPerfLogger, _logged_keys  # noqa: E402
-from submission import rank_status  # noqa: E402
+from submission import rank_status, shm  # noqa: E402
 from submission.rank_status import RankStatus, lost_ranks  # noqa: E402
 
 LOG_NAME = "mlperf_bert.log"
@@ -138,6 +147,40 @@ def exit_code_of(e: BaseException) -> int:
     if isinstance(e, KeyboardInterrupt):
         return EXIT_STOPPED
     return getattr(e, "exit_code", EXIT_FAILURE)
+
+
+def expected_failure(e: BaseException) -> bool:
+    """A failure whose message says all there is (a full disk, a stop signal, a refusal):
+    the console gets its one line, the rank's log file its traceback."""
+    if isinstance(e, (*BAD_INPUT, KeyboardInterrupt)) or hasattr(type(e), "exit_code"):
+        return True   # LogWriteError, CheckpointWriteError: the disk is full
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def rank_log(out: Path, rank: int):
+    """``keep_tracebacks``' sink for this rank: appends to ``<run dir>/ranks/rank_<r>.log``
+    (beside its status record), or a file in the temporary directory when the run directory
+    cannot take it (its disk is full); returns where it went."""
+    def keep(text: str) -> str:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        body = f"--- rank {rank}, pid {os.getpid()}, {stamp}\n{text}"
+        path = rank_status.status_path(out, rank).with_suffix(".log")
+        existed = path.exists()
+        try:
+            with open(path, "a") as f:
+                f.write(body)
+        except OSError:
+            if not existed:   # no empty file left behind on the full disk
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+            fd, name = tempfile.mkstemp(prefix=f"presto_rank{rank}_", suffix=".log")
+            with os.fdopen(fd, "w") as f:
+                f.write(body)
+            path = Path(name)
+        return str(path)
+    return keep
 
 
 def exit_code_of_run(state) -> int:
@@ -243,6 +286,7 @@ def train(cfg, info, cache_clear: bool | None = None, lock_holder: str = "") -> 
     check_run_dir(cfg, ctx.rank, lock_holder)
     out = Path(cfg.train.output_dir)
     status = RankStatus(out, ctx.rank, ctx.world_size)
+    keep_tracebacks(rank_log(out, ctx.rank))   # the run directory is this run's now
     trainer = None
 
     def note(e: BaseException) -> str:
@@ -303,6 +347,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, args.set)
         info = discover()
+        shm.note(args.shm_notes)   # MPI has started (discover): what it put in /dev/shm
         cache_clear = cache_cleared()  # run.sub's word on the page caches (None: not run.sub)
         cfg.local_batch_size(info.world_size)  # fail before any rank trains
     except ConfigError as e:
@@ -312,7 +357,7 @@ def main(argv=None) -> int:
         print(f"launch error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     return run_guarded(lambda: train(cfg, info, cache_clear, args.lock_holder), info,
-                       exit_code=exit_code_of, leave=True)
+                       exit_code=exit_code_of, leave=True, expected=expected_failure)
 
 
 if __name__ == "__main__":

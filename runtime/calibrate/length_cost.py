@@ -193,7 +193,7 @@ def measure(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m runtime.calibrate.length_cost",
-                                 description=__doc__.split("\n")[0])
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, default=CPU_CONFIG, help="its [model] is measured")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--layout", choices=lc.LAYOUTS, required=True,

@@ -451,6 +451,14 @@ def _ranges(ranks: list[int]) -> str:
 
 
 _FAILURE_NOTES: list[Callable[[BaseException], Optional[str]]] = []
+_TRACEBACK_SINK: list[Callable[[str], str]] = []
+
+
+def keep_tracebacks(sink: Callable[[str], str]) -> None:
+    """Where the traceback of an expected failure goes (``run_guarded``'s ``expected``):
+    ``sink(text)`` keeps it (the rank's log file) and returns where; the console then gets
+    the failure's one line and that place."""
+    _TRACEBACK_SINK[:] = [sink]
 
 
 def on_failure(note: Callable[[BaseException], Optional[str]]) -> None:
@@ -477,7 +485,8 @@ BAD_INPUT_EXIT = 2   # an error whose message names the file, key or rank: print
 
 def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None,
                 exit_code: Optional[Callable[[BaseException], int]] = None,
-                leave: bool = False) -> T:
+                leave: bool = False,
+                expected: Callable[[BaseException], bool] = lambda e: False) -> T:
     """Run ``main_fn()``; if it raises on this rank, end the whole job, never hang.
 
     The traceback goes to stderr with every line prefixed ``[rank N]``. Then:
@@ -499,7 +508,9 @@ def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None,
     (status 2: the message names the file, key or rank and what to do) is printed without a
     traceback on every rank. ``SystemExit(0)`` passes through; ``SystemExit(n)`` counts as a
     failure with status n. ``exit_code(exc)`` gives the status for an exception (default:
-    its ``exit_code`` attribute, else 1).
+    its ``exit_code`` attribute, else 1). An ``expected(exc)`` failure (a full disk: the
+    caller's word) that is not bad input prints its first line, and its traceback goes where
+    ``keep_tracebacks`` says (printed as before when nothing keeps it).
 
     ``leave``: a rank's entry point - when ``main_fn`` returns (its value the exit status, None
     = 0), `leave_process` ends the process instead of returning.
@@ -519,12 +530,23 @@ def run_guarded(main_fn: Callable[[], T], info: Optional[LaunchInfo] = None,
         code = exit_code(e) if exit_code is not None else getattr(e, "exit_code", 1)
         if code == BAD_INPUT_EXIT:
             text = f"{type(e).__name__}: {e}"  # its message says what to do: no traceback
+        elif expected(e) and (where := _keep_traceback(e)):
+            first = next((line for line in str(e).splitlines() if line.strip()), "")
+            text = f"{type(e).__name__}: {first} (its traceback: {where})"
         elif everywhere and _rank_for_messages(info) not in (0, "?"):
             text = f"{type(e).__name__}: {e}"  # rank 0 prints the traceback
         else:
             text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         _die(code, info, text + _notes(e), everywhere=everywhere)
     raise AssertionError("unreachable")
+
+
+def _keep_traceback(e: BaseException) -> Optional[str]:
+    try:
+        return _TRACEBACK_SINK[0]("".join(traceback.format_exception(type(e), e,
+                                                                     e.__traceback__)))
+    except Exception:  # noqa: BLE001 - nowhere to keep it: the console gets it
+        return None
 
 
 def leave_process(code: int) -> None:

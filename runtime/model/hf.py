@@ -179,6 +179,22 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     raise ValueError(f"{path}: unknown weight format; use .safetensors, .bin, .pt or .pth")
 
 
+def load_error_reason(e: BaseException) -> str:
+    """Why a weight file could not be read, in a few words: the error's type and its first
+    line of substance. Never torch's advice: its weights_only refusal suggests re-running
+    with ``weights_only=False``, which would unpickle whatever code the file holds - a
+    damaged or planted checkpoint is to be deleted, not loaded that way."""
+    text = str(e)
+    if "WeightsUnpickler error:" in text:   # torch's refusal: keep what it refused alone
+        detail = " ".join(text.split("WeightsUnpickler error:", 1)[1].strip()
+                          .split("\n\n")[0].split())
+        return (f"{type(e).__name__}: it holds more than tensors and plain values "
+                f"({detail or 'a type weights_only loading refuses'})")
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and "weights_only" not in line]
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+
+
 def load_pretrained(model: BertForPreTraining, path: str | Path,
                     strict_body: bool = True) -> LoadReport:
     """``load_hf_state_dict`` on the tensors of ``path`` (file or directory, see read_state_dict)."""

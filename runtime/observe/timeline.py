@@ -235,7 +235,7 @@ def plot_timeline(metrics_path: str | Path, png_path: str | Path,
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m runtime.observe.timeline",
                                  description="Draw a step's compute and communication lanes "
-                                             "from a metrics.jsonl written with train.timeline=true")
+                                             "from a metrics.jsonl written with train.timeline=true.")
     ap.add_argument("metrics", help="metrics.jsonl of a run")
     ap.add_argument("--out", default="timeline.png", help="PNG to write")
     ap.add_argument("--step", type=int, default=None, help="step to draw (default: the last)")

@@ -32,7 +32,7 @@ from runtime.grad_sync import GradSync, build_grad_sync
 from runtime.launch.dist import DistContext
 from runtime.model.arithmetic import attention_layout
 from runtime.model.bert import BertForPreTraining
-from runtime.model.hf import load_hf_state_dict, minilm_path, read_state_dict
+from runtime.model.hf import load_error_reason, load_hf_state_dict, minilm_path, read_state_dict
 from runtime.observe.timeline import StepTimeline
 from runtime.optim.grad_scale import DynamicLossScale
 from runtime.optim.optimizers import build_optimizer, optimizer_hparam_names
@@ -126,9 +126,9 @@ def build_model(cfg: Config) -> BertForPreTraining:
                                       f"checkpoint directory, or 'scratch'") from None
         except Exception as e:  # noqa: BLE001 - torch.load/safetensors name no file
             raise InitCheckpointError(
-                f"{where}: not a readable weight file ({type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else ''}) - is it truncated, or another "
-                f"kind of file? Name a .safetensors or a torch state dict of tensors") from None
+                f"{where}: not a readable weight file ({load_error_reason(e)}) - is it "
+                f"truncated, or another kind of file? Name a .safetensors or a torch state "
+                f"dict of tensors") from None
         if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
             raise InitCheckpointError(f"{where}: holds no state dict of tensors")
         check_finite(state, where)

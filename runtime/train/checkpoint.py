@@ -13,7 +13,9 @@ RNG states it omits):
     (a rename is atomic), then fsyncs the parent. A directory without a manifest, or with a
     file whose size or SHA-256 differs from it, is not a checkpoint: ``latest`` skips it with
     a warning and takes the one before;
-  * keeping the newest ``keep`` checkpoints (older ones go once a new one is complete);
+  * keeping the newest ``keep`` checkpoints (older ones go once a new one is complete); a
+    damaged one the look-up skips is moved to ``<checkpoint_dir>/damaged/`` first (logged):
+    keep-K never deletes the checkpoint a run resumed from to keep a damaged one;
   * reading back with ``torch.load(weights_only=True)`` (never unpickles code) and
     ``safetensors``, into the same parts (``restore``), including onto another world size:
     the data position is then mapped to the same fraction of the epoch (the sample order
@@ -34,9 +36,13 @@ The format ``presto-checkpoint/1`` - one directory per checkpoint::
                             sharded (optim.shard): the step counts only, and under
                             'presto_shards' how the shard files fit together
         optimizer_shard_00000.pt ...  sharded: one per shard, written by its owner in the
-                            first node group - that rank's window of every state buffer; a
-                            resume on the same shards loads its own, any other (world size,
-                            optim.shard) reads them all and re-shards
+                            first node group - that rank's window of every state buffer, and
+                            the file's identity: its shard index, the shard count, the
+                            fingerprint of the flat layout it was cut from (``presto_shards``
+                            of optimizer.pt) and the step; a resume on the same shards loads
+                            its own, any other (world size, optim.shard) reads them all and
+                            re-shards - and every file read must be the one it is named (a
+                            swapped, stale or foreign shard is refused, naming the file)
         train_state.pt      {name: state_dict()} of the run's other parts (the trainer's
                             'progress': step, samples, next eval, loss scaler, bucket plan,
                             resolved config ...)
@@ -70,6 +76,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from runtime.model.hf import load_error_reason
 from runtime.optim.optimizers import SHARD_KEY  # where a sharded optimizer's state dict says
 #                                                 how its shard files fit together
 
@@ -77,6 +84,7 @@ FORMAT = "presto-checkpoint/1"
 MANIFEST = "checkpoint.json"
 MODEL_FILE = "model.safetensors"
 OWNER_FILE = "run.json"   # in the checkpoint directory: the run directory it belongs to
+DAMAGED_DIR = "damaged"   # in the checkpoint directory: damaged checkpoints, moved aside
 HF_CONFIG_FILE = "config.json"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "train_state.pt"
@@ -121,6 +129,13 @@ def shard_file(index: int) -> str:
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
+
+
+def layout_fingerprint(meta: dict) -> str:
+    """A sharded optimizer's flat layout (its ``presto_shards`` record: shard count and size,
+    the state's names, every tensor's place) as a short digest, which each shard file
+    carries: a file cut from another layout is not this checkpoint's."""
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------ RNG states
@@ -230,9 +245,9 @@ class Checkpoint:
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unpickling failure names the file
-            raise CheckpointError(f"{path}: cannot be read with torch.load(weights_only=True) "
-                                  f"({type(e).__name__}: {e}); the checkpoint is damaged - "
-                                  f"delete {self.path} to resume from the one before") from e
+            raise CheckpointError(f"{path}: not a readable torch file "
+                                  f"({load_error_reason(e)}); the checkpoint is damaged - "
+                                  f"delete {self.path} to resume from the one before") from None
 
     def model_state(self) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
@@ -247,13 +262,34 @@ class Checkpoint:
     def optimizer_state(self) -> dict:
         return self._load(OPTIMIZER_FILE)
 
-    def optimizer_shard(self, index: int) -> dict:
-        """Shard ``index`` of a sharded optimizer's state (CheckpointError when missing)."""
-        if not (self.path / shard_file(index)).is_file():
-            raise CheckpointError(f"{self.path / shard_file(index)}: missing - the optimizer "
-                                  f"state was saved in shards and this one is needed; "
-                                  f"delete {self.path} to resume from the one before")
-        return self._load(shard_file(index))
+    def optimizer_shard(self, index: int, meta: Optional[dict] = None) -> dict:
+        """Shard ``index`` of a sharded optimizer's state, checked to be that shard of this
+        checkpoint (its index; where the file carries them, ``meta``'s shard count and layout
+        and this step): CheckpointError naming the file when it is missing or another's."""
+        path = self.path / shard_file(index)
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing - the optimizer state was saved in shards "
+                                  f"and this one is needed; delete {self.path} to resume from "
+                                  f"the one before")
+        data = self._load(shard_file(index))
+        why, got = None, data.get("index") if isinstance(data, dict) else None
+        if got != index:
+            why = f"holds shard {got}, not shard {index}: the file of another shard (swapped)"
+        elif "step" in data and data["step"] != self.step:
+            why = (f"was written at step {data['step']}, this checkpoint is step {self.step}: "
+                   f"a stale file from another checkpoint")
+        elif meta is not None and "shards" in data and data["shards"] != meta.get("shards"):
+            why = (f"is one of {data['shards']} shards, this checkpoint has "
+                   f"{meta.get('shards')}: a file from another run")
+        elif meta is not None and "layout" in data and data["layout"] != \
+                layout_fingerprint(meta):
+            why = (f"was cut from another flat layout (fingerprint {data['layout']}, this "
+                   f"checkpoint's {layout_fingerprint(meta)}): a file from another run or model")
+        if why:
+            raise CheckpointError(f"{path}: {why}; its optimizer state is not this "
+                                  f"checkpoint's - delete {self.path} to resume from the one "
+                                  f"before")
+        return data
 
     def train_state(self) -> dict:
         if self._train_state is None:
@@ -307,15 +343,17 @@ def list_checkpoints(directory: str | Path) -> list[Path]:
 
 
 def find_latest(directory: str | Path, verify: bool = True,
-                warn: Callable[[str], None] = lambda msg: warnings.warn(msg, stacklevel=2)
-                ) -> Optional[Checkpoint]:
+                warn: Callable[[str], None] = lambda msg: warnings.warn(msg, stacklevel=2),
+                damaged: Optional[Callable[[Path], None]] = None) -> Optional[Checkpoint]:
     """The newest complete checkpoint in ``directory`` (None when there is none); a damaged
-    newer one is skipped with a warning naming it."""
+    newer one is skipped with a warning naming it (and given to ``damaged``)."""
     for path in list_checkpoints(directory):
         try:
             return Checkpoint.open(path, verify=verify)
         except CheckpointError as e:
             warn(f"skipping checkpoint {path}: {e}")
+            if damaged is not None:
+                damaged(path)
     return None
 
 
@@ -347,6 +385,7 @@ class CheckpointManager:
         self.files: dict[str, Callable[[], Optional[bytes]]] = {}
         self.last_saved: Optional[Path] = None
         self.save_seconds: list[float] = []
+        self._damaged: set[str] = set()   # damaged checkpoints that could not be moved aside
 
     def track(self, *, model: Any, optimizer: Any, loader: Any, states: dict[str, Any],
               files: Optional[dict[str, Callable[[], Optional[bytes]]]] = None) -> None:
@@ -413,10 +452,30 @@ class CheckpointManager:
         says which), or None."""
         found = None
         if self.rank == 0:
-            ckpt = find_latest(self.directory, warn=lambda m: self._log(f"warning: {m}"))
+            ckpt = find_latest(self.directory, warn=lambda m: self._log(f"warning: {m}"),
+                               damaged=self._set_aside)
             found = str(ckpt.path) if ckpt else None
         found = self._broadcast(found)
         return Checkpoint.open(Path(found), verify=False) if found else None
+
+    def _set_aside(self, path: Path) -> None:
+        """Move a damaged checkpoint to ``damaged/`` (rank 0, at the look-up): keep-K counted
+        it, and deleted the good one the run resumed from. Kept for a look, not deleted; where
+        it cannot be moved, keep-K leaves it out of its count instead."""
+        target, n = self.directory / DAMAGED_DIR / path.name, 1
+        while target.exists():
+            n, target = n + 1, self.directory / DAMAGED_DIR / f"{path.name}.{n + 1}"
+        try:
+            target.parent.mkdir(exist_ok=True)
+            os.replace(path, target)
+        except OSError as e:
+            self._damaged.add(path.name)
+            self._log(f"warning: cannot move the damaged checkpoint {path} aside ({e.strerror}):"
+                      f" it stays, and train.checkpoint_keep does not count it")
+            return
+        self._log(f"warning: moved the damaged checkpoint {path} to {target}: "
+                  f"train.checkpoint_keep counts only checkpoints that can be resumed (delete "
+                  f"it when you are done with it)")
 
     # -- saving ----------------------------------------------------------------------------
     def save(self, step: int, samples: int) -> Path:
@@ -436,9 +495,11 @@ class CheckpointManager:
                  "data": self.loader.state_dict(),
                  "steps_per_epoch": self.loader.steps_per_epoch}))
             shard = getattr(self.optimizer, "shard", None)
-            if shard is not None and shard.first_copy:  # one copy of each shard
-                _write_bytes(tmp / shard_file(shard.index),
-                             _torch_bytes(_to_cpu(self.optimizer.shard_state_dict())))
+            if shard is not None and shard.first_copy:  # one copy of each shard, saying whose
+                meta = self.optimizer.state_dict()[SHARD_KEY]
+                _write_bytes(tmp / shard_file(shard.index), _torch_bytes({
+                    **_to_cpu(self.optimizer.shard_state_dict()), "index": shard.index,
+                    "shards": shard.size, "layout": layout_fingerprint(meta), "step": step}))
             if self.rank == 0:
                 self._write_shared(tmp)
             self._barrier()  # every rank's file is on disk
@@ -518,7 +579,8 @@ class CheckpointManager:
         _fsync_dir(self.directory)
 
     def _prune(self) -> None:
-        complete = [p for p in list_checkpoints(self.directory) if (p / MANIFEST).is_file()]
+        complete = [p for p in list_checkpoints(self.directory) if (p / MANIFEST).is_file()
+                    and p.name not in self._damaged]
         for old in complete[self.keep:]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -541,8 +603,10 @@ class CheckpointManager:
                                   f"the file does not hold what its manifest says - delete "
                                   f"{ckpt.path} to resume from the one before") from e
         if SHARD_KEY in state:
+            meta = state[SHARD_KEY]
             try:
-                how = self.optimizer.load_shard_states(state[SHARD_KEY], ckpt.optimizer_shard)
+                how = self.optimizer.load_shard_states(
+                    meta, lambda j: ckpt.optimizer_shard(j, meta))
             except CheckpointError:
                 raise
             except Exception as e:  # noqa: BLE001 - the same: the files do not fit

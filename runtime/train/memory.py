@@ -4,32 +4,41 @@ node has before any rank starts.
     python -m runtime.train.memory CONFIG [--set section.key=value ...]     (run_and_time.sh)
 
 Owns: the estimate - the parameter count of the configured BERT (exact: the same count as the
-built model's, tests/unit/test_memory.py checks it), the bytes per parameter kept on a rank (fp32
-weights, gradients, the gradient buckets, the optimizer's state: 8 bytes for LAMB and AdamW's
-two moments, 4 for LARS's momentum, divided by the shard count under ``optim.shard`` - the
-ranks of a node, or every rank: ``optimizer_shards``; the parameters that one host's sharded
-CPU ranks share are still counted per rank), the activations of one micro-batch (Korthikanti
-et al., "Reducing Activation Recomputation in Large Transformer Models", 2022: s·b·h·(34 + 5·a·s/h)
+built model's, tests/unit/test_memory.py checks it), the bytes per parameter kept on a rank
+(fp32 weights, gradients, the gradient buckets, the optimizer's state: 8 bytes for LAMB and
+AdamW's two moments, 4 for LARS's momentum, divided by the shard count under ``optim.shard`` -
+the ranks of a node, or every rank: ``optimizer_shards``; the parameters that one host's sharded
+CPU ranks share are still counted per rank), the activations of one micro-batch (Korthikanti et
+al., "Reducing Activation Recomputation in Large Transformer Models", 2022: s·b·h·(34 + 5·a·s/h)
 bytes per layer with 16-bit activations - doubled in fp32 - plus the masked-LM logits, their
-softmax and its gradient over the vocabulary), and a fixed runtime overhead per rank - and the
-check: on the CPU, every rank of a node against the node's available memory
+softmax and its gradient over the vocabulary; under ``data.shapes = 'static'`` of the rows every
+static batch has, ``ActivationRows``: data.static_rows rows of the full width, or the
+micro-batch, each row's sequence slots as attention segments padded to the width where the CPU's
+repad kernel pads them, its masked-LM slots and its slot tables), and a fixed runtime overhead
+per rank - and the check: on the CPU, every rank of a node against the node's available memory
 (/proc/meminfo MemAvailable); on CUDA, one rank against ``system.device_memory_gb`` (0: not
 checked). A run that cannot fit is refused (exit 2) with the estimate, the memory there is, the
-largest micro-batch that would fit and the gradient accumulation that gives one (the same
-global batch), or what else to change. The micro-batch is global / (ranks × accumulation):
-tests/integration/test_memory_integration.py holds the estimate against the peak measured on
-a CPU across accumulation values.
+largest micro-batch that would fit and the gradient accumulation that gives one (the same global
+batch) - static rows: the most rows, and the most sequence slots, that fit - or what else to
+change. The micro-batch is global / (ranks × accumulation):
+tests/integration/test_memory_integration.py holds the estimate against the peak measured on a
+CPU across accumulation values.
 Never: builds the model, imports torch or allocates anything - an estimate, meant to catch the
 config that cannot fit (BERT-base at a local batch of 224 on a 24 GiB node), not to cut close.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from kernels.attention_rule import resolve
+from loaders.balance import STATIC_SEQS_PER_ROW
 from runtime.config import Config, ConfigError, load_config
 from runtime.model import arithmetic
 
@@ -45,18 +54,48 @@ def parameter_count(cfg: Config) -> int:
 
 
 @dataclass(frozen=True)
+class ActivationRows:
+    """What one micro-batch's activations are computed on: ``count`` rows of ``width`` tokens
+    (dynamic shapes: the micro-batch's sequences at the sequence length, an upper bound; static
+    shapes: the rows every static batch has), ``segments`` attention segments per row, each
+    padded to the width (1, or under static shapes with the repad kernel a row's sequence
+    slots and its padding tail), ``masked`` masked-LM slots and ``slots`` sequence slots per
+    row (static: the slot tables)."""
+
+    count: int
+    width: int
+    segments: int = 1
+    masked: int = 0
+    slots: int = 1
+    static: bool = False
+
+    def describe(self) -> str:
+        if not self.static:
+            return f"a micro-batch of {self.count} x {self.width} tokens"
+        return (f"{self.count} static rows of {self.width} tokens ({self.slots} sequence "
+                f"slot(s), {self.segments} attention segment(s) of {self.width} and "
+                f"{self.masked} masked-LM slots each)")
+
+
+@dataclass(frozen=True)
 class Estimate:
     """Bytes on one rank: ``static`` (parameters and what scales with them) and
-    ``per_sample`` (activations of one sequence of the micro-batch)."""
+    ``per_sample`` (activations of one row: a sequence of the micro-batch, or a static row),
+    for ``rows.count`` rows."""
 
     params: int
     static: int
     per_sample: int
     micro_batch: int
+    rows: Optional[ActivationRows] = None
+
+    @property
+    def row_count(self) -> int:
+        return self.rows.count if self.rows is not None else self.micro_batch
 
     @property
     def total(self) -> int:
-        return OVERHEAD_BYTES + self.static + self.per_sample * self.micro_batch
+        return OVERHEAD_BYTES + self.static + self.per_sample * self.row_count
 
     def largest_micro_batch(self, budget: float) -> int:
         return max(0, int((budget - OVERHEAD_BYTES - self.static) // self.per_sample))
@@ -81,13 +120,56 @@ def estimate(cfg: Config, world_size: Optional[int] = None) -> Estimate:
     p = parameter_count(cfg)
     state = (4 if cfg.optim.name == "lars" else 8) / optimizer_shards(cfg, world)
     static = int(p * (4 + 4 + 4 + state))  # weights, gradients, buckets, optimizer state
-    m, seq = cfg.model, cfg.data.max_seq_length
+    rows = activation_rows(cfg, micro)
+    return Estimate(p, static, row_bytes(cfg, rows), micro, rows)
+
+
+def activation_rows(cfg: Config, micro: int) -> ActivationRows:
+    """The rows one micro-batch's activations are computed on (``ActivationRows``)."""
+    d = cfg.data
+    if d.shapes != "static":
+        return ActivationRows(micro, d.max_seq_length, masked=d.max_predictions_per_seq)
+    if d.balance == "offline_pack":   # data.static_rows, or (0) derived: ceil(b / mean) <= b
+        width = d.pack_length or d.max_seq_length
+        slots, count = d.max_seqs_per_row or STATIC_SEQS_PER_ROW, d.static_rows or micro
+    else:                             # one sequence per row, a row per sample
+        width, slots, count = d.max_seq_length, 1, micro
+    device = "cuda" if _on_cuda(cfg) else "cpu"
+    pads = cfg.model.attention == "unpadded" and resolve("auto", device) == "repad"
+    return ActivationRows(count, width, segments=slots + 1 if pads else 1,
+                          masked=masked_slots(cfg, width, slots), slots=slots, static=True)
+
+
+def masked_slots(cfg: Config, width: int, slots: int) -> int:
+    """A static row's masked-LM slots: loaders.collate.masked_slots_per_row's bound (repeated
+    here: that module imports torch) - slots x max_pred, or floor(width x p) + slots where
+    the data set records its masking probability p."""
+    bound = slots * cfg.data.max_predictions_per_seq
+    try:
+        stats = json.loads((Path(cfg.data.data_dir) / "stats.json").read_text())
+        prob = float(stats["parameters"]["masked_lm_prob"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return bound
+    return min(bound, math.floor(width * prob + 1e-9) + slots)
+
+
+def row_bytes(cfg: Config, rows: ActivationRows) -> int:
+    """Activation bytes of one row (Korthikanti et al.'s s·h·(34 + 5·a·s/h) per layer, 16-bit,
+    doubled in fp32): the attention's scores for each of its segments padded to the width,
+    the padded q/k/v/output copies when there are several, the masked-LM logits of its slots
+    with their softmax and gradient, the embeddings; static rows add their slot tables."""
+    m, w, n = cfg.model, rows.width, rows.segments
     act_bytes = 1 if cfg.train.precision in ("bf16", "fp16") else 2
-    per_layer = seq * m.hidden_size * (34 + 5 * m.num_attention_heads * seq / m.hidden_size)
-    logits = cfg.data.max_predictions_per_seq * m.vocab_size * 4 * 3
-    per_sample = int(m.num_hidden_layers * per_layer * act_bytes + logits
-                     + seq * m.hidden_size * 4 * 4)   # embeddings and their gradient
-    return Estimate(p, static, per_sample, micro)
+    per_layer = w * m.hidden_size * 34 + 5 * m.num_attention_heads * w * w * n
+    if n > 1:   # repad: q, k, v and the output, each [segments x width, hidden]
+        per_layer += 8 * m.hidden_size * w * n
+    logits = rows.masked * m.vocab_size * 4 * 3
+    tables = 0
+    if rows.static:   # token index, position, segment (int64 per token); CLS and NSP per
+        #               slot; masked positions twice; cu_seqlens; the repad key mask
+        tables = 8 * (3 * w + 2 * rows.slots + 2 * rows.masked) + 4 * n + n * w
+    return int(m.num_hidden_layers * per_layer * act_bytes + logits
+               + w * m.hidden_size * 4 * 4 + tables)   # embeddings and their gradient
 
 
 def available_host_bytes(meminfo: Path = Path("/proc/meminfo")) -> Optional[int]:
@@ -131,12 +213,38 @@ def problem(cfg: Config, host_bytes: Optional[int] = None) -> Optional[str]:
     if need <= budget:
         return None
     fit = est.largest_micro_batch(budget)
+    rows = est.rows or activation_rows(cfg, est.micro_batch)
+    advice = _static_advice(cfg, est, budget) if rows.static and \
+        cfg.data.balance == "offline_pack" else _advice(cfg, fit)
     return (f"{cfg.source}: this run cannot fit in memory: {per} needs about "
             f"{need / GIB:.1f} GiB ({est.params / 1e6:.1f} M parameters with their gradients "
-            f"and optimizer state {est.static / GIB:.1f} GiB, activations of a micro-batch of "
-            f"{est.micro_batch} x {cfg.data.max_seq_length} tokens "
-            f"{est.per_sample * est.micro_batch / GIB:.1f} GiB), against {where} "
-            f"(at most {HEADROOM:.0%} used). " + _advice(cfg, fit))
+            f"and optimizer state {est.static / GIB:.1f} GiB, activations of "
+            f"{rows.describe()} {est.per_sample * est.row_count / GIB:.1f} GiB), against "
+            f"{where} (at most {HEADROOM:.0%} used). " + advice)
+
+
+def _static_advice(cfg: Config, est: Estimate, budget: float) -> str:
+    """Static offline_pack rows that fit: the most rows at this many sequence slots, and the
+    most slots at this many rows."""
+    rows = est.rows
+    fit_rows = est.largest_micro_batch(budget)
+    room = budget - OVERHEAD_BYTES - est.static
+    fit_slots = next((k for k in range(rows.slots - 1, 0, -1) if rows.count * row_bytes(
+        cfg, activation_rows(_with_slots(cfg, k), est.micro_batch)) <= room), 0)
+    options = []
+    if fit_rows >= 1:
+        options.append(f"data.static_rows = {fit_rows} (the most rows that fit at "
+                       f"data.max_seqs_per_row = {rows.slots})")
+    if fit_slots >= 1:
+        options.append(f"data.max_seqs_per_row = {fit_slots} (the most sequence slots that "
+                       f"fit at {rows.count} rows)")
+    if not options:
+        return "Not even one static row fits: use a smaller [model] or more memory"
+    return "Set " + ", or ".join(options) + " - or use a smaller [model] or more memory"
+
+
+def _with_slots(cfg: Config, slots: int) -> Config:
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_seqs_per_row=slots))
 
 
 def _advice(cfg: Config, fit: int) -> str:
@@ -165,7 +273,7 @@ def _advice(cfg: Config, fit: int) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m runtime.train.memory",
-                                 description=__doc__.split("\n")[0])
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("config")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--print", action="store_true", help="print the estimate even when it fits")
@@ -178,8 +286,9 @@ def main(argv=None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     if est is not None:
+        shape = f"; {est.rows.describe()}" if est.rows is not None and est.rows.static else ""
         print(f"{est.params / 1e6:.1f} M parameters; each rank about {est.total / GIB:.2f} GiB "
-              f"(micro-batch {est.micro_batch})")
+              f"(micro-batch {est.micro_batch}{shape})")
     if why:
         print(f"memory: {why}", file=sys.stderr)
         return 2

@@ -26,29 +26,71 @@ from submission.hpo.objective import PRUNERS
 from submission.hpo.space import Param, load_space
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# Query arguments that carry a secret (libpq's password/sslpassword, MySQL's passwd, tokens).
-_SECRET_ARG = re.compile(r"pass|pwd|secret|token|credential|auth", re.IGNORECASE)
+# Query arguments that carry a secret: libpq's password/sslpassword, MySQL's passwd, tokens,
+# keys, signatures (a key is percent-decoded before it is matched).
+_SECRET_ARG = re.compile(r"pass|pwd|secret|token|credential|auth|key|^sig$|signature|session",
+                         re.IGNORECASE)
+# A value that itself holds secret arguments (an ODBC connection string: odbc_connect=...PWD=x).
+_NESTED_SECRET = re.compile(r"(pass|pwd|secret|token)\w*\s*=", re.IGNORECASE)
+_NOT_A_NAME = re.compile(r"[/?#&=;@]")   # a user name holds none of these
+
+
+def _secret_spans(url: str) -> list[tuple[int, int]]:
+    """Where ``url`` may hold a secret, as (start, end) spans, by every reading a driver may
+    make of it - whichever is right, the secret is inside a span:
+      * a password with any character in it ('?', '/', ':', '@', '#'): when a plain user
+        name and a ':' come before the first '@' (``user:password@``), what follows that
+        ':' up to the *last* '@';
+      * SQLAlchemy's reading (Optuna's RDB storage parses with it): a user name of anything
+        but ':' and '/', then a password from the ':' to the *first* '@' after it;
+      * every query argument whose key looks secret, or whose value holds secret arguments,
+        after the first '?' and after the first '?' past the last '@'.
+    A span may hide more than the secret (an '@' in a query value): never less."""
+    from urllib.parse import unquote_plus
+    head = url.find("://")
+    if head < 0:
+        return [(0, len(url))]
+    start = head + 3
+    rest = url[start:]
+    spans = []
+    first_at, last_at, colon = rest.find("@"), rest.rfind("@"), rest.find(":")
+    if 0 <= colon < first_at and not _NOT_A_NAME.search(rest[:colon]):
+        spans.append((start + colon + 1, start + last_at))
+    m = re.match(r"[^:/]*:([^@]*)@", rest)
+    if m:
+        spans.append((start + m.start(1), start + m.end(1)))
+    for q in {rest.find("?"), rest.find("?", last_at + 1) if last_at >= 0 else -1}:
+        if q < 0:
+            continue
+        base = start + q + 1
+        for arg in re.finditer(r"([^&;=]*)(=?)([^&;]*)", url[base:]):
+            key, eq, value = arg.groups()
+            if eq and (_SECRET_ARG.search(unquote_plus(key))
+                       or _NESTED_SECRET.search(unquote_plus(value))):
+                spans.append((base + arg.start(3), base + arg.end(3)))
+    return [(a, b) for a, b in spans if b > a]
 
 
 def redact(url: Optional[str]) -> str:
-    """A storage URL fit to print: the password of its userinfo and every secret query
-    argument (``?password=``) replaced by ***. The userinfo runs to the last '@' before the
-    query, so a password may hold any character ('/', ':', '@' included); ``${VAR}``
-    references are shown as written (their values are never in the URL given)."""
+    """A storage URL fit to print or write: every place that may hold a secret
+    (``_secret_spans``: the userinfo's password, with any character in it, and every secret
+    query argument) replaced by ***. Everything that prints or writes a storage URL - the
+    banner, study.json, --slurm --dry-run, every error - shows it through this function."""
     if not url:
         return "journal"
-    scheme, sep, rest = url.partition("://")
-    if not sep:
+    if "://" not in url:
         return "<not a URL: not shown>"
-    where, q, query = rest.partition("?")
-    if "@" in where:
-        userinfo, host = where.rsplit("@", 1)
-        user, colon, _ = userinfo.partition(":")
-        where = f"{user}:***@{host}" if colon else f"{userinfo}@{host}"
-    if q:
-        query = "&".join(f"{k}=***" if eq and _SECRET_ARG.search(k) else f"{k}{eq}{v}"
-                         for k, eq, v in (arg.partition("=") for arg in query.split("&")))
-    return f"{scheme}://{where}{q}{query}"
+    merged: list[list[int]] = []
+    for a, b in sorted(_secret_spans(url)):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    out, pos = [], 0
+    for a, b in merged:
+        out += [url[pos:a], "***"]
+        pos = b
+    return "".join(out) + url[pos:]
 
 
 def storage_env_names(url: Optional[str]) -> list[str]:
@@ -69,31 +111,30 @@ def expand_storage(url: str) -> str:
 
 
 def storage_secrets(url: Optional[str]) -> list[str]:
-    """Every secret of a storage URL as it may appear in a message: the password (the URL's
-    and the expanded one, raw and percent-decoded) and each secret query value; longest
-    first, so a longer one is hidden whole."""
+    """Every secret of a storage URL as it may appear in a message: what ``redact`` hides
+    (of the URL as given and as expanded), the values of the variables it names, each raw
+    and percent-decoded; longest first, so a longer one is hidden whole."""
     from urllib.parse import unquote, unquote_plus
     found: set[str] = set()
     if not url:
         return []
     for form in (url, _ENV_REF.sub(lambda m: os.environ.get(m.group(1), ""), url)):
-        if "://" not in form:
-            continue
-        rest = form.partition("://")[2]
-        where, _, query = rest.partition("?")
-        if "@" in where:
-            found.add(where.rsplit("@", 1)[0].partition(":")[2])
-        for arg in query.split("&") if query else ():
-            k, eq, v = arg.partition("=")
-            if eq and _SECRET_ARG.search(k):
-                found.add(v)
+        if "://" in form:
+            found |= {form[a:b] for a, b in _secret_spans(form)}
     found |= {os.environ.get(n, "") for n in storage_env_names(url)}
     found |= {f(x) for x in list(found) for f in (unquote, unquote_plus)}
+    found |= {part for x in list(found) for part in x.split("@")}   # a raw '@' in it
+    found |= {m.group(2) for x in list(found)   # PWD=... inside a connection string
+              for m in re.finditer(_NESTED_SECRET.pattern + r"\s*([^;&]*)", x, re.IGNORECASE)}
     return sorted((x for x in found if len(x) >= 3), key=len, reverse=True)
 
 
 def scrub(text: str, url: Optional[str]) -> str:
-    """``text`` (a driver's or server's message) with every secret of ``url`` as ***."""
+    """``text`` (a driver's or server's message) with ``url`` (as given or expanded) shown
+    redacted and every secret of it as ***."""
+    if url and "://" in url:
+        full = _ENV_REF.sub(lambda m: os.environ.get(m.group(1), ""), url)
+        text = text.replace(full, redact(url)).replace(url, redact(url))
     for secret in storage_secrets(url):
         text = text.replace(secret, "***")
     return text

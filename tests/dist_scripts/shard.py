@@ -33,6 +33,9 @@ CASE:
             resumed from its checkpoint: step for step and bit for bit the uninterrupted run;
             then the same checkpoint restored unsharded and (4 ranks: `reshard`) re-sharded:
             its state equal, bit for bit, to the shards put back together by hand.
+  tamper    (after `resume`) copies of its checkpoint with the two shard files swapped, and
+            with both written at another step (a stale file), each under a manifest rewritten
+            to match: every rank's restore refuses it (CheckpointError naming its file).
   reshard   (after a 2-rank `resume` in the same WORK_DIR) that 2-shard checkpoint restored
             on this world's shards: the gathered state equals the hand-made one.
   count     the region a full CUDA graph would capture, sharded, on the simulated device
@@ -378,6 +381,46 @@ def case_reshard(ctx, data_dir, work):
     return out
 
 
+def case_tamper(ctx, data_dir, work):
+    import hashlib
+    import shutil
+    from runtime.train.checkpoint import MANIFEST, CheckpointError, find_latest, shard_file
+    out = {}
+    for case in ("swapped", "stale"):
+        run = work / f"tamper_{case}"
+        if ctx.rank == 0:
+            shutil.copytree(work / "cut", run)
+            ck = find_latest(run / "checkpoints").path
+            a, b = ck / shard_file(0), ck / shard_file(1)
+            if case == "swapped":
+                a.rename(ck / "x"), b.rename(a), (ck / "x").rename(b)
+            else:
+                for f in (a, b):
+                    data = torch.load(f, weights_only=True)
+                    torch.save(dict(data, step=data["step"] - 2), f)
+            m = json.loads((ck / MANIFEST).read_text())
+            for name in m["files"]:
+                data = (ck / name).read_bytes()
+                m["files"][name] = {"bytes": len(data),
+                                    "sha256": hashlib.sha256(data).hexdigest()}
+            (ck / MANIFEST).write_text(json.dumps(m))
+        torch_dist.barrier()
+        trainer = Trainer(resume_config(data_dir, run, "optim.shard=world",
+                                        "train.checkpoint_every_samples=64"), ctx,
+                          log=lambda m: None)
+        try:
+            trainer.setup()
+            said = None
+        except CheckpointError as e:
+            said = str(e)
+        finally:
+            trainer.close()
+        said_all = [None] * ctx.world_size
+        torch_dist.all_gather_object(said_all, said)
+        out[case] = said_all
+    return out
+
+
 # ----------------------------------------------------------------------------------- count
 
 def case_count(ctx, data_dir):
@@ -457,8 +500,8 @@ def case_kill(ctx, data_dir, work):
 
 CASES = {"equal": case_equal, "diagonal": case_diagonal, "reduce": case_reduce,
          "noshm": case_noshm, "node": case_node, "resume": case_resume,
-         "reshard": case_reshard, "count": case_count, "kill": case_kill}
-NEEDS_WORK = {"resume", "reshard", "kill"}
+         "tamper": case_tamper, "reshard": case_reshard, "count": case_count, "kill": case_kill}
+NEEDS_WORK = {"resume", "tamper", "reshard", "kill"}
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """runtime.launch in one process or one child process, no launcher: a plain run never imports
 mpi4py (nor starts MPI under Open MPI's variables), a failing task of an srun step cancels its
-step (a stub ``scancel``), and tests/dist_scripts/worker.py alone joins a world of one.
+step (a stub ``scancel``), an expected failure (a full disk) prints one line and keeps its
+traceback in the rank's log file, and tests/dist_scripts/worker.py alone joins a world of one.
 
 Rank discovery on fake launcher environments: tests/unit/test_dist.py; real launchers:
 tests/ranks/test_dist_ranks.py."""
@@ -10,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +68,46 @@ def test_a_rank_that_returns_leaves_with_its_status_after_the_exit_handlers(tmp_
     # without leave, run_guarded returns the value to its caller
     from runtime.launch.dist import run_guarded
     assert run_guarded(lambda: 7) == 7
+
+
+def test_an_expected_failure_prints_one_line_and_keeps_its_traceback_in_the_ranks_log(
+        tmp_path):
+    """submission.train's rank: a full disk (an expected failure, exit 3) prints its first
+    line and where its traceback went - ranks/rank_00000.log beside the rank's record, or a
+    temporary file when the run directory cannot take it - and no traceback; a failure
+    nobody expected still prints its traceback on the console."""
+    code = ("import errno, sys; from pathlib import Path; "
+            "from runtime.launch.dist import keep_tracebacks, run_guarded; "
+            "from submission.train import exit_code_of, expected_failure, rank_log; "
+            "keep_tracebacks(rank_log(Path(sys.argv[2]), 0)); "
+            "def deep(): raise (OSError(errno.ENOSPC, 'No space left on device', 'x.log') "
+            "if sys.argv[1] == 'full' else RuntimeError('a bug'))\n"
+            "run_guarded(deep, exit_code=exit_code_of, expected=expected_failure)")
+    code = code.replace("; def deep", "\ndef deep")
+    out = tmp_path / "run"
+    (out / "ranks").mkdir(parents=True)
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "ranks").write_text("a file where the ranks' directory would be")
+    for case, run_dir, rc in (("full", out, 3), ("full", blocked, 3), ("bug", out, 3)):
+        proc = subprocess.run([sys.executable, "-c", code, case, str(run_dir)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == rc, (case, proc.stderr)
+        if case == "bug":
+            assert "Traceback (most recent call last)" in proc.stderr, proc.stderr
+            continue
+        (line,) = proc.stderr.splitlines()
+        assert line.startswith("[rank ?] OSError: [Errno 28] No space left on device: 'x.log' "
+                               "(its traceback: "), line
+        kept = Path(line.rsplit("(its traceback: ", 1)[1].rstrip(")"))
+        if run_dir == out:
+            assert kept == out / "ranks" / "rank_00000.log"
+        else:
+            assert kept.parent != blocked and kept.name.startswith("presto_rank0_")
+        text = kept.read_text()
+        assert "Traceback (most recent call last)" in text and "in deep" in text, text
+        if run_dir == blocked:
+            kept.unlink()
 
 
 def _run_py(code: str, env: dict) -> subprocess.CompletedProcess:

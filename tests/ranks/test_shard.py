@@ -27,10 +27,10 @@ def results(work: Path, case: str, world: int = 2) -> dict:
 
 @pytest.fixture(scope="module")
 def two_ranks(small_dataset, tmp_path_factory) -> tuple[Path, dict]:
-    """One 2-rank launch: equal, reduce, resume, count, then kill (which ends it)."""
+    """One 2-rank launch: equal, reduce, resume, tamper, count, then kill (which ends it)."""
     work = tmp_path_factory.mktemp("shard2")
-    proc = run_script(2, "shard.py", "equal,reduce,noshm,resume,count,kill", small_dataset, work,
-                      timeout=900)
+    proc = run_script(2, "shard.py", "equal,reduce,noshm,resume,tamper,count,kill",
+                      small_dataset, work, timeout=900)
     ended = time.time()
     return work, {"proc": proc, "ended": ended}
 
@@ -134,6 +134,19 @@ def test_a_sharded_resume_is_exact_and_a_checkpoint_reshards(two_ranks, four_ran
 @pytest.mark.slow  # 2 ranks under mpiexec
 @needs_mpiexec
 @pytest.mark.timeout(1200)
+def test_a_swapped_or_stale_shard_file_is_refused_on_every_rank_naming_it(two_ranks):
+    """The checkpoint's two shard files swapped, or both another step's, under a manifest
+    rewritten to match: each rank's restore refuses its file (exit 2's CheckpointError),
+    where it used to load the other rank's optimizer rows and train on, diverged."""
+    work, _ = two_ranks
+    r = results(work, "tamper")
+    for case, needle in (("swapped", "holds shard {other}, not shard {me}"),
+                         ("stale", "a stale file from another checkpoint")):
+        for rank, said in enumerate(r[case]):
+            assert said and f"optimizer_shard_0000{rank}.pt: " in said, (case, said)
+            assert needle.format(me=rank, other=1 - rank) in said, (case, said)
+
+
 def test_the_sharded_step_is_capture_safe_and_issues_only_its_collectives(two_ranks):
     work, _ = two_ranks
     for r in results(work, "count"):
@@ -156,7 +169,7 @@ def test_the_sharded_step_is_capture_safe_and_issues_only_its_collectives(two_ra
 def test_a_rank_killed_in_the_sharded_step_ends_the_others(two_ranks):
     work, launch = two_ranks
     proc = launch["proc"]
-    for case in ("equal", "reduce", "noshm", "resume", "count"):  # every case before it
+    for case in ("equal", "reduce", "noshm", "resume", "tamper", "count"):  # every one before
         assert (work / f"{case}-2.json").is_file(), tail(proc, 6000)
     assert proc.returncode != 0, tail(proc, 4000)
     killed = float((work / "killed_at").read_text())

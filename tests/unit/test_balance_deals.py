@@ -139,3 +139,17 @@ def test_row_steps_hold_exactly_p_b_sequences_in_equal_rows(ranks, per_rank):
     # sequences per rank: b on most ranks, b ± 1 on most others
     spread = np.concatenate([np.abs(counts[s].sum(1) - per_rank) for s in steps])
     assert np.mean(spread == 0) > 0.75 and np.mean(spread <= 1) > 0.97
+
+
+def test_a_huge_static_row_count_plans_as_the_largest_that_can_hold_a_step():
+    """rows_per_rank far past a rank's sequences (data.static_rows=1e9 from a rank's config,
+    issue 46) built a Python list of that many row counts per planned step; now no R above
+    a rank's sequences is tried (no row is empty, so none can be exact) and the plan is the
+    one of R = the sequences per rank, step for step."""
+    rng = np.random.default_rng(3)
+    counts = rng.choice([1, 2, 3], size=3000, p=[0.3, 0.5, 0.2])
+    tokens = counts * 40
+    huge = row_steps(counts, tokens, ranks=4, per_rank=8, capacity=128, rows_per_rank=10**9)
+    most = row_steps(counts, tokens, ranks=4, per_rank=8, capacity=128, rows_per_rank=8)
+    assert len(huge) == len(most) > 0
+    assert all(np.array_equal(a, b) for a, b in zip(huge, most))

@@ -5,6 +5,7 @@ real launcher output. run_and_time.sh's use of it is tested in tests/e2e/test_ru
 command line in tests/integration/test_launchers_integration.py."""
 from __future__ import annotations
 
+import json
 import os
 from typing import get_args
 
@@ -99,7 +100,7 @@ def test_srun_inside_a_job_step_is_the_rank():
 
 def test_torchrun(bindir):
     assert argv("torchrun", ranks=2) == [
-        RANK[0], "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+        RANK[0], "-m", "submission.torchrun", "--nnodes=1", "--nproc_per_node=2",
         "--standalone", *RANK[1:]]   # torchrun starts the interpreter: PYTHON dropped
     torchrun = str(bindir / "torchrun")
     assert argv("torchrun", nodes=2, ranks=8, TORCHRUN=torchrun, MASTER_ADDR="node0") == [
@@ -237,6 +238,66 @@ def test_rank_status_asks_the_launchers_row():
     assert launcher_culprit(SRUN, RECORDS, "mpiexec") is None
     assert launcher_culprit(SRUN + HYDRA, RECORDS, "mpiexec").startswith("rank 1 (pid 11016")
     assert launcher_culprit("nothing to see", RECORDS) is None
+
+
+def test_a_rank_the_launcher_ended_after_another_failed_is_said_so_and_after_it(tmp_path):
+    """Rank 1 raised (exit 2, its record says why); rank 0 was ended by the launcher before it
+    could write its end: the summary names rank 1 first, with the first line of its reason,
+    then says rank 0 stopped after rank 1 failed - not "killed (SIGKILL, OOM ...)", which
+    stays for a rank gone while no rank recorded a failure."""
+    from submission import rank_status
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    started = {"world_size": 2, "host": "vm", "started": 1.0, "step": 15}
+    (ranks / "rank_00000.json").write_text(json.dumps({"rank": 0, "pid": 10, **started}))
+    (ranks / "rank_00001.json").write_text(json.dumps({
+        "rank": 1, "pid": 11, **started, "exit": 2, "state": "failed",
+        "reason": "CheckpointError: optimizer_shard_00001.pt: holds shard 0\nsecond line"}))
+    code, lines = rank_status.summary(tmp_path, 2, None)
+    assert code == 2
+    assert lines[0] == ("rank 1 (pid 11 on vm): exit 2, failed after step 15: CheckpointError: "
+                        "optimizer_shard_00001.pt: holds shard 0")
+    assert lines[1].startswith("rank 0 (pid 10 on vm): stopped after rank 1 failed (the "
+                               "launcher ended it"), lines
+    assert not any("SIGKILL" in line for line in lines), lines
+    (ranks / "rank_00001.json").write_text(json.dumps({"rank": 1, "pid": 11, **started}))
+    code, lines = rank_status.summary(tmp_path, 9, None)
+    assert code == 3 and "killed (SIGKILL, OOM, lost node)" in lines[0], lines
+    # a full disk: neither rank could finish its record, rank 0 printed its failure
+    log = tmp_path / "launcher.log"
+    log.write_text("[rank 0] LogWriteError: cannot write metrics.jsonl (No space left on "
+                   "device) (its traceback: /tmp/presto_rank0_x.log)\n"
+                   "[rank 0] last completed step 15 (960 samples)\nAbort(3) on node 0\n")
+    code, lines = rank_status.summary(tmp_path, 3, log)
+    assert code == 3 and lines[0] == (
+        "rank 0 (pid 10 on vm): failed after step 15 (its record could not be finished; it "
+        "printed): LogWriteError: cannot write metrics.jsonl (No space left on device) (its "
+        "traceback: /tmp/presto_rank0_x.log)"), lines
+    assert lines[1].startswith("rank 1 (pid 11 on vm): stopped after rank 0 failed"), lines
+
+
+def test_a_torchrun_stop_ends_in_one_line_with_the_signals_status(monkeypatch, capsys):
+    """run_and_time.sh's torchrun (python -m submission.torchrun): the agent's SignalException
+    after it passed a stop on to its workers is one line and status 128 + 15, not torchrun's
+    traceback; anything else is torchrun's own."""
+    import signal
+    import torch.distributed.run as torchrun_module
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from submission import torchrun
+
+    def stopped(args):
+        assert args == ["--standalone", "-m", "submission.train"]
+        raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+    monkeypatch.setattr(torchrun_module, "main", stopped)
+    assert torchrun.main(["--standalone", "-m", "submission.train"]) == 128 + 15
+    err = capsys.readouterr().err
+    assert err.startswith("torchrun: got SIGTERM: passed it on to the workers") and \
+        err.count("\n") == 1 and "Traceback" not in err, err
+    monkeypatch.setattr(torchrun_module, "main", lambda args: None)
+    assert torchrun.main(["--standalone"]) == 0
+    monkeypatch.setattr(torchrun_module, "main", lambda args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        torchrun.main([])
 
 
 def test_a_folding_launchers_failure_is_never_target_not_reached():

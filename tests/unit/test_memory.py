@@ -114,3 +114,65 @@ def test_the_command_refuses_a_batch_the_ranks_cannot_split_with_exit_2(capsys):
     code = memory.main([str(CPU_CONFIG), "--set", "train.global_batch_size=63", "--print"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("config error: ") and "global_batch_size" in err, err
+
+
+# ------------------------------------------------------------------------------ static shapes
+# The probe's values (issue 46): static_rows 4096 needed over 9 GB a rank, 1e9 built a list of
+# 1e9 ints per rank in the packing plan, max_seqs_per_row 1e6 asked for 1.7 TB - all after the
+# launch, as runtime failures, while this check said 0.98 GiB.
+STATIC = ["data.shapes=static", "data.balance=offline_pack", "model.attention=unpadded"]
+
+
+@pytest.mark.parametrize("override,most", [
+    ("data.static_rows=4096", "set data.static_rows to at most 32"),
+    ("data.static_rows=1000000000", "set data.static_rows to at most 32"),
+    ("data.max_seqs_per_row=1000000", "set data.max_seqs_per_row to at most 25"),
+    ("data.shape_bucket=1000000000", "set data.shape_bucket to at most 128"),
+])
+def test_static_sizes_beyond_the_data_and_length_are_refused_before_launch(override, most,
+                                                                           capsys):
+    """What run_and_time.sh runs before every launch: exit 2 naming the key and the largest
+    value that means anything (a micro-batch of 32 fills at most 32 rows; a row of 128 tokens
+    holds at most 25 sequences of at least 5 tokens; a bucket is at most the length)."""
+    shapes = ["data.shapes=bucketed"] if "bucket" in override else STATIC
+    argv = [str(CPU_CONFIG), "--print"] + [x for o in [*shapes, override] for x in ("--set", o)]
+    code = memory.main(argv)
+    out = capsys.readouterr()
+    assert code == 2 and out.err.startswith(f"config error: {override}") and most in out.err, \
+        out.err
+    assert out.out == ""
+    ok = override.split("=")[0] + "=" + re.search(r"at most (\d+)", out.err)[1]
+    assert memory.main([str(CPU_CONFIG)] + [x for o in [*shapes, ok] for x in ("--set", o)]) == 0
+
+
+def test_the_estimate_counts_static_rows_their_slots_and_the_padded_segments():
+    def total(*extra):
+        return memory.estimate(load_config(CPU_CONFIG, [*STATIC, *extra])).total
+    dynamic = memory.estimate(load_config(CPU_CONFIG)).total
+    assert total("data.static_rows=32") > dynamic                  # slots, segments, tables
+    assert total("data.static_rows=8") < total("data.static_rows=16") < total("data.static_rows=32")
+    assert total("data.max_seqs_per_row=3") < total("data.max_seqs_per_row=12") \
+        < total("data.max_seqs_per_row=25")
+    # the repad kernel pads each of a row's 3 slots and its tail to the width: 4 segments
+    rows = memory.estimate(load_config(CPU_CONFIG, [*STATIC, "data.static_rows=26"])).rows
+    assert (rows.count, rows.width, rows.slots, rows.segments) == (26, 128, 3, 4)
+    assert rows.masked == 128 * 15 // 100 + 3      # floor(width x masked_lm_prob) + slots
+
+
+def test_static_rows_that_cannot_fit_are_refused_with_the_rows_and_slots_that_fit():
+    """32 static rows of 25 sequence slots each on 3 GiB for 2 ranks: refused, naming the most
+    rows that fit at 25 slots and the most slots that fit at 32 rows - each of which then
+    passes, and one more does not."""
+    def cfg(rows, slots):
+        return load_config(CPU_CONFIG, [*STATIC, f"data.static_rows={rows}",
+                                        f"data.max_seqs_per_row={slots}"])
+    have = 3 * memory.GIB
+    why = memory.problem(cfg(32, 25), host_bytes=have)
+    assert why and "32 static rows of 128 tokens (25 sequence slot(s), 26 attention" in why, why
+    rows = int(re.search(r"Set data\.static_rows = (\d+) \(the most rows", why)[1])
+    slots = int(re.search(r"data\.max_seqs_per_row = (\d+) \(the most sequence slots", why)[1])
+    assert 1 <= rows < 32 and 1 <= slots < 25, why
+    assert memory.problem(cfg(rows, 25), host_bytes=have) is None
+    assert memory.problem(cfg(rows + 1, 25), host_bytes=have)
+    assert memory.problem(cfg(32, slots), host_bytes=have) is None
+    assert memory.problem(cfg(32, slots + 1), host_bytes=have)
