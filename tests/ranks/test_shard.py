@@ -147,6 +147,9 @@ def test_a_swapped_or_stale_shard_file_is_refused_on_every_rank_naming_it(two_ra
             assert needle.format(me=rank, other=1 - rank) in said, (case, said)
 
 
+@pytest.mark.slow  # 2 ranks under mpiexec
+@needs_mpiexec
+@pytest.mark.timeout(1200)
 def test_the_sharded_step_is_capture_safe_and_issues_only_its_collectives(two_ranks):
     work, _ = two_ranks
     for r in results(work, "count"):
