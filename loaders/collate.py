@@ -75,6 +75,16 @@ class Batch:
         """Number of masked-LM labels; a CPU-GPU sync point if the batch is on a GPU."""
         return int((self.masked_lm_labels != IGNORE_INDEX).sum())
 
+    def host_work(self) -> tuple[list[list[int]], int]:
+        """(each row's sequence lengths, masked labels) of a host batch: collation's counts,
+        else read from its tensors (a host read, no device involved)."""
+        lengths = self.sequence_lengths
+        if lengths is None:  # a pipeline that did not record them: from the mask
+            lengths = [[int(c) for c in torch.bincount(row)[1:].tolist() if c]
+                       for row in self.attention_mask]
+        masked = self.num_masked_labels
+        return [list(r) for r in lengths], self.num_masked if masked is None else masked
+
     def to(self, device, non_blocking: bool = False) -> "Batch":
         """A copy with every tensor on ``device``. ``non_blocking`` only overlaps the copy
         when the source tensors are in pinned memory (``pin_memory()``)."""

@@ -16,6 +16,12 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the key and what to change. Declared in
+    the vocabulary so every room may raise it without importing the config (runtime.config
+    re-exports it)."""
+
+
 Precision = Literal["fp32", "bf16", "fp16"]
 ClipMode = Literal["global_after", "local_before", "bucket_before", "none"]
 GradSyncKind = Literal["buckets", "ddp"]
@@ -40,15 +46,70 @@ Division = Literal["open", "closed"]
 CudaGraphs = Literal["none", "encoder", "full"]
 
 
-def allocator_conf(cuda_graphs: str) -> str | None:
-    """The CUDA caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF) a run in graph mode
-    ``cuda_graphs`` takes when the user set none: growable ("expandable") segments for eager
-    steps - every batch has its own shapes, which fragments fixed-size segments -, the default
-    allocator under graphs: NCCL registers the buffers of captured collectives
-    (NCCL_GRAPH_REGISTER=1 by default) assuming each is one contiguous allocation, and replays
-    that hang with expandable segments are reported upstream (pytorch/pytorch#158029,
-    pytorch/torchtitan#3306); static shapes do not fragment the pool anyway."""
-    return "expandable_segments:True" if cuda_graphs == "none" else None
+@dataclass(frozen=True)
+class Need:
+    """A key a launch mode needs set to one of ``allowed``, and why (the config's refusal)."""
+
+    key: str                  # "section.key"
+    allowed: tuple
+    why: str
+
+
+# What every captured mode needs: a graph replays fixed shapes on a stream of its own, and
+# nothing inside it may read the host or change outside the step's control.
+_CAPTURED_NEEDS = (
+    Need("system.device", ("auto", "cuda"), "a CUDA device (system.device='cpu' has none)"),
+    Need("data.shapes", ("static",), "data.shapes='static' (a graph replays fixed shapes; "
+         "every batch of another shape policy may have its own)"),
+    Need("train.grad_sync", ("buckets",), "train.grad_sync='buckets' (DDP's reducer is rebuilt "
+         "and re-bucketed outside the step's control)"),
+    Need("train.timeline", (False,), "train.timeline=false (the timeline stamps host times "
+         "inside the step)"),
+    Need("train.tied_embedding_sync", ("dense", "auto"), "train.tied_embedding_sync 'dense' "
+         "or 'auto' (the split's decoder tap fires inside the graphed backward)"),
+)
+
+
+@dataclass(frozen=True)
+class GraphMode:
+    """What a ``train.cuda_graphs`` mode is, for everything that must know (the config's
+    checks and help text, the rank's allocator settings, the cluster projection, bench.gpu):
+    one row per ``CudaGraphs``. Its runner - how a step runs in this mode - is the class of
+    that name in runtime/train/runners.py (a test holds the two lists equal)."""
+
+    name: str
+    help: str
+    needs: tuple[Need, ...] = ()
+    captures: bool = False    # CUDA graphs: a stream of its own, autocast without its cache
+    overlaps_allreduce: bool = True
+    """the bucket allreduces start during backward (encoder graphs hand back every gradient
+    when the graphed backward ends: the projection charges the allreduce)"""
+
+    @property
+    def allocator(self) -> str | None:
+        """PYTORCH_CUDA_ALLOC_CONF a run in this mode takes when the user set none: growable
+        ("expandable") segments for eager steps - every batch has its own shapes, which
+        fragments fixed-size segments -, the default allocator under graphs: NCCL registers
+        the buffers of captured collectives (NCCL_GRAPH_REGISTER=1 by default) assuming each
+        is one contiguous allocation, and replays that hang with expandable segments are
+        reported upstream (pytorch/pytorch#158029, pytorch/torchtitan#3306); static shapes do
+        not fragment the pool anyway."""
+        return None if self.captures else "expandable_segments:True"
+
+
+GRAPH_MODES: dict[str, GraphMode] = {m.name: m for m in (
+    GraphMode("none", "eager"),
+    GraphMode("encoder", "each micro-batch's forward and backward replayed from a graph, the "
+              "gradient sync and optimizer eager: larger local batches, gradient accumulation; "
+              "the allreduces start after the graphed backward (no overlap)",
+              _CAPTURED_NEEDS, captures=True, overlaps_allreduce=False),
+    GraphMode("full", "the whole iteration - forward, backward with the bucket allreduces and "
+              "clipping, loss scale, optimizer, learning rate - one graph replayed each step: "
+              "the small local batches where records are set",
+              _CAPTURED_NEEDS + (Need("optim.backend", ("auto", "fused"), "optim.backend "
+                                      "'auto' or 'fused' (the other steps read the skip flag "
+                                      "back to the host)"),), captures=True),
+)}
 
 
 ClipWhere = Literal["before", "after", "none"]
@@ -161,3 +222,16 @@ def hparam_error(key: str, value: Any) -> str | None:
     if rule is None or rule[0](value):
         return None
     return f"must be {rule[1]}, got {value!r}"
+
+
+def graph_modes_help() -> str:
+    """train.cuda_graphs's help text, from the rows."""
+    modes = " | ".join(f"'{m.name}' ({m.help})" for m in GRAPH_MODES.values())
+    common = [n.key for n in _CAPTURED_NEEDS]
+    extra = {m.name: [n.key for n in m.needs if n.key not in common]
+             for m in GRAPH_MODES.values() if m.captures}
+    return (f"CUDA graphs of the step (runtime/train/runners.py, docs/GPU.md): {modes}. The "
+            f"captured modes need {', '.join(common)} set as the config check says"
+            + "".join(f"; '{k}' also {', '.join(v)}" for k, v in extra.items() if v)
+            + ". Captured after a few eager steps, and anew after a resume")
+

@@ -29,18 +29,14 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from loaders.balance import (STATIC_SEQS_PER_ROW, BalanceMode, BalanceSpec, ShapeMode,
                              shape_size_problem)
-from runtime.choices import (AFTER_MODES, AttentionMode, CacheClear, ClipMode, CudaGraphs, DeviceKind,
-                             Division, GradSyncKind, Launcher, LoaderKind, LrScaling,
-                             OptimBackend, OptimizerName, OptimShard, Precision, ReduceDtype,
-                             ScheduleName, SrunMpi,
-                             TiedEmbeddingSync, clip_help, clip_spec, hparam_error,
-                             is_number)
+from runtime.choices import (AFTER_MODES, GRAPH_MODES, AttentionMode, CacheClear, ClipMode,
+                             ConfigError, CudaGraphs, DeviceKind, Division, GradSyncKind,
+                             Launcher, LoaderKind, LrScaling, OptimBackend, OptimizerName,
+                             OptimShard, Precision, ReduceDtype, ScheduleName, SrunMpi,
+                             TiedEmbeddingSync, clip_help, clip_spec, graph_modes_help,
+                             hparam_error, is_number)
 from kernels.fusions import check_fusions
 from runtime.model.config import BertConfig
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the key and what to change."""
 
 
 # Values that reach Slurm or file names (system.*): no whitespace, quotes or shell characters.
@@ -309,16 +305,7 @@ class TrainConfig:
         "kernels' sum; CPU: the ops'), kernel count, top kernels, and 'host-bound' when wall "
         "> 1.5x busy; a profiled step synchronises the device before and after itself. "
         "[] = off (nothing is started)", default_factory=list)
-    cuda_graphs: CudaGraphs = _doc(
-        "CUDA graphs of the step (runtime/train/graphs.py, docs/GPU.md): 'none' (eager) | "
-        "'encoder' (each micro-batch's forward and backward replayed from a graph, the "
-        "gradient sync and optimizer eager: larger local batches, gradient accumulation) | "
-        "'full' (the whole iteration - forward, backward with the bucket allreduces and "
-        "clipping, loss scale, optimizer, learning rate - one graph replayed each step: the "
-        "small local batches where records are set). Both need CUDA, data.shapes='static', "
-        "train.grad_sync='buckets' and no train.timeline; 'full' the fused optimizer "
-        "(optim.backend auto | fused); the tied embedding is reduced dense (auto resolves "
-        "so). Captured after a few eager steps, and anew after a resume", "none")
+    cuda_graphs: CudaGraphs = _doc(graph_modes_help(), "none")
     target_mlm_accuracy: float = _doc("stop with success at this masked-LM accuracy", 0.720)
     max_steps: int = _doc("stop (aborted) after this many optimizer steps", 6700)
     max_samples_termination: int = _doc("stop (aborted) after this many samples (0 = no limit)", 0)
@@ -404,6 +391,11 @@ class TrainConfig:
         if self.max_samples_termination > 0:
             budget = min(budget, self.max_samples_termination)
         return budget
+
+    def out_of_budget(self, step: int, samples: int) -> bool:
+        """Whether a run at ``step`` steps and ``samples`` samples has spent its budget
+        (max_steps, or max_samples_termination when set)."""
+        return step >= self.max_steps or 0 < self.max_samples_termination <= samples
 
     def checkpoint_path(self) -> str:
         """Where checkpoints go: ``checkpoint_dir``, else ``<output_dir>/checkpoints``."""
@@ -571,31 +563,15 @@ class Config:
         return self
 
     def _validate_cuda_graphs(self) -> None:
-        """train.cuda_graphs where a capture cannot work: refused before anything starts,
-        naming the key and what to use instead."""
-        t, mode = self.train, self.train.cuda_graphs
-        if mode == "none":
-            return
-        why = None
-        if self.system.device == "cpu":
-            why = "a CUDA device (system.device='cpu' has none)"
-        elif self.data.shapes != "static":
-            why = ("data.shapes='static' (a graph replays fixed shapes; every batch of "
-                   f"data.shapes='{self.data.shapes}' may have its own)")
-        elif t.grad_sync != "buckets":
-            why = ("train.grad_sync='buckets' (DDP's reducer is rebuilt and re-bucketed "
-                   "outside the step's control)")
-        elif t.timeline:
-            why = "train.timeline=false (the timeline stamps host times inside the step)"
-        elif t.tied_embedding_sync == "split":
-            why = ("train.tied_embedding_sync 'dense' or 'auto' (the split's decoder tap "
-                   "fires inside the graphed backward)")
-        elif mode == "full" and self.optim.backend not in ("auto", "fused"):
-            why = ("optim.backend 'auto' or 'fused' (the other steps read the skip flag "
-                   "back to the host)")
-        if why:
-            raise ConfigError(f"train.cuda_graphs='{mode}' needs {why}; set it, or "
-                              f"train.cuda_graphs='none'")
+        """train.cuda_graphs where its mode cannot work (the row's needs:
+        runtime.choices.GRAPH_MODES): refused before anything starts, naming the key and what
+        to use instead."""
+        mode = self.train.cuda_graphs
+        for need in GRAPH_MODES[mode].needs:
+            section, key = need.key.split(".")
+            if getattr(getattr(self, section), key) not in need.allowed:
+                raise ConfigError(f"train.cuda_graphs='{mode}' needs {need.why}; set it, or "
+                                  f"train.cuda_graphs='none'")
 
     def local_batch_size(self, world_size: int) -> int:
         """Per-rank micro-batch; a clear error when the global batch does not divide."""

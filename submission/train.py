@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from runtime.choices import allocator_conf
+from runtime.choices import GRAPH_MODES
 from runtime.launch import signals
 
 
@@ -64,7 +64,7 @@ def parse_args(argv):
 
 def set_allocator(argv, environ=os.environ) -> None:
     """CUDA's caching allocator settings for the run ``argv`` configures (growable segments
-    for eager steps, the default under CUDA graphs: runtime.choices.allocator_conf), set
+    for eager steps, the default under CUDA graphs: runtime.choices.GraphMode.allocator), set
     before torch is imported - torch reads them when it loads. A value the user set wins
     (growable segments with graphs: said to be a risk); a config that does not load leaves
     the default, and main() reports why."""
@@ -84,10 +84,11 @@ def set_allocator(argv, environ=os.environ) -> None:
         return
     user = environ.get("PYTORCH_CUDA_ALLOC_CONF", environ.get("PYTORCH_ALLOC_CONF"))
     if user is None:
-        conf = allocator_conf(mode)
+        conf = GRAPH_MODES[mode].allocator
         if conf is not None:
             environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
-    elif "expandable_segments:true" in user.replace(" ", "").lower() and mode != "none":
+    elif "expandable_segments:true" in user.replace(" ", "").lower() \
+            and GRAPH_MODES[mode].captures:
         print(f"warning: PYTORCH_CUDA_ALLOC_CONF={user} with train.cuda_graphs='{mode}': "
               f"replays of captured NCCL collectives have hung with expandable segments "
               f"(pytorch/pytorch#158029); unset it, or set NCCL_GRAPH_REGISTER=0",

@@ -175,10 +175,10 @@ def run_all(args, stages: list[str]) -> int:
 
 def _stage_env(env: dict, name: str) -> dict:
     """A stage's environment: the allocator settings training would take for what the stage
-    runs (runtime.choices.allocator_conf: growable segments for eager steps, the default for a
+    runs (runtime.choices.GraphMode.allocator: growable segments for eager steps, the default for a
     stage that captures graphs); a value the user set wins."""
-    from runtime.choices import allocator_conf
-    conf = allocator_conf("full" if STAGE[name].captures else "none")
+    from runtime.choices import GRAPH_MODES
+    conf = GRAPH_MODES["full" if STAGE[name].captures else "none"].allocator
     if conf is None or "PYTORCH_CUDA_ALLOC_CONF" in env or "PYTORCH_ALLOC_CONF" in env:
         return env
     return {**env, "PYTORCH_CUDA_ALLOC_CONF": conf}

@@ -2,7 +2,7 @@
 
 A stage row: its name, the function its child process runs, its budget, the data sets it
 reads, whether it captures CUDA graphs (its process then keeps the default allocator: captured
-NCCL collectives and expandable segments do not mix, runtime.choices.allocator_conf), what it
+NCCL collectives and expandable segments do not mix, runtime.choices.GraphMode.allocator), what it
 measures (the ``--help`` line) and the goals its figures are held to (each declared beside its
 stage, in bench/gpu/stages/). A plan row: the stages one call runs, in order, and its
 deadline. The orchestrator derives from these rows the stage list and order, the budgets, the

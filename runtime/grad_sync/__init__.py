@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 
 from runtime.choices import clip_spec
-from runtime.config import ConfigError
+from runtime.choices import ConfigError
 from runtime.launch.dist import BlockGroups, all_gather_object, block_groups, broadcast_tensors
 from runtime.grad_sync.buckets import CLIP_MODES, GRAD_ALIGN, GradientBuckets
 from runtime.grad_sync.ddp import DDPSync

@@ -77,6 +77,8 @@ class DistContext:
     group: Any                       # the default (world) process group
     info: LaunchInfo
     timeout_s: float = 60.0
+    simulates_cuda: bool = False     # a CPU device standing in for a GPU (tests' simulated
+    #                                  device, runtime.observe.hostsync.simulated): graphs warm up
     _store: Any = field(default=None, repr=False)  # keeps rank 0's TCPStore server alive
 
     @property

@@ -7,7 +7,7 @@ Owns:
     Devlin et al. 2019) that configs, tests and benchmarks name instead of writing sizes out;
   * ``parameter_count``: BertForPreTraining's parameters, the tied decoder counted once
     (tests/unit/test_arithmetic.py holds it to the built model's count);
-  * ``step_flops``: the model FLOPs of a training step - forward and backward, 3 x the forward
+  * ``step_flops`` (``batch_flops`` of a collated batch): the model FLOPs of a training step - forward and backward, 3 x the forward
     (the backward computes the gradients of activations and of weights, each a forward's
     worth) - of the *real* tokens: the dense layers 2·(4H² + 2·H·I) per token and layer, the
     attention 4·H·n² per sequence of n tokens and layer (QKᵀ and the weighted values), the
@@ -91,6 +91,13 @@ def batch_work(sequence_lengths: Sequence[Sequence[int]]) -> dict[str, int]:
     lengths = [n for row in sequence_lengths for n in row]
     return {"real_tokens": sum(lengths), "squared_lengths": sum(n * n for n in lengths),
             "sequences": len(lengths)}
+
+
+def batch_flops(m: Any, batch: Any) -> float:
+    """The model FLOPs of one host micro-batch (a loaders.collate.Batch): ``step_flops`` of
+    its real tokens, Σ n², masked positions and sequences."""
+    lengths, masked = batch.host_work()
+    return step_flops(m, masked=masked, **batch_work(lengths))
 
 
 def attention_layout(attention: str, device_type: str, kernel: str = "auto",

@@ -528,3 +528,13 @@ class BertForPreTraining(nn.Module):
         out.mlm_count = (targets != IGNORE_INDEX).sum()  # on the device: no host→device copy
         out.mlm_loss = total / out.mlm_count.clamp(min=1)  # mean; 0 (not NaN) with no masks
         out.mlm_correct = (logits.argmax(-1) == targets).sum()
+
+
+def run_batch(net: nn.Module, batch, next_sentence: bool = True) -> "PreTrainingOutput":
+    """``net`` (a BertForPreTraining, or a wrapper of one: DDP's) on a collated batch
+    (loaders.collate.Batch): the one place a batch's fields meet forward's arguments - the
+    training step (eager and graphed) and evaluation (``next_sentence=False``: no NSP loss)."""
+    return net(batch.input_ids, batch.token_type_ids, batch.attention_mask,
+               masked_lm_labels=batch.masked_lm_labels,
+               next_sentence_labels=batch.next_sentence_labels if next_sentence else None,
+               layout=batch.layout)

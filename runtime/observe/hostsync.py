@@ -98,6 +98,13 @@ class SyncEvent:
         return f"{self.kind:12s} {self.op:24s} {self.where}"
 
 
+def simulated(ctx):
+    """``ctx`` (a runtime.launch.dist.DistContext) on ``SIM_DEVICE``, standing in for a GPU:
+    what the CPU tests hand the runtime (the engine never imports this module)."""
+    import dataclasses
+    return dataclasses.replace(ctx, device=SIM_DEVICE, simulates_cuda=True)
+
+
 class HostSyncs:
     """Records host syncs and wrong-device tensors inside ``with`` (see the module docstring).
 

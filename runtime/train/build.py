@@ -3,7 +3,8 @@ the trainer, the bucket tuner's measurement, the length-cost command and the ben
 
 Owns: the order (torchtitan's lesson) - seeds → model (with its initial weights) → gradient
 sync → optimizer (on the sync's gradient buffer) → schedule → loss scale → the batch cost →
-the training loader and the evaluation batches - and turning the config's declared fields
+the training loader and the evaluation batches -, the observers of the steps
+(``build_observers``: balance meter, step log, step profiler), and turning the config's declared fields
 into each part's arguments: the optimizer gets every ``[optim]`` field its registry entry
 accepts (``runtime.optim.optimizer_hparam_names``), the schedule every ``[schedule]`` field
 its builder accepts, so no part is special-cased by name here.
@@ -232,3 +233,37 @@ def describe(parts: Parts, cfg: Config, dist: DistContext) -> dict:
                     "tied_embedding_sync_why": parts.grad_sync.tied_sync[1]}
                    if hasattr(parts.grad_sync, "tied_sync") else {}))
 
+
+@dataclass
+class Observers:
+    """What watches the steps of a run: the balance meter (hooks on the model), the step log
+    (with the noise scale, the device clock and the peak for MFU), the step profiler
+    (train.profile_steps; None when off), the attention layout the computed tokens follow."""
+
+    balance_meter: Any
+    step_log: Any
+    profiler: Any
+    layout: str
+    peak: Any
+
+
+def build_observers(cfg: Config, dist: DistContext, model, cost, say) -> Observers:
+    """The observers of a run of ``model`` (runtime.observe), for the trainer."""
+    from runtime.observe import noise_scale
+    from runtime.observe.balance_meter import BalanceMeter
+    from runtime.observe.clock import DeviceClock
+    from runtime.observe.mfu import peak_of
+    from runtime.observe.profiler import StepProfiler
+    from runtime.observe.step_log import StepLog
+    t = cfg.train
+    meter = BalanceMeter(model, dist.device, dist.world_size, cost=cost)
+    noise = noise_scale.for_run(cfg.local_batch_size(dist.world_size),
+                                t.gradient_accumulation_steps, dist.world_size,
+                                t.noise_scale_horizon_samples)
+    name = torch.cuda.get_device_name(dist.device) if dist.device.type == "cuda" else None
+    peak = peak_of(name, t.precision, cfg.system.peak_tflops)
+    profiler = StepProfiler(t.profile_steps, t.output_dir, dist.rank, dist.device, say) \
+        if t.profile_steps else None
+    return Observers(meter, StepLog(dist.world_size, meter, noise, peak,
+                                    DeviceClock(dist.device)),
+                     profiler, attention_layout(cfg.model.attention, dist.device.type), peak)

@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from loaders.collate import Batch, Layout
+from runtime.model.bert import run_batch
 
 WARMUP_STEPS = 3
 """Eager steps on the static buffers before the capture: the bucket engine's first-step
@@ -238,10 +239,7 @@ class _MicroBatchLoss(nn.Module):
         self.template = template  # host fields and field order of the static batch
 
     def forward(self, *tensors: torch.Tensor):
-        b = _with_tensors(self.template, list(tensors))
-        out = self.net(b.input_ids, b.token_type_ids, b.attention_mask,
-                       masked_lm_labels=b.masked_lm_labels,
-                       next_sentence_labels=b.next_sentence_labels, layout=b.layout)
+        out = run_batch(self.net, _with_tensors(self.template, list(tensors)))
         return out.loss, out.mlm_loss, out.nsp_loss
 
 

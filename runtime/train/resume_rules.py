@@ -168,3 +168,17 @@ def refusal(checkpoint: str, refused: list[Difference], run_dir: str) -> str:
                  f"and data order; a new MLPerf log). Nothing was trained; {run_dir} is "
                  f"unchanged.")
     return "\n".join(lines)
+
+
+def check(ck: Any, cfg: Any) -> list[str]:
+    """A resume from checkpoint ``ck`` (runtime.train.checkpoint) by a run of ``cfg``:
+    refused (ResumeRefused) when it changes a key that must match; else the changes that may
+    happen, as text for the record (console, MLPerf log, metrics)."""
+    from runtime.train.checkpoint import ResumeRefused
+    saved = ck.train_state().get("progress", {}).get("config")
+    if saved is None:
+        return []
+    refused, recorded = compare(json.loads(saved), cfg.to_dict())
+    if refused:
+        raise ResumeRefused(refusal(str(ck.path), refused, cfg.train.output_dir))
+    return [d.text() for d in recorded]

@@ -187,3 +187,24 @@ class RunControl:
     def load_state_dict(self, state: dict) -> None:
         self.next_checkpoint = int(state["next_checkpoint"])
         self.guard.load_state_dict(state["guard"])
+
+    def after_a_failed_write(self) -> str:
+        """What to do after a log write failed, as a rerun of the same command will do it."""
+        c = self
+        if c.resumable():
+            return (f"free space and rerun the same command: it resumes from "
+                    f"{c.last_checkpoint()} and continues this run's log (a line the full disk "
+                    f"cut short is dropped)")
+        why = ("this run writes no checkpoints (train.checkpoint_every_samples = 0)"
+               if not c.checkpointing else "it wrote no checkpoint before the write failed")
+        return (f"free space and run again: {why}, so it cannot be continued - the same "
+                f"command starts a new run in a new run directory (run_and_time.sh makes one; "
+                f"if you named this one with RUN_DIR or train.output_dir, name another)")
+
+
+def params_finite(model) -> bool:
+    """Whether every parameter is finite: an update from finite gradients can still overflow
+    (lr 1e4). The same answer on every rank (the replicas are identical), so no collective;
+    one pass and one host read, at checkpoint time only."""
+    with torch.no_grad():
+        return all(bool(torch.isfinite(p).all()) for p in model.parameters())

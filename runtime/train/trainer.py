@@ -38,35 +38,27 @@ import torch
 import torch.distributed as torch_dist
 
 from loaders.dataset import DataSetInfo, check_data_set
-from runtime.config import Config, ConfigError
+from runtime.config import Config
 from runtime.events import CallbackList, Event, RunState
 from runtime.launch import signals
 from runtime.launch.dist import DistContext, all_reduce_sum, barrier, broadcast_object
-from runtime.observe import noise_scale
-from loaders.collate import IGNORE_INDEX
-from runtime.model.arithmetic import attention_layout, batch_work, computed_tokens, step_flops
-from runtime.observe.balance_meter import BalanceMeter
-from runtime.observe.clock import DeviceClock
-from runtime.observe.hostsync import SIM_DEVICE
+from runtime.model.arithmetic import batch_flops, computed_tokens
 from runtime.observe.metrics import LogWriteError
-from runtime.observe.mfu import peak_of
-from runtime.observe.profiler import StepProfiler
-from runtime.observe.step_log import StepLog, StepRecord
+from runtime.observe.step_log import StepRecord
 from runtime.optim.grad_scale import step_multiplier
-from runtime.optim.optimizers import set_lr
-from runtime.train.build import InitCheckpointError, Parts, build_model, build_parts, describe
-from runtime.train.graphs import EncoderGraphs, FullStepGraph
+from runtime.model.bert import run_batch
 from runtime.train import resume_rules
-from runtime.train.checkpoint import CheckpointManager, ResumeRefused
+from runtime.train.build import (InitCheckpointError, Parts, build_model, build_observers,
+                                 build_parts, describe)
+from runtime.train.checkpoint import CheckpointManager
 from runtime.train.progress import Progress
-from runtime.train.run_control import RunControl
+from runtime.train.run_control import RunControl, params_finite
+from runtime.train.runners import runner_for
 
 __all__ = ["EvalResult", "InitCheckpointError", "Trainer", "build_model"]
 
-LR_TABLE_MAX = 1 << 22
-"""Steps whose learning rate a full-graph run keeps on the device (32 MiB of float64)."""
 _DEVICE_KEYS = ("grad_norm", "clip_coef", "skipped", "loss_scale", "grad_sq_mean")
-"""What ``_step`` returns for the step log's device fields; the rest goes to ``extra``."""
+"""What ``step_body`` returns for the step log's device fields; the rest goes to ``extra``."""
 
 
 @dataclass
@@ -117,12 +109,16 @@ class Trainer:
             self.resume_from = self.control.resumed_from = self.checkpoints.latest()
         if self.resume_from is not None:
             ck = self.resume_from
-            self._check_resume(ck)   # before anything is built, logged or trained
+            # a changed key that must match is refused before anything is built or trained
+            self.config_changes = resume_rules.check(ck, self.cfg)
             self.state.resume = {"checkpoint": str(ck.path), "step": ck.step,
                                  "samples": ck.samples, "world_size": ck.world_size,
                                  "time": ck.manifest.get("time"), "adopted_from_run": adopted}
         self.callbacks.fire(Event.INIT_START, self.state)
-        self._graph_stream()  # before the parts: autograd's nodes are made on this stream
+        # how a step runs (train.cuda_graphs): its stream before the parts, whose autograd
+        # nodes are made on it (runtime.train.runners)
+        self.runner = runner_for(cfg.train.cuda_graphs, dist.device, dist.simulates_cuda)
+        self.runner.begin()
         if parts is None:
             plan = self.resume_from.path / "bucket_plan.json" if self.resume_from else None
             parts = build_parts(cfg, dist, bucket_plan=plan if plan and plan.is_file() else None)
@@ -136,18 +132,10 @@ class Trainer:
         self.local_batch = cfg.local_batch_size(dist.world_size)
         self.accum = t.gradient_accumulation_steps
         self.control.base_lr = self.base_lr
-        self.balance_meter = BalanceMeter(self.model, dist.device, dist.world_size,
-                                          cost=self.batch_cost)
-        self.noise = noise_scale.for_run(self.local_batch, self.accum, dist.world_size,
-                                         t.noise_scale_horizon_samples)
-        self.layout = attention_layout(cfg.model.attention, dist.device.type)
-        device_name = torch.cuda.get_device_name(dist.device) \
-            if dist.device.type == "cuda" else None
-        self.peak = peak_of(device_name, t.precision, cfg.system.peak_tflops)
-        self.step_log = StepLog(dist.world_size, self.balance_meter, self.noise, self.peak,
-                                DeviceClock(dist.device))
-        self.profiler = StepProfiler(t.profile_steps, t.output_dir, dist.rank, dist.device,
-                                     self._say) if t.profile_steps else None
+        obs = build_observers(cfg, dist, self.model, self.batch_cost, self._say)
+        self.balance_meter, self.step_log, self.profiler = obs.balance_meter, obs.step_log, \
+            obs.profiler
+        self.layout, self.peak, self.noise = obs.layout, obs.peak, self.step_log.noise
         self._run_t0: float | None = None
         if self.train_loader is not None:
             self.state.train_samples = (self.train_loader.steps_per_epoch * self.local_batch
@@ -169,59 +157,7 @@ class Trainer:
                                files={"bucket_plan.json": self._plan_file})
         if self.resume_from is not None:  # last: the RNG states are restored here
             self._resume()
-        self._build_graphs()  # after a resume: a resumed run captures anew
-
-    # ---- CUDA graphs (runtime.train.graphs) ------------------------------------------------
-    full_graph = encoder_graphs = lr_table = device_step = None
-
-    def _graph_stream(self) -> None:
-        """train.cuda_graphs: refused off CUDA (a config error, exit 2, before anything is
-        built); on CUDA the run's work goes to a stream of its own - a graph cannot be
-        captured on the default stream, and autograd's nodes, the eager steps, the capture
-        and the replays must share one stream."""
-        mode = self.cfg.train.cuda_graphs
-        if mode == "none" or self.dist.device == SIM_DEVICE:  # (tests: the eager warm-up of
-            return                                             # the captured step, simulated)
-        if self.dist.device.type != "cuda":
-            raise ConfigError(f"train.cuda_graphs='{mode}' needs a CUDA device; this rank runs "
-                              f"on {self.dist.device} - set train.cuda_graphs='none'")
-        self._stream_before = torch.cuda.current_stream(self.dist.device)
-        torch.cuda.set_stream(torch.cuda.Stream(self.dist.device))
-
-    def _build_graphs(self) -> None:
-        mode, device = self.cfg.train.cuda_graphs, self.dist.device
-        pause = self.balance_meter.paused
-        if mode == "none":
-            return
-        self.balance_meter.hooked = False  # graphs run no module hooks: spans are explicit
-        if mode == "encoder":
-            self.encoder_graphs = EncoderGraphs(self.net, device, self._autocast, pause=pause,
-                                                micro_batches=self.accum)
-            return
-        steps = self.cfg.train.max_steps + 1
-        if steps > LR_TABLE_MAX:
-            raise ConfigError(f"train.cuda_graphs='full' keeps the learning rate of every step "
-                              f"on the device: train.max_steps={steps - 1} exceeds "
-                              f"{LR_TABLE_MAX - 1}; lower it or use train.cuda_graphs='encoder'")
-        # The schedule is a pure function of the step: its values, the host's exact floats,
-        # as a device table the graph indexes with its own step counter.
-        self.lr_table = torch.tensor([self.schedule(t) for t in range(steps)],
-                                     dtype=torch.float64).to(device)
-        self.device_step = torch.zeros((), dtype=torch.int64, device=device)
-        self.device_step.fill_(self.state.step)
-        self.full_graph = FullStepGraph(self._step, device, pause=pause)
-
-    def _check_resume(self, ck) -> None:
-        """Refuse a resume that changes a key that must match (runtime.train.resume_rules);
-        keep the changes that may happen, for the record (console, MLPerf log, metrics)."""
-        saved = ck.train_state().get("progress", {}).get("config")
-        if saved is None:
-            return
-        refused, recorded = resume_rules.compare(json.loads(saved), self.cfg.to_dict())
-        if refused:
-            raise ResumeRefused(resume_rules.refusal(str(ck.path), refused,
-                                                     self.cfg.train.output_dir))
-        self.config_changes = [d.text() for d in recorded]
+        self.runner.attach(self)  # after a resume: a resumed run captures anew
 
     def _plan_file(self) -> bytes | None:
         plan = self.grad_sync.plan_json()
@@ -242,90 +178,53 @@ class Trainer:
                       + "; ".join(self.config_changes))
 
     # ---- one step -----------------------------------------------------------------------
-    def _autocast(self):
+    runner = None  # runtime.train.runners: how a step runs (train.cuda_graphs), from setup
+
+    def autocast(self):
+        """The step's mixed precision (train.precision). Under CUDA graphs without the cast
+        cache: a graph would replay the casts of the weights it captured once (and
+        make_graphed_callables refuses the cache)."""
         p = self.cfg.train.precision
         if p == "fp32":
             return contextlib.nullcontext()
-        dtype = torch.bfloat16 if p == "bf16" else torch.float16
-        # Under CUDA graphs without the cast cache: a graph would replay the casts of the
-        # weights it captured once (and make_graphed_callables refuses the cache).
-        return torch.autocast(self.dist.device.type, dtype=dtype,
-                              cache_enabled=self.cfg.train.cuda_graphs == "none")
-
-    def _micro_batches(self, it, seen: list):
-        """This step's micro-batches on the device (the encoder graphs copy host batches into
-        their own buffers); each host batch is also appended to ``seen``."""
-        for _ in range(self.accum):
-            batch = next(it)
-            seen.append(batch)
-            yield batch if self.encoder_graphs is not None else self._to_device(batch)
-
-    def _to_device(self, batch):
-        """The batch on the device, copied without making the host wait. From pageable
-        memory a CUDA copy synchronises the stream first (non_blocking or not), so on CUDA
-        the batch goes through pinned memory (the caching host allocator keeps each block
-        until its copy is done). With no other host sync in the step, the host collates the
-        next batch while the GPU still runs this one."""
-        if self.dist.device.type == "cuda":
-            batch = batch.pin_memory()
-        return batch.to(self.dist.device, non_blocking=True)
+        return torch.autocast(self.dist.device.type,
+                              dtype=torch.bfloat16 if p == "bf16" else torch.float16,
+                              cache_enabled=not self.runner.captures)
 
     def _span(self, name: str):
         """A timeline span (train.timeline), else nothing."""
         return self.timeline.span(name) if self.timeline else contextlib.nullcontext()
 
     def train_step(self, it) -> StepRecord:
-        """One optimizer step: its device work (``_step``) run eagerly, or replayed from the
-        whole-step CUDA graph (train.cuda_graphs = 'full'). No host read and no collective
-        but the gradient allreduces: norms, the clip coefficient and the skip decision stay
-        on the device."""
+        """One optimizer step, as its runner runs it (eager, or replayed from CUDA graphs:
+        runtime.train.runners). No host read and no collective but the gradient allreduces:
+        norms, the clip coefficient and the skip decision stay on the device."""
         t0, mark = time.perf_counter(), self.step_log.mark()
         if self.timeline:
             self.timeline.start_step()
         step, lr = self.state.step, self.schedule(self.state.step)
         batches: list = []  # this step's host batches (their token counts)
-        if self.full_graph is not None:  # the learning rate: the graph's own, from the table
-            batches = [next(it) for _ in range(self.accum)]
-            with self.balance_meter.span():
-                values = self.full_graph.step(batches)
-        else:
-            set_lr(self.optimizer, lr)
-            values = self._step(self._micro_batches(it, batches))
+        values = self.runner.step(it, lr, batches)
         real = sum(b.num_real_tokens for b in batches)
         computed = sum(computed_tokens(self.layout, padded_tokens=b.num_padded_tokens,
                                        layout_tokens=b.layout.num_tokens if b.layout
                                        is not None else b.num_real_tokens) for b in batches)
-        flops = sum(self._model_flops(b) for b in batches)
+        flops = sum(batch_flops(self.cfg.model, b) for b in batches)
         return self._record(step, lr, (t0, mark), real, computed, values, flops)
 
-    def _model_flops(self, batch) -> float:
-        """The model FLOPs of one host micro-batch (runtime.model.arithmetic: its real
-        tokens, Σ n², masked positions and sequences)."""
-        lengths = batch.sequence_lengths  # host numbers collation recorded
-        if lengths is None:  # a pipeline that did not record them: read from the mask
-            lengths = [[int(c) for c in torch.bincount(row)[1:].tolist() if c]
-                       for row in batch.attention_mask]
-        masked = batch.num_masked_labels
-        if masked is None:  # (a host tensor: no device read, but a read all the same)
-            masked = int((batch.masked_lm_labels != IGNORE_INDEX).sum())
-        return step_flops(self.cfg.model, masked=masked, **batch_work(lengths))
-
-    def _step(self, batches) -> dict:
-        """The device work of one step on device ``batches``: forward, backward, gradient
-        sync, optimizer update. What the whole-step graph captures (runtime.train.graphs):
-        every state it changes it changes in place, and nothing in it reads the host."""
+    def step_body(self, batches, forward) -> dict:
+        """The device work of one step on ``batches`` (the runner's: on the device, or host
+        batches its ``forward`` takes): forward, backward, gradient sync, optimizer update.
+        What the whole-step graph captures (runtime.train.graphs): every state it changes it
+        changes in place, and nothing in it reads the host."""
         sync, scale = self.grad_sync, self.loss_scale
-        if self.lr_table is not None:  # train.cuda_graphs full: lr from the device's counter
-            at = self.device_step.clamp(max=self.lr_table.shape[0] - 1).reshape(1)
-            set_lr(self.optimizer, self.lr_table.index_select(0, at).reshape(()))
-            self.device_step.add_(1)
         self.net.train()
         sync.begin_step(scale.scale)
         losses = torch.zeros(4, device=self.dist.device)
         for i, batch in enumerate(batches):
             with sync.no_sync() if i < self.accum - 1 else contextlib.nullcontext():
                 with self._span("forward"):
-                    loss, mlm_loss, nsp_loss = self._forward(batch)
+                    loss, mlm_loss, nsp_loss = forward(batch)
                 with self._span("backward"):
                     (loss * scale.loss_multiplier(self.accum)).backward()
             losses[:3] += torch.stack([loss.detach(), mlm_loss.detach(),
@@ -346,16 +245,11 @@ class Trainer:
             values["grad_sq_mean"] = norm.square()  # the whole averaged gradient's
         return {**values, **report.metrics()}
 
-    def _forward(self, batch):
-        """(loss, mlm_loss, nsp_loss) of one micro-batch: replayed from the encoder graphs
-        (train.cuda_graphs = 'encoder'; they take the host batch), else the model's forward."""
-        if self.encoder_graphs is not None:
-            with self.balance_meter.span():
-                return self.encoder_graphs.forward(batch)
-        with self._autocast():
-            out = self.net(batch.input_ids, batch.token_type_ids, batch.attention_mask,
-                           masked_lm_labels=batch.masked_lm_labels,
-                           next_sentence_labels=batch.next_sentence_labels, layout=batch.layout)
+    def forward_losses(self, batch):
+        """(loss, mlm_loss, nsp_loss) of one micro-batch on the device: the model's forward
+        under the step's precision."""
+        with self.autocast():
+            out = run_batch(self.net, batch)
         return out.loss, out.mlm_loss, out.nsp_loss
 
     def _record(self, step, lr, start, real, computed, values, flops=0.0) -> StepRecord:
@@ -383,9 +277,8 @@ class Trainer:
         self.model.eval()
         counts = torch.zeros(2, dtype=torch.float64, device=self.dist.device)
         for batch in self.eval_batches:  # resident on the device since set-up
-            with self._autocast():
-                out = self.model(batch.input_ids, batch.token_type_ids, batch.attention_mask,
-                                 masked_lm_labels=batch.masked_lm_labels, layout=batch.layout)
+            with self.autocast():
+                out = run_batch(self.model, batch, next_sentence=False)
             counts += torch.stack([out.mlm_correct.double(), out.mlm_count.double()])
         correct, count = all_reduce_sum(counts).tolist()
         return EvalResult(accuracy=correct / max(count, 1.0), correct=int(correct), count=int(count))
@@ -416,27 +309,14 @@ class Trainer:
                 if not isinstance(e, LogWriteError):   # is the one to report
                     print(f"also: {again}", file=sys.stderr, flush=True)
             if isinstance(e, LogWriteError):
-                e.advise(self._after_a_failed_write())
+                e.advise(self.control.after_a_failed_write())
             raise
         st.derived["throughput"] = self.step_log.run_figures()  # TFLOP/s, MFU of the run
         try:
             fire(Event.RUN_STOP, st)
         except LogWriteError as e:
-            raise e.advise(self._after_a_failed_write()) from None
+            raise e.advise(self.control.after_a_failed_write()) from None
         return st
-
-    def _after_a_failed_write(self) -> str:
-        """What to do after a log write failed, as a rerun of the same command will do it."""
-        c = self.control
-        if c.resumable():
-            return (f"free space and rerun the same command: it resumes from "
-                    f"{c.last_checkpoint()} and continues this run's log (a line the full disk "
-                    f"cut short is dropped)")
-        why = ("this run writes no checkpoints (train.checkpoint_every_samples = 0)"
-               if not c.checkpointing else "it wrote no checkpoint before the write failed")
-        return (f"free space and run again: {why}, so it cannot be continued - the same "
-                f"command starts a new run in a new run directory (run_and_time.sh makes one; "
-                f"if you named this one with RUN_DIR or train.output_dir, name another)")
 
     @property
     def stop(self) -> Optional[str]:
@@ -498,11 +378,7 @@ class Trainer:
         self.control.at_log_point(logged, self.step_log.flags, self.state)
 
     def _params_finite(self) -> bool:
-        """Whether every parameter is finite: an update from finite gradients can still
-        overflow (lr 1e4). The same answer on every rank (the replicas are identical), so no
-        collective; one pass and one host read, at checkpoint time only."""
-        with torch.no_grad():
-            return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+        return params_finite(self.model)
 
     def _eval_and_log(self) -> float:
         self.callbacks.fire(Event.EVAL_START, self.state)
@@ -512,19 +388,10 @@ class Trainer:
         return result.accuracy
 
     def _out_of_budget(self) -> bool:
-        t = self.cfg.train
-        if self.state.step >= t.max_steps:
-            return True
-        return t.max_samples_termination > 0 and self.state.samples >= t.max_samples_termination
+        return self.cfg.train.out_of_budget(self.state.step, self.state.samples)
 
     def close(self) -> None:
-        for part in ("full_graph", "encoder_graphs", "balance_meter", "grad_sync",
-                     "train_loader"):
-            obj = getattr(self, part, None)
+        for part in ("balance_meter", "grad_sync", "train_loader", "runner"):  # runner last:
+            obj = getattr(self, part, None)                 # the run's stream ends with it
             if obj is not None and hasattr(obj, "close"):
                 obj.close()
-        before = getattr(self, "_stream_before", None)
-        if before is not None:  # the run's own stream (train.cuda_graphs) ends with it
-            torch.cuda.current_stream(self.dist.device).synchronize()
-            torch.cuda.set_stream(before)
-            self._stream_before = None

@@ -186,7 +186,7 @@ def case_count(ctx, data_dir):
 
 def simulated(ctx):
     """This rank's context with the simulated GPU of runtime.observe.hostsync as its device."""
-    ctx = dataclasses.replace(ctx, device=SIM_DEVICE)
+    ctx = dataclasses.replace(ctx, device=SIM_DEVICE, simulates_cuda=True)
     dist_module._CTX = ctx
     return ctx
 

@@ -69,7 +69,7 @@ from runtime.launch.dist import init_distributed, run_guarded, shutdown  # noqa:
 from runtime.launch.env import discover  # noqa: E402
 from runtime.config import ConfigError  # noqa: E402
 from runtime.events import CallbackList, Event  # noqa: E402
-from runtime.observe.hostsync import SIM_DEVICE, HostSyncs  # noqa: E402
+from runtime.observe.hostsync import SIM_DEVICE, HostSyncs, simulated  # noqa: E402
 from runtime.optim.grad_scale import DynamicLossScale  # noqa: E402
 from runtime.train.graphs import _Packed  # noqa: E402
 from runtime.train.build import batch_cost, build_train_loader  # noqa: E402
@@ -424,7 +424,7 @@ def case_tamper(ctx, data_dir, work):
 # ----------------------------------------------------------------------------------- count
 
 def case_count(ctx, data_dir):
-    ctx = dataclasses.replace(ctx, device=SIM_DEVICE)
+    ctx = simulated(ctx)
     dist_module._CTX = ctx
     results = []
     for clip, extra, reduction in (("global_after", [], "reduce"),
@@ -445,13 +445,13 @@ def count_one(ctx, data_dir, clip, extra, reduction):
                           f"train.clip_mode={clip}", "train.bucket_cap_mb=0.05")
         trainer = Trainer(cfg, ctx, log=lambda m: None)
         trainer.setup()
-        trainer.full_graph.warmup_steps = 10 ** 9  # run the body, watched, never capture
+        trainer.runner.graph.warmup_steps = 10 ** 9  # run the body, watched, never capture
         if extra:
             trainer.loss_scale = DynamicLossScale(2.0 ** 16, device=SIM_DEVICE)
         it = iter(trainer.train_loader)
         for _ in range(2):  # the first step re-cuts the buckets (and re-shards the state)
             trainer.train_step(it)
-        graph = trainer.full_graph
+        graph = trainer.runner.graph
         before = persistent_tensors(trainer)
         traces, calls, events = [], [], []
         for _ in range(2):
@@ -459,7 +459,7 @@ def count_one(ctx, data_dir, clip, extra, reduction):
             n, e = len(syncs.trace), len(syncs.events)
             coll = Collectives()
             try:
-                values = trainer._step(graph.inputs.slots)
+                values = trainer.runner.body(graph.inputs.slots)
             finally:
                 coll.restore()
             events += [str(x) for x in syncs.events[e:]]

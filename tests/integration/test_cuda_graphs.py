@@ -31,7 +31,7 @@ def graph_run(data, ctx, graphs: str, steps: int, *extra, between=None):
             between(trainer, i)
         recs.append(trainer.train_step(it).local())
     params = [p.detach().float().clone() for p in trainer.model.parameters()]
-    graph = trainer.full_graph or trainer.encoder_graphs
+    graph = getattr(trainer.runner, "graph", None) or getattr(trainer.runner, "graphs", None)
     captured = graph is not None and graph.captured
     trainer.step_log.flush()
     trainer.close()
@@ -85,7 +85,7 @@ def test_replays_sync_nothing_and_hold_their_memory(small_dataset, cuda_ctx):
     it = iter(trainer.train_loader)
     for _ in range(5):  # warm-up, capture, a replay
         trainer.train_step(it)
-    assert trainer.full_graph.captured
+    assert trainer.runner.graph.captured
     with HostSyncs(cuda_ctx.device) as syncs:
         for _ in range(3):
             trainer.train_step(it)

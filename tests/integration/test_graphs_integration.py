@@ -7,7 +7,6 @@ values. The shapes, the capacity rule and the config's refusals: tests/unit/test
 replays themselves on a GPU: tests/integration/test_cuda_graphs.py (marked cuda)."""
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ import torch
 from loaders.collate import pad_rows, pad_rows_static
 from runtime.model.bert import BertForPreTraining
 from runtime.model.config import BertConfig
-from runtime.observe.hostsync import SIM_DEVICE, HostSyncs
+from runtime.observe.hostsync import SIM_DEVICE, HostSyncs, simulated
 from runtime.optim.grad_scale import DynamicLossScale
 from runtime.train.graphs import _Packed
 from tests.support.capture import ForcedOverflow, persistent_tensors
@@ -62,14 +61,13 @@ def simulated_trainer(data, *extra):
     (its eager warm-up: on the simulated device nothing is captured)."""
     from runtime.launch import dist
     from runtime.train.trainer import Trainer
-    ctx = dist.current()
-    ctx = dataclasses.replace(ctx, device=SIM_DEVICE)
+    ctx = simulated(dist.current())
     cfg = tiny_config(data, "train.log_every_steps=1000", 'system.device="auto"',
                       "data.shapes=static", "train.cuda_graphs=full", "optim.backend=auto",
                       *extra)
     trainer = Trainer(cfg, ctx)
     trainer.setup()
-    trainer.full_graph.warmup_steps = 10 ** 9  # never capture: run the body, watched
+    trainer.runner.graph.warmup_steps = 10 ** 9  # never capture: run the body, watched
     return trainer
 
 
@@ -94,14 +92,14 @@ def test_the_captured_step_is_capture_safe_on_the_simulated_device(small_dataset
         it = iter(trainer.train_loader)
         for _ in range(2):  # the first step re-cuts the buckets (before any capture)
             trainer.train_step(it)
-        graph = trainer.full_graph
+        graph = trainer.runner.graph
         before = persistent_tensors(trainer)
         traces = []
         for step in range(2):
             batches = [next(it) for _ in range(trainer.accum)]
             graph.inputs.load(batches)  # outside the region, as before a replay
             n, e = len(syncs.trace), len(syncs.events)
-            values = trainer._step(graph.inputs.slots)  # the region a full graph captures
+            values = trainer.runner.body(graph.inputs.slots)  # the region the graph captures
             assert syncs.events[e:] == [], HostSyncs.report(syncs)
             traces.append(syncs.trace[n:])
             _Packed(values).pack(values)  # what the graph copies out
@@ -109,7 +107,7 @@ def test_the_captured_step_is_capture_safe_on_the_simulated_device(small_dataset
         assert len(traces[0]) > 100
         # every state the step changes is changed where it lives
         assert persistent_tensors(trainer) == before
-        assert int(trainer.device_step) == trainer.state.step + 2
+        assert int(trainer.runner.device_step) == trainer.state.step + 2
         trainer.close()
 
 
@@ -120,9 +118,9 @@ def test_a_full_graph_step_keeps_each_steps_values_and_counts_the_steps(small_da
     recs = [trainer.train_step(it) for _ in range(3)]
     losses = [r.loss for r in recs]
     assert len(set(losses)) == 3  # each record kept its own step's values
-    assert int(trainer.device_step) == 3 == trainer.state.step
+    assert int(trainer.runner.device_step) == 3 == trainer.state.step
     # the learning rate the device used is the host's schedule, exactly
-    assert recs[-1].lr == trainer.schedule(2) == float(trainer.lr_table[2])
+    assert recs[-1].lr == trainer.schedule(2) == float(trainer.runner.lr_table[2])
     trainer.close()
 
 
@@ -179,7 +177,7 @@ def test_graphs_are_captured_after_the_recut_on_the_live_buffers(small_dataset, 
         graph.graph = Replay()
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_make_graphed)
     monkeypatch.setattr(FullStepGraph, "_capture", fake_capture)
-    ctx = dataclasses.replace(dist.current(), device=SIM_DEVICE)
+    ctx = simulated(dist.current())
     cfg = tiny_config(small_dataset, "train.log_every_steps=1000", 'system.device="auto"',
                       "data.shapes=static", f"train.cuda_graphs={mode}",
                       "model.attention=unpadded", "data.balance=offline_pack",

@@ -56,8 +56,8 @@ def persistent_tensors(trainer) -> dict[str, tuple[int, int]]:
         for k, v in part.buffers.state.items():
             out[f"opt{i}.{k}"] = v
     out["grads"] = trainer.grad_sync.flat
-    out["device_step"] = trainer.device_step
-    out["lr_table"] = trainer.lr_table
+    out["device_step"] = trainer.runner.device_step
+    out["lr_table"] = trainer.runner.lr_table
     for n, p in trainer.model.named_parameters():
         out[n] = p
     return {k: (id(t), t.data_ptr()) for k, t in out.items()}

@@ -192,3 +192,53 @@ def test_a_cpu_rank_refuses_graphs_before_building_anything(small_dataset, singl
     with pytest.raises(ConfigError, match="needs a CUDA device"):
         trainer.setup()
     assert trainer.grad_sync is None  # nothing was built
+
+
+# ------------------------------------------------------------------ launch modes as rows
+
+def test_every_launch_mode_is_a_row_and_a_runner():
+    """train.cuda_graphs: one GRAPH_MODES row per choice (what the config checks, the help
+    text, the allocator and the projection read) and one runner class per row."""
+    from typing import get_args
+    from runtime.choices import GRAPH_MODES, CudaGraphs, graph_modes_help
+    from runtime.train.runners import RUNNERS
+    assert set(GRAPH_MODES) == set(get_args(CudaGraphs)) == set(RUNNERS)
+    for name, row in GRAPH_MODES.items():
+        assert row.name == name and f"'{name}'" in graph_modes_help()
+        assert (row.allocator is None) == row.captures
+        if row.captures:
+            assert "data.shapes" in {n.key for n in row.needs}
+    assert not GRAPH_MODES["encoder"].overlaps_allreduce and GRAPH_MODES["full"].overlaps_allreduce
+
+
+def test_the_step_never_asks_which_launch_mode_it_runs():
+    """Trainer.train_step and its body call the runner; no branch on the graph mode."""
+    import inspect
+    import re
+    from runtime.train.trainer import Trainer
+    import ast
+    import textwrap
+    for fn in (Trainer.train_step, Trainer.step_body, Trainer.forward_losses):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+        tree.body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(
+            n.value, ast.Constant))]  # the code, not its docstring
+        assert not re.search(r"cuda_graphs|full_graph|encoder|lr_table|device_step|captures",
+                             ast.unparse(tree)), fn.__name__
+
+
+@pytest.mark.parametrize("mode", ["encoder", "full"])
+def test_each_need_of_a_captured_mode_is_refused_naming_it(mode):
+    """Every Need row of a captured mode, violated alone on an otherwise valid config, is
+    refused with the row's reason (the check reads the rows)."""
+    from runtime.choices import GRAPH_MODES
+    from runtime.config import load_config
+    ok = ["system.device=cuda", "data.shapes=static", "optim.backend=auto",
+          f"train.cuda_graphs={mode}"]
+    load_config(None, ok)
+    bad = {"system.device": "cpu", "data.shapes": "dynamic", "train.grad_sync": "ddp",
+           "train.timeline": "true", "train.tied_embedding_sync": "split",
+           "optim.backend": "foreach"}
+    for need in GRAPH_MODES[mode].needs:
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [*ok, f"{need.key}={bad[need.key]}"])
+        assert f"train.cuda_graphs='{mode}' needs {need.why}" in str(e.value), need.key

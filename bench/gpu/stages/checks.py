@@ -25,14 +25,13 @@ def stage_checks(run: Run) -> dict:
     """What reading could not settle: host syncs per ordinary step (torch's sync debug mode
     on CUDA; the simulated device on CPU), which attention kernel ran (the profiler), and
     the fused optimizer compiled once (no recompile after the first-step re-cut)."""
-    import dataclasses
     from runtime.launch import dist
-    from runtime.observe.hostsync import SIM_DEVICE, HostSyncs
+    from runtime.observe.hostsync import HostSyncs, simulated
     from runtime.train.trainer import Trainer
 
     ctx = _world_of_one(run.device)
     if not run.cuda:  # the CPU stand-in for a GPU
-        ctx = dataclasses.replace(ctx, device=SIM_DEVICE)
+        ctx = simulated(ctx)
         dist._CTX = ctx
     precision = "bf16" if run.cuda else "fp32"
     out = run.result({"precision": precision, "host_syncs": {}})

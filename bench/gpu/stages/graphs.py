@@ -146,39 +146,22 @@ def _kernel_diff(replay: dict, eager: dict, top: int = 12) -> list[dict]:
 
 
 def _modes(run: Run, trainer) -> dict:
-    """Eager, encoder graphs and full graph on one trainer's parts, in that order."""
-    from runtime.train.graphs import EncoderGraphs
-    full_graph, lr_table = trainer.full_graph, trainer.lr_table
+    """Eager, encoder graphs and full graph on one trainer's parts and stream, in that order:
+    the trainer's runner swapped for each (runtime.train.runners.swapped)."""
+    from runtime.train.runners import swapped
     warm, steps = (1, 1) if run.smoke else (5, 10)
     out: dict[str, Any] = {}
     it = iter(trainer.train_loader)
-    # eager: the same parts with the graphs detached (and autocast's cast cache back on)
-    trainer.full_graph = trainer.lr_table = None
-    trainer.cfg.train.cuda_graphs = "none"
-    trainer.balance_meter.hooked = True
-    out["eager"] = _measure(run, trainer, it, warm, steps)
-    if not run.cuda:
-        out["encoder"] = out["full"] = {"skipped": "CUDA graphs need a GPU (smoke: CPU)"}
-        return out
-    trainer.balance_meter.hooked = False
-    for mode in ("encoder", "full"):
-        trainer.cfg.train.cuda_graphs = mode
+    for mode, name in (("none", "eager"), ("encoder", "encoder"), ("full", "full")):
+        if mode != "none" and not run.cuda:
+            out[name] = {"skipped": "CUDA graphs need a GPU (smoke: CPU)"}
+            continue
         try:
-            if mode == "encoder":
-                trainer.encoder_graphs = EncoderGraphs(trainer.net, trainer.dist.device,
-                                                       trainer._autocast,
-                                                       pause=trainer.balance_meter.paused,
-                                                       micro_batches=trainer.accum)
-            else:
-                trainer.encoder_graphs = None
-                gc.collect()
-                trainer.lr_table = lr_table
-                trainer.device_step.fill_(trainer.state.step)
-                trainer.full_graph = full_graph
-            out[mode] = _measure(run, trainer, it, warm, steps, syncs=mode == "full")
+            with swapped(trainer, mode):
+                out[name] = _measure(run, trainer, it, warm, steps, syncs=mode == "full")
         except Exception as e:  # noqa: BLE001 - one mode failing keeps the others
-            out[mode] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
-        trainer.encoder_graphs = None
+            out[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        gc.collect()  # the mode's graphs and their pools
     full = out.get("full", {})
     if full.get("step_over_busy") and full["step_over_busy"] > GOAL_BUSY_RATIO:
         out["full"]["kernels_replay_vs_eager"] = _kernel_diff(full["_names"],
@@ -204,8 +187,6 @@ def _graph_cases(run: Run, out, cases: dict) -> None:
             trainer = _trainer(run, b, *STATIC, "train.cuda_graphs=full"
                                if run.cuda else "train.cuda_graphs=none", *extra)
             try:
-                if trainer.full_graph is None:  # CPU: eager only
-                    trainer.lr_table = None
                 static = trainer.train_loader.static
                 rec = {"local_batch": b, "rows": static.rows, **_modes(run, trainer)}
             finally:

@@ -264,8 +264,8 @@ def _contention(cfg, ctx, trainer, it, flat, steps: int,
     ks, backward = [], []
     for _ in range(steps):
         torch_dist.barrier()
-        batch = trainer._to_device(next(it))
-        with trainer._autocast():
+        batch = trainer.runner.to_device(next(it))
+        with trainer.autocast():
             out = trainer.net(batch.input_ids, batch.token_type_ids, batch.attention_mask,
                               masked_lm_labels=batch.masked_lm_labels,
                               next_sentence_labels=batch.next_sentence_labels,

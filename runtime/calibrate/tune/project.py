@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Optional
 
 from runtime.calibrate.tune.fabric import Fabric, FabricError, from_table, load_fabric
+from runtime.choices import GRAPH_MODES
 from runtime.calibrate.tune.simulate import Gradient, Instance, StepProfile, SyncSpec, simulate
 from runtime.grad_sync.plan import resolve_tied_sync
 from runtime.calibrate.tune.solve import (DDP_MB, HOROVOD_MB, MEGATRON_MIN_PARAMS, MB, cap_plan,
@@ -163,10 +164,11 @@ def gpu_step_profile(gp: GpuProfile, cpu: StepProfile, local_batch: int,
     hbm = gp.hbm_GBps * 1e9
     opt = params * gp.optimizer_bytes_per_param / hbm / \
         (1 if whole_update else max(1, gp.optimizer_shard))
-    if gp.cuda_graphs not in ("none", "encoder", "full"):
-        raise ValueError(f"{gp.name}: cuda_graphs must be none | encoder | full, got "
+    if gp.cuda_graphs not in GRAPH_MODES:
+        raise ValueError(f"{gp.name}: cuda_graphs must be {' | '.join(GRAPH_MODES)}, got "
                          f"{gp.cuda_graphs!r}")
-    at_end = gp.cuda_graphs == "encoder"  # every gradient when the graphed backward ends
+    # every gradient when the graphed backward ends (runtime.choices.GraphMode)
+    at_end = not GRAPH_MODES[gp.cuda_graphs].overlaps_allreduce
     backward = cpu.backward_s * scale
     return replace(
         cpu, grads=tuple(Gradient(g.name, g.numel, backward if at_end else g.ready_s * scale)
