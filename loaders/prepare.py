@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import random
 import re
@@ -41,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from loaders import corpus, pretraining, tokenization
+from loaders.workers import Workers
 from loaders.shards import (EVAL_FILE, TRAIN_DIR, DataError, Samples, sha256_file, shard_name,
                             verify_checksums, write_checksums, write_shard)
 
@@ -124,42 +124,6 @@ def _log(msg: str) -> None:
 # ---------------------------------------------------------------------------------------
 
 _STATE: dict = {}   # inherited by forked workers (documents, params, vocab)
-
-
-def _worker_init() -> None:
-    # The parent handles Ctrl-C/SIGTERM and terminates the pool; workers just die.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    # Parallelism comes from the processes; one tokenizers thread each.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-
-
-class _Workers:
-    """``map`` over tasks in order, inline for one worker or in a forked process pool."""
-
-    def __init__(self, workers: int):
-        self.workers = workers
-        self.pool = None
-
-    def __enter__(self):
-        if self.workers > 1:
-            self.pool = multiprocessing.get_context("fork").Pool(self.workers,
-                                                                 initializer=_worker_init)
-        return self
-
-    def __exit__(self, *exc):
-        if self.pool is not None:
-            if exc[0] is None:
-                self.pool.close()
-            else:
-                self.pool.terminate()
-            self.pool.join()
-        return False
-
-    def map(self, fn, tasks: list, chunksize: int = 1) -> list:
-        if self.pool is None:
-            return [fn(t) for t in tasks]
-        return self.pool.map(fn, tasks, chunksize=chunksize)
 
 
 def _extract_summaries(batch):
@@ -277,7 +241,7 @@ def _remove_stale_tmp(out: Path) -> None:
 # Phases
 # ---------------------------------------------------------------------------------------
 
-def _extract(cfg: PrepareConfig, source_files, pool: _Workers):
+def _extract(cfg: PrepareConfig, source_files, pool: Workers):
     """Documents from every source file in order, capped at --max-docs; the number of
     documents taken from each file (same order as ``source_files``)."""
     cap = cfg.max_docs if cfg.max_docs is not None else 1 << 62
@@ -321,7 +285,7 @@ def _split_key(doc: corpus.Document) -> str:
     return doc.doc_id
 
 
-def _tokenize(docs: list[corpus.Document], pool: _Workers):
+def _tokenize(docs: list[corpus.Document], pool: Workers):
     """Each document as a list of segments (lists of ids); empty sentences/docs dropped."""
     flat = [s for d in docs for s in d.sentences]
     batches = [flat[i:i + TOKENIZE_BATCH] for i in range(0, len(flat), TOKENIZE_BATCH)]
@@ -418,7 +382,7 @@ def _build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files, finger
         return time.perf_counter()
 
     t = time.perf_counter()
-    with _Workers(cfg.workers) as pool:
+    with Workers(cfg.workers) as pool:
         docs, per_file = _extract(cfg, source_files, pool)
     if not docs:
         raise DataError(f"no documents after extraction from {[str(p) for _, p in source_files]}"
@@ -431,7 +395,7 @@ def _build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files, finger
     log(f"extract: {len(docs)} documents {per_source} in {seconds['extract']:.1f} s")
 
     _STATE["vocab"] = vocab      # before the fork: workers build their tokenizer from it
-    with _Workers(cfg.workers) as pool:
+    with Workers(cfg.workers) as pool:
         segments = _tokenize(docs, pool)
     split: dict[str, list] = {"train": [], "eval": []}
     for d, segs in zip(docs, segments):
@@ -461,7 +425,7 @@ def _build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files, finger
     tasks = [("train", dupe, c) for dupe in range(cfg.dupe_factor)
              for c in range(n_chunks["train"])]
     tasks += [("eval", 0, c) for c in range(n_chunks["eval"])]
-    with _Workers(cfg.workers) as pool:
+    with Workers(cfg.workers) as pool:
         parts = pool.map(_create_chunk, tasks)
     n_train_tasks = cfg.dupe_factor * n_chunks["train"]
     train = pretraining.PackedInstances.concat(parts[:n_train_tasks])
