@@ -28,6 +28,10 @@ import numpy as np
 
 VLEN_INT16 = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids")
 SCALAR_INT8 = ("next_sentence_labels",)
+NARROW_READ = {"segment_ids": np.int8}
+"""Also read (and widened to int16): NVIDIA's MLPerf shards store segment ids as vlen int8
+(``convert_fixed2variable.py``, ``pick_eval_samples_varlength.py`` in
+``NVIDIA/benchmarks/bert/implementations/pytorch/input_preprocessing``)."""
 KEYS = VLEN_INT16 + SCALAR_INT8
 CHECKSUM_FILE = "checksums.sha256"
 TRAIN_DIR = "train"
@@ -97,12 +101,18 @@ def read_shard(path: str | os.PathLike) -> Samples:
         for key in VLEN_INT16:
             ds = f[key]
             base = h5py.check_vlen_dtype(ds.dtype)
-            if base is None or base != np.int16:
+            if base is None and ds.ndim == 2 and "input_mask" in f:
+                raise DataError(f"{path}: the fixed-length (padded) MLPerf layout; this loader "
+                                "reads the variable-length one - use the *_varlength shards "
+                                "(NVIDIA's convert_fixed2variable.py output) or "
+                                "`python -m loaders.prepare`")
+            if base is None or base not in (np.int16, NARROW_READ.get(key, np.int16)):
                 raise DataError(f"{path}: dataset '{key}' has dtype {ds.dtype}, expected vlen int16")
             if len(ds) != n:
                 raise DataError(f"{path}: dataset '{key}' has {len(ds)} rows, "
                                 f"next_sentence_labels has {n}")
-            cols[key] = list(ds[()])
+            rows = list(ds[()])
+            cols[key] = rows if base == np.int16 else [r.astype(np.int16) for r in rows]
         nsp = f["next_sentence_labels"]
         if nsp.dtype != np.int8:
             raise DataError(f"{path}: next_sentence_labels has dtype {nsp.dtype}, expected int8")
