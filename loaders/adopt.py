@@ -18,8 +18,9 @@ part_NNNNN_of_04320.hdf5`` and ``hdf5/eval_varlength/part_eval_10k.hdf5``::
         --vocab /data/bert/phase1/vocab.txt --out /data/bert_wiki_512
 
 Every shard is read once (row count, every token id below the vocabulary, every sequence at
-most ``--seq-len`` tokens and ``--max-pred`` predictions, the sha256 for checksums.sha256) in
-``--workers`` processes; a bad one is a DataError naming the file (exit 2) and nothing is
+most ``--seq-len`` tokens and ``--max-pred`` predictions, the sha256 for checksums.sha256, and
+NVIDIA's content hash - ``input_ids_md5``, comparable with their published
+``4320_shards_varlength.chk`` and ``eval_varlength.chk``) in ``--workers`` processes; a bad one is a DataError naming the file (exit 2) and nothing is
 written. ``--seq-len``/``--max-pred`` are what ``stats.json`` records as the set's
 ``seq_len``/``max_pred`` (the trainer holds ``data.max_predictions_per_seq`` to it): MLPerf's
 512 and 76 by default.
@@ -34,8 +35,8 @@ import sys
 from pathlib import Path
 
 from loaders import tokenization
-from loaders.shards import (CHECKSUM_FILE, EVAL_FILE, TRAIN_DIR, DataError, Limits,
-                            check_samples, read_shard, sha256_file)
+from loaders.shards import (CHECKSUM_FILE, EVAL_FILE, PUBLISHED_EVAL_MD5, TRAIN_DIR, DataError,
+                            Limits, check_samples, input_ids_md5, read_shard, sha256_file)
 from loaders.workers import Workers
 
 STATS_FILE = "stats.json"
@@ -57,6 +58,7 @@ def _inspect(task: tuple[str, int, int, int]) -> dict:
         raise DataError(f"{path}: a sequence has {preds} masked positions, more than --max-pred "
                         f"{max_pred}; pass the --max-pred the shards were made with")
     return {"samples": len(samples), "sha256": sha256_file(path),
+            "input_ids_md5": input_ids_md5(samples.input_ids),
             "max_length": int(samples.lengths().max()) if len(samples) else 0,
             "max_predictions": preds}
 
@@ -86,8 +88,11 @@ def adopt(train: Path, eval_file: Path, vocab_path: Path, out: Path, seq_len: in
                     "how": "copy" if copy else "symlink"},
         "sequences": {"train": sum(f["samples"] for f in facts[:-1]),
                       "eval": facts[-1]["samples"]},
-        "train_shards": [{"file": n, "samples": f["samples"]} for n, f in zip(names, facts)],
-        "eval_file": {"file": EVAL_FILE, "samples": facts[-1]["samples"]},
+        "train_shards": [{"file": n, "samples": f["samples"],
+                          "input_ids_md5": f["input_ids_md5"]} for n, f in zip(names, facts)],
+        "eval_file": {"file": EVAL_FILE, "samples": facts[-1]["samples"],
+                      "input_ids_md5": facts[-1]["input_ids_md5"],
+                      "matches_published_eval": facts[-1]["input_ids_md5"] == PUBLISHED_EVAL_MD5},
         "vocab": {"file": VOCAB_FILE, "source": str(Path(vocab_path).resolve()),
                   "size": len(vocab), "sha256": sha256_file(vocab_path)},
         "parameters": {"seq_len": seq_len, "max_pred": max_pred},
@@ -120,7 +125,10 @@ def adopt(train: Path, eval_file: Path, vocab_path: Path, out: Path, seq_len: in
         raise
     log(f"[adopt] wrote {out}: {len(shards)} train shards ({stats['sequences']['train']} "
         f"sequences) and {stats['sequences']['eval']} eval sequences, "
-        f"{'copied' if copy else 'linked'}")
+        f"{'copied' if copy else 'linked'}; the eval shard's input_ids md5 (NVIDIA's "
+        f"hdf5_md5.py) is {facts[-1]['input_ids_md5']}"
+        + (" = the published MLPerf eval set's" if stats["eval_file"]["matches_published_eval"]
+           else f", not the published MLPerf eval set's {PUBLISHED_EVAL_MD5}"))
     return stats
 
 

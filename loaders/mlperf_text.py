@@ -45,14 +45,17 @@ import numpy as np
 from loaders import pretraining, tokenization
 from loaders.prepare import (STATS_FILE, TOKENIZE_BATCH, VOCAB_FILE, BuildReport, _dump_json,
                              _select_rows, _versions, length_stats)
-from loaders.shards import (EVAL_FILE, TRAIN_DIR, DataError, shard_name, write_checksums,
-                            write_shard)
+from loaders.shards import (EVAL_FILE, PUBLISHED_EVAL_MD5, TRAIN_DIR, DataError, input_ids_md5,
+                            shard_name, write_checksums, write_shard)
 from loaders.workers import Workers
 
 PART = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 EVAL_NAME = "eval.txt"
 MLPERF_DEFAULTS = {"seq_len": 512, "max_pred": 76, "dupe_factor": 10, "eval_samples": 10000}
 """The reference's flags: what --mlperf-text builds when those options are not given."""
+OFFICIAL = {**MLPERF_DEFAULTS, "masked_lm_prob": 0.15, "short_seq_prob": 0.1, "seed": 12345,
+            "source": "mlperf-text"}
+"""Every recorded option of the official eval set (whose hash NVIDIA publishes)."""
 _ARRAYS = ("input_ids", "id_off", "len_a", "positions", "labels", "pred_off", "nsp")
 _STATE: dict = {}   # inherited by forked workers
 
@@ -295,13 +298,24 @@ def build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files_, finger
         nsp.append(merged.next_sentence_labels)
         lo += size
     evals = _load(ev["work"])
-    write_shard(tmp / EVAL_FILE, _select_rows(evals, np.arange(len(evals))))
+    eval_samples = _select_rows(evals, np.arange(len(evals)))
+    write_shard(tmp / EVAL_FILE, eval_samples)
+    eval_md5 = input_ids_md5(eval_samples.input_ids)
+    official = {k: v for k, v in cfg.recorded().items() if k != "shards"} == OFFICIAL
     shutil.copyfile(vocab_path, tmp / VOCAB_FILE)
     shutil.rmtree(work)
 
     train_stats = length_stats(np.concatenate(lengths), np.concatenate(npred),
                                np.concatenate(nsp), cfg.seq_len)
     eval_stats = length_stats(evals.lengths(), np.diff(evals.pred_off), evals.nsp, cfg.seq_len)
+    eval_stats["input_ids_md5"] = eval_md5
+    if official:
+        eval_stats["matches_published_eval"] = eval_md5 == PUBLISHED_EVAL_MD5
+        log(f"eval set: input_ids md5 {eval_md5} "
+            + ("= NVIDIA's published part_eval_10k.hdf5 (eval_varlength.chk): the MLPerf eval "
+               "set" if eval_md5 == PUBLISHED_EVAL_MD5 else
+               f"!= NVIDIA's published {PUBLISHED_EVAL_MD5}: NOT the MLPerf eval set - are "
+               "the text and vocab.txt the official ones (check their md5s)?"))
     kinds = {k: sum(r[f"n_{k}"] for r in part_results) for k in ("mask", "random", "kept")}
     n_masked = max(1, sum(kinds.values()))
     stats = {

@@ -207,6 +207,20 @@ def check_samples(path: str | os.PathLike, s: Samples, limits: Limits | None = N
                         f"{int(nsp[bad[0]])} (must be 0 or 1; {bad.size} such row(s)) - {_REBUILD}")
 
 
+PUBLISHED_EVAL_MD5 = "611d8bae26646145e1c33338a27ba124"
+"""``input_ids_md5`` of the official 10,000-sample eval set, as NVIDIA publishes it for their
+``part_eval_10k.hdf5`` (``input_preprocessing/eval_varlength.chk``, training_results_v2.0)."""
+
+
+def input_ids_md5(input_ids) -> str:
+    """NVIDIA's content hash of a shard (``input_preprocessing/hdf5_md5.py``): the md5 of the
+    list of each row's md5 of ``str(row.tolist())`` - it names the token ids and their order,
+    whatever the file's bytes."""
+    rows = [hashlib.md5(str(np.asarray(r).tolist()).encode("utf-8")).hexdigest()
+            for r in input_ids]
+    return hashlib.md5(str(rows).encode("utf-8")).hexdigest()
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from loaders import prepare
-from loaders.shards import CHECKSUM_FILE, EVAL_FILE, DataError, read_shard
+from loaders.shards import CHECKSUM_FILE, EVAL_FILE, DataError, input_ids_md5, read_shard
 from loaders.tokenization import default_vocab_path
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -61,6 +61,9 @@ def test_the_mlperf_text_build_is_the_references_and_independent_of_workers(tmp_
     got = [row for s in stats["train_shards"] for row in _rows(read_shard(one.out / s["file"]))]
     assert got == [row for name in PARTS for row in _reference_rows(ref, name)]
     assert _rows(read_shard(one.out / EVAL_FILE)) == _reference_rows(ref, "eval.txt")
+    assert stats["eval"]["input_ids_md5"] == input_ids_md5(
+        [r[0] for r in _reference_rows(ref, "eval.txt")])          # NVIDIA's hdf5_md5.py hash
+    assert "matches_published_eval" not in stats["eval"]          # not the official options
     assert _build(tmp_path / "w1", workers=2).up_to_date          # same inputs: not rebuilt
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from loaders import adopt
 from loaders.dataset import TrainLoader, load_eval_batches
-from loaders.shards import DataError, Limits, read_shard, verify_checksums
+from loaders.shards import DataError, Limits, input_ids_md5, read_shard, verify_checksums
 from tests.support.data import (batch_fingerprints, raw_fingerprint, synthetic_samples,
                                 write_nvidia_varlength)
 
@@ -94,3 +94,17 @@ def test_adopt_refuses_shards_the_model_cannot_take(nvidia_dir, tmp_path, capsys
     assert adopt.main(args + ["--max-pred", "5"]) == 2
     assert "more than --max-pred 5" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_input_ids_md5_is_nvidias_hdf5_md5(nvidia_dir):
+    """hdf5_md5.py: md5 of str(list of md5(str(row.tolist())) per row of input_ids)."""
+    import hashlib
+    root, written, _ = nvidia_dir
+    path = root / "hdf5_4_shards_varlength" / "part_00001_of_00004.hdf5"
+    rows = []
+    with h5py.File(path, "r") as f:
+        for i in range(f["input_ids"].shape[0]):
+            rows.append(hashlib.md5(str(f["input_ids"][i].tolist()).encode("utf-8")).hexdigest())
+    want = hashlib.md5(str(rows).encode("utf-8")).hexdigest()
+    assert input_ids_md5(read_shard(path).input_ids) == want
+    assert input_ids_md5(written[1].input_ids) == want
