@@ -64,8 +64,8 @@ def write_text(docs: list[list[str]], out: Path, parts: int, part_mb: float,
         chunks, size = [], 0
         while size < want:
             text = "\n".join(docs[order[k % len(order)]]) + "\n"
+            size += len(text.encode("utf-8")) + (1 if chunks else 0)   # + the blank line
             chunks.append(text)
-            size += len(text.encode("utf-8")) + 1
             k += 1
         data = "\n".join(chunks).encode("utf-8")
         (out / name).write_bytes(data)
