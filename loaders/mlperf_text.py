@@ -250,7 +250,7 @@ def build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files_, finger
                 done_bytes += Path(task[2]).stat().st_size
                 if len(results) % max(1, len(tasks) // 20) == 0 or len(results) == len(tasks):
                     log(f"mlperf-text: {len(results)}/{len(tasks)} files, "
-                        f"{done_bytes / 1e6:,.1f} of {total_bytes / 1e6:,.1f} MB in "
+                        f"{done_bytes / 1e6:,.2f} of {total_bytes / 1e6:,.2f} MB in "
                         f"{time.perf_counter() - t0:.1f} s")
     finally:
         _STATE.clear()

@@ -10,6 +10,8 @@ Usage::
 
     python -m loaders.prepare --out data/cpu128                  # the default CPU data set
     python -m loaders.prepare --out /tmp/tiny --max-docs 400 --shards 4 --eval-samples 64
+    python -m loaders.prepare --mlperf-text results4 --vocab phase1/vocab.txt \
+        --out /data/bert_wiki_512 --shards 4320      # MLPerf's own text (loaders/mlperf_text.py)
 
 Guarantees:
 - Deterministic: the same inputs, options and seed give byte-identical files whatever
@@ -549,16 +551,18 @@ def parse_args(argv=None) -> PrepareConfig:
     from loaders import mlperf_text     # (it imports this module: here, not at the top)
     m = mlperf_text.MLPERF_DEFAULTS
 
-    def default(key):   # None: the source decides (the built-in sources' or MLPerf's)
-        return dict(default=None, help=f"(default {d[key].default}; with --mlperf-text "
+    def default(key, what):   # None: the source decides (the built-in sources' or MLPerf's)
+        return dict(default=None, help=f"{what} (default {d[key].default}; with --mlperf-text "
                                        f"{m.get(key, 'one per part file')})")
-    p.add_argument("--seq-len", type=int, **default("seq_len"))
-    p.add_argument("--max-pred", type=int, **default("max_pred"))
-    p.add_argument("--dupe-factor", type=int, **default("dupe_factor"))
+    p.add_argument("--seq-len", type=int, **default("seq_len", "max_seq_length"))
+    p.add_argument("--max-pred", type=int, **default("max_pred", "max_predictions_per_seq"))
+    p.add_argument("--dupe-factor", type=int, **default(
+        "dupe_factor", "passes over the training documents, each with different masks"))
     p.add_argument("--masked-lm-prob", type=float, default=d["masked_lm_prob"].default)
     p.add_argument("--short-seq-prob", type=float, default=d["short_seq_prob"].default)
-    p.add_argument("--shards", type=int, **default("shards"))
-    p.add_argument("--eval-samples", type=int, **default("eval_samples"))
+    p.add_argument("--shards", type=int, **default("shards", "training shards"))
+    p.add_argument("--eval-samples", type=int, **default(
+        "eval_samples", "eval set size, taken at a uniform stride"))
     p.add_argument("--eval-doc-fraction", type=float, default=d["eval_doc_fraction"].default,
                    help="fraction of documents held out for eval (default %(default)s)")
     p.add_argument("--seed", type=int, default=d["seed"].default)
