@@ -149,14 +149,18 @@ def check_against_config(bundle: Bundle, weights: list[Mapped], cfg: BertConfig,
                          config_source: str) -> None:
     want = expected_shapes(cfg)
     index = bundle.index_path
+    layers = {int(m.group(1)) for w in weights
+              if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", w.hf))}
+    if layers and max(layers) + 1 != cfg.num_hidden_layers:
+        raise ConvertError(f"{index}: the checkpoint has {max(layers) + 1} encoder layers "
+                           f"(layer_0 .. layer_{max(layers)}), the config {config_source} "
+                           f"num_hidden_layers = {cfg.num_hidden_layers}; convert with the "
+                           "checkpoint's own bert_config.json, or set the run config's [model] "
+                           "keys to the checkpoint's shape")
     extra = [w for w in weights if w.hf not in want]
     if extra:
-        layers = sorted({int(m.group(1)) for w in extra
-                         if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", w.hf))})
-        hint = (f" (layers {layers[0]}..{layers[-1]}: the checkpoint has more layers than "
-                f"num_hidden_layers = {cfg.num_hidden_layers})" if layers else "")
         raise ConvertError(f"{index}: {len(extra)} variable(s) the config {config_source} has no "
-                           f"place for{hint}: {', '.join(w.tf for w in extra[:8])} - pass the "
+                           f"place for: {', '.join(w.tf for w in extra[:8])} - pass the "
                            "checkpoint's own bert_config.json with --config")
     have = {w.hf for w in weights}
     missing = [k for k in want if k not in have]

@@ -284,7 +284,8 @@ def test_a_shape_the_config_disagrees_with_exits_2_naming_key_and_field(tmp_path
     cfg = dict(CONFIG, num_hidden_layers=2)
     (tmp_path / "fewer.json").write_text(json.dumps(cfg))
     rc, err = _cli(capsys, PREFIX, "--out", tmp_path / "out", "--config", tmp_path / "fewer.json")
-    assert rc == 2 and "more layers than num_hidden_layers = 2" in err
+    assert rc == 2 and "the checkpoint has 3 encoder layers (layer_0 .. layer_2)" in err
+    assert "num_hidden_layers = 2" in err
     rc, err = _cli(capsys, PREFIX, "--out", tmp_path / "out", "--config", tmp_path / "none.json")
     assert rc == 2 and "none.json: no such file" in err
     assert not (tmp_path / "out").exists()
