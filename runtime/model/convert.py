@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from runtime.model.config import BertConfig
-from runtime.model.tf_bundle import Bundle, BundleError
+from runtime.model.tf_bundle import DTYPES, Bundle, BundleError
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer_state.safetensors"
@@ -276,7 +276,8 @@ def convert(prefix: str | os.PathLike, out: str | os.PathLike, config: Path | No
                " - not a Google BERT pre-training checkpoint this converter knows"))
     cfg, config_source = load_config(config, prefix)
     check_against_config(bundle, weights, cfg, config_source)
-    kept = [name for name, _ in state] if keep_optimizer_state else []
+    kept = [name for name, _ in state                  # numeric ones (not a TF2 object graph)
+            if bundle.entries[name].dtype in DTYPES] if keep_optimizer_state else []
     bundle.check_layout([w.tf for w in weights] + kept)
     options = {"keep_optimizer_state": keep_optimizer_state}
     sources = _sources(bundle)
