@@ -28,6 +28,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -126,7 +127,8 @@ def experiments_under_slurm(request, config: Path, logs: Path, tmp: Path) -> boo
     """Step 4 on the real cluster; False when Slurm cannot run here."""
     try:
         cluster = request.getfixturevalue("slurm_cluster")
-    except pytest.skip.Exception:
+    except pytest.skip.Exception as e:
+        warnings.warn(f"no Slurm here ({e}): step 4 runs run_and_time.sh per experiment")
         return False
     env = cluster.client_env()
     proc = run(sys.executable, "-m", "submission", "submit", "--config", config, "--nexp",
