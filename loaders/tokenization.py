@@ -12,7 +12,9 @@ special tokens added) for its Rust speed; tests/unit/test_prepare.py holds it eq
 Python reference on real sentences.
 
 Note: ``MAX_CHARS_PER_WORD`` is 100 (HuggingFace's BertTokenizer); Google's
-``tokenization.py`` uses 200. Only words of 101-200 characters differ ([UNK] here).
+``tokenization.py`` uses 200. Only words of 101-200 characters differ ([UNK] here). The MLPerf
+text source (loaders/mlperf_text.py) builds its tokenizer with Google's 200
+(``GOOGLE_MAX_CHARS_PER_WORD``), as the reference's create_pretraining_data.py tokenizes.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 1
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = (SPECIAL_IDS[k] for k in
                                           ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"))
 MAX_CHARS_PER_WORD = 100
+GOOGLE_MAX_CHARS_PER_WORD = 200
 MAX_VOCAB = 32768           # ids are stored as int16
 MIN_CONTINUATION_FRACTION = 0.01
 
@@ -102,12 +105,13 @@ def load_vocab(path: str | Path) -> Vocab:
     return Vocab(path, tuple(tokens))
 
 
-def build_tokenizer(vocab: Vocab):
-    """A ``tokenizers.Tokenizer`` equal to BERT's uncased BasicTokenizer + WordPiece."""
+def build_tokenizer(vocab: Vocab, max_chars_per_word: int = MAX_CHARS_PER_WORD):
+    """A ``tokenizers.Tokenizer`` equal to BERT's uncased BasicTokenizer + WordPiece; a word
+    longer than ``max_chars_per_word`` characters is [UNK] (Google's code: 200)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
     tok = Tokenizer(models.WordPiece(vocab.to_dict(), unk_token="[UNK]",
-                                     max_input_chars_per_word=MAX_CHARS_PER_WORD))
+                                     max_input_chars_per_word=max_chars_per_word))
     tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
                                                 strip_accents=True, lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()

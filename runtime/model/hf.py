@@ -164,10 +164,15 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if path.is_dir():
         found = [p for p in (path / "model.safetensors", path / "pytorch_model.bin") if p.is_file()]
         if not found:
-            raise FileNotFoundError(f"{path}: no model.safetensors or pytorch_model.bin in this directory")
+            tf = sorted(path.glob("*.index"))
+            raise FileNotFoundError(f"{path}: no model.safetensors or pytorch_model.bin in this "
+                                    f"directory" + (_convert_hint(tf[0].with_suffix("")) if tf
+                                                    else ""))
         path = found[0]
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such weight file")
+        tf = Path(f"{path}.index")
+        raise FileNotFoundError(f"{path}: no such weight file"
+                                + (_convert_hint(path) if tf.is_file() else ""))
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
         return load_file(str(path))
@@ -193,6 +198,11 @@ def load_error_reason(e: BaseException) -> str:
     lines = [line.strip() for line in text.splitlines()
              if line.strip() and "weights_only" not in line]
     return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+
+
+def _convert_hint(prefix: Path) -> str:
+    return (f"; {prefix} is a TensorFlow checkpoint: convert it first with `python -m "
+            f"runtime.model.convert {prefix} --out DIR` and name DIR")
 
 
 def load_pretrained(model: BertForPreTraining, path: str | Path,

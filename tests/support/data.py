@@ -5,7 +5,8 @@ imports it): 4 shards x 24 samples, divisible by 2 and 4 ranks and by batch 4.
 
 Also: a copy of a data set with one shard's values damaged and re-signed (the bad-input
 tests), and ``eval_truth``, a module fixture the eval-accuracy tests import: the counts a
-model that always predicts "the" must report on ``small_dataset``'s eval file."""
+model that always predicts "the" must report on ``small_dataset``'s eval file; and one shard
+written in NVIDIA's MLPerf layout (``write_nvidia_varlength``)."""
 from __future__ import annotations
 
 import json
@@ -159,3 +160,21 @@ def assert_eval_counts(got: dict, want: dict, ranks: int) -> None:
         {k: want[k] for k in ("count", "correct")}, (ranks, got)
     assert got["eval_samples"] == want["eval_samples"]
     assert got["accuracy"] == pytest.approx(want["correct"] / want["count"])
+
+
+def write_nvidia_varlength(path: Path, s: Samples) -> None:
+    """One shard as NVIDIA's MLPerf preparation writes it (``convert_fixed2variable.py`` in
+    NVIDIA/benchmarks/bert/implementations/pytorch/input_preprocessing, training_results_v2.0):
+    datasets of (n,) vlen int16 - but segment_ids vlen int8 - filled row by row, and
+    next_sentence_labels as 'i1'."""
+    import h5py
+    n = len(s)
+    with h5py.File(path, "w") as f:
+        cols = {key: f.create_dataset(key, (n,), dtype=h5py.vlen_dtype(np.dtype(dt)))
+                for key, dt in (("input_ids", "int16"), ("segment_ids", "int8"),
+                                ("masked_lm_positions", "int16"), ("masked_lm_ids", "int16"))}
+        nsp = f.create_dataset("next_sentence_labels", data=np.zeros(n, dtype="int8"), dtype="i1")
+        for i in range(n):
+            for key, ds in cols.items():
+                ds[i] = getattr(s, key)[i]
+            nsp[i] = s.next_sentence_labels[i]

@@ -1,0 +1,357 @@
+"""The MLPerf reference's text as a source of ``loaders.prepare`` (``--mlperf-text DIR``): the
+Wikipedia 2020-01-01 dump cut into ``part-00000-of-00500`` ... files plus the held-out
+``eval.txt``, one sentence per line and a blank line between documents - turned into shards
+the way the reference's ``create_pretraining_data.py`` turns each of them into TFRecords.
+
+Owns: finding and checking the part files, reading the text format, the reference's
+procedure per input file, the eval set, and laying the results out as ``--shards`` shards.
+Never: pairing and masking (pretraining.py), the tokenizer (tokenization.py), the build's
+fingerprint, atomic directory and command line (prepare.py), the HDF5 schema (shards.py).
+
+The reference (``mlcommons/training``, ``language_model/tensorflow/bert``, README "Generate
+the TFRecords"; NVIDIA's ``parallel_create_hdf5.sh`` runs it the same way) runs
+``create_pretraining_data.py`` once per part file with ``--random_seed=12345
+--dupe_factor=10 --max_seq_length=512 --max_predictions_per_seq=76``, and once on eval.txt
+with the same flags, then ``pick_eval_samples.py --num_examples_to_pick=10000`` takes record
+``int(i * n / 10000)`` for i = 0..9999. Each run, and so here each file:
+
+1. reads lines; a line that is empty after ``strip()`` starts a new document, a line whose
+   tokens are empty is dropped, empty documents are dropped;
+2. ``rng = random.Random(seed)``; ``rng.shuffle(documents)``;
+3. ``dupe_factor`` passes over the documents in order, ``create_instances_from_document``
+   with that one ``rng`` (its random "next" sentences come from the same file);
+4. ``rng.shuffle(instances)``.
+
+This module does exactly that, with the tokenizer at Google's 200 characters per word, so a
+part's instances are the reference's instances of that part, in the reference's order (held
+against the reference script run under TensorFlow: tests/fixtures/mlperf_text/). That is why
+the eval set here is the MLPerf eval set and not merely one like it: MLPerf requires the
+seed 12345 "so that the examples on which the training is evaluated is consistent among
+users". Parallel over files (each a task for ``--workers``), sequential inside one, as the
+reference is: deterministic whatever ``--workers`` is. The training shards are the parts'
+instances in part order, cut into ``--shards`` contiguous shards of equal size (± 1), as
+NVIDIA's ``chop_hdf5_files.py`` cuts them (default: one shard per part).
+"""
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from loaders import pretraining, tokenization
+from loaders.prepare import (STATS_FILE, TOKENIZE_BATCH, VOCAB_FILE, BuildReport, _dump_json,
+                             _select_rows, _versions, length_stats)
+from loaders.shards import (EVAL_FILE, PUBLISHED_EVAL_MD5, TRAIN_DIR, DataError, input_ids_md5,
+                            shard_name, write_checksums, write_shard)
+from loaders.workers import Workers
+
+PART = re.compile(r"^part-(\d{5})-of-(\d{5})$")
+EVAL_NAME = "eval.txt"
+MLPERF_DEFAULTS = {"seq_len": 512, "max_pred": 76, "dupe_factor": 10, "eval_samples": 10000}
+"""The reference's flags: what --mlperf-text builds when those options are not given."""
+OFFICIAL = {**MLPERF_DEFAULTS, "masked_lm_prob": 0.15, "short_seq_prob": 0.1, "seed": 12345,
+            "source": "mlperf-text"}
+"""Every recorded option of the official eval set (whose hash NVIDIA publishes)."""
+_ARRAYS = ("input_ids", "id_off", "len_a", "positions", "labels", "pred_off", "nsp")
+_STATE: dict = {}   # inherited by forked workers
+
+
+# ------------------------------------------------------------------------------ the files
+
+def find_parts(directory: Path) -> list[Path]:
+    """The part files of ``directory``, in order; every one of the N a name promises."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise DataError(f"--mlperf-text {directory}: not a directory (the reference's results4/ "
+                        "of part-00000-of-00500 ... files and eval.txt)")
+    found = {}
+    for p in directory.iterdir():
+        m = PART.match(p.name)
+        if m:
+            found[p.name] = (int(m.group(1)), int(m.group(2)), p)
+    if not found:
+        raise DataError(f"--mlperf-text {directory}: no part-NNNNN-of-NNNNN files in it")
+    totals = {t for _, t, _ in found.values()}
+    if len(totals) != 1:
+        raise DataError(f"--mlperf-text {directory}: part files of different sets "
+                        f"(-of-{', -of-'.join(f'{t:05d}' for t in sorted(totals))}); keep one")
+    total = totals.pop()
+    missing = [f"part-{i:05d}-of-{total:05d}" for i in range(total)
+               if f"part-{i:05d}-of-{total:05d}" not in found]
+    if missing:
+        raise DataError(f"{directory / missing[0]}: missing ({len(missing)} of {total} parts "
+                        f"missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''})"
+                        " - copy every part of the reference's text")
+    return [found[f"part-{i:05d}-of-{total:05d}"][2] for i in range(total)]
+
+
+def eval_path(cfg) -> Path:
+    path = Path(cfg.mlperf_eval) if cfg.mlperf_eval else Path(cfg.mlperf_text) / EVAL_NAME
+    if not path.is_file():
+        raise DataError(f"{path}: the held-out eval text is missing (the reference ships it as "
+                        "results4/eval.txt); pass --mlperf-eval FILE")
+    return path
+
+
+def source_files(cfg) -> list[tuple[str, Path]]:
+    return [("mlperf-eval", eval_path(cfg))] + [("mlperf-part", p)
+                                                 for p in find_parts(cfg.mlperf_text)]
+
+
+def read_documents(path: Path) -> list[list[str]]:
+    """Documents as lists of stripped non-empty lines, split where the reference splits: at
+    lines that are empty after ``strip()``; lines end at "\\n" only (as TensorFlow's GFile
+    readline), the text is UTF-8 (strict, as GFile decodes it)."""
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 at byte {e.start} ({e.reason}); the reference's "
+                        "text is UTF-8 - check the file against its md5") from None
+    docs: list[list[str]] = [[]]
+    for line in text.split("\n"):
+        line = line.strip()
+        if line:
+            docs[-1].append(line)
+        elif docs[-1]:
+            docs.append([])
+    return [d for d in docs if d]
+
+
+# ------------------------------------------------------------------------------ the procedure
+
+def tokenize_documents(tokenizer, docs: list[list[str]]) -> list[list[list[int]]]:
+    """Each document as its lines' token ids; lines with no tokens and then documents with no
+    lines dropped (the reference keeps a line only ``if tokens``)."""
+    flat = [line for d in docs for line in d]
+    encoded = []
+    for i in range(0, len(flat), TOKENIZE_BATCH):
+        encoded += tokenization.encode_sentences(tokenizer, flat[i:i + TOKENIZE_BATCH])
+    out, k = [], 0
+    for d in docs:
+        segs = [encoded[k + j].tolist() for j in range(len(d)) if len(encoded[k + j])]
+        k += len(d)
+        if segs:
+            out.append(segs)
+    return out
+
+
+def reference_instances(documents: list, params: pretraining.InstanceParams, seed: int,
+                        dupe_factor: int) -> pretraining.PackedInstances:
+    """create_training_instances of the reference on one file's documents: one RNG, the
+    documents shuffled, ``dupe_factor`` passes, the instances shuffled (rows in that order)."""
+    rng = random.Random(seed)
+    documents = list(documents)
+    rng.shuffle(documents)
+    parts = []
+    for _ in range(dupe_factor):
+        for lo in range(0, len(documents), pretraining.CHUNK_DOCS):   # packed as they come
+            instances, doc_a = [], []
+            for d in range(lo, min(lo + pretraining.CHUNK_DOCS, len(documents))):
+                made = pretraining.create_instances_from_document(documents, d, params, rng)
+                instances.extend(made)
+                doc_a.extend([d] * len(made))
+            parts.append(pretraining.PackedInstances.from_instances(instances, doc_a,
+                                                                    params.mask_id))
+    packed = pretraining.PackedInstances.concat(parts)
+    order = list(range(len(packed)))
+    rng.shuffle(order)                  # the same draws as shuffling the instances themselves
+    return reorder(packed, np.asarray(order, dtype=np.int64))
+
+
+def reorder(p: pretraining.PackedInstances, rows: np.ndarray) -> pretraining.PackedInstances:
+    """Rows ``rows`` of ``p``, in that order."""
+    def gather(values, off):
+        sizes = np.diff(off)[rows]
+        new_off = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(sizes, out=new_off[1:])
+        index = np.repeat(off[:-1][rows] - new_off[:-1], sizes) + np.arange(new_off[-1])
+        return values[index], new_off
+
+    ids, id_off = gather(p.input_ids, p.id_off)
+    pos, pred_off = gather(p.positions, p.pred_off)
+    lab, _ = gather(p.labels, p.pred_off)
+    return pretraining.PackedInstances(
+        input_ids=ids, id_off=id_off, len_a=p.len_a[rows], positions=pos, labels=lab,
+        pred_off=pred_off, nsp=p.nsp[rows], doc_a=p.doc_a[rows], doc_b=p.doc_b[rows],
+        n_mask=p.n_mask, n_kept=p.n_kept, n_random=p.n_random)
+
+
+def eval_rows(candidates: int, samples: int) -> np.ndarray:
+    """pick_eval_samples.py's choice: record ``int(i * (n / k))`` for i < k (float ratio)."""
+    ratio = candidates / samples
+    return np.asarray([int(i * ratio) for i in range(samples)], dtype=np.int64)
+
+
+def file_instances(path: Path, tokenizer, params, seed: int, dupe_factor: int):
+    """(instances, documents, lines, corpus tokens) of one text file, as the reference."""
+    docs = tokenize_documents(tokenizer, read_documents(path))
+    packed = reference_instances(docs, params, seed, dupe_factor)
+    return packed, len(docs), sum(len(d) for d in docs), sum(len(s) for d in docs for s in d)
+
+
+def _task(task: tuple[str, int, str]) -> dict:
+    """One file, in a worker: its instances saved under the work directory, its counts."""
+    kind, index, path = task
+    tok = _STATE.get("tokenizer")
+    if tok is None:
+        tok = _STATE["tokenizer"] = tokenization.build_tokenizer(
+            _STATE["vocab"], max_chars_per_word=tokenization.GOOGLE_MAX_CHARS_PER_WORD)
+    cfg = _STATE["cfg"]
+    packed, docs, lines, tokens = file_instances(Path(path), tok, _STATE["params"], cfg.seed,
+                                                 cfg.dupe_factor)
+    candidates = len(packed)
+    if kind == "eval":
+        if candidates < cfg.eval_samples:
+            raise DataError(f"{path}: gives {candidates} sequences, fewer than --eval-samples "
+                            f"{cfg.eval_samples}; lower --eval-samples")
+        packed = reorder(packed, eval_rows(candidates, cfg.eval_samples))
+    work = Path(_STATE["work"]) / f"{kind}-{index:05d}.npz"
+    np.savez(work, **{k: getattr(packed, k) for k in _ARRAYS})
+    return {"file": Path(path).name, "documents": docs, "sentences": lines,
+            "corpus_tokens": tokens, "candidates": candidates, "sequences": len(packed),
+            "n_mask": packed.n_mask, "n_kept": packed.n_kept, "n_random": packed.n_random,
+            "work": str(work)}
+
+
+def _load(work: str) -> pretraining.PackedInstances:
+    with np.load(work) as z:
+        arrays = {k: z[k] for k in _ARRAYS}
+    empty = np.zeros(len(arrays["nsp"]), np.int32)
+    return pretraining.PackedInstances(**arrays, doc_a=empty, doc_b=empty)
+
+
+# ------------------------------------------------------------------------------ the build
+
+def build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files_, fingerprint,
+               seconds, log) -> BuildReport:
+    """prepare's ``_build_into`` for the MLPerf text: every file a task, then the shards."""
+    t0 = time.perf_counter()
+    parts = [p for name, p in source_files_ if name == "mlperf-part"]
+    evalf = next(p for name, p in source_files_ if name == "mlperf-eval")
+    work = tmp / ".work"
+    work.mkdir()
+    params = pretraining.InstanceParams(
+        max_seq_length=cfg.seq_len, short_seq_prob=cfg.short_seq_prob,
+        masked_lm_prob=cfg.masked_lm_prob, max_predictions_per_seq=cfg.max_pred,
+        vocab_size=len(vocab))
+    _STATE.update(vocab=vocab, params=params, cfg=cfg, work=str(work))
+    tasks = [("eval", 0, str(evalf))] + [("part", i, str(p)) for i, p in enumerate(parts)]
+    total_bytes = sum(Path(t[2]).stat().st_size for t in tasks)
+    done_bytes, results = 0, []
+    try:
+        with Workers(cfg.workers) as pool:
+            for task, res in zip(tasks, pool.imap(_task, tasks)):
+                results.append(res)
+                done_bytes += Path(task[2]).stat().st_size
+                if len(results) % max(1, len(tasks) // 20) == 0 or len(results) == len(tasks):
+                    log(f"mlperf-text: {len(results)}/{len(tasks)} files, "
+                        f"{done_bytes / 1e6:,.2f} of {total_bytes / 1e6:,.2f} MB in "
+                        f"{time.perf_counter() - t0:.1f} s")
+    finally:
+        _STATE.clear()
+    seconds["create_instances"] = time.perf_counter() - t0
+    ev, part_results = results[0], results[1:]
+    for s, r in zip(sources, [ev] + part_results):
+        s["documents"] = r["documents"]
+    n_train = sum(r["sequences"] for r in part_results)
+    if n_train < cfg.shards:
+        raise DataError(f"only {n_train} training sequences from {len(parts)} part file(s) for "
+                        f"--shards {cfg.shards}; lower --shards")
+
+    t = time.perf_counter()
+    (tmp / TRAIN_DIR).mkdir()
+    (tmp / EVAL_FILE).parent.mkdir(parents=True)
+    sizes = np.full(cfg.shards, n_train // cfg.shards)
+    sizes[: n_train % cfg.shards] += 1
+    starts = np.cumsum([0] + [r["sequences"] for r in part_results])
+    relpaths, train_shards, loaded = [], [], {}
+    lengths, npred, nsp = [], [], []
+    lo = 0
+    for k, size in enumerate(sizes):
+        chunks = []
+        for i, r in enumerate(part_results):            # the parts this shard's rows are in
+            a, b = max(lo, starts[i]), min(lo + size, starts[i + 1])
+            if a >= b:
+                continue
+            if i not in loaded:
+                loaded = {i: _load(r["work"])}          # parts are read once, in order
+            chunks.append((loaded[i], np.arange(a - starts[i], b - starts[i])))
+        samples = [_select_rows(p, rows) for p, rows in chunks]
+        merged = samples[0]
+        for extra in samples[1:]:
+            for key in ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids"):
+                getattr(merged, key).extend(getattr(extra, key))
+            merged.next_sentence_labels = np.concatenate([merged.next_sentence_labels,
+                                                          extra.next_sentence_labels])
+        rel = f"{TRAIN_DIR}/{shard_name(k, cfg.shards)}"
+        write_shard(tmp / rel, merged)
+        relpaths.append(rel)
+        train_shards.append({"file": rel, "samples": int(size)})
+        lengths.append(merged.lengths())
+        npred.append(np.fromiter((len(x) for x in merged.masked_lm_positions), np.int64,
+                                 count=len(merged)))
+        nsp.append(merged.next_sentence_labels)
+        lo += size
+    evals = _load(ev["work"])
+    eval_samples = _select_rows(evals, np.arange(len(evals)))
+    write_shard(tmp / EVAL_FILE, eval_samples)
+    eval_md5 = input_ids_md5(eval_samples.input_ids)
+    official = {k: v for k, v in cfg.recorded().items() if k != "shards"} == OFFICIAL
+    shutil.copyfile(vocab_path, tmp / VOCAB_FILE)
+    shutil.rmtree(work)
+
+    train_stats = length_stats(np.concatenate(lengths), np.concatenate(npred),
+                               np.concatenate(nsp), cfg.seq_len)
+    eval_stats = length_stats(evals.lengths(), np.diff(evals.pred_off), evals.nsp, cfg.seq_len)
+    eval_stats["input_ids_md5"] = eval_md5
+    if official:
+        eval_stats["matches_published_eval"] = eval_md5 == PUBLISHED_EVAL_MD5
+        log(f"eval set: input_ids md5 {eval_md5} "
+            + ("= NVIDIA's published part_eval_10k.hdf5 (eval_varlength.chk): the MLPerf eval "
+               "set" if eval_md5 == PUBLISHED_EVAL_MD5 else
+               f"!= NVIDIA's published {PUBLISHED_EVAL_MD5}: NOT the MLPerf eval set - are "
+               "the text and vocab.txt the official ones (check their md5s)?"))
+    kinds = {k: sum(r[f"n_{k}"] for r in part_results) for k in ("mask", "random", "kept")}
+    n_masked = max(1, sum(kinds.values()))
+    stats = {
+        "created_by": "python -m loaders.prepare --mlperf-text",
+        "procedure": "the reference's create_pretraining_data.py per file (seed each file), "
+                     "eval picked as pick_eval_samples.py",
+        "documents": {"train": sum(r["documents"] for r in part_results),
+                      "eval": ev["documents"]},
+        "sentences": {"train": sum(r["sentences"] for r in part_results),
+                      "eval": ev["sentences"]},
+        "sequences": {"train": n_train, "eval": cfg.eval_samples,
+                      "eval_candidates": ev["candidates"]},
+        "tokens": {"train": train_stats["tokens"], "eval": eval_stats["tokens"]},
+        "corpus_tokens": {"train": sum(r["corpus_tokens"] for r in part_results),
+                          "eval": ev["corpus_tokens"]},
+        "train": train_stats,
+        "eval": eval_stats,
+        "masked_token_kinds": {**{k: round(v / n_masked, 5) for k, v in kinds.items()},
+                               "note": "train set; a random id that equals the original "
+                                       "counts as kept"},
+        "parts": [{"file": r["file"], "documents": r["documents"], "sequences": r["sequences"]}
+                  for r in part_results],
+        "train_shards": train_shards,
+        "eval_file": {"file": EVAL_FILE, "samples": cfg.eval_samples},
+        "vocab": {"file": VOCAB_FILE, "source": Path(vocab_path).name, "size": len(vocab),
+                  "sha256": fingerprint["vocab_sha256"]},
+        "sources": sources,
+        "parameters": cfg.recorded(),
+        "versions": _versions(),
+        "fingerprint": fingerprint,
+    }
+    (tmp / STATS_FILE).write_text(_dump_json(stats))
+    seconds["write"] = time.perf_counter() - t
+    t = time.perf_counter()
+    write_checksums(tmp, relpaths + [EVAL_FILE, VOCAB_FILE, STATS_FILE])
+    seconds["checksums"] = time.perf_counter() - t
+    log(f"write: {cfg.shards} shards ({n_train} sequences) + eval ({cfg.eval_samples} of "
+        f"{ev['candidates']}) in {seconds['write']:.1f} s")
+    return BuildReport(out=tmp, up_to_date=False, stats=stats, seconds=seconds)

@@ -1,0 +1,393 @@
+"""``python -m runtime.model.convert CKPT_PREFIX --out DIR``: a TensorFlow BERT checkpoint -
+the MLPerf phase-1 ``model.ckpt-28252`` - to ``DIR/model.safetensors`` in Hugging Face's
+``BertForPreTraining`` layout, which ``model.init = "DIR"`` loads. No TensorFlow needed.
+
+Owns: the map from Google BERT's variable names to HF keys (``NAME_RULES``: kernels
+transposed from TF's [in, out] to torch's [out, in]; ``cls/seq_relationship/output_weights``
+is already [2, hidden]; the MLM decoder is the word embedding, tied, and its bias
+``cls/predictions/output_bias``), which names are optimizer state (``OPTIMIZER_STATE``: the
+LAMB/Adam slots ``<var>/adam_m``, ``<var>/adam_v``, ``<var>/LAMB``..., ``global_step``, ...;
+skipped unless ``--keep-optimizer-state``), the checks against the model's config, the
+manifest, writing DIR atomically, and the command line (exit 0 written or up to date; 2 bad
+input, with nothing written). Never: the bundle format (runtime.model.tf_bundle), loading
+weights into a model (runtime.model.hf), or training.
+
+Order of work: the index is parsed, every name classified (an unknown one is an error), every
+shape checked against the config and every data shard's presence and length checked - all
+before one tensor byte is read; then each tensor is read with its CRC-32C checked; only then
+is DIR written, in ``.DIR.tmp-<pid>`` renamed into place, so DIR is absent, untouched or
+complete. Rerunning with the same inputs finds DIR up to date (its manifest's source hashes
+and its model file's hash agree) and exits 0.
+
+    python -m runtime.model.convert phase1/model.ckpt-28252 --out /data/bert_large
+    python -m runtime.model.convert phase1/model.ckpt-28252 --out DIR \\
+        --config submission/configs/config_DGXA100_1x8x56x1.toml   # the run's shape
+
+The config is ``--config`` (a ``bert_config.json`` - Google's or HF's - or a Presto run
+config TOML), else ``bert_config.json`` beside the checkpoint (where MLPerf ships it). DIR
+gets ``model.safetensors``, ``config.json`` (HF's keys) and ``manifest.json`` (source files
+with sizes and sha256, every variable's mapping, what was skipped and why).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from runtime.model.config import BertConfig
+from runtime.model.tf_bundle import DTYPES, Bundle, BundleError
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer_state.safetensors"
+MANIFEST_FILE = "manifest.json"
+CONFIG_FILE = "config.json"
+FORMAT = "presto-tf-bert-conversion-1"
+
+_L = r"bert/encoder/layer_(\d+)"
+NAME_RULES: tuple[tuple[str, str, bool], ...] = (
+    # (TF name, a full match; HF key template (groups \1.., "/" becomes "."); transpose)
+    (r"bert/embeddings/(word|position|token_type)_embeddings",
+     r"bert.embeddings.\1_embeddings.weight", False),
+    (_L + r"/attention/self/(query|key|value)/kernel",
+     r"bert.encoder.layer.\1.attention.self.\2.weight", True),
+    (_L + r"/attention/self/(query|key|value)/bias",
+     r"bert.encoder.layer.\1.attention.self.\2.bias", False),
+    (_L + r"/(attention/output|intermediate|output)/dense/kernel",
+     r"bert.encoder.layer.\1.\2.dense.weight", True),
+    (_L + r"/(attention/output|intermediate|output)/dense/bias",
+     r"bert.encoder.layer.\1.\2.dense.bias", False),
+    (r"(bert/embeddings|cls/predictions/transform)/LayerNorm/gamma", r"\1.LayerNorm.weight",
+     False),
+    (r"(bert/embeddings|cls/predictions/transform)/LayerNorm/beta", r"\1.LayerNorm.bias", False),
+    (_L + r"/(attention/output|output)/LayerNorm/gamma",
+     r"bert.encoder.layer.\1.\2.LayerNorm.weight", False),
+    (_L + r"/(attention/output|output)/LayerNorm/beta",
+     r"bert.encoder.layer.\1.\2.LayerNorm.bias", False),
+    (r"(bert/pooler|cls/predictions/transform)/dense/kernel", r"\1.dense.weight", True),
+    (r"(bert/pooler|cls/predictions/transform)/dense/bias", r"\1.dense.bias", False),
+    (r"cls/predictions/output_bias", "cls.predictions.bias", False),
+    (r"cls/seq_relationship/output_weights", "cls.seq_relationship.weight", False),
+    (r"cls/seq_relationship/output_bias", "cls.seq_relationship.bias", False),
+)
+TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias"}
+"""HF keys that are another key's tensor (the tied MLM decoder): written as copies, as the
+runtime's own HF files are, so HF's from_pretrained and model.init both read them."""
+
+# Optimizer state of the TF BERT trainers: the reference's LAMB/AdamW slots (``<var>/adam_m``,
+# ``<var>/adam_v``), tf.train optimizers' slots (``<var>/LAMB``, ``<var>/Adam_1``...), gradient
+# accumulation (``<var>/GradientAccumulator``) and their scalars; a TF2 object graph.
+SLOT = re.compile(r"^(?P<var>.+)/(?P<slot>adam_m|adam_v|LAMB|LAMB_1|Adam|Adam_1|Momentum|"
+                  r"GradientAccumulator)$")
+OPTIMIZER_STATE = frozenset(("global_step", "beta1_power", "beta2_power", "update_count",
+                             "good_steps", "loss_scale", "current_loss_scale",
+                             "_CHECKPOINTABLE_OBJECT_GRAPH"))
+
+
+class ConvertError(ValueError):
+    """A checkpoint, config or output directory this command refuses; exit status 2."""
+
+
+@dataclass(frozen=True)
+class Mapped:
+    tf: str
+    hf: str
+    transpose: bool
+
+
+def map_name(name: str) -> Mapped | None:
+    """The HF key of a TF weight name (None: not a BERT weight)."""
+    for pattern, template, transpose in NAME_RULES:
+        m = re.fullmatch(pattern, name)
+        if m:
+            return Mapped(name, m.expand(template).replace("/", "."), transpose)
+    return None
+
+
+def classify(names) -> tuple[list[Mapped], list[tuple[str, str]], list[str]]:
+    """(weights, optimizer state as (name, why), unknown names)."""
+    weights, state, unknown = [], [], []
+    for name in names:
+        mapped = map_name(name)
+        slot = SLOT.match(name)
+        if mapped:
+            weights.append(mapped)
+        elif name in OPTIMIZER_STATE:
+            state.append((name, "optimizer/trainer scalar"))
+        elif slot and map_name(slot["var"]):
+            state.append((name, f"optimizer slot {slot['slot']} of {slot['var']}"))
+        else:
+            unknown.append(name)
+    return weights, state, unknown
+
+
+def expected_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
+    """Every HF key of ``BertForPreTraining(cfg)`` (tied aliases excepted) and its shape, from
+    the model itself, built on the meta device (no memory)."""
+    from runtime.model.bert import BertForPreTraining
+    with torch.device("meta"):
+        model = BertForPreTraining(cfg)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in TIED}
+
+
+def _field_of(hf_key: str, dim: int) -> str:
+    from runtime.model.hf import _SHAPE_FIELDS
+    fields_ = next((f for p, f in _SHAPE_FIELDS if re.search(p, hf_key)), None) or ()
+    return (fields_[dim] if dim < len(fields_) else None) or "hidden_size"
+
+
+def check_against_config(bundle: Bundle, weights: list[Mapped], cfg: BertConfig,
+                         config_source: str) -> None:
+    want = expected_shapes(cfg)
+    index = bundle.index_path
+    layers = {int(m.group(1)) for w in weights
+              if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", w.hf))}
+    if layers and max(layers) + 1 != cfg.num_hidden_layers:
+        raise ConvertError(f"{index}: the checkpoint has {max(layers) + 1} encoder layers "
+                           f"(layer_0 .. layer_{max(layers)}), the config {config_source} "
+                           f"num_hidden_layers = {cfg.num_hidden_layers}; convert with the "
+                           "checkpoint's own bert_config.json, or set the run config's [model] "
+                           "keys to the checkpoint's shape")
+    extra = [w for w in weights if w.hf not in want]
+    if extra:
+        raise ConvertError(f"{index}: {len(extra)} variable(s) the config {config_source} has no "
+                           f"place for: {', '.join(w.tf for w in extra[:8])} - pass the "
+                           "checkpoint's own bert_config.json with --config")
+    have = {w.hf for w in weights}
+    missing = [k for k in want if k not in have]
+    if missing:
+        raise ConvertError(f"{index}: no variable for {len(missing)} weight(s) of the model in "
+                           f"{config_source}: {', '.join(missing[:8])} - is this a BERT "
+                           "pre-training checkpoint (with the cls/ heads), of this size?")
+    wrong = []
+    for w in weights:
+        e = bundle.entries[w.tf]
+        ours = want[w.hf]
+        theirs = tuple(reversed(e.shape)) if w.transpose else e.shape
+        if len(e.shape) != len(ours) or theirs != ours:
+            fix = [f"{_field_of(w.hf, d)} = {t}" for d, (t, o) in enumerate(zip(theirs, ours))
+                   if t != o] if len(theirs) == len(ours) else []
+            wrong.append(f"{w.tf} has shape {list(e.shape)}, the config's {w.hf} needs "
+                         f"{list(reversed(ours)) if w.transpose else list(ours)}"
+                         + (f" ({', '.join(dict.fromkeys(fix))} in the checkpoint)" if fix else ""))
+    if wrong:
+        raise ConvertError(f"{index}: {len(wrong)} variable(s) disagree with the config "
+                           f"{config_source}:\n  " + "\n  ".join(wrong[:10])
+                           + "\nconvert with the checkpoint's own bert_config.json, or set the "
+                           "run config's [model] keys to the checkpoint's shape")
+    for w in weights:
+        dtype = bundle.entries[w.tf].dtype_name
+        if dtype not in ("float32", "float16", "bfloat16", "float64"):
+            raise ConvertError(f"{index}: {w.tf} is {dtype}, not a floating-point weight")
+
+
+def load_config(path: Path | None, prefix: Path) -> tuple[BertConfig, str]:
+    """The model config to check against: ``--config`` (JSON or a run config TOML), else
+    bert_config.json beside the checkpoint."""
+    if path is None:
+        path = prefix.parent / "bert_config.json"
+        if not path.is_file():
+            raise ConvertError(f"{path}: not found, and no --config given; pass the checkpoint's "
+                               "bert_config.json (MLPerf ships it beside model.ckpt-28252) or "
+                               "the run config (--config submission/configs/config_<SYSTEM>"
+                               "_....toml)")
+    path = Path(path)
+    if not path.is_file():
+        raise ConvertError(f"--config {path}: no such file")
+    try:
+        if path.suffix == ".toml":
+            from runtime.config import load_config as load_run_config
+            return load_run_config(path).model.bert_config(), str(path)
+        return BertConfig.from_hf_json(path), str(path)
+    except Exception as e:  # noqa: BLE001 - a config error of any kind is the user's to fix
+        raise ConvertError(f"--config {path}: {str(e).splitlines()[0]}") from None
+
+
+def _tensor(bundle: Bundle, name: str, transpose: bool) -> torch.Tensor:
+    array = bundle.read(name)
+    if bundle.entries[name].dtype_name == "bfloat16":
+        t = torch.from_numpy(array.copy()).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(array.copy())
+    return t.t().contiguous() if transpose else t
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _sources(bundle: Bundle) -> list[dict]:
+    files = [bundle.index_path, *bundle.shard_paths()]
+    return [{"file": p.name, "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files]
+
+
+def _up_to_date(out: Path, sources: list[dict], options: dict) -> bool:
+    """True: ``out`` holds this very conversion, intact. False: ``out`` is absent or an empty
+    directory. ConvertError: it holds anything else."""
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise ConvertError(f"--out {out}: exists and is not a directory; pick another --out")
+    if not any(out.iterdir()):
+        return False
+    try:
+        old = json.loads((out / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        raise ConvertError(f"--out {out}: not empty and holds no {MANIFEST_FILE} of a "
+                           "conversion; pick another --out or delete it") from None
+    if old.get("sources") != sources or old.get("options") != options:
+        raise ConvertError(f"--out {out}: holds the conversion of other files or options (see "
+                           f"its {MANIFEST_FILE}); pick another --out or delete it")
+    for name, facts in old.get("outputs", {}).items():
+        path = out / name
+        if not path.is_file() or _sha256(path) != facts.get("sha256"):
+            raise ConvertError(f"{path}: missing or changed since it was written (its sha256 "
+                               f"disagrees with {MANIFEST_FILE}); delete {out} and convert again")
+    return True
+
+
+def convert(prefix: str | os.PathLike, out: str | os.PathLike, config: Path | None = None,
+            keep_optimizer_state: bool = False, log=print) -> dict:
+    """Convert (see the module docstring); returns the manifest. ConvertError/BundleError on
+    bad input, before anything is written."""
+    prefix, out = Path(prefix), Path(out).resolve()
+    bundle = Bundle(prefix)
+    weights, state, unknown = classify(bundle.entries)
+    if unknown:
+        tf2 = any(".ATTRIBUTES/" in n for n in unknown)
+        raise ConvertError(
+            f"{bundle.index_path}: {len(unknown)} variable(s) that are neither BERT weights nor "
+            f"optimizer state: {', '.join(unknown[:8])}" + (" ..." if len(unknown) > 8 else "")
+            + (" - this is a TF2 object-graph checkpoint; convert MLPerf's tf1_ckpt "
+               "(model.ckpt-28252 with bert/... names)" if tf2 else
+               " - not a Google BERT pre-training checkpoint this converter knows"))
+    cfg, config_source = load_config(config, prefix)
+    check_against_config(bundle, weights, cfg, config_source)
+    kept = [name for name, _ in state                  # numeric ones (not a TF2 object graph)
+            if bundle.entries[name].dtype in DTYPES] if keep_optimizer_state else []
+    bundle.check_layout([w.tf for w in weights] + kept)
+    options = {"keep_optimizer_state": keep_optimizer_state}
+    sources = _sources(bundle)
+    if _up_to_date(out, sources, options):
+        log(f"{out} is up to date (the same checkpoint and options; files verified)")
+        return json.loads((out / MANIFEST_FILE).read_text())
+
+    tensors = {w.hf: _tensor(bundle, w.tf, w.transpose) for w in weights}
+    for alias, key in TIED.items():
+        tensors[alias] = tensors[key].clone()
+    slots = {}
+    for name in kept:
+        m = SLOT.match(name)
+        mapped = map_name(m["var"]) if m else None
+        key = f"{mapped.hf}.{m['slot']}" if mapped else name
+        slots[key] = _tensor(bundle, name, bool(mapped and mapped.transpose))
+    bad = [k for k, v in tensors.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise ConvertError(f"{bundle.index_path}: {len(bad)} weight(s) hold NaN or inf: "
+                           f"{', '.join(bad[:8])}; the checkpoint comes from a diverged run")
+
+    manifest = {
+        "format": FORMAT, "created_by": "python -m runtime.model.convert",
+        "source_prefix": prefix.name, "sources": sources, "options": options,
+        "config": {"from": config_source, **asdict(cfg)},
+        "mapping": [{"tf": w.tf, "hf": w.hf, "transpose": w.transpose,
+                     "tf_shape": list(bundle.entries[w.tf].shape),
+                     "dtype": bundle.entries[w.tf].dtype_name} for w in weights],
+        "tied": TIED,
+        "skipped": [] if keep_optimizer_state else [{"tf": n, "why": why} for n, why in state],
+        "optimizer_state": sorted(slots),
+    }
+    _write(out, tensors, slots, cfg, manifest)
+    log(f"wrote {out}: {len(weights)} weights from {bundle.index_path.name} "
+        f"({len(state)} optimizer variables {'kept' if kept else 'skipped'})")
+    return manifest
+
+
+def _write(out: Path, tensors: dict, slots: dict, cfg: BertConfig, manifest: dict) -> None:
+    from safetensors.torch import save_file
+
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise ConvertError(f"{tmp}: cannot create the output next to --out ({e}); pick another "
+                           "--out") from None
+    try:
+        save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})
+        outputs = [MODEL_FILE]
+        if slots:
+            save_file(slots, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt"})
+            outputs.append(OPTIMIZER_FILE)
+        hf_config = {"architectures": ["BertForPreTraining"], "model_type": "bert",
+                     "hidden_act": "gelu", "position_embedding_type": "absolute",
+                     "tie_word_embeddings": True, **asdict(cfg)}
+        (tmp / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+        manifest["outputs"] = {name: {"bytes": (tmp / name).stat().st_size,
+                                      "sha256": _sha256(tmp / name)}
+                               for name in outputs + [CONFIG_FILE]}
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        for f in tmp.iterdir():   # safetensors writes 0600; the ranks of other hosts read it
+            f.chmod(0o666 & ~umask)
+        if out.exists():
+            out.rmdir()           # an empty directory (checked before)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# ------------------------------------------------------------------------- command line
+
+class _Terminated(BaseException):
+    pass
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m runtime.model.convert",
+                                description=__doc__.split("\n")[0].split(": ", 1)[1])
+    p.add_argument("prefix", type=Path, help="checkpoint prefix (e.g. phase1/model.ckpt-28252: "
+                   "the .index and .data-* files share it)")
+    p.add_argument("--out", type=Path, required=True, help="output directory (absent or empty)")
+    p.add_argument("--config", type=Path, help="bert_config.json or a run config .toml "
+                   "(default: bert_config.json beside the checkpoint)")
+    p.add_argument("--keep-optimizer-state", action="store_true",
+                   help=f"also write the optimizer slots to {OPTIMIZER_FILE} (HF key + "
+                        "'.adam_m' ...; transposed like their weights)")
+    a = p.parse_args(argv)
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        convert(a.prefix, a.out, a.config, a.keep_optimizer_state)
+        return 0
+    except (ConvertError, BundleError) as e:
+        print(f"convert: error: {e}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, _Terminated):
+        print("convert: interrupted; nothing was written to --out", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
