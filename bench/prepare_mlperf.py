@@ -94,7 +94,9 @@ def run_once(text: Path, workers: int, vocab: Path | None) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.prepare_mlperf",
-                                description=__doc__.split("\n")[0])
+                                description="Measure the rate of loaders.prepare --mlperf-text on text in the "
+                                "MLPerf reference's format, and extrapolate it to the full 500 "
+                                "parts.")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3, help="builds to time; the median is kept")
     p.add_argument("--parts", type=int, default=2)

@@ -365,7 +365,9 @@ def _on_sigterm(signum, frame):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m runtime.model.convert",
-                                description=__doc__.split("\n")[0].split(": ", 1)[1])
+                                description="Convert a TensorFlow BERT checkpoint (the MLPerf phase-1 "
+                                "model.ckpt-28252) to DIR/model.safetensors in Hugging Face's "
+                                "BertForPreTraining layout, without TensorFlow.")
     p.add_argument("prefix", type=Path, help="checkpoint prefix (e.g. phase1/model.ckpt-28252: "
                    "the .index and .data-* files share it)")
     p.add_argument("--out", type=Path, required=True, help="output directory (absent or empty)")
