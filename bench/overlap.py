@@ -20,7 +20,10 @@ Each variant runs ``--warmup`` + ``--steps`` steps with communication and as man
 (buckets: a second trainer on the same config whose sync the builder made without
 communication - ``build_parts(communicate=False)``, a world of one's sync, as the tuner
 measures; DDP: inside ``no_sync()``), all variants interleaved step by step (order rotated
-every round), so drift of a shared machine falls on every figure alike.
+every round), so drift of a shared machine falls on every figure alike. A world of one's sync
+also leaves out the launch work only several ranks do (the 1/P pass over each bucket, the
+noise scale's per-bucket norms, the split's note of the decoder rows), so the buckets'
+exposed_s counts that work too (until 2026-11 the engine's own skip switch kept it in both).
 Figures are medians over the measured steps:
   step_s            step time (trainer's step_time_s)
   nocomm_s          step time without communication
