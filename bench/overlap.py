@@ -17,8 +17,13 @@ namespace A, rank 1 in B):
                         decoder's share of the tied embedding gradient reduced early, the
                         lookup's share on the touched rows only (docs/GRADIENT_SYNC.md)
 Each variant runs ``--warmup`` + ``--steps`` steps with communication and as many without
-(buckets: ``skip_communication``; DDP: inside ``no_sync()``), all variants interleaved step by
-step (order rotated every round), so drift of a shared machine falls on every figure alike.
+(buckets: a second trainer on the same config whose sync the builder made without
+communication - ``build_parts(communicate=False)``, a world of one's sync, as the tuner
+measures; DDP: inside ``no_sync()``), all variants interleaved step by step (order rotated
+every round), so drift of a shared machine falls on every figure alike. A world of one's sync
+also leaves out the launch work only several ranks do (the 1/P pass over each bucket, the
+noise scale's per-bucket norms, the split's note of the decoder rows), so the buckets'
+exposed_s counts that work too (until 2026-11 the engine's own skip switch kept it in both).
 Figures are medians over the measured steps:
   step_s            step time (trainer's step_time_s)
   nocomm_s          step time without communication
@@ -131,30 +136,36 @@ def interleaved(names: list[str], settings: list[bool], rounds: int) -> list[tup
 
 
 class VariantRun:
-    """One variant's trainer; steps with or without communication (buckets:
-    ``skip_communication``; DDP: inside ``no_sync()``, where it reduces nothing)."""
+    """One variant's trainers; steps with or without communication. The runtime's buckets: a
+    second trainer on the same config and seed, its parts built without communication
+    (``build_parts(communicate=False)``: the sync averages nothing and launches nothing - the
+    builder's one off-switch); DDP: the one trainer inside ``no_sync()``, where it reduces
+    nothing."""
 
     def __init__(self, cfg, ctx):
+        from runtime.train.build import build_parts
         from runtime.train.trainer import Trainer
-        self.trainer = Trainer(cfg, ctx)
-        self.trainer.setup()
-        self.it = TimedIterator(iter(self.trainer.train_loader))
+        self.trainers = {True: Trainer(cfg, ctx)}
+        self.trainers[True].setup()
+        if cfg.train.grad_sync == "buckets":
+            quiet = Trainer(cfg, ctx)
+            quiet.setup(build_parts(cfg, ctx, communicate=False))
+            self.trainers[False] = quiet
+        self.its = {c: TimedIterator(iter(t.train_loader)) for c, t in self.trainers.items()}
         self.rows: dict[bool, list[dict]] = {True: [], False: []}
 
     def step(self, communicate: bool, keep: bool) -> None:
         import contextlib
-        t = self.trainer
+        t = self.trainers.get(communicate, self.trainers[True])
+        it = self.its.get(communicate, self.its[True])
         quiet = contextlib.nullcontext()
-        sync = t.grad_sync
-        if hasattr(sync, "skip_communication"):  # the runtime's buckets
-            sync.skip_communication = not communicate
-        elif not communicate:                    # DDP reduces nothing under no_sync()
-            quiet = sync.no_sync()
-        self.it.seconds = 0.0
+        if communicate not in self.trainers:  # DDP reduces nothing under no_sync()
+            quiet = t.grad_sync.no_sync()
+        it.seconds = 0.0
         with quiet:
-            m = t.train_step(self.it)
+            m = t.train_step(it)
         if keep:
-            self.rows[communicate].append(dict(step_row(m), data_s=self.it.seconds))
+            self.rows[communicate].append(dict(step_row(m), data_s=it.seconds))
 
     def summary(self) -> dict:
         out = {"nocomm": summarise(self.rows[False])}
@@ -163,8 +174,9 @@ class VariantRun:
         return out
 
     def close(self) -> None:
-        self.trainer.close()
-        del self.trainer
+        for t in self.trainers.values():
+            t.close()
+        del self.trainers
         gc.collect()
 
 

@@ -4,7 +4,8 @@ Owns: the cost model (``LengthCost``: a layout and its coefficients, in seconds)
 each layout computes from a batch's lengths, the least-squares fit of the coefficients from
 measured step times (``fit``), their JSON file (``save`` / ``load``), the default for a model
 shape (``default_cost``: coefficients measured on this machine where ``length_costs.json``
-has the shape, else a FLOP count), per-rank costs of a batch (``LengthCost.of_rows``,
+has the shape, else a FLOP count), the model's FLOP formula (``forward_flops_per_unit``,
+which runtime.model.arithmetic sums too), per-rank costs of a batch (``LengthCost.of_rows``,
 ``of_lengths``, ``of_batch``) and the imbalance statistic (``imbalance``). Never: timing a
 model (``python -m runtime.calibrate.length_cost`` measures and calls ``fit``), choosing batches
 (balance.py uses these costs), torch or I/O beyond the coefficients file.
@@ -49,7 +50,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence, get_args
+from typing import Any, Literal, Sequence, get_args
 
 import numpy as np
 
@@ -250,16 +251,35 @@ def shape_of(config) -> dict:
     return {k: int(get(k)) for k in SHAPE_KEYS}
 
 
+def forward_flops_per_unit(shape: Any) -> dict[str, int]:
+    """The model FLOPs of one forward per unit of work, for a BertConfig-like object or a dict
+    of its fields: ``token`` the dense layers 2·layers·(4H² + 2·H·I) per real token, ``score``
+    the attention 4·layers·H per score (QKᵀ and the weighted values; n² of them in a
+    sequence of n tokens), ``masked`` the masked-LM head 2·(H² + H·V) per masked position,
+    ``sequence`` the pooler and NSP head 2·(H² + 2·H) per sequence.
+
+    The one statement of the formula: runtime.model.arithmetic sums it over a batch (the
+    FLOPs the trainer reports, held to torch's FlopCounterMode), ``flops_cost`` lays it on
+    the features. It lives here because loaders is a leaf the runtime imports, never the
+    reverse."""
+    get = shape.get if isinstance(shape, dict) else lambda k: getattr(shape, k)
+    h, i, v = int(get("hidden_size")), int(get("intermediate_size")), int(get("vocab_size"))
+    layers = int(get("num_hidden_layers"))
+    return {"token": 2 * layers * (4 * h * h + 2 * h * i), "score": 4 * layers * h,
+            "masked": 2 * (h * h + h * v), "sequence": 2 * (h * h + 2 * h)}
+
+
 def flops_cost(shape: dict, layout: str) -> LengthCost:
-    """Forward+backward FLOPs (3 × forward) per feature, at ``NOMINAL_FLOPS``: dense layers
-    2·layers·(4H² + 2·H·I) per token, attention 4·layers·H per score (QKᵀ and AV), the MLM
-    head 2·(H² + H·V) on ``MASKED_FRACTION`` of the real tokens; no per-row or per-step
-    cost. Ratios, not seconds: a default for shapes nobody measured."""
-    h, layers, i, v = (shape["hidden_size"], shape["num_hidden_layers"],
-                       shape["intermediate_size"], shape["vocab_size"])
-    dense = 3 * 2 * layers * (4 * h * h + 2 * h * i) / NOMINAL_FLOPS
-    attention = 3 * 4 * layers * h / NOMINAL_FLOPS
-    head = 3 * 2 * MASKED_FRACTION * (h * h + h * v) / NOMINAL_FLOPS
+    """Forward+backward FLOPs (3 × forward, ``forward_flops_per_unit``) per feature, at
+    ``NOMINAL_FLOPS``: the dense layers per token the layout computes on, the attention per
+    score, the MLM head on ``MASKED_FRACTION`` of the real tokens; no per-row or per-step
+    cost, and the per-sequence pooler and NSP head left out (under 2 % of a one-token
+    sequence's work, about 0.01 % of a 128-token one). Ratios, not seconds: a default for shapes
+    nobody measured. tests/unit/test_length_cost.py holds it to runtime.model.arithmetic."""
+    per = forward_flops_per_unit(shape)
+    dense = 3 * per["token"] / NOMINAL_FLOPS
+    attention = 3 * per["score"] / NOMINAL_FLOPS
+    head = 3 * MASKED_FRACTION * per["masked"] / NOMINAL_FLOPS
     source = "FLOP count (relative: 1 TFLOP/s nominal)"
     if layout == "padded":
         return LengthCost.of(layout, shape, source, real_tokens=head, padded_tokens=dense,

@@ -1,7 +1,12 @@
 """What the stages of ``python -m bench.gpu`` share: where a stage works (Run), the configs and
 shapes they train, a process group of one rank, timing with the device synchronised, the
-largest batch that fits (stepping down on out-of-memory), the profiler's kernel times; and the Goal row, with which a stage
-module declares what its figures are held to.
+largest batch that fits (stepping down on out-of-memory), the profiler's kernel times; and
+the Goal row, with which a stage module declares what its figures are held to.
+
+These are the stages' public toolbox (``stage_config``, ``world_of_one``, ``seq_length``,
+``max_predictions``, ``timed``, ``profile_kernels``, ``largest_that_runs``, ``fit_largest``,
+``synchronize``, ``free_cuda``, ``is_oom``): a stage imports them by these names; what is
+private to one stage stays in its own module.
 
 Every stage runs on the device it finds: a CUDA GPU, or the CPU in ``--smoke`` mode (tiny
 shapes, fp32, the simulated device of runtime.observe.hostsync for the sync checks), where it
@@ -118,7 +123,7 @@ class Run:
         return ["bf16", "fp16"] if self.cuda else ["fp32"]
 
 
-def _world_of_one(device):
+def world_of_one(device):
     """A process group of one rank on ``device`` (the stages train like a rank of a run)."""
     from runtime.launch import dist
     from runtime.launch.env import discover
@@ -128,13 +133,15 @@ def _world_of_one(device):
     return dist.current()
 
 
-def _synchronize() -> None:
+def synchronize() -> None:
+    """Wait for the device (a no-op without CUDA): a timing's ends."""
     import torch
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
 
-def _free_cuda() -> None:
+def free_cuda() -> None:
+    """Collect garbage and empty CUDA's cache: between cases, and before a smaller try."""
     import gc
     import torch
     gc.collect()
@@ -142,22 +149,27 @@ def _free_cuda() -> None:
         torch.cuda.empty_cache()
 
 
-def _is_oom(e: BaseException) -> bool:
+def is_oom(e: BaseException) -> bool:
+    """Whether ``e`` is the device running out of memory (CUDA's error, or its message)."""
     import torch
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
 
 
-def _config(run: Run, base: Path, *overrides: str):
+def stage_config(run: Run, base: Path, *overrides: str):
+    """The config ``base`` with ``overrides``, writing under the work directory and skipping
+    the data checksums (the stage built the data itself)."""
     from runtime.config import load_config
     return load_config(base, [f"train.output_dir={run.work / 'runs'}",
                               "data.verify_checksums=false", *overrides])
 
 
-def _seq(run: Run) -> int:
+def seq_length(run: Run) -> int:
+    """The sequence length a stage trains: MLPerf's 512, 128 in a smoke run."""
     return SEQ if not run.smoke else 128
 
 
-def _max_pred(run: Run) -> int:
+def max_predictions(run: Run) -> int:
+    """Masked positions per sequence: MLPerf's 76, 20 in a smoke run."""
     return MAX_PRED if not run.smoke else 20
 
 
@@ -168,8 +180,8 @@ PATHS = {"padded": [], "unpadded": ["model.attention=unpadded"],
          "packed": ["data.balance=pack", "data.bin_edges=[]"]}
 
 
-def _fit_largest(measure: Callable[[int], dict], start: int, step: int, total_bytes: int,
-                 smoke: bool) -> tuple[int, list[dict]]:
+def fit_largest(measure: Callable[[int], dict], start: int, step: int, total_bytes: int,
+                smoke: bool) -> tuple[int, list[dict]]:
     """The largest batch (a multiple of ``step``) that fits: peak memory measured at two
     batches, extrapolated linearly to 92 % of the device, then confirmed (stepping down on
     out-of-memory)."""
@@ -182,34 +194,34 @@ def _fit_largest(measure: Callable[[int], dict], start: int, step: int, total_by
     return batch, probes
 
 
-def _largest_that_runs(measure: Callable[..., dict], start: int, step: int, total_bytes: int,
-                       smoke: bool, steps: int, warmup: int,
-                       tries: int = 4) -> tuple[int, dict, list[dict]]:
-    """(batch, its measurement, the probes): the largest batch that fits (_fit_largest),
+def largest_that_runs(measure: Callable[..., dict], start: int, step: int, total_bytes: int,
+                      smoke: bool, steps: int, warmup: int,
+                      tries: int = 4) -> tuple[int, dict, list[dict]]:
+    """(batch, its measurement, the probes): the largest batch that fits (fit_largest),
     measured over ``steps`` after ``warmup``; an out-of-memory steps the batch down by ``step``
     (the cache freed between tries), at most ``tries`` times and never below ``step``. Any
     other error, and the last try's out-of-memory, is raised: the stage records it as this
     case's error."""
-    batch, probes = _fit_largest(measure, start, step, total_bytes, smoke)
+    batch, probes = fit_largest(measure, start, step, total_bytes, smoke)
     for attempt in range(1, tries + 1):
         try:
             return batch, measure(batch, steps=steps, warmup=warmup), probes
         except Exception as e:  # noqa: BLE001
-            if not _is_oom(e) or batch <= step or attempt == tries:
+            if not is_oom(e) or batch <= step or attempt == tries:
                 raise
-            _free_cuda()
+            free_cuda()
             batch -= step
     raise ValueError(f"tries={tries}: give at least 1")
 
 
-def _timed(run: Run, step_fn: Callable[[], Any], warmup: int, steps: int) -> dict:
+def timed(run: Run, step_fn: Callable[[], Any], warmup: int, steps: int) -> dict:
     """``warmup`` then ``steps`` calls of ``step_fn`` (returns its real tokens, or (tokens,
     model FLOPs)), timed as a whole with the device synchronised at both ends; peak memory of
     the timed steps."""
     import torch
     for _ in range(warmup):
         step_fn()
-    _synchronize()
+    synchronize()
     if run.cuda:
         torch.cuda.reset_peak_memory_stats()
     tokens = flops = 0
@@ -218,23 +230,23 @@ def _timed(run: Run, step_fn: Callable[[], Any], warmup: int, steps: int) -> dic
         got = step_fn()
         tokens += got[0] if isinstance(got, tuple) else got
         flops += got[1] if isinstance(got, tuple) else 0
-    _synchronize()
+    synchronize()
     dt = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() if run.cuda else 0
     return {"seconds": dt, "steps": steps, "tokens": tokens, "flops": flops,
             "peak_bytes": peak}
 
 
-def _profile(run: Run, step, n: int) -> tuple[float, float, dict]:
+def profile_kernels(run: Run, step, n: int) -> tuple[float, float, dict]:
     """(busy seconds per step, kernels per step, {kernel name: [calls, µs]}) over ``n``
     calls of ``step`` under the profiler (CPU ops' self time on CPU)."""
     from torch.profiler import ProfilerActivity, profile
     activity = ProfilerActivity.CUDA if run.cuda else ProfilerActivity.CPU
-    _synchronize()
+    synchronize()
     with profile(activities=[activity]) as prof:
         for _ in range(n):
             step()
-        _synchronize()
+        synchronize()
     from runtime.observe.profiler import kernel_table
     names = kernel_table(prof, run.cuda)
     busy = sum(t for _, t in names.values()) / n / 1e6

@@ -33,7 +33,10 @@ Owns:
     arrival order and times are kept in ``measured_order`` / ``measured_ready_s``.
 Never: steps the optimizer or applies the ``global_after`` coefficient (runtime.optim.grad_scale
 folds it into the optimizer's multiplier), reads a tensor back to the host in a step, reads
-the launcher's environment, or picks sizes (the config or the tuner's plan does).
+the launcher's environment, picks sizes (the config or the tuner's plan does), or has a
+switch of its own to stop communicating: a sync that averages nothing and launches nothing is
+built as a world of one (``runtime.train.build.build_parts(communicate=False)``, the tuner's
+and bench.overlap's), the one off-switch.
 
 The averaged gradient each mode leaves in the buffer (g_r: rank r's gradient, P ranks):
   global_after, none   (1/P) Σ_r g_r
@@ -149,7 +152,6 @@ class GradientBuckets:
         if tied is not None and self.clip.before_allreduce:
             raise ValueError(f"tied_embedding_sync split needs clip_mode {AFTER_MODES}, "
                              f"got {clip_mode!r}")
-        self._skip = False
         # optim.shard: the ranks that share one update (runtime.launch.dist.block_groups)
         self._shard_groups, self._backend = shard_groups, backend
         self._shared_params = shared_params  # one host's CPU ranks: parameters in shared memory
@@ -237,17 +239,6 @@ class GradientBuckets:
         size = self.reduce_dtype.itemsize
         return [(hi - lo) * size for lo, hi in self.bounds]
 
-    @property
-    def skip_communication(self) -> bool:
-        """Calibration only (bench.overlap): average nothing, launch nothing."""
-        return self._skip
-
-    @skip_communication.setter
-    def skip_communication(self, value: bool) -> None:
-        self._skip = value
-        if self.tied is not None:
-            self.tied.skip_communication = value
-
     # ---- one step -----------------------------------------------------------------------
     @contextlib.contextmanager
     def no_sync(self):
@@ -324,7 +315,7 @@ class GradientBuckets:
         self.policy.scale_bucket(self, k, buf, 1.0 / self.world_size)  # clip, 1/P, noise tap
         timeline = self.timeline
         now = timeline.now() if timeline is not None else None
-        if self.world_size == 1 or self._skip:
+        if self.world_size == 1:  # a world of one, or build_parts(communicate=False)
             if timeline is not None:
                 timeline.bucket_launched(k, now)
                 timeline.bucket_done(k, now)

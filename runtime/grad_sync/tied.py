@@ -100,7 +100,6 @@ class TiedEmbeddingSplit:
         self.max_rows = max(1, min(int(max_rows), param.shape[0]))
         self.timeline = timeline
         self.lane, self.lookup_lane = lane, lookup_lane
-        self.skip_communication = False  # calibration only (bench.overlap)
         self.sync = True                 # False under the engine's no_sync(): accumulate only
         self._dec: Optional[torch.Tensor] = None  # the decoder's share, as autograd produced it
         self._armed = False
@@ -152,7 +151,7 @@ class TiedEmbeddingSplit:
         if self.world_size > 1:
             self._note_decoder()
             self._dec.mul_(1.0 / self.world_size)
-        if self.world_size == 1 or self.skip_communication:
+        if self.world_size == 1:
             self._stamp(self.lane, now, done=True)
             return
         comm = self._dec if self.reduce_dtype == self._dec.dtype else self._dec.to(self.reduce_dtype)
@@ -165,7 +164,7 @@ class TiedEmbeddingSplit:
         """The lookup bucket is ready (``rows``: the tied gradient as [vocab, hidden], a view
         of the bucket buffer): launch the allreduce-max of the touched-row mask."""
         now = self.timeline.now() if self.timeline is not None else None
-        if self.world_size == 1 or self.skip_communication:
+        if self.world_size == 1:
             self._stamp(self.lookup_lane, now, done=True)
             return
         if self.timeline is not None:

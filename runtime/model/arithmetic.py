@@ -7,15 +7,18 @@ Owns:
     Devlin et al. 2019) that configs, tests and benchmarks name instead of writing sizes out;
   * ``parameter_count``: BertForPreTraining's parameters, the tied decoder counted once
     (tests/unit/test_arithmetic.py holds it to the built model's count);
-  * ``step_flops`` (``batch_flops`` of a collated batch): the model FLOPs of a training step - forward and backward, 3 x the forward
-    (the backward computes the gradients of activations and of weights, each a forward's
-    worth) - of the *real* tokens: the dense layers 2·(4H² + 2·H·I) per token and layer, the
-    attention 4·H·n² per sequence of n tokens and layer (QKᵀ and the weighted values), the
-    masked-LM head 2·(H² + H·V) per masked position, the pooler and NSP head 2·(H² + 2·H)
-    per sequence. Padding, recomputation and kernels' own overheads are not the model's
-    work: achieved / peak of these is the MFU of PaLM (Chowdhery et al. 2022, appendix B),
-    torchtitan's and nanoGPT's ``estimate_mfu``. tests/unit/test_arithmetic.py holds the formula
-    to torch's FlopCounterMode on the built model;
+  * ``step_flops`` (``batch_flops`` of a collated batch): the model FLOPs of a training
+    step - forward and backward, 3 x the forward (the backward computes the gradients of
+    activations and of weights, each a forward's worth) - of the *real* tokens: the dense
+    layers 2·(4H² + 2·H·I) per token and layer, the attention 4·H·n² per sequence of n
+    tokens and layer (QKᵀ and the weighted values), the masked-LM head 2·(H² + H·V) per
+    masked position, the pooler and NSP head 2·(H² + 2·H) per sequence. These per-unit
+    figures are written once, in loaders.length_cost.forward_flops_per_unit (a leaf this room
+    may import), for this sum and the balancer's FLOP-count cost alike. Padding,
+    recomputation and kernels' own overheads are not the model's work: achieved / peak of
+    these is the MFU of PaLM (Chowdhery et al. 2022, appendix B), torchtitan's and nanoGPT's
+    ``estimate_mfu``. tests/unit/test_arithmetic.py holds the formula to torch's
+    FlopCounterMode on the built model, tests/unit/test_length_cost.py the cost to it;
   * ``attention_layout``: ``model.attention`` and the kernel as the length-cost layout
     (kernels.attention_rule: the same rule the kernels follow), and ``computed_tokens``: the
     tokens a layout computes on (what the balance meter counts).
@@ -27,6 +30,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from kernels.attention_rule import cost_layout
+from loaders.length_cost import forward_flops_per_unit
 
 SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(num_hidden_layers=1, hidden_size=64, num_attention_heads=2,
@@ -68,14 +72,12 @@ def parameter_count(m: Any) -> int:
 def forward_flops(m: Any, *, real_tokens: int, squared_lengths: int, masked: int,
                   sequences: int) -> float:
     """The model FLOPs of one forward over sequences holding ``real_tokens`` in all (Σ n),
-    ``squared_lengths`` (Σ n²), ``masked`` masked-LM positions and ``sequences`` [CLS]s."""
-    h, i, v = _get(m, "hidden_size"), _get(m, "intermediate_size"), _get(m, "vocab_size")
-    layers = _get(m, "num_hidden_layers")
-    dense = 2 * layers * (4 * h * h + 2 * h * i) * real_tokens
-    attention = 4 * layers * h * squared_lengths
-    head = 2 * (h * h + h * v) * masked
-    pooled = 2 * (h * h + 2 * h) * sequences
-    return float(dense + attention + head + pooled)
+    ``squared_lengths`` (Σ n²), ``masked`` masked-LM positions and ``sequences`` [CLS]s: the
+    per-unit FLOPs of loaders.length_cost.forward_flops_per_unit (the one statement of the
+    formula, which the balancer's FLOP-count default reads too), summed."""
+    per = forward_flops_per_unit(m)
+    return float(per["token"] * real_tokens + per["score"] * squared_lengths
+                 + per["masked"] * masked + per["sequence"] * sequences)
 
 
 def step_flops(m: Any, *, real_tokens: int, squared_lengths: int, masked: int,

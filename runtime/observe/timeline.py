@@ -50,6 +50,12 @@ class StepTimeline:
         self.clock: Callable[[], Any] = clock or self._device_clock.now
         self.start_step()
 
+    @property
+    def device_clock(self) -> DeviceClock:
+        """The clock of the step's device that the marks are taken on: another mark taken
+        with it (runtime.calibrate.tune's gradient-ready stamps) compares with the spans."""
+        return self._device_clock
+
     def now(self) -> Any:
         return self.clock()
 

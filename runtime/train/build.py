@@ -73,7 +73,8 @@ def build_parts(cfg: Config, dist: DistContext, *, bucket_plan: Optional[Path] =
     layout - and the fused optimizer's - is the uninterrupted run's); used by the bucket
     engine when the config names none. ``communicate=False``: the gradient sync averages
     nothing and launches nothing (a world of one's sync) - what the tuner measures, the
-    compute alone. ``timeline``: record each step's timeline (default: train.timeline)."""
+    compute alone, and bench.overlap's step without communication; the one off-switch (the
+    engine has no knob of its own). ``timeline``: record each step's timeline (default: train.timeline)."""
     t = cfg.train
     limits = Limits(cfg.model.vocab_size, cfg.data.max_seq_length, cfg.model.type_vocab_size)
     torch.manual_seed(t.seed)  # the same initial weights on every rank

@@ -46,8 +46,8 @@ The package, one module per part (each says what it owns and never does):
   common.py       the paths, the study directory's layout, exit statuses, HpoError
   space.py        the search space file, its checks, values as typed overrides
   study.py        the study's identity (study.json), its storage and the URL's secrets, the
-                  sampler rows, the first trials of a new study
-  objective.py    one trial: its run, its value, pruning (the pruner rows)
+                  sampler and pruner rows, the first trials of a new study
+  objective.py    one trial: its run, its value, pruning
   worker.py       workers and retries: the budget, heartbeats, stale trials, local workers
   outputs.py      the trial table, the best config, the plots
   slurm_array.py  the study's Slurm job array (hpo.sub)

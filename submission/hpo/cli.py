@@ -18,11 +18,11 @@ from typing import Any, Optional
 from runtime.config import ConfigError, load_config
 from submission.hpo.common import (DEFAULT_DIR, EXIT_BAD_INPUT, EXIT_OK, EXIT_STOPPED,
                                    STORAGE_ENV, HpoError)
-from submission.hpo.objective import OBJECTIVES, PRUNERS
+from submission.hpo.objective import OBJECTIVES
 from submission.hpo.outputs import write_outputs
 from submission.hpo.slurm_array import slurm_plan, slurm_submit
 from submission.hpo.space import Param, load_space, parse_enqueue
-from submission.hpo.study import (SAMPLERS, Study, claim_dir, enqueue_first, open_storage,
+from submission.hpo.study import (PRUNERS, SAMPLERS, Study, claim_dir, enqueue_first, open_storage,
                                   open_study, read_study, redact, sha256_of)
 from submission.hpo.worker import bookkeeping_lock, local_slots, spawn_workers, work
 

@@ -3,11 +3,11 @@ trial's values as typed overrides), what is read from it - the value, censored w
 target was not reached - and pruning: each evaluation reported, a hopeless run stopped
 through the runtime's own stop path.
 
-Owns: the objectives (samples or time to target), the pruner rows (--pruner), the warm-up
-before a pruner may stop a run, the trial's process (its heartbeat thread, its stop on the
-worker's signal, what is left of it), the Outcome of a run.
-Never: trains (run_and_time.sh does), passes a value through a shell, or decides a retry
-(worker.py does, from the Outcome).
+Owns: the objectives (samples or time to target), the warm-up before a pruner may stop a
+run, the trial's process (its heartbeat thread, its stop on the worker's signal, what is left
+of it), the Outcome of a run.
+Never: trains (run_and_time.sh does), passes a value through a shell, decides a retry
+(worker.py does, from the Outcome), or holds the pruner rows (study.py, beside the samplers).
 """
 from __future__ import annotations
 
@@ -21,36 +21,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from submission import report as rep
 from submission.hpo.common import ROOT, STORAGE_ENV, heartbeat_file, seam
 from submission.hpo.space import trial_overrides
-
-if TYPE_CHECKING:  # study.py imports this module (the pruner rows)
-    from submission.hpo.study import Study
+from submission.hpo.study import Study
 
 OBJECTIVES = ("samples", "time")
-
-
-# The pruners --pruner names. median: a trial worse than the median of earlier trials at the
-# same samples, after --prune-after complete trials; halving: successive halving (ASHA).
-def _median(study):
-    import optuna
-    return optuna.pruners.MedianPruner(n_startup_trials=study.prune_after, n_warmup_steps=0)
-
-
-def _halving(study):
-    import optuna
-    return optuna.pruners.SuccessiveHalvingPruner()
-
-
-def _none(study):
-    import optuna
-    return optuna.pruners.NopPruner()
-
-
-PRUNERS = {"median": _median, "halving": _halving, "none": _none}
 
 
 @dataclass

@@ -5,7 +5,7 @@ the sampler, and the first trials of a new study.
 
 Owns: the Study record (everything a worker needs; its IDENTITY fields a later command must
 repeat), claiming a directory, opening the storage and the Optuna study, the URL's
-redaction and ``${VAR}`` expansion, the sampler rows.
+redaction and ``${VAR}`` expansion, the sampler and pruner rows.
 Never: runs a trial, counts the budget (worker.py) or touches Optuna's private names
 (optuna_api.py).
 """
@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Optional
 
 from submission.hpo.common import STORAGE_ENV, STUDY_FILE, HpoError
-from submission.hpo.objective import PRUNERS
 from submission.hpo.space import Param, load_space
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -262,6 +261,26 @@ def _random(study: Study, seed: int):
 
 
 SAMPLERS = {"tpe": _tpe, "random": _random}
+
+
+# The pruners --pruner names. median: a trial worse than the median of earlier trials at the
+# same samples, after --prune-after complete trials; halving: successive halving (ASHA).
+def _median(study: Study):
+    import optuna
+    return optuna.pruners.MedianPruner(n_startup_trials=study.prune_after, n_warmup_steps=0)
+
+
+def _halving(study: Study):
+    import optuna
+    return optuna.pruners.SuccessiveHalvingPruner()
+
+
+def _none(study: Study):
+    import optuna
+    return optuna.pruners.NopPruner()
+
+
+PRUNERS = {"median": _median, "halving": _halving, "none": _none}
 
 
 def open_study(study: Study, url: Optional[str] = None, worker: int = 0):

@@ -129,7 +129,7 @@ def test_an_out_of_memory_steps_the_batch_down_and_the_last_one_is_raised():
     """The largest batch, confirmed: an out-of-memory steps it down (at most 4 tries); the
     last try's out-of-memory is raised - never a figure of an earlier case, which the copied
     loops left in their result variable when every try ran out of memory."""
-    from bench.gpu.harness import _largest_that_runs
+    from bench.gpu.harness import largest_that_runs
     seen = []
 
     def measure(fits: int):
@@ -140,14 +140,14 @@ def test_an_out_of_memory_steps_the_batch_down_and_the_last_one_is_raised():
             return {"peak_bytes": 1000 * batch, "batch": batch}
         return run
     # probes at 8 and 16 (1000 B per sequence) -> 92 % of 80 kB: 72, then 64, 56, 48
-    batch, r, probes = _largest_that_runs(measure(48), 8, 8, 80_000, False, steps=10, warmup=3)
+    batch, r, probes = largest_that_runs(measure(48), 8, 8, 80_000, False, steps=10, warmup=3)
     assert (batch, r["batch"]) == (48, 48) and [p["batch"] for p in probes] == [8, 16]
     assert seen == [(8, 3), (16, 3), (72, 10), (64, 10), (56, 10), (48, 10)]
     with pytest.raises(RuntimeError, match="out of memory"):
-        _largest_that_runs(measure(40), 8, 8, 80_000, False, steps=10, warmup=3)
+        largest_that_runs(measure(40), 8, 8, 80_000, False, steps=10, warmup=3)
 
     def broken(batch, steps=3, warmup=2):
         raise ValueError("not a memory error")
     seen.clear()
     with pytest.raises(ValueError):
-        _largest_that_runs(broken, 8, 8, 0, True, steps=3, warmup=1)   # smoke: no probes
+        largest_that_runs(broken, 8, 8, 0, True, steps=3, warmup=1)   # smoke: no probes

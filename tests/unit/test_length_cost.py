@@ -147,3 +147,34 @@ def test_a_batch_is_priced_like_its_rows():
     batch.sequence_lengths = None  # a pipeline that did not record them: read the mask
     assert cost.of_batch(batch) == pytest.approx(cost.of_rows([[100], [70, 50], [30]]))
     assert lc.imbalance(np.array([[1.0, 2.0], [3.0, 2.0]])) == pytest.approx((1.5 + 1.0) / 2)
+
+
+@pytest.mark.parametrize("name", ["tiny", "base", "large"])
+def test_flop_cost_agrees_with_the_step_flops(name):
+    """The FLOP-count default and the FLOPs the trainer reports (runtime.model.arithmetic,
+    held to torch's FlopCounterMode) are one formula: on the same shape and lengths the
+    unpadded cost × NOMINAL_FLOPS is ``step_flops`` of those lengths with the MLM head on
+    MASKED_FRACTION of the tokens, less the pooler and NSP head it leaves out; the padded and
+    repad layouts agree with it on a batch without padding and count more with."""
+    from runtime.model import arithmetic as ar
+    shape = {**ar.size(name), "vocab_size": 30522}
+    per = lc.forward_flops_per_unit(shape)
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(20, 513, size=16)
+
+    def step(lengths, sequences):
+        return ar.step_flops(shape, real_tokens=int(lengths.sum()),
+                             squared_lengths=int((lengths ** 2).sum()),
+                             masked=lc.MASKED_FRACTION * lengths.sum(), sequences=sequences)
+
+    unpadded = lc.flops_cost(shape, "unpadded").of_lengths(lengths) * lc.NOMINAL_FLOPS
+    assert unpadded == pytest.approx(step(lengths, 0), rel=1e-12)
+    assert unpadded + 3 * per["sequence"] * len(lengths) == pytest.approx(
+        step(lengths, len(lengths)), rel=1e-12)
+    assert unpadded == pytest.approx(step(lengths, len(lengths)), rel=1e-3)  # the pooler: small
+    even = np.full(16, 128)
+    for layout in lc.LAYOUTS:
+        cost = lc.flops_cost(shape, layout)
+        assert cost.of_lengths(even) * lc.NOMINAL_FLOPS == pytest.approx(step(even, 0), rel=1e-12)
+        if layout != "unpadded":
+            assert cost.of_lengths(lengths) * lc.NOMINAL_FLOPS > step(lengths, 0) * 1.01

@@ -18,17 +18,17 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from bench.gpu.harness import Run, _synchronize
+from bench.gpu.harness import Run, synchronize
 
 
 def _time(fn: Callable[[], Any], reps: int) -> float:
     for _ in range(2):
         fn()
-    _synchronize()
+    synchronize()
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
-    _synchronize()
+    synchronize()
     return (time.perf_counter() - t0) / reps
 
 

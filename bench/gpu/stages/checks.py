@@ -8,8 +8,8 @@ Never: times anything (the throughput stages do).
 from __future__ import annotations
 
 
-from bench.gpu.harness import (CPU_CONFIG, PATHS, TINY, Goal, Results, Run, _config, _synchronize,
-                               _world_of_one)
+from bench.gpu.harness import (CPU_CONFIG, PATHS, TINY, Goal, Results, Run, stage_config,
+                               synchronize, world_of_one)
 
 
 def _no_host_sync(results: Results, goal: Goal) -> dict:
@@ -29,7 +29,7 @@ def stage_checks(run: Run) -> dict:
     from runtime.observe.hostsync import HostSyncs, simulated
     from runtime.train.trainer import Trainer
 
-    ctx = _world_of_one(run.device)
+    ctx = world_of_one(run.device)
     if not run.cuda:  # the CPU stand-in for a GPU
         ctx = simulated(ctx)
         dist._CTX = ctx
@@ -39,10 +39,11 @@ def stage_checks(run: Run) -> dict:
     if run.cuda:
         cases.append(("unpadded", "fp16", PATHS["unpadded"]))
     for name, prec, extra in cases:
-        cfg = _config(run, CPU_CONFIG, f"data.data_dir={run.data('small')}", *TINY,
-                      "train.global_batch_size=16", "system.ranks_per_node=1",
-                      f"train.precision={prec}", f"system.device={'cuda' if run.cuda else 'cpu'}",
-                      "train.log_every_steps=1000", *extra)
+        cfg = stage_config(run, CPU_CONFIG, f"data.data_dir={run.data('small')}", *TINY,
+                           "train.global_batch_size=16", "system.ranks_per_node=1",
+                           f"train.precision={prec}",
+                           f"system.device={'cuda' if run.cuda else 'cpu'}",
+                           "train.log_every_steps=1000", *extra)
         with HostSyncs(ctx.device) as syncs:
             trainer = Trainer(cfg, ctx)
             trainer.setup()
@@ -54,7 +55,7 @@ def stage_checks(run: Run) -> dict:
             for _ in range(steps):
                 trainer.train_step(it)
             events = syncs.events[start:]
-            _synchronize()
+            synchronize()
         key = f"{name}_{prec}"
         out["host_syncs"][key] = {
             "per_step": len(events) / steps, "events": sorted({str(e) for e in events}),
@@ -107,7 +108,7 @@ def _attention_kernels(run: Run) -> dict:
                           masked_lm_labels=batch.masked_lm_labels,
                           next_sentence_labels=batch.next_sentence_labels, layout=batch.layout)
             o.loss.backward()
-            _synchronize()
+            synchronize()
         names = sorted({e.name for e in prof.events()
                         if any(k in e.name.lower() for k in ("flash", "fmha", "efficient",
                                                              "scaled_dot_product", "attention"))})

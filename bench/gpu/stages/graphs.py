@@ -37,8 +37,8 @@ import time
 from typing import Any, Optional
 
 from bench.gpu.harness import (DGX_CONFIG, CPU_CONFIG, LARGE_SHAPE, SMOKE_EAGER, TINY, Goal,
-                               Results, Run, _config, _free_cuda, _max_pred, _profile, _seq,
-                               _synchronize, _world_of_one)
+                               Results, Run, free_cuda, max_predictions, profile_kernels,
+                               seq_length, stage_config, synchronize, world_of_one)
 
 STATIC = ["data.shapes=static", "data.balance=offline_pack", "model.attention=unpadded",
           "data.bin_edges=[]"]
@@ -72,14 +72,15 @@ def _trainer(run: Run, b: int, *extra: str):
     from runtime.train.trainer import Trainer
     shape = TINY + SMOKE_EAGER if run.smoke else [f"model.{k}={v}"
                                                   for k, v in LARGE_SHAPE.items()]
-    cfg = _config(run, DGX_CONFIG if not run.smoke else CPU_CONFIG,
-                  f"data.data_dir={run.data('seq512')}", *shape, "model.init=scratch",
-                  f"train.global_batch_size={b}", "system.nodes=1", "system.ranks_per_node=1",
-                  f"system.device={run.device}", f"train.precision={'bf16' if run.cuda else 'fp32'}",
-                  f"data.max_seq_length={_seq(run)}",
-                  f"data.max_predictions_per_seq={_max_pred(run)}",
-                  "train.log_every_steps=100000", "train.max_steps=100000", *extra)
-    trainer = Trainer(cfg, _world_of_one(run.device))
+    cfg = stage_config(run, DGX_CONFIG if not run.smoke else CPU_CONFIG,
+                       f"data.data_dir={run.data('seq512')}", *shape, "model.init=scratch",
+                       f"train.global_batch_size={b}", "system.nodes=1", "system.ranks_per_node=1",
+                       f"system.device={run.device}",
+                       f"train.precision={'bf16' if run.cuda else 'fp32'}",
+                       f"data.max_seq_length={seq_length(run)}",
+                       f"data.max_predictions_per_seq={max_predictions(run)}",
+                       "train.log_every_steps=100000", "train.max_steps=100000", *extra)
+    trainer = Trainer(cfg, world_of_one(run.device))
     trainer.setup()
     return trainer
 
@@ -92,16 +93,17 @@ def _measure(run: Run, trainer, it, warmup: int, steps: int, syncs: bool = False
     for _ in range(warmup):
         trainer.train_step(it)
     trainer.step_log.flush()
-    _synchronize()
+    synchronize()
     host = []
     t0 = time.perf_counter()
     for _ in range(steps):
         h = time.perf_counter()
         trainer.train_step(it)
         host.append(time.perf_counter() - h)
-    _synchronize()
+    synchronize()
     step_s = (time.perf_counter() - t0) / steps
-    busy, kernels, names = _profile(run, lambda: trainer.train_step(it), 1 if run.smoke else 3)
+    busy, kernels, names = profile_kernels(run, lambda: trainer.train_step(it),
+                                           1 if run.smoke else 3)
     out = {"step_s": step_s, "host_s": statistics.median(host), "busy_s": busy,
            "kernels": kernels, "step_over_busy": step_s / busy if busy else None,
            "_names": names}
@@ -127,7 +129,7 @@ def _host_top(trainer, it, n: int = 12) -> list[str]:
     prof.enable()
     trainer.train_step(it)
     prof.disable()
-    _synchronize()
+    synchronize()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(n)
     return [ln.strip() for ln in text.getvalue().splitlines()
@@ -195,7 +197,7 @@ def _graph_cases(run: Run, out, cases: dict) -> None:
             rec = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         _strip_names(rec)
         out[name] = rec
-        _free_cuda()
+        free_cuda()
         print(f"graphs {name}: {_line(rec)}", flush=True)
 
 
@@ -211,7 +213,7 @@ def _strip_names(rec: dict) -> None:
 def stage_graphs(run: Run) -> dict:
     """The verdicts' cases: 2 packed rows and a local batch of 4 in three modes, and eager at
     local batch 4 per path and shape policy (the module docstring)."""
-    seq = _seq(run)
+    seq = seq_length(run)
     per_row = _per_row(run, seq)
     out = run.result({"seq": seq, "model": "tiny" if run.smoke else "bert-large",
                       "precision": "bf16" if run.cuda else "fp32",
@@ -237,7 +239,7 @@ def stage_graphs(run: Run) -> dict:
             eager[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         eager[name].pop("_names", None)
         out["eager_b4"] = dict(eager)
-        _free_cuda()
+        free_cuda()
     out["goals"] = _goals(out)
     return dict(out)
 
@@ -245,7 +247,7 @@ def stage_graphs(run: Run) -> dict:
 def stage_graph_batches(run: Run) -> dict:
     """The cluster projection's other local batches in three modes: 3 and 16 sequences, and
     3 packed rows (NVIDIA's 3-pack configs)."""
-    seq = _seq(run)
+    seq = seq_length(run)
     per_row = _per_row(run, seq)
     out = run.result({"seq": seq, "model": "tiny" if run.smoke else "bert-large",
                       "precision": "bf16" if run.cuda else "fp32",

@@ -18,7 +18,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from bench.gpu.harness import Goal, Results, Run, _free_cuda, _profile, _synchronize
+from bench.gpu.harness import Goal, Results, Run, free_cuda, profile_kernels, synchronize
 
 
 def _lamb_within(results: Results, goal: Goal) -> dict:
@@ -46,10 +46,10 @@ def _copy_bandwidth(device: str, elements: int) -> float:
     dst = torch.empty_like(src)
     best = math.inf
     for _ in range(6):
-        _synchronize()
+        synchronize()
         t0 = time.perf_counter()
         dst.copy_(src)
-        _synchronize()
+        synchronize()
         best = min(best, time.perf_counter() - t0)
     return 2 * 4 * elements / best / 1e9
 
@@ -105,7 +105,7 @@ def stage_optimizer(run: Run) -> dict:
             del opt, named
         except Exception as e:  # noqa: BLE001
             out[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
-        _free_cuda()
+        free_cuda()
     lamb = out.get("lamb_presto:fused", {}).get("ratio_to_limit")
     out["goal_lamb_within_1_5x"] = {"goal": LAMB_WITHIN.threshold, "ratio": lamb,
                                     "met": lamb is not None and lamb <= LAMB_WITHIN.threshold}
@@ -114,7 +114,7 @@ def stage_optimizer(run: Run) -> dict:
     except Exception as e:  # noqa: BLE001
         out["phase_sharded_vs_unsharded"] = {"error": f"{type(e).__name__}: "
                                                       f"{str(e).splitlines()[0][:300]}"}
-    _free_cuda()
+    free_cuda()
     return dict(out)
 
 
@@ -123,18 +123,19 @@ def _sharded_phase(run: Run) -> dict:
     tiny model in --smoke), the fused LAMB, with optim.shard none and world on a group of one
     rank, each timed as ``_optimizer_times`` times a step."""
     import torch
-    from bench.gpu.harness import DGX_CONFIG, CPU_CONFIG, LARGE_SHAPE, TINY, _config, _world_of_one
+    from bench.gpu.harness import (DGX_CONFIG, CPU_CONFIG, LARGE_SHAPE, TINY, stage_config,
+                                   world_of_one)
     from bench.shard import optimizer_phase
     from runtime.optim.grad_scale import DynamicLossScale
     from runtime.train.build import build_parts
-    ctx = _world_of_one(run.device)
+    ctx = world_of_one(run.device)
     shape = TINY if run.smoke else [f"model.{k}={v}" for k, v in LARGE_SHAPE.items()]
     out: dict[str, Any] = {}
     for mode in ("none", "world"):
-        cfg = _config(run, CPU_CONFIG if run.smoke else DGX_CONFIG, *shape,
-                      "model.init=scratch", "system.nodes=1", "system.ranks_per_node=1",
-                      "train.global_batch_size=8", f"system.device={run.device}",
-                      "optim.name=lamb", "optim.backend=fused", f"optim.shard={mode}")
+        cfg = stage_config(run, CPU_CONFIG if run.smoke else DGX_CONFIG, *shape,
+                           "model.init=scratch", "system.nodes=1", "system.ranks_per_node=1",
+                           "train.global_batch_size=8", f"system.device={run.device}",
+                           "optim.name=lamb", "optim.backend=fused", f"optim.shard={mode}")
         parts = build_parts(cfg, ctx, train_loader=False, eval_batches=False)
         scale = DynamicLossScale(1.0, enabled=False)
         torch.manual_seed(0)
@@ -147,7 +148,7 @@ def _sharded_phase(run: Run) -> dict:
         out[mode] = {"step_s": step, "isolated_step_s": isolated, "host_s": host}
         parts.grad_sync.close()
         del parts
-        _free_cuda()
+        free_cuda()
     out["sharded_over_unsharded"] = out["world"]["step_s"] / out["none"]["step_s"]
     return out
 
@@ -163,18 +164,18 @@ def _optimizer_times(step: Callable[[], Any], smoke: bool) -> tuple[float, float
     n, reps = (3, 3) if smoke else (10, 5)
     chained, isolated, host = [], [], []
     for _ in range(reps):
-        _synchronize()
+        synchronize()
         t0 = time.perf_counter()
         for _ in range(n):
             step()
-        _synchronize()
+        synchronize()
         chained.append((time.perf_counter() - t0) / n)
         for _ in range(2):
-            _synchronize()
+            synchronize()
             t0 = time.perf_counter()
             step()
             t1 = time.perf_counter()
-            _synchronize()
+            synchronize()
             host.append(t1 - t0)
             isolated.append(time.perf_counter() - t0)
     return statistics.median(chained), statistics.median(isolated), statistics.median(host)
@@ -184,7 +185,7 @@ def _kernel_table(run: Run, fn: Callable[[], Any], top: int = 8) -> list[dict]:
     """One call of ``fn`` under the profiler: its ``top`` device kernels (CPU ops on CPU) by
     total time - name, calls, microseconds - and the rest summed, so a step's gap to its
     bandwidth limit can be read as kernels (passes, small per-tensor ops, launches)."""
-    _, _, rows = _profile(run, fn, 1)
+    _, _, rows = profile_kernels(run, fn, 1)
     ranked = sorted(rows.items(), key=lambda kv: -kv[1][1])
     table = [{"kernel": k, "calls": c, "us": round(t, 1)} for k, (c, t) in ranked[:top]]
     rest = ranked[top:]

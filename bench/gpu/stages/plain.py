@@ -9,8 +9,8 @@ Never: uses Presto's runtime for the step (only its data loader).
 from __future__ import annotations
 
 
-from bench.gpu.harness import (LARGE_SHAPE, Run, _free_cuda, _largest_that_runs, _seq,
-                               _timed)
+from bench.gpu.harness import (LARGE_SHAPE, Run, free_cuda, largest_that_runs, seq_length,
+                               timed)
 
 
 def stage_plain(run: Run) -> dict:
@@ -25,7 +25,7 @@ def stage_plain(run: Run) -> dict:
         return {"skipped": f"transformers does not import: {type(e).__name__}: {e}"}
     from loaders.dataset import TrainLoader
 
-    device, seq = run.device, _seq(run)
+    device, seq = run.device, seq_length(run)
     shape = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2,
                  intermediate_size=256, vocab_size=30522) if run.smoke else LARGE_SHAPE
     total = torch.cuda.get_device_properties(0).total_memory if run.cuda else 0
@@ -65,15 +65,15 @@ def stage_plain(run: Run) -> dict:
                     opt.zero_grad(set_to_none=True)
                     return b.num_real_tokens
                 try:
-                    r = _timed(run, one, warmup, steps)
+                    r = timed(run, one, warmup, steps)
                 finally:
                     loader.close()
                 r["batch"] = batch
                 return r
 
-            batch, r, probes = _largest_that_runs(measure, 8, 8, total, run.smoke,
-                                                  steps=10 if not run.smoke else 3,
-                                                  warmup=3 if not run.smoke else 1)
+            batch, r, probes = largest_that_runs(measure, 8, 8, total, run.smoke,
+                                                 steps=10 if not run.smoke else 3,
+                                                 warmup=3 if not run.smoke else 1)
             out[f"padded_{prec}"] = {
                 "local_batch": batch, "sequences_per_s": batch * r["steps"] / r["seconds"],
                 "tokens_per_s": r["tokens"] / r["seconds"], "step_s": r["seconds"] / r["steps"],
@@ -82,7 +82,7 @@ def stage_plain(run: Run) -> dict:
             out[f"padded_{prec}"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         finally:
             model = opt = None
-            _free_cuda()
+            free_cuda()
     import transformers
     out["transformers"] = transformers.__version__
     return dict(out)

@@ -15,8 +15,9 @@ import time
 from typing import Optional
 
 from bench.gpu.harness import (CPU_CONFIG, DGX_CONFIG, LARGE_SHAPE, PATHS, TINY, Goal, Results,
-                               Run, _config, _free_cuda, _largest_that_runs, _max_pred,
-                               _profile, _seq, _synchronize, _timed, _world_of_one)
+                               Run, free_cuda, largest_that_runs, max_predictions,
+                               profile_kernels, seq_length, stage_config, synchronize, timed,
+                               world_of_one)
 
 
 FUSED = '["bias_gelu","dropout_add_norm","pad_vocab"]'
@@ -33,12 +34,12 @@ def _gemm_peak(run: Run) -> Optional[float]:
     b = torch.randn(n, n, device=run.device, dtype=dtype)
     for _ in range(3):
         a @ b
-    _synchronize()
+    synchronize()
     reps = 20 if run.cuda else 3
     t0 = time.perf_counter()
     for _ in range(reps):
         a @ b
-    _synchronize()
+    synchronize()
     return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12
 
 
@@ -49,7 +50,7 @@ def _busy(run: Run, trainer, cfg, spec, batch: int) -> dict:
     it = iter(loader)
     try:
         trainer.train_step(it)
-        busy, kernels, _ = _profile(run, lambda: trainer.train_step(it), 1)
+        busy, kernels, _ = profile_kernels(run, lambda: trainer.train_step(it), 1)
     finally:
         loader.close()
         trainer.step_log.flush()
@@ -89,25 +90,25 @@ def _throughput(run: Run, cases: list) -> dict:
     from loaders.dataset import TrainLoader
     from runtime.train.trainer import Trainer
 
-    ctx = _world_of_one(run.device)
+    ctx = world_of_one(run.device)
     total = torch.cuda.get_device_properties(0).total_memory if run.cuda else 0
     shape = [] if run.smoke else [f"model.{k}={v}" for k, v in LARGE_SHAPE.items()]
-    out = run.result({"model": "tiny" if run.smoke else "bert-large", "seq": _seq(run),
+    out = run.result({"model": "tiny" if run.smoke else "bert-large", "seq": seq_length(run),
                       "fusions": FUSED, "gemm_peak_tflops": _gemm_peak(run),
                       "time_source": "wall between device synchronisations"})
     from runtime.observe.mfu import peak_of
     device_name = torch.cuda.get_device_name(0) if run.cuda else None
     for key, extra, prec in cases:
         try:
-            cfg = _config(run, DGX_CONFIG if not run.smoke else CPU_CONFIG,
-                          f"data.data_dir={run.data('seq512')}", "model.init=scratch",
-                          *(TINY if run.smoke else shape), "train.global_batch_size=8",
-                          "system.nodes=1", "system.ranks_per_node=1",
-                          f"system.device={run.device}", f"train.precision={prec}",
-                          "data.balance=random", "model.attention=padded",
-                          f"data.max_seq_length={_seq(run)}",
-                          f"data.max_predictions_per_seq={_max_pred(run)}",
-                          "train.log_every_steps=100000", *extra)
+            cfg = stage_config(run, DGX_CONFIG if not run.smoke else CPU_CONFIG,
+                               f"data.data_dir={run.data('seq512')}", "model.init=scratch",
+                               *(TINY if run.smoke else shape), "train.global_batch_size=8",
+                               "system.nodes=1", "system.ranks_per_node=1",
+                               f"system.device={run.device}", f"train.precision={prec}",
+                               "data.balance=random", "model.attention=padded",
+                               f"data.max_seq_length={seq_length(run)}",
+                               f"data.max_predictions_per_seq={max_predictions(run)}",
+                               "train.log_every_steps=100000", *extra)
             trainer = Trainer(cfg, ctx)
             trainer.setup()
             spec = cfg.data.balance_spec(1, cost=trainer.batch_cost)
@@ -121,16 +122,16 @@ def _throughput(run: Run, cases: list) -> dict:
                     rec = trainer.train_step(it)
                     return rec.host["real_tokens"], rec.host["model_flops"]
                 try:
-                    r = _timed(run, one, warmup, steps)
+                    r = timed(run, one, warmup, steps)
                 finally:
                     loader.close()
                     trainer.step_log.flush()
                 r["batch"] = batch
                 return r
 
-            batch, r, probes = _largest_that_runs(measure, 8, 8, total, run.smoke,
-                                                  steps=10 if not run.smoke else 3,
-                                                  warmup=3 if not run.smoke else 1)
+            batch, r, probes = largest_that_runs(measure, 8, 8, total, run.smoke,
+                                                 steps=10 if not run.smoke else 3,
+                                                 warmup=3 if not run.smoke else 1)
             peak = peak_of(device_name, prec, trainer.cfg.system.peak_tflops)
             tflops = r["flops"] / r["seconds"] / 1e12
             busy = _busy(run, trainer, cfg, spec, batch) if not run.smoke or not any(
@@ -148,7 +149,7 @@ def _throughput(run: Run, cases: list) -> dict:
             trainer = None
         except Exception as e:  # noqa: BLE001 - one combination failing keeps the others
             out[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
-        _free_cuda()
+        free_cuda()
     return dict(out)
 
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from bench.gpu.harness import (CPU_CONFIG, DGX_CONFIG, LARGE_SHAPE, ROOT, SMOKE_EAGER, TINY, Run,
-                               _max_pred, _seq)
+                               max_predictions, seq_length)
 
 
 def stage_tune_profile(run: Run) -> dict:
@@ -34,8 +34,8 @@ def stage_tune_profile(run: Run) -> dict:
         for o in [f"data.data_dir={run.data('seq512')}", f"train.global_batch_size={b}",
                   "system.nodes=1", "system.ranks_per_node=1", f"system.device={run.device}",
                   "data.balance=random", "data.verify_checksums=false", "model.init=scratch",
-                  f"data.max_seq_length={_seq(run)}",
-                  f"data.max_predictions_per_seq={_max_pred(run)}", *shape]:
+                  f"data.max_seq_length={seq_length(run)}",
+                  f"data.max_predictions_per_seq={max_predictions(run)}", *shape]:
             cmd += ["--set", o]
         t0 = time.perf_counter()
         try:  # each batch its own time limit: one hang leaves the others measured

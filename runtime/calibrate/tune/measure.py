@@ -12,10 +12,17 @@ rank; the profile's gradients in production order - sorted by those medians with
 to its one step, so a plan follows the order gradients really arrive in; on a GPU every mark
 is a CUDA event - ``runtime.observe.clock`` - since host times there are launch times),
 `measure_allreduce` (median blocking allreduce time per size in the reduce dtype, each repeat
-started together after a barrier, the slowest rank's median), `engine_align` and
-`tied_embedding` (what the engine would do with this model).
+started together after a barrier, the slowest rank's median) and `engine_align` (the
+alignment of each gradient in the engine's flat buffer). The tied embedding is the one the
+engine finds (``runtime.grad_sync.tied.find_tied_head``).
 Never: launches gradient allreduces during backward (what it measures is the compute alone;
-runtime.calibrate.tune.simulate adds the communication), edits the model or the engine, writes files.
+runtime.calibrate.tune.simulate adds the communication), edits the model or the engine, writes
+files.
+
+``measure_step`` in named parts: ``_measuring_trainer`` (the step the tuner measures),
+``_StepWatch`` (gradient-ready stamps, batch waits, looked-up rows), ``_timed_steps`` (the
+per-step figures), ``_contention`` (κ) and ``_launch_costs`` (the compute thread's launch
+work).
 """
 from __future__ import annotations
 
@@ -31,25 +38,12 @@ from runtime.observe.clock import DeviceClock
 from runtime.observe.timeline import DEFERRED
 from runtime.grad_sync import GRAD_ALIGN, REDUCE_DTYPES
 from runtime.grad_sync.plan import production_order
+from runtime.grad_sync.tied import find_tied_head
 from runtime.calibrate.tune.simulate import Gradient, StepProfile
 
 def engine_align() -> int:
     """Elements each gradient is aligned to in the engine's flat buffer."""
     return GRAD_ALIGN
-
-
-def tied_embedding(model: torch.nn.Module) -> tuple[Optional[torch.nn.Module], Optional[str]]:
-    """The MLM head whose decoder weight is also an embedding's weight (tied), and the
-    parameter's name."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    for module in model.modules():
-        decoder = getattr(module, "decoder", None)
-        if isinstance(decoder, torch.nn.Linear) and id(decoder.weight) in embeddings:
-            for name, param in named:
-                if param is decoder.weight:
-                    return module, name
-    return None, None
 
 
 def decoder_bias(head: Optional[torch.nn.Module], named: list) -> Optional[str]:
@@ -101,98 +95,24 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
     backward (backward_s), the sync's finish, norm and optimizer step (optimizer_s), the
     logging point's reduction spread over ``train.log_every_steps`` steps (tail_s), and when
     each gradient is final (a post-accumulate-grad hook marking the step's clock)."""
-    import dataclasses
-
-    from runtime.launch.dist import all_reduce_max
-    from runtime.train.build import build_parts
-    from runtime.train.trainer import Trainer
-
-    # The tuner measures the bucket engine's step, without checkpoints or a resume.
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(
-        cfg.train, grad_sync="buckets", checkpoint_every_samples=0, timeline=True))
-    parts = build_parts(cfg, ctx, communicate=False, timeline=True, eval_batches=False)
-    trainer = Trainer(cfg, ctx, log=lambda msg: None)
-    trainer.setup(parts)
-    model, sync, timeline = trainer.model, trainer.grad_sync, trainer.timeline
-    clock = timeline._device_clock  # the step's own clock: marks comparable with its spans
+    trainer = _measuring_trainer(cfg, ctx)
+    model, sync, clock = trainer.model, trainer.grad_sync, trainer.timeline.device_clock
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     sizes = {n: p.numel() for n, p in named}
-    head, tied = tied_embedding(model)
-    bias_name = decoder_bias(head, named)
-    rows = cfg.model.vocab_size
-    pad = next((m.padding_idx for m in model.modules() if isinstance(m, torch.nn.Embedding)
-                and tied is not None and m.weight is dict(named)[tied]), None)
-    stamps: dict[str, Any] = {}
-
-    def hook(name):
-        def fn(_p):
-            if name not in stamps:
-                stamps[name] = clock.now()
-        return fn
-
-    handles = [p.register_post_accumulate_grad_hook(hook(n)) for n, p in named]
-    waits: list[float] = []
-    mask = torch.zeros(rows, dtype=torch.uint8, device=ctx.device)
-
-    def batches(it):  # the wait for each batch, and which embedding rows it looks up
-        while True:
-            t = time.perf_counter()
-            b = next(it)
-            waits.append(time.perf_counter() - t)
-            mask[b.input_ids.reshape(-1).to(ctx.device)] = 1
-            yield b
-
-    rec: dict[str, list] = {k: [] for k in ("data_s", "forward_s", "backward_s", "optimizer_s",
-                                            "tail_s", "decoder_ready_s", "touched_rows")}
-    ready: dict[str, list[float]] = {n: [] for n in sizes}
-    it = batches(iter(trainer.train_loader))
-    names = list(sizes)
+    found = find_tied_head(model, named, required=False)
+    head, tied, lookup = found if found is not None else (None, None, None)
+    watch = _StepWatch(named, clock, cfg.model.vocab_size, ctx.device,
+                       pad=lookup.padding_idx if lookup is not None else None,
+                       bias=decoder_bias(head, named))
+    it = watch.batches(iter(trainer.train_loader))
     try:
-        for step in range(warmup + steps):
-            if ctx.world_size > 1:
-                torch_dist.barrier()  # every rank starts the step together, as after a sync
-            clock.synchronize()
-            stamps.clear(), waits.clear()
-            mask.zero_()
-            record = trainer.train_step(it)
-            clock.synchronize()
-            spans = _figures(record)["timeline"]["spans"]
-            t = time.perf_counter()
-            trainer.step_log.flush()  # a logging point, spread over the steps it closes
-            tail = (time.perf_counter() - t) / max(1, cfg.train.log_every_steps)
-            tb, te = spans["backward"][-1]
-            if pad is not None:
-                mask[pad] = 0
-            # offsets from the step start, the slowest rank's each: a bucket's allreduce
-            # starts when its last rank issues it
-            at = {n: clock.seconds(timeline.t0, stamps[n]) if n in stamps else te
-                  for n in names}
-            marks = torch.tensor([sum(waits), tb, te, spans["optimizer"][-1][1] - te]
-                                 + [at[n] for n in names], dtype=torch.float64,
-                                 device=ctx.device)
-            if ctx.world_size > 1:
-                all_reduce_max(marks)
-                all_reduce_max(mask)
-            if step < warmup:
-                continue
-            m = marks.tolist()
-            rec["data_s"].append(m[0])
-            rec["forward_s"].append(m[1] - m[0])
-            rec["backward_s"].append(m[2] - m[1])
-            rec["optimizer_s"].append(m[3])
-            rec["tail_s"].append(tail)
-            rec["touched_rows"].append(int(mask.sum()))
-            if head is not None and bias_name is not None:  # the decoder share's node
-                rec["decoder_ready_s"].append(m[4 + names.index(bias_name)] - m[1])
-            for n, r in zip(names, m[4:]):
-                ready[n].append(r - m[1])
+        rec, ready = _timed_steps(cfg, ctx, trainer, watch, it, steps, warmup)
         slowdown, contention = 1.0, {}
         if ctx.world_size > 1 and contention_steps > 0:
             slowdown, contention = _contention(cfg, ctx, trainer, it, sync.flat,
                                                contention_steps, clock)
     finally:
-        for h in handles:
-            h.remove()
+        watch.detach()
     med = {k: _median_max(v) for k, v in rec.items() if v}
     rec["contention"] = contention
     ready_med = {n: _median_max(v) for n, v in ready.items()}
@@ -201,30 +121,16 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
     order = production_order(ready_med, sync.layout.order)
     first = list(sync.layout.order)
     moved = sum(a != b for a, b in zip(order, first))
-    # launch work on the compute thread: the engine's 1/P pass and a local norm, per element
-    probe = sync.flat
-    prescale = _per_element(lambda: probe.mul_(1.0), probe.numel(), clock)
-    norm_cost = _per_element(lambda: probe.float().pow(2).sum().sqrt(), probe.numel(), clock)
-    tied_finish = 0.0
-    if tied is not None:
-        w = dict(named)[tied]
-        g = torch.randn_like(w)
-        dec = torch.randn_like(w)
-        touched = int(med.get("touched_rows", 0))
-
-        def finish():
-            m = (g != 0).any(dim=1)
-            idx = m.nonzero().squeeze(1)[:touched]
-            g.index_copy_(0, idx, g.index_select(0, idx))
-            g.add_(dec)
-        tied_finish = _per_element(finish, 1, clock)
+    touched = int(med.get("touched_rows", 0))
+    prescale, norm_cost, tied_finish = _launch_costs(sync.flat, dict(named).get(tied), touched,
+                                                     clock)
     profile = StepProfile(
         grads=tuple(Gradient(n, sizes[n], ready_med[n]) for n in order),
         forward_s=med["forward_s"], backward_s=med["backward_s"], optimizer_s=med["optimizer_s"],
         data_s=med["data_s"], tail_s=med["tail_s"], element_bytes=named[0][1].element_size(),
         prescale_s_per_element=_median_max([prescale]), norm_s_per_element=_median_max([norm_cost]),
-        tied=tied, tied_rows=rows if tied else 0,
-        decoder_ready_s=med.get("decoder_ready_s"), touched_rows=int(med.get("touched_rows", 0)),
+        tied=tied, tied_rows=cfg.model.vocab_size if tied else 0,
+        decoder_ready_s=med.get("decoder_ready_s"), touched_rows=touched,
         tied_finish_s=_median_max([tied_finish]), comm_slowdown=slowdown)
     trainer.close()
     return StepMeasurement(profile, steps, warmup,
@@ -232,6 +138,137 @@ def measure_step(cfg, ctx, steps: int = 6, warmup: int = 2, contention_steps: in
                            f"sorted by the median ready times over {steps} steps (the slowest "
                            f"rank's); {moved} of {len(order)} positions differ from the engine's "
                            f"first-step order")
+
+
+def _measuring_trainer(cfg, ctx):
+    """A Trainer, set up, for the bucket engine's step as the tuner measures it: the engine's
+    communication switched off by the builder (``build_parts(communicate=False)``), the
+    timeline on, no checkpoints and no resume."""
+    import dataclasses
+
+    from runtime.train.build import build_parts
+    from runtime.train.trainer import Trainer
+
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, grad_sync="buckets", checkpoint_every_samples=0, timeline=True))
+    parts = build_parts(cfg, ctx, communicate=False, timeline=True, eval_batches=False)
+    trainer = Trainer(cfg, ctx, log=lambda msg: None)
+    trainer.setup(parts)
+    return trainer
+
+
+class _StepWatch:
+    """What the measured steps are watched for, beside the timeline: when each gradient is
+    final (a post-accumulate-grad hook stamping the step's own clock, so its marks compare
+    with the timeline's spans), the wait for each batch, and which rows of the tied embedding
+    the step's batches look up (its padding row left out: its gradient is always zero)."""
+
+    def __init__(self, named: list, clock: DeviceClock, rows: int, device, pad: Optional[int],
+                 bias: Optional[str]):
+        self.clock, self.pad, self.bias = clock, pad, bias
+        self.names = [n for n, _ in named]
+        self.stamps: dict[str, Any] = {}
+        self.waits: list[float] = []
+        self.mask = torch.zeros(rows, dtype=torch.uint8, device=device)
+        self.device = device
+        self.handles = [p.register_post_accumulate_grad_hook(self._hook(n)) for n, p in named]
+
+    def _hook(self, name):
+        def fn(_p):
+            if name not in self.stamps:
+                self.stamps[name] = self.clock.now()
+        return fn
+
+    def batches(self, it):
+        """The batches of ``it``, each one's wait and looked-up rows recorded."""
+        while True:
+            t = time.perf_counter()
+            b = next(it)
+            self.waits.append(time.perf_counter() - t)
+            self.mask[b.input_ids.reshape(-1).to(self.device)] = 1
+            yield b
+
+    def start_step(self) -> None:
+        self.stamps.clear()
+        self.waits.clear()
+        self.mask.zero_()
+
+    def detach(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _timed_steps(cfg, ctx, trainer, watch: _StepWatch, it, steps: int,
+                 warmup: int) -> tuple[dict[str, list], dict[str, list[float]]]:
+    """``warmup + steps`` training steps, every rank starting each together; for the steps
+    after the warm-up, each figure of ``measure_step``'s docstring as the slowest rank saw it
+    (rec: name -> per-step values) and each gradient's ready time from the forward's end
+    (ready: name -> per-step values)."""
+    from runtime.launch.dist import all_reduce_max
+
+    clock, timeline, names = watch.clock, trainer.timeline, watch.names
+    rec: dict[str, list] = {k: [] for k in ("data_s", "forward_s", "backward_s", "optimizer_s",
+                                            "tail_s", "decoder_ready_s", "touched_rows")}
+    ready: dict[str, list[float]] = {n: [] for n in names}
+    for step in range(warmup + steps):
+        if ctx.world_size > 1:
+            torch_dist.barrier()  # every rank starts the step together, as after a sync
+        clock.synchronize()
+        watch.start_step()
+        record = trainer.train_step(it)
+        clock.synchronize()
+        spans = _figures(record)["timeline"]["spans"]
+        t = time.perf_counter()
+        trainer.step_log.flush()  # a logging point, spread over the steps it closes
+        tail = (time.perf_counter() - t) / max(1, cfg.train.log_every_steps)
+        tb, te = spans["backward"][-1]
+        if watch.pad is not None:
+            watch.mask[watch.pad] = 0
+        # offsets from the step start, the slowest rank's each: a bucket's allreduce
+        # starts when its last rank issues it
+        at = {n: clock.seconds(timeline.t0, watch.stamps[n]) if n in watch.stamps else te
+              for n in names}
+        marks = torch.tensor([sum(watch.waits), tb, te, spans["optimizer"][-1][1] - te]
+                             + [at[n] for n in names], dtype=torch.float64,
+                             device=ctx.device)
+        if ctx.world_size > 1:
+            all_reduce_max(marks)
+            all_reduce_max(watch.mask)
+        if step < warmup:
+            continue
+        m = marks.tolist()
+        rec["data_s"].append(m[0])
+        rec["forward_s"].append(m[1] - m[0])
+        rec["backward_s"].append(m[2] - m[1])
+        rec["optimizer_s"].append(m[3])
+        rec["tail_s"].append(tail)
+        rec["touched_rows"].append(int(watch.mask.sum()))
+        if watch.bias is not None:  # the decoder share's node
+            rec["decoder_ready_s"].append(m[4 + names.index(watch.bias)] - m[1])
+        for n, r in zip(names, m[4:]):
+            ready[n].append(r - m[1])
+    return rec, ready
+
+
+def _launch_costs(flat: torch.Tensor, tied_weight: Optional[torch.Tensor], touched: int,
+                  clock: DeviceClock) -> tuple[float, float, float]:
+    """The launch work on the compute thread, this rank's: the engine's 1/P pass and a local
+    norm per element of the flat gradient, and the tied embedding's finish (its touched rows
+    gathered and the decoder's share added; 0 without a tied embedding)."""
+    prescale = _per_element(lambda: flat.mul_(1.0), flat.numel(), clock)
+    norm_cost = _per_element(lambda: flat.float().pow(2).sum().sqrt(), flat.numel(), clock)
+    tied_finish = 0.0
+    if tied_weight is not None:
+        g = torch.randn_like(tied_weight)
+        dec = torch.randn_like(tied_weight)
+
+        def finish():
+            m = (g != 0).any(dim=1)
+            idx = m.nonzero().squeeze(1)[:touched]
+            g.index_copy_(0, idx, g.index_select(0, idx))
+            g.add_(dec)
+        tied_finish = _per_element(finish, 1, clock)
+    return prescale, norm_cost, tied_finish
 
 
 def _figures(record) -> dict:
@@ -264,16 +301,11 @@ def _contention(cfg, ctx, trainer, it, flat, steps: int,
     ks, backward = [], []
     for _ in range(steps):
         torch_dist.barrier()
-        batch = trainer.runner.to_device(next(it))
-        with trainer.autocast():
-            out = trainer.net(batch.input_ids, batch.token_type_ids, batch.attention_mask,
-                              masked_lm_labels=batch.masked_lm_labels,
-                              next_sentence_labels=batch.next_sentence_labels,
-                              layout=batch.layout)
+        loss, _, _ = trainer.forward_losses(trainer.runner.to_device(next(it)))
         tb = clock.now()
         work = torch_dist.all_reduce(buf, async_op=True)
         done = clock.after(work)
-        out.loss.backward()
+        loss.backward()
         te = clock.now()
         work.wait()
         clock.synchronize()
