@@ -31,6 +31,7 @@ with sizes and sha256, every variable's mapping, what was skipped and why).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -205,11 +206,24 @@ def load_config(path: Path | None, prefix: Path) -> tuple[BertConfig, str]:
         raise ConvertError(f"--config {path}: no such file")
     try:
         if path.suffix == ".toml":
-            from runtime.config import load_config as load_run_config
-            return load_run_config(path).model.bert_config(), str(path)
+            return _model_of_run_config(path), str(path)
         return BertConfig.from_hf_json(path), str(path)
     except Exception as e:  # noqa: BLE001 - a config error of any kind is the user's to fix
         raise ConvertError(f"--config {path}: {str(e).splitlines()[0]}") from None
+
+
+def _model_of_run_config(path: Path) -> BertConfig:
+    """The model shape a run config TOML names (its ``[model]`` table: a named ``size``, and
+    the shape keys it sets, which win), read here rather than through runtime.config: the
+    model room never imports the config. The run's other keys (init, attention, fusions) are
+    not the checkpoint's business."""
+    import tomllib
+    from runtime.model.arithmetic import size
+    table = tomllib.loads(path.read_text(encoding="utf-8-sig")).get("model", {})
+    shape = dict(size(table["size"])) if table.get("size") else {}
+    known = {f.name for f in dataclasses.fields(BertConfig)}
+    shape.update({k: v for k, v in table.items() if k in known})
+    return BertConfig(**shape)
 
 
 def _tensor(bundle: Bundle, name: str, transpose: bool) -> torch.Tensor:
