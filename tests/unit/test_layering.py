@@ -87,9 +87,11 @@ def test_runtime_rooms_import_downwards():
             if wrong:
                 bad.append(f"{path.relative_to(ROOT)} imports runtime.{sorted(wrong)}")
     for name in TOP:  # the vocabulary: config may name the model's own config, nothing more
-        wrong = runtime_imports(ROOT / "runtime" / f"{name}.py") - TOP - {"model"}
-        if wrong:
-            bad.append(f"runtime/{name}.py imports runtime.{sorted(wrong)}")
-    assert set(RUNTIME_ROOMS) | {"__pycache__"} >= {p.name for p in (ROOT / "runtime").iterdir()
-                                                   if p.is_dir()}, "a room without a rule"
+        top = ROOT / "runtime" / name   # a module, or a package (runtime/config/)
+        for path in sorted(top.rglob("*.py")) if top.is_dir() else [top.with_suffix(".py")]:
+            wrong = runtime_imports(path) - TOP - {"model"}
+            if wrong:
+                bad.append(f"{path.relative_to(ROOT)} imports runtime.{sorted(wrong)}")
+    assert set(RUNTIME_ROOMS) | TOP | {"__pycache__"} >= {
+        p.name for p in (ROOT / "runtime").iterdir() if p.is_dir()}, "a room without a rule"
     assert not bad, "runtime's rooms import upwards:\n" + "\n".join(bad)

@@ -1,40 +1,30 @@
-"""The one typed configuration of a run: sections of dataclasses, read from a TOML file.
+"""The config's sections: one dataclass per TOML ``[section]``, its keys and their rules.
 
-Owns: every hyperparameter and system knob, its default, its docstring (the ``--help`` text
-of ``python -m runtime.config --help-keys``) and its validation. A key has one meaning
-everywhere: in the config file, in ``section.key=value`` overrides and in the logs. Each
-choice list is a ``typing.Literal`` declared once (runtime.choices, or the leaf package that
-consumes it: loaders.balance.BalanceMode) and checked here from the field's type; the
-``[model]`` section *is* the model's ``BertConfig`` plus the run's choices; optimizer ranges
-come from runtime.choices.HPARAM_RULES, which runtime.optim checks too.
-Never: reads the launcher's environment (runtime.launch.env does), touches torch or the disk beyond
-reading the file.
-
-Config files live in ``submission/configs/config_<SYSTEM>_<nodes>x<ranks>x<batch>x<accum>.toml``.
+Owns: every key's type, default and docstring (the ``--help`` text of ``python -m
+runtime.config --help-keys``), and the checks that read one section alone (each section's
+``validate``). The ``[model]`` section *is* the model's ``BertConfig`` plus the run's choices;
+each choice list is a ``typing.Literal`` declared once (runtime.choices, or the leaf package that
+consumes it: loaders.balance.BalanceMode, loaders.shapes.ShapeMode) and checked from the
+field's type; optimizer ranges come from runtime.choices.HPARAM_RULES, which runtime.optim
+checks too.
+Never: checks one section against another (runtime.config.checks), reads files or overrides
+(runtime.config.load), reads the launcher's environment or imports torch.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import difflib
-import hashlib
-import json
 import math
 import re
-import sys
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, get_args
 
-from loaders.balance import (STATIC_SEQS_PER_ROW, BalanceMode, BalanceSpec, ShapeMode,
-                             shape_size_problem)
-from runtime.choices import (AFTER_MODES, GRAPH_MODES, AttentionMode, CacheClear, ClipMode,
-                             ConfigError, CudaGraphs, DeviceKind, Division, GradSyncKind,
-                             Launcher, LoaderKind, LrScaling, OptimBackend, OptimizerName,
-                             OptimShard, Precision, ReduceDtype, ScheduleName, SrunMpi,
-                             TiedEmbeddingSync, clip_help, clip_spec, graph_modes_help,
-                             hparam_error, is_number)
+from loaders.balance import (STATIC_SEQS_PER_ROW, BalanceMode, BalanceSpec, ShapeMode)
+from runtime.choices import (AFTER_MODES, AttentionMode, CacheClear, ClipMode, ConfigError,
+                             CudaGraphs, DeviceKind, Division, GradSyncKind, Launcher,
+                             LoaderKind, LrScaling, OptimBackend, OptimizerName, OptimShard,
+                             Precision, ReduceDtype, ScheduleName, SrunMpi, TiedEmbeddingSync,
+                             clip_help, clip_spec, graph_modes_help, hparam_error, is_number)
 from kernels.fusions import check_fusions
 from runtime.model.config import BertConfig
 
@@ -248,6 +238,8 @@ class ScheduleConfig:
 
 MAX_PROFILED_STEPS = 32
 """train.profile_steps: at most this many (each writes a trace of tens of MB per rank)."""
+SEED_MAX = 2 ** 32 - 1
+"""train.seed: at most this (what numpy's and torch's generators take)."""
 
 
 @dataclass
@@ -509,313 +501,3 @@ class SubmissionConfig:
     division: Division = _doc("'open' | 'closed' (closed needs target >= 0.720)", "open")
     status: str = _doc("submission_status: onprem | cloud | preview | research", "research")
     benchmark: str = _doc("submission_benchmark", "bert")
-
-
-@dataclass
-class Config:
-    """A whole run."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    system: SystemConfig = field(default_factory=SystemConfig)
-    submission: SubmissionConfig = field(default_factory=SubmissionConfig)
-    source: str = field(default="<defaults>", compare=False)
-
-    def validate(self) -> "Config":
-        for section in SECTIONS:
-            obj = getattr(self, section)
-            for key, hint in _section_types(section).items():
-                _check_choice(f"{section}.{key}", getattr(obj, key), hint)
-            check = getattr(getattr(self, section), "validate", None)
-            if check:
-                check()
-        if self.model.max_position_embeddings < self.data.max_seq_length:
-            raise ConfigError(f"model.max_position_embeddings ({self.model.max_position_embeddings})"
-                              f" < data.max_seq_length ({self.data.max_seq_length}); raise the former")
-        if self.train.precision != "fp32" and self.system.device == "cpu":
-            raise ConfigError(f"train.precision={self.train.precision} needs CUDA but "
-                              "system.device='cpu'; use precision='fp32' on CPU")
-        self._validate_cuda_graphs()
-        d = self.data   # static/bucketed sizes within what the data and sequence length allow
-        why = shape_size_problem(
-            static_rows=d.static_rows, max_seqs_per_row=d.max_seqs_per_row,
-            shape_bucket=d.shape_bucket, seq_len=d.max_seq_length,
-            pack_length=d.pack_length or d.max_seq_length,
-            local_batch=self.local_batch_size(self.system.nodes * self.system.ranks_per_node)
-            if d.static_rows else d.static_rows)
-        if why:
-            raise ConfigError(why)
-        if self.optim.shard != "none":
-            if self.train.grad_sync != "buckets":
-                raise ConfigError(f"optim.shard='{self.optim.shard}' needs train.grad_sync="
-                                  f"'buckets' (the shards are rows of its gradient buffer); "
-                                  f"set it, or optim.shard='none'")
-            if self.optim.backend not in ("auto", "fused"):
-                raise ConfigError(f"optim.shard='{self.optim.shard}' needs optim.backend "
-                                  f"'auto' or 'fused' (the sharded step is the fused step on "
-                                  f"a shard of its flat buffers); set it, or optim.shard='none'")
-        if self.submission.division == "closed" and self.train.target_mlm_accuracy < 0.720:
-            raise ConfigError("submission.division='closed' needs train.target_mlm_accuracy >= "
-                              "0.720 (MLPerf); use division='open' for a proxy target")
-        return self
-
-    def _validate_cuda_graphs(self) -> None:
-        """train.cuda_graphs where its mode cannot work (the row's needs:
-        runtime.choices.GRAPH_MODES): refused before anything starts, naming the key and what
-        to use instead."""
-        mode = self.train.cuda_graphs
-        for need in GRAPH_MODES[mode].needs:
-            section, key = need.key.split(".")
-            if getattr(getattr(self, section), key) not in need.allowed:
-                raise ConfigError(f"train.cuda_graphs='{mode}' needs {need.why}; set it, or "
-                                  f"train.cuda_graphs='none'")
-
-    def local_batch_size(self, world_size: int) -> int:
-        """Per-rank micro-batch; a clear error when the global batch does not divide."""
-        per = world_size * self.train.gradient_accumulation_steps
-        if self.train.global_batch_size % per:
-            raise ConfigError(
-                f"train.global_batch_size ({self.train.global_batch_size}) is not divisible by "
-                f"world size ({world_size}) x train.gradient_accumulation_steps "
-                f"({self.train.gradient_accumulation_steps}) = {per}; pick a multiple of {per}")
-        return self.train.global_batch_size // per
-
-    def tokens_per_step(self, world_size: int) -> int:
-        """At most how many tokens one rank feeds one optimizer step: local batch x
-        accumulation x sequence length (what the tied sync's row buffer is sized by)."""
-        return self.local_batch_size(world_size) * self.train.gradient_accumulation_steps \
-            * self.data.max_seq_length
-
-    def to_dict(self) -> dict:
-        return {s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS}
-
-    def fingerprint(self) -> str:
-        """Hash of every value: ranks compare it at start so they never train different runs."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
-
-
-SECTIONS = [f.name for f in fields(Config) if f.name != "source"]
-
-
-def _section_types(section: str) -> dict[str, Any]:
-    cls = type(getattr(Config(), section))
-    return get_type_hints(cls)
-
-
-def key_type(key: str) -> Any:
-    """The declared type of the config key ``section.key`` (its field's type hint: ``float``,
-    ``Optional[int]``, a ``Literal`` of choices ...), for tools that check values against
-    the config without building one (submission.hpo's search space); ConfigError for a name
-    that is not a key."""
-    section, dot, name = key.partition(".")
-    types = _section_types(section) if dot and section in SECTIONS else {}
-    if name not in types:
-        raise ConfigError(f"unknown key {key} (python -m runtime.config --help-keys lists them)")
-    return types[name]
-
-
-def _check_choice(key: str, value: Any, hint: Any) -> None:
-    """For a ``Literal`` field: the value must be one of its choices."""
-    if get_origin(hint) is Literal and value not in get_args(hint):
-        choices = [str(c) for c in get_args(hint)]
-        near = difflib.get_close_matches(str(value), choices, 1)
-        hint_text = f" (did you mean {near[0]!r}?)" if near else ""
-        raise ConfigError(f"{key}={value!r}: choose one of {' | '.join(choices)}{hint_text}")
-
-
-def _coerce(key: str, value: Any, hint: Any) -> Any:
-    """Check a TOML value against the field's type; ints are accepted for floats."""
-    if get_origin(hint) is Literal:
-        _check_choice(key, value, hint)
-        return value
-    text = str(hint)
-    optional = "None" in text
-    if value is None or (optional and value == "none"):
-        if optional:
-            return None
-        raise ConfigError(f"{key} may not be empty")
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int or (optional and "int" in text and "float" not in text):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is float or (optional and "float" in text):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    elif text == "list[int]":
-        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
-                                           for v in value):
-            return value
-    elif text == "list[str]":
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return value
-    raise ConfigError(f"{key} = {value!r} has the wrong type; expected {text}")
-
-
-def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
-    if section not in SECTIONS:
-        near = difflib.get_close_matches(section, SECTIONS, 1)
-        hint = f"; did you mean [{near[0]}]?" if near else f"; sections are {SECTIONS}"
-        raise ConfigError(f"{where}: unknown section [{section}]{hint}")
-    types = _section_types(section)
-    if key not in types:
-        near = difflib.get_close_matches(key, list(types), 1)
-        hint = f"; did you mean {section}.{near[0]}?" if near else ""
-        raise ConfigError(f"{where}: unknown key {section}.{key}{hint} "
-                          f"(python -m runtime.config --help-keys lists them)")
-    setattr(getattr(cfg, section), key, _coerce(f"{section}.{key}", value, types[key]))
-
-
-def parse_override(text: str) -> tuple[str, str, Any]:
-    """A ``section.key=value`` argument as (section, key, value): the value read as TOML, a
-    bare word as a string. Checks the form only; load_config checks the key and the value."""
-    if "\n" in text or "\r" in text:   # TOML would read the rest as more lines, and drop it
-        raise ConfigError(f"override {text!r} holds a line break: give each section.key=value "
-                          f"as its own argument (a string value with a line break: \"...\\n...\")")
-    name, sep, raw = text.partition("=")
-    section, dot, key = name.strip().partition(".")
-    if not sep or not dot:
-        raise ConfigError(f"override {text!r} must look like section.key=value")
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw  # bare strings need no quotes on the command line
-    return section, key, value
-
-
-SEED_MAX = 2 ** 32 - 1
-
-
-def read_toml_text(path: str | Path) -> str:
-    """A TOML file's text: UTF-8 (else ConfigError naming the byte and line), a leading
-    byte-order mark dropped (Windows editors write one; TOML's grammar has none)."""
-    path = Path(path)
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} on line "
-                          f"{line}): TOML files are UTF-8 - save it as UTF-8 (iconv -t "
-                          f"UTF-8), or check that this is the config you meant") from None
-    return text.removeprefix("\ufeff")
-
-
-# Keys every config file must name (here or in an override): the defaults are BERT-base at
-# a global batch of 448, which no file means and which a small node cannot hold.
-REQUIRED_IN_A_FILE = ("model.hidden_size", "model.num_hidden_layers",
-                      "model.num_attention_heads", "model.intermediate_size",
-                      "train.global_batch_size")
-
-
-def _apply_size(cfg: Config, named: set) -> None:
-    """model.size: the named shape's keys (runtime.model.arithmetic.SIZES); one of them set
-    beside it to another value is refused, naming both."""
-    m = cfg.model
-    if not m.size:
-        return
-    from runtime.model.arithmetic import SIZES
-    if m.size not in SIZES:
-        raise ConfigError(f"model.size={m.size!r}: choose one of {' | '.join(SIZES)}, or '' "
-                          f"to give the shape keys")
-    for key, value in SIZES[m.size].items():
-        if f"model.{key}" in named and getattr(m, key) != value:
-            raise ConfigError(f"model.size={m.size!r} has {key}={value}, but model.{key}="
-                              f"{getattr(m, key)} is set too: drop one of them")
-        setattr(m, key, value)
-    named |= {f"model.{k}" for k in SIZES[m.size]}
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
-    """Read a TOML config (or defaults), apply ``section.key=value`` overrides, validate."""
-    cfg = Config()
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        text = read_toml_text(path)
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML ({e})") from e
-        if not data:
-            raise ConfigError(f"{path}: the file sets nothing (empty, or only comments). An "
-                              f"empty config would train with every default - BERT-base, a "
-                              f"global batch of 448 - which is never what a file was meant "
-                              f"for: start from submission/configs/config_CPU_1x2x32x1.toml")
-        for section, table in data.items():
-            if not isinstance(table, dict):
-                raise ConfigError(f"{path}: top-level key {section!r} must be a [section]")
-            for key, value in table.items():
-                _apply(cfg, section, key, value, str(path))
-        cfg.source = str(path)
-    named = set()
-    for text in overrides:
-        section, key, value = parse_override(text)
-        _apply(cfg, section, key, value, "override")
-        named.add(f"{section}.{key}")
-    if path is not None:
-        named |= {f"{s}.{k}" for s, t in data.items() for k in t}
-    _apply_size(cfg, named)
-    cfg.validate()
-    if path is not None:
-        missing = [k for k in REQUIRED_IN_A_FILE if k not in named]
-        if missing:
-            raise ConfigError(
-                f"{path}: a config file names its model size and global batch; missing: "
-                f"{', '.join(missing)}. The built-in defaults (BERT-base, a global batch of "
-                f"448) are never what a file means - copy the keys from "
-                f"submission/configs/config_CPU_1x2x32x1.toml (a 2-layer hidden-128 BERT, "
-                f"batch 64, fits this machine) or your system's config")
-    return cfg
-
-
-def help_keys() -> str:
-    lines = []
-    defaults = Config()
-    for section in SECTIONS:
-        obj = getattr(defaults, section)
-        lines.append(f"[{section}]  {type(obj).__doc__.strip()}")
-        for f in fields(obj):
-            lines.append(f"  {f.name} = {getattr(obj, f.name)!r}\n      {f.metadata.get('doc', '')}")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m runtime.config FILE [--get section.key] [--check]` for shell layers."""
-    ap = argparse.ArgumentParser(prog="python -m runtime.config",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("file", nargs="?", help="config TOML")
-    ap.add_argument("--get", action="append", default=[], metavar="SECTION.KEY",
-                    help="print the value (one line per --get)")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    ap.add_argument("--json", action="store_true", help="print the whole config as JSON")
-    ap.add_argument("--help-keys", action="store_true", help="list every key with its docstring")
-    args = ap.parse_args(argv)
-    if args.help_keys:
-        print(help_keys())
-        return 0
-    try:
-        cfg = load_config(args.file, args.set)
-        for name in args.get:
-            section, _, key = name.partition(".")
-            if section not in SECTIONS or not hasattr(getattr(cfg, section), key):
-                raise ConfigError(f"unknown key {name}")
-            print(getattr(getattr(cfg, section), key))
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(cfg.to_dict(), indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The checks that read more than one section of a run's config, or a key against its type.
+
+Owns: a ``Literal`` key's value against its choices (``check_choice``: the error names the
+key, the choices and the nearest one), and the rules that tie keys of different sections
+together - the model's positions against the sequence length, the precision against the
+device, the static shapes' sizes against the local batch, what a ``train.cuda_graphs`` mode
+and an ``optim.shard`` scope need (their rows' ``Need``s in runtime.choices), the closed
+division's target. Each refusal names the keys and what to set.
+Never: reads files or overrides (runtime.config.load), or checks a key that one section's
+``validate`` can check alone (runtime.config.sections).
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal, get_args, get_origin
+
+from loaders.balance import shape_size_problem
+from runtime.choices import GRAPH_MODES, ConfigError
+
+
+def check_choice(key: str, value: Any, hint: Any) -> None:
+    """For a ``Literal`` field: the value must be one of its choices."""
+    if get_origin(hint) is Literal and value not in get_args(hint):
+        choices = [str(c) for c in get_args(hint)]
+        near = difflib.get_close_matches(str(value), choices, 1)
+        hint_text = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"{key}={value!r}: choose one of {' | '.join(choices)}{hint_text}")
+
+
+def check_run(cfg: Any) -> None:
+    """The cross-section rules of ``cfg`` (a runtime.config.Config whose sections each passed
+    their own ``validate``)."""
+    if cfg.model.max_position_embeddings < cfg.data.max_seq_length:
+        raise ConfigError(f"model.max_position_embeddings ({cfg.model.max_position_embeddings})"
+                          f" < data.max_seq_length ({cfg.data.max_seq_length}); raise the former")
+    if cfg.train.precision != "fp32" and cfg.system.device == "cpu":
+        raise ConfigError(f"train.precision={cfg.train.precision} needs CUDA but "
+                          "system.device='cpu'; use precision='fp32' on CPU")
+    _check_cuda_graphs(cfg)
+    d = cfg.data   # static/bucketed sizes within what the data and sequence length allow
+    why = shape_size_problem(
+        static_rows=d.static_rows, max_seqs_per_row=d.max_seqs_per_row,
+        shape_bucket=d.shape_bucket, seq_len=d.max_seq_length,
+        pack_length=d.pack_length or d.max_seq_length,
+        local_batch=cfg.local_batch_size(cfg.system.nodes * cfg.system.ranks_per_node)
+        if d.static_rows else d.static_rows)
+    if why:
+        raise ConfigError(why)
+    if cfg.optim.shard != "none":
+        if cfg.train.grad_sync != "buckets":
+            raise ConfigError(f"optim.shard='{cfg.optim.shard}' needs train.grad_sync="
+                              f"'buckets' (the shards are rows of its gradient buffer); "
+                              f"set it, or optim.shard='none'")
+        if cfg.optim.backend not in ("auto", "fused"):
+            raise ConfigError(f"optim.shard='{cfg.optim.shard}' needs optim.backend "
+                              f"'auto' or 'fused' (the sharded step is the fused step on "
+                              f"a shard of its flat buffers); set it, or optim.shard='none'")
+    if cfg.submission.division == "closed" and cfg.train.target_mlm_accuracy < 0.720:
+        raise ConfigError("submission.division='closed' needs train.target_mlm_accuracy >= "
+                          "0.720 (MLPerf); use division='open' for a proxy target")
+
+
+def _check_cuda_graphs(cfg: Any) -> None:
+    """train.cuda_graphs where its mode cannot work (the row's needs:
+    runtime.choices.GRAPH_MODES): refused before anything starts, naming the key and what
+    to use instead."""
+    mode = cfg.train.cuda_graphs
+    for need in GRAPH_MODES[mode].needs:
+        section, key = need.key.split(".")
+        if getattr(getattr(cfg, section), key) not in need.allowed:
+            raise ConfigError(f"train.cuda_graphs='{mode}' needs {need.why}; set it, or "
+                              f"train.cuda_graphs='none'")
