@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Literal, get_args, get_origin
 
-from loaders.balance import shape_size_problem
+from loaders.shapes import shape_size_problem
 from runtime.choices import GRAPH_MODES, ConfigError
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args
 
-from loaders.balance import (STATIC_SEQS_PER_ROW, BalanceMode, BalanceSpec, ShapeMode)
+from loaders.balance import BalanceMode, BalanceSpec
+from loaders.shapes import STATIC_SEQS_PER_ROW, ShapeMode
 from runtime.choices import (AFTER_MODES, AttentionMode, CacheClear, ClipMode, ConfigError,
                              CudaGraphs, DeviceKind, Division, GradSyncKind, Launcher,
                              LoaderKind, LrScaling, OptimBackend, OptimizerName, OptimShard,

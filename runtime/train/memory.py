@@ -31,14 +31,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from kernels.attention_rule import resolve
-from loaders.balance import STATIC_SEQS_PER_ROW
+from loaders.shapes import STATIC_SEQS_PER_ROW, masked_slots_per_row
 from runtime.config import Config, ConfigError, load_config
 from runtime.model import arithmetic
 
@@ -141,16 +140,14 @@ def activation_rows(cfg: Config, micro: int) -> ActivationRows:
 
 
 def masked_slots(cfg: Config, width: int, slots: int) -> int:
-    """A static row's masked-LM slots: loaders.collate.masked_slots_per_row's bound (repeated
-    here: that module imports torch) - slots x max_pred, or floor(width x p) + slots where
-    the data set records its masking probability p."""
-    bound = slots * cfg.data.max_predictions_per_seq
+    """A static row's masked-LM slots: loaders.shapes.masked_slots_per_row's bound with the
+    masking probability p the data set records (slots x max_pred where it records none)."""
     try:
         stats = json.loads((Path(cfg.data.data_dir) / "stats.json").read_text())
         prob = float(stats["parameters"]["masked_lm_prob"])
     except (OSError, ValueError, KeyError, TypeError):
-        return bound
-    return min(bound, math.floor(width * prob + 1e-9) + slots)
+        prob = None
+    return masked_slots_per_row(width, slots, cfg.data.max_predictions_per_seq, prob)
 
 
 def row_bytes(cfg: Config, rows: ActivationRows) -> int:
