@@ -4,8 +4,8 @@ Owns: a ``Literal`` key's value against its choices (``check_choice``: the error
 key, the choices and the nearest one), and the rules that tie keys of different sections
 together - the model's positions against the sequence length, the precision against the
 device, the static shapes' sizes against the local batch, what a ``train.cuda_graphs`` mode
-and an ``optim.shard`` scope need (their rows' ``Need``s in runtime.choices), the closed
-division's target. Each refusal names the keys and what to set.
+and an ``optim.shard`` scope need (their rows' ``Need``s in runtime.choices: one check reads
+both), the closed division's target. Each refusal names the keys and what to set.
 Never: reads files or overrides (runtime.config.load), or checks a key that one section's
 ``validate`` can check alone (runtime.config.sections).
 """
@@ -15,7 +15,7 @@ import difflib
 from typing import Any, Literal, get_args, get_origin
 
 from loaders.shapes import shape_size_problem
-from runtime.choices import GRAPH_MODES, ConfigError
+from runtime.choices import GRAPH_MODES, ConfigError, shard_scope
 
 
 def check_choice(key: str, value: Any, hint: Any) -> None:
@@ -36,7 +36,7 @@ def check_run(cfg: Any) -> None:
     if cfg.train.precision != "fp32" and cfg.system.device == "cpu":
         raise ConfigError(f"train.precision={cfg.train.precision} needs CUDA but "
                           "system.device='cpu'; use precision='fp32' on CPU")
-    _check_cuda_graphs(cfg)
+    _check_needs(cfg, "train.cuda_graphs", GRAPH_MODES[cfg.train.cuda_graphs].needs)
     d = cfg.data   # static/bucketed sizes within what the data and sequence length allow
     why = shape_size_problem(
         static_rows=d.static_rows, max_seqs_per_row=d.max_seqs_per_row,
@@ -46,27 +46,19 @@ def check_run(cfg: Any) -> None:
         if d.static_rows else d.static_rows)
     if why:
         raise ConfigError(why)
-    if cfg.optim.shard != "none":
-        if cfg.train.grad_sync != "buckets":
-            raise ConfigError(f"optim.shard='{cfg.optim.shard}' needs train.grad_sync="
-                              f"'buckets' (the shards are rows of its gradient buffer); "
-                              f"set it, or optim.shard='none'")
-        if cfg.optim.backend not in ("auto", "fused"):
-            raise ConfigError(f"optim.shard='{cfg.optim.shard}' needs optim.backend "
-                              f"'auto' or 'fused' (the sharded step is the fused step on "
-                              f"a shard of its flat buffers); set it, or optim.shard='none'")
+    _check_needs(cfg, "optim.shard", shard_scope(cfg.optim.shard).needs)
     if cfg.submission.division == "closed" and cfg.train.target_mlm_accuracy < 0.720:
         raise ConfigError("submission.division='closed' needs train.target_mlm_accuracy >= "
                           "0.720 (MLPerf); use division='open' for a proxy target")
 
 
-def _check_cuda_graphs(cfg: Any) -> None:
-    """train.cuda_graphs where its mode cannot work (the row's needs:
-    runtime.choices.GRAPH_MODES): refused before anything starts, naming the key and what
-    to use instead."""
-    mode = cfg.train.cuda_graphs
-    for need in GRAPH_MODES[mode].needs:
-        section, key = need.key.split(".")
-        if getattr(getattr(cfg, section), key) not in need.allowed:
-            raise ConfigError(f"train.cuda_graphs='{mode}' needs {need.why}; set it, or "
-                              f"train.cuda_graphs='none'")
+def _check_needs(cfg: Any, key: str, needs: tuple) -> None:
+    """``key``'s value where its row cannot work (the row's ``Need``s: a train.cuda_graphs
+    mode's in runtime.choices.GRAPH_MODES, a shard scope's in SHARD_SCOPES): refused before
+    anything starts, naming the key, what it needs and the way out ('none')."""
+    section, name = key.split(".")
+    value = getattr(getattr(cfg, section), name)
+    for need in needs:
+        need_section, need_key = need.key.split(".")
+        if getattr(getattr(cfg, need_section), need_key) not in need.allowed:
+            raise ConfigError(f"{key}='{value}' needs {need.why}; set it, or {key}='none'")

@@ -25,7 +25,8 @@ from runtime.choices import (AFTER_MODES, AttentionMode, CacheClear, ClipMode, C
                              CudaGraphs, DeviceKind, Division, GradSyncKind, Launcher,
                              LoaderKind, LrScaling, OptimBackend, OptimizerName, OptimShard,
                              Precision, ReduceDtype, ScheduleName, SrunMpi, TiedEmbeddingSync,
-                             clip_help, clip_spec, graph_modes_help, hparam_error, is_number)
+                             clip_help, clip_spec, graph_modes_help, hparam_error, is_number,
+                             shard_help)
 from kernels.fusions import check_fusions
 from runtime.model.config import BertConfig
 
@@ -196,14 +197,7 @@ class OptimConfig:
                                      "(None = identity, the reference)", None)
     momentum: float = _doc("LARS momentum", 0.9)
     trust_coefficient: float = _doc("LARS trust coefficient", 0.001)
-    shard: OptimShard = _doc(
-        "shard the optimizer (ZeRO-1, NVIDIA's DistributedFusedLAMB): each rank updates 1/N "
-        "of the parameters and keeps 1/N of the optimizer state, gradients are reduced to "
-        "the shards' owners bucket by bucket instead of all-reduced, the updated parameters "
-        "all-gathered after the step; LAMB/LARS per-tensor norms of split tensors exact. "
-        "'none' | 'node' (N = the ranks of one node; across nodes the shard is all-reduced "
-        "between its owners) | 'world' (N = every rank). Needs train.grad_sync='buckets' "
-        "and optim.backend 'auto' | 'fused'. docs/GRADIENT_SYNC.md", "none")
+    shard: OptimShard = _doc(shard_help(), "none")
     lr_scaling: LrScaling = _doc("scale lr with batch: 'none' | 'linear' | 'sqrt' (LEGW)", "none")
     base_global_batch_size: int = _doc("batch the base lr was tuned for (lr_scaling)", 0)
 

@@ -18,8 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from runtime.choices import clip_spec
-from runtime.choices import ConfigError
+from runtime.choices import ConfigError, clip_spec, shard_scope
 from runtime.launch.dist import BlockGroups, all_gather_object, block_groups, broadcast_tensors
 from runtime.grad_sync.buckets import CLIP_MODES, GRAD_ALIGN, GradientBuckets
 from runtime.grad_sync.ddp import DDPSync
@@ -27,11 +26,11 @@ from runtime.grad_sync.plan import (MB, BucketPlan, GradLayout, Piece, PlanError
                                     resolve_tied_sync, reverse_registration_order, split_pays,
                                     tied_sync_mode)
 from runtime.grad_sync.protocol import GradSync, SyncReport
-from runtime.grad_sync.shard import SHARD_MODES, Shard
+from runtime.grad_sync.shard import Shard
 from runtime.grad_sync.tied import TiedEmbeddingSplit, find_tied_head
 
 __all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "BucketPlan", "DDPSync", "GradLayout",
-           "GradSync", "GradientBuckets", "Piece", "PlanError", "SHARD_MODES", "Shard",
+           "GradSync", "GradientBuckets", "Piece", "PlanError", "Shard",
            "SyncReport", "TiedEmbeddingSplit", "alone_bucket", "build_grad_sync", "resolve_tied_sync",
            "reverse_registration_order", "shard_groups", "split_pays", "tied_sync_mode"]
 
@@ -93,7 +92,7 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
     groups = shard_groups(shard, world_size, local_rank, local_world_size)
     # CPU ranks whose shard group is on one host share one parameter buffer (shard.py); not
     # on the simulated device (runtime.observe.hostsync), which stands in for a GPU
-    one_host = shard == "node" or local_world_size == world_size
+    one_host = shard_scope(shard).one_host(world_size, local_world_size)
     sync = GradientBuckets(model, plan, world_size=world_size, group=group,
                            clip_mode=train_cfg.clip_mode, max_grad_norm=train_cfg.max_grad_norm,
                            reduce_dtype=reduce_dtype, cap_elements=cap, timeline=timeline,
@@ -107,28 +106,27 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
 
 def shard_groups(shard: str, world_size: int, local_rank: int,
                  local_world_size: int) -> Optional[BlockGroups]:
-    """The ranks that share one optimizer update under ``optim.shard`` (None: 'none'): every
-    rank ('world'), or each node's ('node': blocks of ``local_world_size`` consecutive ranks,
-    the same shard index across nodes - checked, since launchers may place ranks otherwise).
-    A collective when it makes groups."""
-    if shard not in SHARD_MODES:
-        raise ValueError(f"optim.shard must be one of {' | '.join(SHARD_MODES)}, got {shard!r}")
-    if shard == "none":
+    """The ranks that share one optimizer update under ``optim.shard`` (its row in
+    runtime.choices.SHARD_SCOPES; None where each rank updates alone): blocks of the row's
+    ``ranks_per_update`` consecutive ranks - every rank, or each node's, the same shard index
+    across nodes (checked, since launchers may place ranks otherwise). A collective when it
+    makes groups."""
+    scope = shard_scope(shard)
+    if not scope.sharded:
         return None
     if world_size == 1:
         return BlockGroups(1, 0, 1, 0)
-    if shard == "world":
-        return block_groups(world_size)
-    size = local_world_size
-    places = all_gather_object((local_rank, local_world_size))
-    bad = [r for r, (lr, n) in enumerate(places) if n != size or lr != r % size]
-    if bad or world_size % size:
-        raise ConfigError(
-            f"optim.shard='node' needs the same number of ranks on every node, placed in "
-            f"blocks of consecutive ranks (ranks 0..{size - 1} on the first node, ...): rank(s) "
-            f"{bad[:8]} report another place (local rank, ranks on the node: "
-            f"{[places[r] for r in bad[:8]]}, rank 0: {places[0]}); place the ranks "
-            f"per node in blocks (mpiexec/srun do by default), or use optim.shard='world'")
+    size = scope.ranks_per_update(world_size, local_world_size)
+    if scope.group == "node":
+        places = all_gather_object((local_rank, local_world_size))
+        bad = [r for r, (lr, n) in enumerate(places) if n != size or lr != r % size]
+        if bad or world_size % size:
+            raise ConfigError(
+                f"optim.shard='{shard}' needs the same number of ranks on every node, placed "
+                f"in blocks of consecutive ranks (ranks 0..{size - 1} on the first node, ...): "
+                f"rank(s) {bad[:8]} report another place (local rank, ranks on the node: "
+                f"{[places[r] for r in bad[:8]]}, rank 0: {places[0]}); place the ranks "
+                f"per node in blocks (mpiexec/srun do by default), or use optim.shard='world'")
     return block_groups(size)
 
 

@@ -38,6 +38,7 @@ from typing import Optional
 
 from kernels.attention_rule import resolve
 from loaders.shapes import STATIC_SEQS_PER_ROW, masked_slots_per_row
+from runtime.choices import shard_scope
 from runtime.config import Config, ConfigError, load_config
 from runtime.model import arithmetic
 
@@ -101,14 +102,9 @@ class Estimate:
 
 
 def optimizer_shards(cfg: Config, world_size: int) -> int:
-    """Ranks that share one copy of the optimizer state (optim.shard): 1, the ranks of a
-    node, or every rank."""
-    shard = cfg.optim.shard
-    if shard == "world":
-        return world_size
-    if shard == "node":
-        return max(1, min(cfg.system.ranks_per_node, world_size))
-    return 1
+    """Ranks that share one copy of the optimizer state (optim.shard's row in
+    runtime.choices.SHARD_SCOPES: 1, the ranks of a node, or every rank)."""
+    return shard_scope(cfg.optim.shard).ranks_per_update(world_size, cfg.system.ranks_per_node)
 
 
 def estimate(cfg: Config, world_size: Optional[int] = None) -> Estimate:
