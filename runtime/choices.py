@@ -7,21 +7,44 @@ them and names the key in the error - and that each consumer imports to dispatch
 by the engine, the config's checks and help text and the tuner: what each CUDA-graph mode is
 (``GRAPH_MODES``), each shard scope (``SHARD_SCOPES``), each clip mode (``CLIP_SPECS``); the
 optimizer hyperparameter ranges (``HPARAM_RULES``), checked by the config for ``optim.*`` and
-by ``runtime.optim.build_optimizer`` for direct callers, with one message.
+by ``runtime.optim.build_optimizer`` for direct callers, with one message; the shape of a
+config key's field (``key_field``: docstring and resume rule, ``MATCH`` / ``RECORD``).
 Choices owned by a leaf package are declared there (``loaders.balance.BalanceMode``).
 Never: imports torch or reads files - ``python -m runtime.config`` (run_and_time.sh) stays fast.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, get_args
 
 class ConfigError(ValueError):
     """An invalid configuration; the message names the key and what to change. Declared in
     the vocabulary so every room may raise it without importing the config (runtime.config
     re-exports it)."""
+
+
+ResumeRule = Literal["match", "record"]
+MATCH, RECORD = get_args(ResumeRule)
+"""What a resume may do with a config key (runtime.train.resume_rules): MATCH - the
+checkpoint's value, else the resume is refused; RECORD - change it, and the change is said."""
+
+
+def key_field(doc: str, default: Any = dataclasses.MISSING, *, resume: str | None = None,
+              why: str = "", **kw) -> Any:
+    """A config key's dataclass field: its default, its docstring (the ``--help-keys`` text)
+    and its resume rule (``resume`` MATCH or RECORD, and ``why``: what a change would alter),
+    each declared on the field. A section whose keys share one rule declares it once as its
+    ``RESUME`` (runtime.config.sections.SystemConfig)."""
+    if resume is not None and (resume not in (MATCH, RECORD) or not why):
+        raise ValueError(f"a key's resume rule is {MATCH!r} or {RECORD!r} with why, got "
+                         f"{resume!r}, {why!r}")
+    meta = {"doc": doc, **({"resume": (resume, why)} if resume else {})}
+    if default is dataclasses.MISSING:
+        return dataclasses.field(metadata=meta, **kw)
+    return dataclasses.field(default=default, metadata=meta, **kw)
 
 
 Precision = Literal["fp32", "bf16", "fp16"]

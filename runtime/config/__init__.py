@@ -25,7 +25,7 @@ from runtime.choices import ConfigError
 from runtime.config.checks import check_choice
 from runtime.config.load import (REQUIRED_IN_A_FILE, key_type, load_config, parse_override,
                                  read_toml_text)
-from runtime.config.run import SECTIONS, Config, section_types
+from runtime.config.run import SECTIONS, Config, section_class, section_types
 from runtime.config.sections import (MAX_PROFILED_STEPS, SEED_MAX, DataConfig, ModelConfig,
                                      OptimConfig, ScheduleConfig, SubmissionConfig,
                                      SystemConfig, TrainConfig)
@@ -33,4 +33,4 @@ from runtime.config.sections import (MAX_PROFILED_STEPS, SEED_MAX, DataConfig, M
 __all__ = ["Config", "ConfigError", "DataConfig", "MAX_PROFILED_STEPS", "ModelConfig",
            "OptimConfig", "REQUIRED_IN_A_FILE", "SECTIONS", "SEED_MAX", "ScheduleConfig",
            "SubmissionConfig", "SystemConfig", "TrainConfig", "check_choice", "key_type",
-           "load_config", "parse_override", "read_toml_text", "section_types"]
+           "load_config", "parse_override", "read_toml_text", "section_class", "section_types"]

