@@ -23,8 +23,7 @@ from runtime.launch.dist import BlockGroups, all_gather_object, block_groups, br
 from runtime.grad_sync.buckets import CLIP_MODES, GRAD_ALIGN, GradientBuckets
 from runtime.grad_sync.ddp import DDPSync
 from runtime.grad_sync.plan import (MB, BucketPlan, GradLayout, Piece, PlanError, alone_bucket,
-                                    resolve_tied_sync, reverse_registration_order, split_pays,
-                                    tied_sync_mode)
+                                    resolve_tied_sync, reverse_registration_order, split_pays)
 from runtime.grad_sync.protocol import GradSync, SyncReport
 from runtime.grad_sync.shard import Shard
 from runtime.grad_sync.tied import TiedEmbeddingSplit, find_tied_head
@@ -32,7 +31,7 @@ from runtime.grad_sync.tied import TiedEmbeddingSplit, find_tied_head
 __all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "BucketPlan", "DDPSync", "GradLayout",
            "GradSync", "GradientBuckets", "Piece", "PlanError", "Shard",
            "SyncReport", "TiedEmbeddingSplit", "alone_bucket", "build_grad_sync", "resolve_tied_sync",
-           "reverse_registration_order", "shard_groups", "split_pays", "tied_sync_mode"]
+           "reverse_registration_order", "shard_groups", "split_pays"]
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -64,20 +63,16 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
     found = find_tied_head(model, named, required=asked == "split") \
         if asked == "split" or (asked == "auto" and world_size > 1) else None
     rows = dict(named)[found[1]].shape[0] if found is not None else None
+    plan = BucketPlan.read(train_cfg.bucket_plan, sizes) if train_cfg.bucket_plan else None
     mode, why = resolve_tied_sync(asked, train_cfg.clip_mode, world_size, rows=rows,
                                   tokens_per_step=tokens_per_step,
                                   device_type=torch.device(device).type,
-                                  cuda_graphs=getattr(train_cfg, "cuda_graphs", "none"))
+                                  cuda_graphs=getattr(train_cfg, "cuda_graphs", "none"),
+                                  plan=plan, tied=(found[1], sizes[found[1]]) if found else None)
     if mode == "split" and found is not None:
         head, tied_name, lookup = found
     cap = None
-    if train_cfg.bucket_plan:
-        plan = BucketPlan.read(train_cfg.bucket_plan, sizes)
-        if tied_name is not None and asked == "auto" and not _is_alone(plan, tied_name,
-                                                                        sizes[tied_name]):
-            head, tied_name = None, None  # the plan splits the embedding: dense for it
-            why = "auto: dense - the bucket plan cuts the tied embedding"
-    else:
+    if plan is None:   # cut by the cap, the split embedding whole and alone
         cap = max(1, int(train_cfg.bucket_cap_mb * MB) // element)
         plan = BucketPlan.from_cap([(n, sizes[n]) for n in reverse_registration_order(named)],
                                    cap, source=f"bucket_cap_mb={train_cfg.bucket_cap_mb:g}",
@@ -128,11 +123,3 @@ def shard_groups(shard: str, world_size: int, local_rank: int,
                 f"{[places[r] for r in bad[:8]]}, rank 0: {places[0]}); place the ranks "
                 f"per node in blocks (mpiexec/srun do by default), or use optim.shard='world'")
     return block_groups(size)
-
-
-def _is_alone(plan: BucketPlan, name: str, numel: int) -> bool:
-    try:
-        alone_bucket(plan, name, numel)
-    except PlanError:
-        return False
-    return True
