@@ -81,49 +81,6 @@ MODES: tuple[str, ...] = get_args(BalanceMode)
 PACKED_MODES: tuple[str, ...] = ("pack", "offline_pack")
 """Modes whose rows may hold several sequences: the model must be built with packed=True."""
 
-ShapeMode = Literal["dynamic", "bucketed", "static"]
-"""``data.shapes``: what shapes the batches of a run have (loaders.collate): 'dynamic' (each
-padded to its own longest row), 'bucketed' (the width rounded up to a multiple of
-data.shape_bucket: few distinct shapes), 'static' (every micro-batch the same shapes, on
-every rank: ``collate.StaticShape``)."""
-STATIC_SEQS_PER_ROW = 3
-"""Sequences a packed row holds at most under static shapes unless data.max_seqs_per_row says
-otherwise: NVIDIA's MLPerf packing (``--max_pack_factor 3``), which packs the seq-512 data set
-to 99.75 % (Graphcore's NNLSHP) and bounds a row's sequence slots."""
-MIN_SEQUENCE_TOKENS = 5
-"""The shortest sequence a BERT pre-training data set holds: [CLS] A [SEP] B [SEP] with one
-token in each segment (loaders.pretraining asserts both segments non-empty). A row of L
-tokens therefore holds at most L // 5 sequences."""
-
-
-def shape_size_problem(*, static_rows: int, max_seqs_per_row: int, shape_bucket: int,
-                       local_batch: int, seq_len: int, pack_length: int) -> str | None:
-    """Why a static or bucketed shape size cannot mean anything, with the largest value that
-    does (None: every size is within what the data and the sequence length allow). Each
-    bound is a fact, not a taste: a rank's micro-batch of b sequences fills at most b rows
-    (each row holds at least one sequence: more rows are only padding, and the planner would
-    try them all); a row of ``pack_length`` tokens holds at most pack_length //
-    MIN_SEQUENCE_TOKENS sequences (more slots are only padding - every slot costs memory in
-    the attention's segments and the slot tables); a bucket wider than the sequence length
-    is the sequence length."""
-    if static_rows > local_batch:
-        return (f"data.static_rows={static_rows}: a rank's micro-batch of {local_batch} "
-                f"sequences fills at most {local_batch} rows (every row holds at least one "
-                f"sequence; more rows would be padding only) - set data.static_rows to at most "
-                f"{local_batch}, or 0 to derive it from the data")
-    most = max(1, pack_length // MIN_SEQUENCE_TOKENS)
-    if max_seqs_per_row > most:
-        return (f"data.max_seqs_per_row={max_seqs_per_row}: a row of {pack_length} tokens "
-                f"holds at most {most} sequences (the shortest is {MIN_SEQUENCE_TOKENS} tokens, "
-                f"[CLS] A [SEP] B [SEP]; more slots would be padding only) - set "
-                f"data.max_seqs_per_row to at most {most} (0 = no limit, or "
-                f"{STATIC_SEQS_PER_ROW} with static shapes)")
-    if shape_bucket > seq_len:
-        return (f"data.shape_bucket={shape_bucket} is wider than a row (data.max_seq_length = "
-                f"{seq_len}; a batch is never padded past it) - set data.shape_bucket to at "
-                f"most {seq_len}")
-    return None
-
 
 @dataclass(frozen=True)
 class BalanceSpec:

@@ -3,11 +3,12 @@
 Owns: the ``Batch`` the model consumes, the unpadded per-row form ``Rows`` (what the torch
 path and the DALI pipeline both pad), best-fit packing of one batch's samples into rows
 (``best_fit_rows``, on packing.py's best-fit decreasing), padding a batch only to its own
-longest row, rebuilding the masked-LM labels from the stored positions, and the batch's
-``Layout`` (real tokens, sequences, masked positions - found here on the host, so a GPU step
-never reads them back). Never: choosing
-which samples form a batch (see dataset.py's plans and balance.py), file I/O, or device
-placement policy (``Batch.to`` moves tensors where the caller says).
+longest row, to a bucketed width or to a static shape (what each ``data.shapes`` mode makes:
+loaders.shapes, re-exported here), rebuilding the masked-LM labels from the stored positions,
+and the batch's ``Layout`` (real tokens, sequences, masked positions - found here on the host,
+so a GPU step never reads them back). Never: choosing which samples form a batch (see
+dataset.py's plans and balance.py), file I/O, or device placement policy (``Batch.to`` moves
+tensors where the caller says).
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import numpy as np
 import torch
 
 from loaders.packing import best_fit_decreasing
+from loaders.shapes import (ShapeMode, StaticShape, bucket_width,  # noqa: F401 (re-exported)
+                            masked_slots_per_row)
 from loaders.shards import DataError, Samples
 
 IGNORE_INDEX = -100
@@ -298,70 +301,6 @@ def _masked_lm_labels(samples: Samples) -> list[np.ndarray]:
 
 
 # ---------------------------------------------------------------------------- shapes per step
-
-def bucket_width(longest: int, bucket: int, limit: int) -> int:
-    """``data.shapes = 'bucketed'``: the padded width, ``longest`` rounded up to a multiple of
-    ``bucket`` and capped at ``limit`` (the sequence length). A kernel that prepares a plan
-    per shape (cuDNN's attention) then meets at most limit/bucket widths a run, not one per
-    batch; the price is at most bucket - 1 padded columns."""
-    if bucket < 1:
-        raise ValueError(f"data.shape_bucket must be >= 1, got {bucket}")
-    return min(limit, -(-longest // bucket) * bucket) if longest <= limit else longest
-
-
-@dataclass(frozen=True)
-class StaticShape:
-    """The shapes every micro-batch of a ``data.shapes = 'static'`` run has, on every rank:
-    ``rows`` rows of ``width`` tokens, each holding 1 to ``seqs_per_row`` sequences, and
-    ``masked`` masked-LM label slots - what a CUDA graph captured once can replay on any
-    batch (NVIDIA's MLPerf packing: rows of 512 with at most 3 sequences, cu_seqlens padded
-    by repeating the last offset, NSP labels padded with an ignored value).
-
-    Tensors of a static ``Batch``: input_ids, token_type_ids, attention_mask,
-    masked_lm_labels [rows, width]; next_sentence_labels [rows·seqs_per_row] (a slot per
-    possible sequence, IGNORE_INDEX where unused); its ``Layout``: all rows·width token slots
-    in row order (token_index = arange), cu_seqlens [segments + 1] with ``seqs_per_row + 1``
-    segments per row - its sequences, zero-length slots, and the row's padding tail as a
-    segment of its own (it attends only to itself: every token slot is covered, nothing is
-    uninitialised, and no real token sees it) -, max_len = width, cls_tokens [rows ·
-    seqs_per_row] (unused slots point at token 0), masked_positions [masked] (unused slots
-    point at token 0, a [CLS], whose label is always ignored)."""
-
-    rows: int
-    width: int
-    seqs_per_row: int
-    masked: int
-
-    def __post_init__(self):
-        for key in ("rows", "width", "seqs_per_row", "masked"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"StaticShape.{key} must be >= 1, got {getattr(self, key)}")
-
-    @property
-    def sequence_slots(self) -> int:
-        return self.rows * self.seqs_per_row
-
-    @property
-    def segments(self) -> int:
-        return self.rows * (self.seqs_per_row + 1)
-
-    @property
-    def tokens(self) -> int:
-        return self.rows * self.width
-
-
-def masked_slots_per_row(width: int, seqs_per_row: int, max_predictions_per_seq: int,
-                         masked_lm_prob: float | None) -> int:
-    """At most how many masked-LM labels a row of ``width`` tokens holding up to
-    ``seqs_per_row`` sequences can carry. A sequence of n tokens gets
-    min(max_pred, max(1, round(n·p))) ≤ n·p + 1 labels (loaders.pretraining, the MLPerf
-    reference's rule), so a row gets at most floor(width·p) + seqs_per_row; without p (a data
-    set that does not record it) seqs_per_row · max_pred, which always holds."""
-    bound = seqs_per_row * max_predictions_per_seq
-    if masked_lm_prob is not None:
-        bound = min(bound, int(np.floor(width * masked_lm_prob + 1e-9)) + seqs_per_row)
-    return bound
-
 
 def pad_rows_static(rows: Rows, shape: StaticShape) -> Batch:
     """``rows`` as a batch of ``shape`` (``StaticShape``); fewer rows than the shape's are

@@ -3,23 +3,48 @@ every hyperparameter range.
 
 Owns: the Literal types the config (runtime.config) gives its keys - it checks a value against
 them and names the key in the error - and that each consumer imports to dispatch on
-(``get_args``); what each clip mode is (``CLIP_SPECS``: one row per mode, read by the engine,
-the config checks and the tuner); the optimizer hyperparameter ranges (``HPARAM_RULES``), checked by the config
-for ``optim.*`` and by ``runtime.optim.build_optimizer`` for direct callers, with one message.
+(``get_args``); the rows of the choices that have rules of their own, one row per name, read
+by the engine, the config's checks and help text and the tuner: what each CUDA-graph mode is
+(``GRAPH_MODES``), each shard scope (``SHARD_SCOPES``), each clip mode (``CLIP_SPECS``); the
+optimizer hyperparameter ranges (``HPARAM_RULES``), checked by the config for ``optim.*`` and
+by ``runtime.optim.build_optimizer`` for direct callers, with one message; the shape of a
+config key's field (``key_field``: docstring and resume rule, ``MATCH`` / ``RECORD``).
 Choices owned by a leaf package are declared there (``loaders.balance.BalanceMode``).
 Never: imports torch or reads files - ``python -m runtime.config`` (run_and_time.sh) stays fast.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, get_args
 
 class ConfigError(ValueError):
     """An invalid configuration; the message names the key and what to change. Declared in
     the vocabulary so every room may raise it without importing the config (runtime.config
     re-exports it)."""
+
+
+ResumeRule = Literal["match", "record"]
+MATCH, RECORD = get_args(ResumeRule)
+"""What a resume may do with a config key (runtime.train.resume_rules): MATCH - the
+checkpoint's value, else the resume is refused; RECORD - change it, and the change is said."""
+
+
+def key_field(doc: str, default: Any = dataclasses.MISSING, *, resume: str | None = None,
+              why: str = "", **kw) -> Any:
+    """A config key's dataclass field: its default, its docstring (the ``--help-keys`` text)
+    and its resume rule (``resume`` MATCH or RECORD, and ``why``: what a change would alter),
+    each declared on the field. A section whose keys share one rule declares it once as its
+    ``RESUME`` (runtime.config.sections.SystemConfig)."""
+    if resume is not None and (resume not in (MATCH, RECORD) or not why):
+        raise ValueError(f"a key's resume rule is {MATCH!r} or {RECORD!r} with why, got "
+                         f"{resume!r}, {why!r}")
+    meta = {"doc": doc, **({"resume": (resume, why)} if resume else {})}
+    if default is dataclasses.MISSING:
+        return dataclasses.field(metadata=meta, **kw)
+    return dataclasses.field(default=default, metadata=meta, **kw)
 
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -33,7 +58,7 @@ OptimizerName = Literal["lamb", "adamw", "lars"]
 """The optimizers a config can name: runtime.optim's registry (tests hold the two equal)."""
 OptimBackend = Literal["auto", "reference", "foreach", "fused", "apex"]
 OptimShard = Literal["none", "node", "world"]
-"""optim.shard: which ranks share one optimizer update (runtime/grad_sync/shard.py)."""
+"""optim.shard: which ranks share one optimizer update (its rows: ``SHARD_SCOPES``)."""
 LrScaling = Literal["none", "linear", "sqrt"]
 ScheduleName = Literal["poly", "constant"]
 DeviceKind = Literal["auto", "cpu", "cuda"]
@@ -110,6 +135,82 @@ GRAPH_MODES: dict[str, GraphMode] = {m.name: m for m in (
                                       "'auto' or 'fused' (the other steps read the skip flag "
                                       "back to the host)"),), captures=True),
 )}
+
+
+ShardGroup = Literal["rank", "node", "world"]
+
+
+@dataclass(frozen=True)
+class ShardScope:
+    """What an ``optim.shard`` value is, for everything that must know (the gradient sync's
+    shard groups, the memory estimate, the tuner's model, the config's checks and help text):
+    one row per ``OptimShard``. ``group`` says which ranks share one optimizer update - each
+    rank alone, the ranks of one node, every rank -; how many they are and whether they sit
+    on one host follow from it, so no reader spells a scope's rule again. The collectives
+    are runtime/grad_sync/shard.py's."""
+
+    name: str
+    group: ShardGroup
+    help: str
+    needs: tuple[Need, ...] = ()
+
+    @property
+    def sharded(self) -> bool:
+        """Whether several ranks share one update (each keeps 1/N of the optimizer state)."""
+        return self.group != "rank"
+
+    def ranks_per_update(self, world_size: int, local_world_size: int) -> int:
+        """N: the ranks that share one optimizer update, given the world and the ranks of
+        one node (``local_world_size``)."""
+        if self.group == "node":
+            return max(1, min(local_world_size, world_size))
+        return world_size if self.group == "world" else 1
+
+    def one_host(self, world_size: int, local_world_size: int) -> bool:
+        """Whether the ranks that share one update are always on one host (one host's CPU
+        ranks share one parameter buffer instead of gathering it: runtime/grad_sync/shard.py)."""
+        return self.group != "world" or local_world_size >= world_size
+
+
+_SHARDED_NEEDS = (
+    Need("train.grad_sync", ("buckets",), "train.grad_sync='buckets' (the shards are rows of "
+         "its gradient buffer)"),
+    Need("optim.backend", ("auto", "fused"), "optim.backend 'auto' or 'fused' (the sharded "
+         "step is the fused step on a shard of its flat buffers)"),
+)
+
+SHARD_SCOPES: dict[str, ShardScope] = {s.name: s for s in (
+    ShardScope("none", "rank", "every rank updates all the parameters and keeps the whole "
+               "optimizer state"),
+    ShardScope("node", "node", "N = the ranks of one node; across nodes the shard is "
+               "all-reduced between its owners", _SHARDED_NEEDS),
+    ShardScope("world", "world", "N = every rank", _SHARDED_NEEDS),
+)}
+"""Every ``OptimShard`` (tests/unit/test_configs.py holds the two to the same names). A new
+scope is a row here, with a ``group`` kind of its own only when none fits (then its count
+and host in ``ShardScope`` and its groups in runtime.grad_sync.shard_groups)."""
+
+
+def shard_scope(name: str) -> ShardScope:
+    try:
+        return SHARD_SCOPES[name]
+    except KeyError:
+        raise ValueError(f"optim.shard must be one of {' | '.join(SHARD_SCOPES)}, got "
+                         f"{name!r}") from None
+
+
+def shard_help() -> str:
+    """``optim.shard``'s help text, from the rows."""
+    modes = " | ".join(f"'{s.name}' ({s.help})" for s in SHARD_SCOPES.values())
+    needs = {n.key: n for s in SHARD_SCOPES.values() for n in s.needs}
+    return ("shard the optimizer (ZeRO-1, NVIDIA's DistributedFusedLAMB): each rank updates "
+            "1/N of the parameters and keeps 1/N of the optimizer state, gradients are "
+            "reduced to the shards' owners bucket by bucket instead of all-reduced, the "
+            "updated parameters all-gathered after the step; LAMB/LARS per-tensor norms of "
+            f"split tensors exact. {modes}. The sharded scopes need "
+            + " and ".join(f"{k} {' | '.join(repr(v) for v in n.allowed)}"
+                           for k, n in needs.items())
+            + ". docs/GRADIENT_SYNC.md")
 
 
 ClipWhere = Literal["before", "after", "none"]

@@ -18,22 +18,20 @@ from typing import Any, Optional
 
 import torch
 
-from runtime.choices import clip_spec
-from runtime.choices import ConfigError
+from runtime.choices import ConfigError, clip_spec, shard_scope
 from runtime.launch.dist import BlockGroups, all_gather_object, block_groups, broadcast_tensors
 from runtime.grad_sync.buckets import CLIP_MODES, GRAD_ALIGN, GradientBuckets
 from runtime.grad_sync.ddp import DDPSync
 from runtime.grad_sync.plan import (MB, BucketPlan, GradLayout, Piece, PlanError, alone_bucket,
-                                    resolve_tied_sync, reverse_registration_order, split_pays,
-                                    tied_sync_mode)
+                                    resolve_tied_sync, reverse_registration_order, split_pays)
 from runtime.grad_sync.protocol import GradSync, SyncReport
-from runtime.grad_sync.shard import SHARD_MODES, Shard
+from runtime.grad_sync.shard import Shard
 from runtime.grad_sync.tied import TiedEmbeddingSplit, find_tied_head
 
 __all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "BucketPlan", "DDPSync", "GradLayout",
-           "GradSync", "GradientBuckets", "Piece", "PlanError", "SHARD_MODES", "Shard",
+           "GradSync", "GradientBuckets", "Piece", "PlanError", "Shard",
            "SyncReport", "TiedEmbeddingSplit", "alone_bucket", "build_grad_sync", "resolve_tied_sync",
-           "reverse_registration_order", "shard_groups", "split_pays", "tied_sync_mode"]
+           "reverse_registration_order", "shard_groups", "split_pays"]
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -65,20 +63,16 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
     found = find_tied_head(model, named, required=asked == "split") \
         if asked == "split" or (asked == "auto" and world_size > 1) else None
     rows = dict(named)[found[1]].shape[0] if found is not None else None
+    plan = BucketPlan.read(train_cfg.bucket_plan, sizes) if train_cfg.bucket_plan else None
     mode, why = resolve_tied_sync(asked, train_cfg.clip_mode, world_size, rows=rows,
                                   tokens_per_step=tokens_per_step,
                                   device_type=torch.device(device).type,
-                                  cuda_graphs=getattr(train_cfg, "cuda_graphs", "none"))
+                                  cuda_graphs=getattr(train_cfg, "cuda_graphs", "none"),
+                                  plan=plan, tied=(found[1], sizes[found[1]]) if found else None)
     if mode == "split" and found is not None:
         head, tied_name, lookup = found
     cap = None
-    if train_cfg.bucket_plan:
-        plan = BucketPlan.read(train_cfg.bucket_plan, sizes)
-        if tied_name is not None and asked == "auto" and not _is_alone(plan, tied_name,
-                                                                        sizes[tied_name]):
-            head, tied_name = None, None  # the plan splits the embedding: dense for it
-            why = "auto: dense - the bucket plan cuts the tied embedding"
-    else:
+    if plan is None:   # cut by the cap, the split embedding whole and alone
         cap = max(1, int(train_cfg.bucket_cap_mb * MB) // element)
         plan = BucketPlan.from_cap([(n, sizes[n]) for n in reverse_registration_order(named)],
                                    cap, source=f"bucket_cap_mb={train_cfg.bucket_cap_mb:g}",
@@ -93,7 +87,7 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
     groups = shard_groups(shard, world_size, local_rank, local_world_size)
     # CPU ranks whose shard group is on one host share one parameter buffer (shard.py); not
     # on the simulated device (runtime.observe.hostsync), which stands in for a GPU
-    one_host = shard == "node" or local_world_size == world_size
+    one_host = shard_scope(shard).one_host(world_size, local_world_size)
     sync = GradientBuckets(model, plan, world_size=world_size, group=group,
                            clip_mode=train_cfg.clip_mode, max_grad_norm=train_cfg.max_grad_norm,
                            reduce_dtype=reduce_dtype, cap_elements=cap, timeline=timeline,
@@ -107,34 +101,25 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
 
 def shard_groups(shard: str, world_size: int, local_rank: int,
                  local_world_size: int) -> Optional[BlockGroups]:
-    """The ranks that share one optimizer update under ``optim.shard`` (None: 'none'): every
-    rank ('world'), or each node's ('node': blocks of ``local_world_size`` consecutive ranks,
-    the same shard index across nodes - checked, since launchers may place ranks otherwise).
-    A collective when it makes groups."""
-    if shard not in SHARD_MODES:
-        raise ValueError(f"optim.shard must be one of {' | '.join(SHARD_MODES)}, got {shard!r}")
-    if shard == "none":
+    """The ranks that share one optimizer update under ``optim.shard`` (its row in
+    runtime.choices.SHARD_SCOPES; None where each rank updates alone): blocks of the row's
+    ``ranks_per_update`` consecutive ranks - every rank, or each node's, the same shard index
+    across nodes (checked, since launchers may place ranks otherwise). A collective when it
+    makes groups."""
+    scope = shard_scope(shard)
+    if not scope.sharded:
         return None
     if world_size == 1:
         return BlockGroups(1, 0, 1, 0)
-    if shard == "world":
-        return block_groups(world_size)
-    size = local_world_size
-    places = all_gather_object((local_rank, local_world_size))
-    bad = [r for r, (lr, n) in enumerate(places) if n != size or lr != r % size]
-    if bad or world_size % size:
-        raise ConfigError(
-            f"optim.shard='node' needs the same number of ranks on every node, placed in "
-            f"blocks of consecutive ranks (ranks 0..{size - 1} on the first node, ...): rank(s) "
-            f"{bad[:8]} report another place (local rank, ranks on the node: "
-            f"{[places[r] for r in bad[:8]]}, rank 0: {places[0]}); place the ranks "
-            f"per node in blocks (mpiexec/srun do by default), or use optim.shard='world'")
+    size = scope.ranks_per_update(world_size, local_world_size)
+    if scope.group == "node":
+        places = all_gather_object((local_rank, local_world_size))
+        bad = [r for r, (lr, n) in enumerate(places) if n != size or lr != r % size]
+        if bad or world_size % size:
+            raise ConfigError(
+                f"optim.shard='{shard}' needs the same number of ranks on every node, placed "
+                f"in blocks of consecutive ranks (ranks 0..{size - 1} on the first node, ...): "
+                f"rank(s) {bad[:8]} report another place (local rank, ranks on the node: "
+                f"{[places[r] for r in bad[:8]]}, rank 0: {places[0]}); place the ranks "
+                f"per node in blocks (mpiexec/srun do by default), or use optim.shard='world'")
     return block_groups(size)
-
-
-def _is_alone(plan: BucketPlan, name: str, numel: int) -> bool:
-    try:
-        alone_bucket(plan, name, numel)
-    except PlanError:
-        return False
-    return True

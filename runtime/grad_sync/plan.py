@@ -353,26 +353,21 @@ def plan_sizes(plan: BucketPlan) -> dict[str, int]:
     return sizes
 
 
-def tied_sync_mode(asked: str, clip_mode: str, world_size: int, pays: bool = True) -> str:
-    """``train.tied_embedding_sync`` resolved (before looking at a plan file): 'auto' is split
-    where it applies (several ranks; clip_mode global_after | none) and pays (``pays``: see
-    `split_pays`), dense otherwise. Split needs the tied embedding whole and alone in one
-    bucket (`alone_bucket`)."""
-    if asked != "auto":
-        return asked
-    from runtime.choices import clip_spec
-    return "split" if pays and world_size > 1 and not clip_spec(clip_mode).before_allreduce \
-        else "dense"
-
-
 def resolve_tied_sync(asked: str, clip_mode: str, world_size: int, *,
                       rows: Optional[int] = None, tokens_per_step: Optional[int] = None,
-                      device_type: str = "cpu", cuda_graphs: str = "none") -> tuple[str, str]:
+                      device_type: str = "cpu", cuda_graphs: str = "none",
+                      pays: Optional[bool] = None, plan: Optional[BucketPlan] = None,
+                      tied: Optional[tuple[str, int]] = None) -> tuple[str, str]:
     """``train.tied_embedding_sync`` resolved, and why: the one decision the gradient sync,
-    the tuner and the projection take (``rows``: the tied embedding's rows, None where the
-    model has none to split; ``tokens_per_step``: at most the tokens one rank feeds one step,
-    ``Config.tokens_per_step``). A plan file that cuts the embedding makes 'auto' dense too
-    (checked where the plan is read)."""
+    the tuner and the projection take. 'auto' is split where it applies - several ranks, a
+    clip after the allreduce, no CUDA graphs, a tied embedding (``rows``: its rows, None
+    where the model has none) - and pays (``pays``, where the caller measured it; else
+    `split_pays` of ``rows``, ``tokens_per_step`` - at most the tokens one rank feeds one
+    step, ``Config.tokens_per_step`` - and ``device_type``), and where the bucket plan keeps
+    the embedding whole and alone (``plan``, a plan file's or a candidate's, with ``tied``:
+    the embedding's name and elements; without them the caller cuts the plan around it);
+    dense otherwise. Split needs the tied embedding whole and alone in one bucket
+    (`alone_bucket`)."""
     if asked != "auto":
         return asked, f"asked (train.tied_embedding_sync = {asked})"
     if cuda_graphs != "none":
@@ -386,11 +381,24 @@ def resolve_tied_sync(asked: str, clip_mode: str, world_size: int, *,
                          f"whole buckets before the allreduce)")
     if rows is None:
         return "dense", "auto: dense (no tied embedding and decoder found)"
-    if not split_pays(rows, tokens_per_step, world_size, device_type):
+    if pays is None and not split_pays(rows, tokens_per_step, world_size, device_type):
         return "dense", (f"auto: dense - on CUDA the split sends min(tokens of every rank, "
                          f"vocabulary) rows: {tokens_per_step} x {world_size} tokens a step "
                          f"reach the {rows} rows, so it would send all of them and more")
+    if pays is False:
+        return "dense", ("auto: dense - the split would not pay on this device "
+                         "(runtime.grad_sync.plan.split_pays)")
+    if plan is not None and tied is not None and not _is_alone(plan, *tied):
+        return "dense", "auto: dense - the bucket plan cuts the tied embedding"
     return "split", "auto: split (several ranks, a clip after the allreduce, and it pays)"
+
+
+def _is_alone(plan: BucketPlan, name: str, numel: int) -> bool:
+    try:
+        alone_bucket(plan, name, numel)
+    except PlanError:
+        return False
+    return True
 
 
 def split_pays(vocab_rows: int, tokens_per_step: Optional[int], world_size: int,

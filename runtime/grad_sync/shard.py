@@ -1,4 +1,5 @@
-"""The sharded optimizer's side of the gradient sync (``optim.shard = node | world``): which
+"""The sharded optimizer's side of the gradient sync (``optim.shard``, a sharded scope of
+runtime.choices.SHARD_SCOPES: which ranks share one update is the row's): which
 rows of the flat buffers each rank updates, and the collectives that get the averaged
 gradient to them and the updated parameters back to everyone.
 
@@ -48,8 +49,6 @@ import torch
 import torch.distributed as torch_dist
 
 from runtime.launch.dist import BlockGroups
-
-SHARD_MODES = ("none", "node", "world")
 
 REDUCTION = {"nccl": "reduce", "gloo": "allreduce"}
 """How a bucket's gradient reaches the shards' owners, per backend (module docstring)."""

@@ -7,16 +7,11 @@ one rank end every rank (`run_guarded`).
 Never: reads the environment (runtime.launch.env does; values arrive in a `LaunchInfo`), decides
 batch sizes or touches the model.
 
-Rendezvous, by ``LaunchInfo.rendezvous``:
-  "mpi"   rank 0 opens a TCPStore on port 0 (the OS picks a free port and keeps it bound, so two
-          jobs on one machine never collide and there is no pick-then-bind race) on 127.0.0.1
-          when every rank shares its hostname, else on its routable address (or MASTER_ADDR),
-          and sends (address, port) to the others with ``MPI.COMM_WORLD.bcast``.
-  "tcp"   ``tcp://MASTER_ADDR:MASTER_PORT`` (torchrun's agent store, or srun's first node).
-  "file"  a FileStore in the launcher's per-job directory (Open MPI on one node, no mpi4py).
-  "local" a world of one on an in-memory HashStore: no port, yet every collective works the
-          same as with many ranks (DDP, all_reduce, barrier), so callers never branch on it.
-The helpers also work before `init_distributed`, as a world of one (handy in unit tests).
+Rendezvous, by ``LaunchInfo.rendezvous`` ("mpi", "tcp", "file", "local"): where the ranks
+meet is runtime.launch.rendezvous's. A world of one meets on an in-memory store, yet every
+collective works the same as with many ranks (DDP, all_reduce, barrier), so callers never
+branch on it. The helpers also work before `init_distributed`, as a world of one (handy in
+unit tests).
 
 Faults: see `run_guarded`. In short, an exception on any rank prints its traceback prefixed
 with the rank, plus what the caller's failure notes add (`on_failure`: submission/train.py
@@ -33,7 +28,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -111,23 +105,8 @@ def init_distributed(info: LaunchInfo, device: str = "auto", timeout_s: float = 
                                   timeout=timeout)
     if dev.type == "cuda":
         kwargs["device_id"] = dev
-    store = None
-    if info.rendezvous == "local":
-        if info.world_size != 1:
-            raise DistError(f"rendezvous 'local' needs a world of 1, not {info.world_size}")
-        store = torch_dist.HashStore()
-    elif info.rendezvous == "mpi":
-        store = _mpi_store(info, timeout)
-    elif info.rendezvous == "file":
-        store = torch_dist.FileStore(info.store_path, info.world_size)
-        store.set_timeout(timeout)
-    elif info.rendezvous == "tcp":
-        host = f"[{info.master_addr}]" if ":" in info.master_addr else info.master_addr
-        kwargs["init_method"] = f"tcp://{host}:{info.master_port}"
-    else:
-        raise DistError(f"unknown rendezvous {info.rendezvous!r}")
-    if store is not None:
-        kwargs["store"] = store
+    from runtime.launch.rendezvous import meeting_point   # it raises this module's DistError
+    kwargs.update(meeting_point(info, timeout))
     try:
         torch_dist.init_process_group(**kwargs)
     except Exception as e:
@@ -138,7 +117,7 @@ def init_distributed(info: LaunchInfo, device: str = "auto", timeout_s: float = 
     _CTX = DistContext(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
                        local_world_size=info.local_world_size, device=dev, backend=backend,
                        group=torch_dist.group.WORLD, info=info, timeout_s=timeout_s,
-                       _store=store)
+                       _store=kwargs.get("store"))
     return _CTX
 
 
@@ -229,60 +208,6 @@ def _bind_device(info: LaunchInfo, device: str) -> torch.device:
             f"system.device and CUDA_VISIBLE_DEVICES")
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
-
-
-def _mpi_store(info: LaunchInfo, timeout: timedelta):
-    """Rank 0 opens a TCPStore on a free port and sends (addr, port) over MPI."""
-    from mpi4py import MPI  # initialised by runtime.launch.env.discover
-
-    comm = MPI.COMM_WORLD
-    hosts = comm.allgather(socket.gethostname())
-    message: tuple = ("error", "rank 0 did not answer", None)
-    store = None
-    if info.rank == 0:
-        try:
-            if info.master_addr:
-                addr = info.master_addr
-            elif len(set(hosts)) == 1:
-                addr = "127.0.0.1"  # one host: loopback needs no name resolution at all
-            else:
-                addr = routable_address([h for h in hosts if h != hosts[0]])
-            store = torch_dist.TCPStore(addr, 0, info.world_size, is_master=True,
-                                        timeout=timeout, wait_for_workers=False)
-            message = ("ok", addr, store.port)
-        except Exception as e:  # tell the others instead of leaving them in bcast
-            message = ("error", f"{type(e).__name__}: {e}", None)
-    status, addr, port = comm.bcast(message, root=0)
-    if status != "ok":
-        raise DistError(f"rank {info.rank}: rank 0 could not open the rendezvous store: {addr}")
-    if info.rank != 0:
-        store = torch_dist.TCPStore(addr, port, info.world_size, is_master=False, timeout=timeout)
-    return store
-
-
-def routable_address(peer_hosts: list[str]) -> str:
-    """This host's IPv4 address that other hosts can reach (not a loopback one)."""
-    name = socket.gethostname()
-    try:
-        for *_, sockaddr in socket.getaddrinfo(socket.getfqdn(name), None, socket.AF_INET,
-                                                socket.SOCK_STREAM):
-            if not sockaddr[0].startswith("127."):
-                return sockaddr[0]
-    except OSError:
-        pass
-    # The hostname maps to loopback (Debian's 127.0.1.1): ask the kernel which source address
-    # it would use towards a peer. A UDP connect sends nothing.
-    for peer in peer_hosts:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((socket.gethostbyname(peer), 9))
-                addr = s.getsockname()[0]
-            if not addr.startswith("127."):
-                return addr
-        except OSError:
-            continue
-    raise DistError(f"cannot find an address of {name} that other hosts can reach; "
-                    f"set MASTER_ADDR to rank 0's address")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 validation - one dataclass, used by the model (runtime.model) and, extended by the run's
 choices, as the ``[model]`` section of the config file (runtime.config.ModelConfig).
 
-Owns: the size fields, their defaults and docstrings, their validation (``validate``: the
+Owns: the size fields, their defaults, docstrings and resume rules (what a resumed run may do
+with each: runtime.train.resume_rules reads them), their validation (``validate``: the
 message names the key with the caller's prefix, "BertConfig." or "model."), reading an HF
 ``config.json``. Never: imports torch or builds modules.
 """
@@ -10,31 +11,40 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from runtime.choices import MATCH, RECORD, key_field as _doc
 
-def _doc(text: str, default: Any) -> Any:
-    return field(default=default, metadata={"doc": text})
+SHAPE = "the model's shape: the checkpoint's weights would not fit"
+"""Why a resume must keep a shape key (its resume rule: runtime.train.resume_rules)."""
+_REGULARISE = "regularisation from here on"
 
 
 @dataclass
 class BertConfig:
     """Size and initialisation of a BERT model; field names and meanings are HF's config.json."""
 
-    vocab_size: int = _doc("WordPiece vocabulary size (rows of the word embedding and MLM decoder)", 30522)
-    hidden_size: int = _doc("hidden width H", 768)
-    num_hidden_layers: int = _doc("transformer layers", 12)
-    num_attention_heads: int = _doc("attention heads; must divide hidden_size", 12)
-    intermediate_size: int = _doc("feed-forward width", 3072)
-    max_position_embeddings: int = _doc("position table size; must be >= the sequence length", 512)
-    type_vocab_size: int = _doc("segment (token type) vocabulary size", 2)
-    hidden_dropout_prob: float = _doc("dropout after embeddings, attention output and FFN", 0.1)
-    attention_probs_dropout_prob: float = _doc("dropout on attention probabilities", 0.1)
-    layer_norm_eps: float = _doc("LayerNorm epsilon", 1e-12)
-    initializer_range: float = _doc("std of the normal init of Linear/Embedding weights", 0.02)
-    pad_token_id: int = _doc("id of [PAD]; its word-embedding row is initialised to zero", 0)
+    vocab_size: int = _doc("WordPiece vocabulary size (rows of the word embedding and MLM "
+                           "decoder)", 30522, resume=MATCH, why=SHAPE)
+    hidden_size: int = _doc("hidden width H", 768, resume=MATCH, why=SHAPE)
+    num_hidden_layers: int = _doc("transformer layers", 12, resume=MATCH, why=SHAPE)
+    num_attention_heads: int = _doc("attention heads; must divide hidden_size", 12,
+                                    resume=MATCH, why=SHAPE)
+    intermediate_size: int = _doc("feed-forward width", 3072, resume=MATCH, why=SHAPE)
+    max_position_embeddings: int = _doc("position table size; must be >= the sequence length", 512,
+                                        resume=MATCH, why=SHAPE)
+    type_vocab_size: int = _doc("segment (token type) vocabulary size", 2, resume=MATCH, why=SHAPE)
+    hidden_dropout_prob: float = _doc("dropout after embeddings, attention output and FFN", 0.1,
+                                      resume=RECORD, why=_REGULARISE)
+    attention_probs_dropout_prob: float = _doc("dropout on attention probabilities", 0.1,
+                                               resume=RECORD, why=_REGULARISE)
+    layer_norm_eps: float = _doc("LayerNorm epsilon", 1e-12,
+                                 resume=MATCH, why="the model's function (LayerNorm epsilon)")
+    initializer_range: float = _doc("std of the normal init of Linear/Embedding weights", 0.02,
+                                    resume=RECORD, why="used only when weights are initialised")
+    pad_token_id: int = _doc("id of [PAD]; its word-embedding row is initialised to zero", 0,
+                             resume=MATCH, why=SHAPE)
 
     def __post_init__(self) -> None:
         self.validate()

@@ -7,7 +7,7 @@ RNG states it omits):
     step counts, apex's), the train loader's data position (every balancing mode's), named
     ``states`` (the trainer's counters, schedule step, loss scaler, eval position, bucket
     plan, resolved config: anything with ``state_dict``/``load_state_dict``) and each rank's
-    RNG states (torch CPU, CUDA, numpy, Python ``random``);
+    RNG states (torch CPU, CUDA, numpy, Python ``random``: runtime.train.rng);
   * atomicity: files go into ``.step_<N>.tmp/`` in the checkpoint directory, each fsynced;
     rank 0 writes the manifest last, fsyncs it and renames the directory to ``step_<N>``
     (a rename is atomic), then fsyncs the parent. A directory without a manifest, or with a
@@ -64,7 +64,6 @@ import hashlib
 import io
 import json
 import os
-import random
 import re
 import shutil
 import time
@@ -73,10 +72,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import numpy as np
 import torch
 
 from runtime.model.hf import load_error_reason
+from runtime.train.rng import rng_state, set_rng_state  # noqa: F401 (restore's, patchable)
 from runtime.optim.optimizers import SHARD_KEY  # where a sharded optimizer's state dict says
 #                                                 how its shard files fit together
 
@@ -136,37 +135,6 @@ def layout_fingerprint(meta: dict) -> str:
     the state's names, every tensor's place) as a short digest, which each shard file
     carries: a file cut from another layout is not this checkpoint's."""
     return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
-
-
-# ------------------------------------------------------------------------------ RNG states
-
-def rng_state() -> dict:
-    """This process's RNG states in types ``torch.load(weights_only=True)`` accepts."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    version, internal, gauss_next = random.getstate()
-    state = {"torch": torch.get_rng_state(),
-             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss),
-                       float(cached)),
-             "python": (version, tuple(internal), gauss_next)}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        # This rank's own device only (dropout draws come from its generator): a resume where
-        # each process sees fewer GPUs (one per task) must not need the others' indices.
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-    if "cuda" in state and torch.cuda.is_available():
-        cuda = state["cuda"]
-        if isinstance(cuda, (list, tuple)):  # written before the per-device format: every
-            cuda = cuda[torch.cuda.current_device()] if torch.cuda.current_device() < len(
-                cuda) else cuda[0]               # visible GPU's; ours, or the first
-        torch.cuda.set_rng_state(cuda)
 
 
 # ----------------------------------------------------------------------------- file helpers

@@ -31,14 +31,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from kernels.attention_rule import resolve
-from loaders.balance import STATIC_SEQS_PER_ROW
+from loaders.shapes import STATIC_SEQS_PER_ROW, masked_slots_per_row
+from runtime.choices import shard_scope
 from runtime.config import Config, ConfigError, load_config
 from runtime.model import arithmetic
 
@@ -102,14 +102,9 @@ class Estimate:
 
 
 def optimizer_shards(cfg: Config, world_size: int) -> int:
-    """Ranks that share one copy of the optimizer state (optim.shard): 1, the ranks of a
-    node, or every rank."""
-    shard = cfg.optim.shard
-    if shard == "world":
-        return world_size
-    if shard == "node":
-        return max(1, min(cfg.system.ranks_per_node, world_size))
-    return 1
+    """Ranks that share one copy of the optimizer state (optim.shard's row in
+    runtime.choices.SHARD_SCOPES: 1, the ranks of a node, or every rank)."""
+    return shard_scope(cfg.optim.shard).ranks_per_update(world_size, cfg.system.ranks_per_node)
 
 
 def estimate(cfg: Config, world_size: Optional[int] = None) -> Estimate:
@@ -141,16 +136,14 @@ def activation_rows(cfg: Config, micro: int) -> ActivationRows:
 
 
 def masked_slots(cfg: Config, width: int, slots: int) -> int:
-    """A static row's masked-LM slots: loaders.collate.masked_slots_per_row's bound (repeated
-    here: that module imports torch) - slots x max_pred, or floor(width x p) + slots where
-    the data set records its masking probability p."""
-    bound = slots * cfg.data.max_predictions_per_seq
+    """A static row's masked-LM slots: loaders.shapes.masked_slots_per_row's bound with the
+    masking probability p the data set records (slots x max_pred where it records none)."""
     try:
         stats = json.loads((Path(cfg.data.data_dir) / "stats.json").read_text())
         prob = float(stats["parameters"]["masked_lm_prob"])
     except (OSError, ValueError, KeyError, TypeError):
-        return bound
-    return min(bound, math.floor(width * prob + 1e-9) + slots)
+        prob = None
+    return masked_slots_per_row(width, slots, cfg.data.max_predictions_per_seq, prob)
 
 
 def row_bytes(cfg: Config, rows: ActivationRows) -> int:

@@ -260,8 +260,8 @@ def test_results_are_never_overwritten(small_dataset, tmp_path):
     """A finished run's directory is refused before anything is written; RUN_DIR and
     `-- train.output_dir` naming two places is refused. Quick (slow-marked only as every test in
     tests/e2e is): run_and_time.sh refuses both before any rank starts. (Distinct directories for
-    runs started in the same second: tests/e2e/test_run_and_time.py; `-- train.output_dir=X` is
-    the run directory of a real run - run_and_time.sh says X and the ranks write there: the
+    runs started in the same second: tests/e2e/test_run_and_time_dirs.py; `-- train.output_dir=X`
+    is the run directory of a real run - run_and_time.sh says X and the ranks write there: the
     short run of tests/e2e/test_train_e2e.py.)"""
     done = tmp_path / "done"
     done.mkdir()

@@ -15,7 +15,7 @@ Slurm cluster of tests/slurm_cluster.py) on real shards:
   anything is written; it reports itself, never the live run's ranks.
 
 The unit side of the same rules (the launcher gets one stop request, the locks) is
-tests/e2e/test_run_and_time.py, with stub launchers.
+tests/e2e/test_run_and_time_signals.py and test_run_and_time_dirs.py, with stub launchers.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ each directory is held by one live run - an flock on DIR/.lock whose first line 
 holder. run_and_time.sh takes both before it launches and passes its line as
 ``--lock-holder``: rank 0 accepts a lock held under that line and refuses any other holder;
 without run_and_time.sh, rank 0 takes them itself. The script's side, with real launchers:
-tests/e2e/test_run_and_time.py and tests/e2e/test_signals_e2e.py."""
+tests/e2e/test_run_and_time_dirs.py and tests/e2e/test_signals_e2e.py."""
 from __future__ import annotations
 
 import os

@@ -13,7 +13,7 @@ from torch import nn
 
 from kernels.optim_reference import global_grad_norm
 from runtime.grad_sync import (BucketPlan, GradientBuckets, GradLayout, Piece, PlanError,
-                               alone_bucket, tied_sync_mode)
+                               alone_bucket, resolve_tied_sync)
 from runtime.grad_sync.plan import production_order
 from runtime.config import ConfigError, load_config
 from runtime.observe.timeline import StepTimeline, union_length
@@ -275,6 +275,12 @@ def test_split_config_is_refused_with_the_before_modes():
         load_config(None, ["train.tied_embedding_sync=sparse"])
 
 
+def tied_sync_mode(asked: str, clip_mode: str, world_size: int) -> str:
+    """The tied sync resolve_tied_sync picks for a model with a tied embedding of 30,522
+    rows, on CPU (where the split always pays)."""
+    return resolve_tied_sync(asked, clip_mode, world_size, rows=30522)[0]
+
+
 def test_auto_tied_sync_is_split_only_where_it_applies():
     assert tied_sync_mode("auto", "global_after", 2) == "split"
     assert tied_sync_mode("auto", "none", 8) == "split"
@@ -283,6 +289,20 @@ def test_auto_tied_sync_is_split_only_where_it_applies():
     assert tied_sync_mode("auto", "global_after", 1) == "dense"   # nothing to reduce
     assert tied_sync_mode("dense", "global_after", 2) == "dense"
     assert load_config(None, []).train.tied_embedding_sync == "auto"
+
+
+def test_a_plan_that_cuts_the_tied_embedding_makes_auto_dense_in_the_one_decision():
+    """The plan cut is resolve_tied_sync's too (the sync and the tuner ask it with the plan):
+    'auto' turns dense on a plan that cuts the embedding, 'split' stays asked (the engine then
+    refuses the plan, naming the embedding)."""
+    order = [("a", 10), ("emb", 100), ("b", 5)]
+    whole, cut = BucketPlan.from_cap(order, 8, alone="emb"), BucketPlan.from_cap(order, 8)
+    kw = dict(rows=30522, tied=("emb", 100))
+    assert resolve_tied_sync("auto", "global_after", 2, plan=whole, **kw)[0] == "split"
+    assert resolve_tied_sync("auto", "global_after", 2, plan=cut, **kw) == \
+        ("dense", "auto: dense - the bucket plan cuts the tied embedding")
+    assert resolve_tied_sync("split", "global_after", 2, plan=cut, **kw)[0] == "split"
+    assert resolve_tied_sync("auto", "global_after", 2, pays=False, **kw)[0] == "dense"
 
 
 def test_split_plan_keeps_the_tied_parameter_whole_and_alone():

@@ -74,3 +74,28 @@ def test_every_clip_mode_has_one_spec_row():
     assert clip_spec("global_after").after_allreduce and clip_spec("local_before").holds_launches
     with pytest.raises(ValueError, match="clip_mode must be one of global_after"):
         clip_spec("layer_before")
+
+
+def test_every_shard_scope_has_one_row_that_its_readers_share():
+    """optim.shard: one ShardScope row per name; the ranks per update and the one-host rule
+    are the rows' (the gradient sync, the memory estimate and the tuner ask them), and the
+    config's help text and refusals are made from them."""
+    from dataclasses import fields
+    from typing import get_args
+    from runtime.choices import SHARD_SCOPES, OptimShard, shard_scope
+    from runtime.config import OptimConfig
+    assert tuple(SHARD_SCOPES) == get_args(OptimShard)
+    # two nodes of four ranks, then one node of four
+    assert {n: s.ranks_per_update(8, 4) for n, s in SHARD_SCOPES.items()} == \
+        {"none": 1, "node": 4, "world": 8}
+    assert {n: s.one_host(8, 4) for n, s in SHARD_SCOPES.items()} == \
+        {"none": True, "node": True, "world": False}
+    assert SHARD_SCOPES["world"].one_host(4, 4) and SHARD_SCOPES["node"].ranks_per_update(4, 4) == 4
+    assert [n for n, s in SHARD_SCOPES.items() if s.sharded] == ["node", "world"]
+    with pytest.raises(ValueError,
+                       match=re.escape("optim.shard must be one of none | node | world")):
+        shard_scope("half")
+    doc = next(f for f in fields(OptimConfig) if f.name == "shard").metadata["doc"]
+    for s in SHARD_SCOPES.values():
+        assert f"'{s.name}' ({s.help})" in doc
+        assert all(n.key in doc for n in s.needs)

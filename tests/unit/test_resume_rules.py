@@ -1,7 +1,7 @@
-"""The resume rules (runtime.train.resume_rules): every config key has one declared rule, and
-each rule does what it says - a MATCH key that differs from the checkpoint's is refused with
-both values and what to do, a RECORD key is accepted and listed. The end-to-end refusals
-(the optimizer swapped for AdamW or LARS on a LAMB checkpoint) are in
+"""The resume rules (runtime.train.resume_rules, derived from the config's fields): every config
+key has one declared rule, and each rule does what it says - a MATCH key that differs from the
+checkpoint's is refused with both values and what to do, a RECORD key is accepted and listed.
+The end-to-end refusals (the optimizer swapped for AdamW or LARS on a LAMB checkpoint) are in
 tests/e2e/test_resume_e2e.py."""
 from __future__ import annotations
 
@@ -21,9 +21,12 @@ ALL_KEYS = [f"{s}.{f.name}" for s in ("model", "data", "optim", "schedule", "tra
 def test_every_config_key_has_exactly_one_rule():
     missing = [k for k in ALL_KEYS if k.split(".")[0] not in rr.SECTION_RULES
                and k not in rr.RULES]
-    assert not missing, f"keys without a resume rule (declare one in resume_rules.RULES): {missing}"
+    assert not missing, (f"keys without a resume rule (declare one on the field: "
+                         f"_doc(..., resume=MATCH or RECORD, why=...)): {missing}")
     stale = [k for k in rr.RULES if k not in ALL_KEYS]
     assert not stale, f"rules for keys the config no longer has: {stale}"
+    both = [k for k in rr.RULES if k.split(".")[0] in rr.SECTION_RULES]
+    assert not both, f"keys with their own rule and their section's: {both}"
     assert {r for r, _ in rr.RULES.values()} | {r for r, _ in rr.SECTION_RULES.values()} \
         == {rr.MATCH, rr.RECORD}
 

@@ -1,7 +1,7 @@
 """A launch's files in /dev/shm (submission.shm): a rank notes the ones it maps, and the
 cleaning after the launch removes exactly those - never a file no note lists (another run's,
 tests run in parallel), one a live process still maps, one outside /dev/shm, or another
-host's. Through run_and_time.sh: tests/e2e/test_run_and_time.py."""
+host's. Through run_and_time.sh: tests/e2e/test_run_and_time_signals.py."""
 from __future__ import annotations
 
 import mmap

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from runtime.choices import clip_spec
+from runtime.choices import clip_spec, shard_scope
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -314,8 +314,7 @@ def _shard_spec(cfg, ctx, comm) -> dict:
     reduce-scatter or all-gather is half of it; gloo keeps the allreduce for the buckets)."""
     from runtime.calibrate.tune.simulate import ShardComm
     from runtime.grad_sync.shard import REDUCTION
-    shard = {"none": 1, "world": ctx.world_size,
-             "node": ctx.local_world_size}[cfg.optim.shard]
+    shard = shard_scope(cfg.optim.shard).ranks_per_update(ctx.world_size, ctx.local_world_size)
     if shard <= 1:
         return {}
     backend = "nccl" if ctx.device.type == "cuda" else "gloo"

@@ -66,8 +66,7 @@ from typing import Optional
 
 import numpy as np
 
-from runtime.choices import clip_spec
-from runtime.grad_sync.plan import MB, BucketPlan, tied_sync_mode
+from runtime.grad_sync.plan import MB, BucketPlan, resolve_tied_sync
 from runtime.calibrate.tune.simulate import Instance
 
 DDP_MB = 25.0          # torch DDP bucket_cap_mb default
@@ -484,13 +483,20 @@ def compare(profile, comm, spec_base, tied_asked: str = "auto",
     from dataclasses import replace
     from runtime.calibrate.tune.simulate import Instance, simulate
 
-    mode = tied_sync_mode(tied_asked, spec_base.clip_mode, spec_base.world_size, split_pays)
-    if profile.tied is None:
-        mode = "dense"
+    tied = (profile.tied, profile.sizes()[profile.tied]) if profile.tied is not None else None
+
+    def resolved(pays: bool = split_pays, plan: Optional[BucketPlan] = None) -> str:
+        """The tied sync the engine runs for ``tied_asked`` (resolve_tied_sync, the one
+        decision); dense where the model has no tied embedding to split."""
+        if tied is None:
+            return "dense"
+        return resolve_tied_sync(tied_asked, spec_base.clip_mode, spec_base.world_size,
+                                 rows=profile.tied_rows, pays=pays, plan=plan, tied=tied)[0]
+
+    mode = resolved()
     modes = {"dense", mode}
-    if try_other_tied and tied_asked == "auto" and not clip_spec(spec_base.clip_mode).before_allreduce \
-            and spec_base.world_size > 1 and profile.tied is not None:
-        modes.add("split")
+    if try_other_tied and tied_asked == "auto" and resolved(pays=True) == "split":
+        modes.add("split")   # split applies here: a row for it even where it may not pay
     specs = {m: replace(spec_base, tied_sync=m) for m in modes}
     insts = {m: Instance.build(profile, s, comm) for m, s in specs.items()}
     inst = insts[mode]
@@ -508,10 +514,7 @@ def compare(profile, comm, spec_base, tied_asked: str = "auto",
     add("no bucketing", one, "split" if tied_asked == "split" else "dense",
         "one allreduce after backward" + (" (+ the embedding's own)" if tied_asked == "split" else ""))
     if config_plan is not None:
-        cfg_mode = mode
-        if mode == "split" and not _alone(config_plan, profile):
-            cfg_mode = "dense" if tied_asked == "auto" else mode
-        add(config_name, config_plan, cfg_mode, "the config's buckets now")
+        add(config_name, config_plan, resolved(plan=config_plan), "the config's buckets now")
     P = spec_base.world_size
     megatron = max(MEGATRON_MIN_PARAMS, 1_000_000 * P) * elem
     for name, cap, note in (("DDP 25 MiB", DDP_MB * MB, "torch DDP bucket_cap_mb default"),
@@ -544,12 +547,3 @@ def compare(profile, comm, spec_base, tied_asked: str = "auto",
     if try_other_tied and profile.tied is not None and other in insts:
         tuned_row(other, f"tuned, tied {other}")
     return rows
-
-
-def _alone(plan: BucketPlan, profile) -> bool:
-    from runtime.grad_sync.plan import PlanError, alone_bucket
-    try:
-        alone_bucket(plan, profile.tied, profile.sizes()[profile.tied])
-    except PlanError:
-        return False
-    return True

@@ -1,0 +1,64 @@
+"""The checks that read more than one section of a run's config, or a key against its type.
+
+Owns: a ``Literal`` key's value against its choices (``check_choice``: the error names the
+key, the choices and the nearest one), and the rules that tie keys of different sections
+together - the model's positions against the sequence length, the precision against the
+device, the static shapes' sizes against the local batch, what a ``train.cuda_graphs`` mode
+and an ``optim.shard`` scope need (their rows' ``Need``s in runtime.choices: one check reads
+both), the closed division's target. Each refusal names the keys and what to set.
+Never: reads files or overrides (runtime.config.load), or checks a key that one section's
+``validate`` can check alone (runtime.config.sections).
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal, get_args, get_origin
+
+from loaders.shapes import shape_size_problem
+from runtime.choices import GRAPH_MODES, ConfigError, shard_scope
+
+
+def check_choice(key: str, value: Any, hint: Any) -> None:
+    """For a ``Literal`` field: the value must be one of its choices."""
+    if get_origin(hint) is Literal and value not in get_args(hint):
+        choices = [str(c) for c in get_args(hint)]
+        near = difflib.get_close_matches(str(value), choices, 1)
+        hint_text = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"{key}={value!r}: choose one of {' | '.join(choices)}{hint_text}")
+
+
+def check_run(cfg: Any) -> None:
+    """The cross-section rules of ``cfg`` (a runtime.config.Config whose sections each passed
+    their own ``validate``)."""
+    if cfg.model.max_position_embeddings < cfg.data.max_seq_length:
+        raise ConfigError(f"model.max_position_embeddings ({cfg.model.max_position_embeddings})"
+                          f" < data.max_seq_length ({cfg.data.max_seq_length}); raise the former")
+    if cfg.train.precision != "fp32" and cfg.system.device == "cpu":
+        raise ConfigError(f"train.precision={cfg.train.precision} needs CUDA but "
+                          "system.device='cpu'; use precision='fp32' on CPU")
+    _check_needs(cfg, "train.cuda_graphs", GRAPH_MODES[cfg.train.cuda_graphs].needs)
+    d = cfg.data   # static/bucketed sizes within what the data and sequence length allow
+    why = shape_size_problem(
+        static_rows=d.static_rows, max_seqs_per_row=d.max_seqs_per_row,
+        shape_bucket=d.shape_bucket, seq_len=d.max_seq_length,
+        pack_length=d.pack_length or d.max_seq_length,
+        local_batch=cfg.local_batch_size(cfg.system.nodes * cfg.system.ranks_per_node)
+        if d.static_rows else d.static_rows)
+    if why:
+        raise ConfigError(why)
+    _check_needs(cfg, "optim.shard", shard_scope(cfg.optim.shard).needs)
+    if cfg.submission.division == "closed" and cfg.train.target_mlm_accuracy < 0.720:
+        raise ConfigError("submission.division='closed' needs train.target_mlm_accuracy >= "
+                          "0.720 (MLPerf); use division='open' for a proxy target")
+
+
+def _check_needs(cfg: Any, key: str, needs: tuple) -> None:
+    """``key``'s value where its row cannot work (the row's ``Need``s: a train.cuda_graphs
+    mode's in runtime.choices.GRAPH_MODES, a shard scope's in SHARD_SCOPES): refused before
+    anything starts, naming the key, what it needs and the way out ('none')."""
+    section, name = key.split(".")
+    value = getattr(getattr(cfg, section), name)
+    for need in needs:
+        need_section, need_key = need.key.split(".")
+        if getattr(getattr(cfg, need_section), need_key) not in need.allowed:
+            raise ConfigError(f"{key}='{value}' needs {need.why}; set it, or {key}='none'")

