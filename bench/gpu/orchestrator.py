@@ -53,7 +53,10 @@ def parse_args(argv):
     ap.add_argument("--stages", default=None,
                     help=f"comma-separated subset of the plan's stages (of "
                          f"{','.join(STAGE_NAMES)})")
-    ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes (CI)")
+    ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes, every stage in this "
+                    "process (CI: the harness itself is what is tested)")
+    ap.add_argument("--isolate", action="store_true", help="with --smoke: each stage in a "
+                    "process (and process group) of its own, as on a GPU")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds for all stages (default: the plan's)")
     ap.add_argument("--work", type=Path, default=None, help="work folder (data sets, stage "
@@ -149,8 +152,11 @@ def run_all(args, stages: list[str]) -> int:
                                           "why": "no data sets: run the data stage first, or "
                                                  "pass --work with a folder that has them"}
                 continue
-            record["stages"][name] = _child(name, work, args, _stage_env(env, name), budget,
-                                            log)
+            if args.smoke and not args.isolate:
+                record["stages"][name] = _here(name, work, args, log)
+            else:
+                record["stages"][name] = _child(name, work, args, _stage_env(env, name), budget,
+                                                log)
             _save(record, out)
             print(f"bench.gpu: {name:12s} {record['stages'][name]['status']:8s} "
                   f"{record['stages'][name].get('seconds', 0):6.1f} s", flush=True)
@@ -231,7 +237,29 @@ def _child(name: str, work: Path, args, env: dict, budget: float, log) -> dict:
     except subprocess.TimeoutExpired:
         rc = None
     _end_group(proc)  # at its budget; after a normal end, whatever it left running
-    seconds = round(time.monotonic() - t0, 1)
+    return _stage_record(name, work, rc, round(time.monotonic() - t0, 1), budget)
+
+
+def _here(name: str, work: Path, args, log) -> dict:
+    """--smoke: the stage in this process (no torch import and set-up per stage; a stage's
+    failure is caught and recorded as in a child), its prints into stages.log."""
+    import contextlib
+    log.write(f"===== {name} (in this process)\n")
+    log.flush()
+    partial_path(work, name).unlink(missing_ok=True)
+    fail = {s for s in args.fail.split(",") if s}
+    t0 = time.monotonic()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        rc = run_stage_child(name, work, args.smoke, fail, args.plan, frozenset(),
+                             tuple(args.run_stages))
+    return _stage_record(name, work, rc, round(time.monotonic() - t0, 1), None)
+
+
+def _stage_record(name: str, work: Path, rc: Optional[int], seconds: float,
+                  budget: Optional[float]) -> dict:
+    """The stage's record from its files (rc None: it ran past ``budget``): its own when it
+    ended, else the cases it finished."""
+    partial = partial_path(work, name)
     path = work / f"stage_{name}.json"
     cases = json.loads(partial.read_text()) if partial.is_file() else None
     partial.unlink(missing_ok=True)

@@ -1,6 +1,7 @@
-"""bench.gpu, the one-call GPU harness, run where CI runs - on CPU, in its smoke mode (tiny
-shapes, the simulated device): every stage runs in its own process and records its result,
-a stage that breaks is recorded as failed while the others still run, and no more files come
+"""bench.gpu, the GPU harness, run where CI runs - on CPU, in its smoke mode (tiny shapes,
+the simulated device, every stage in one process): every stage records its result, a stage
+that breaks is recorded as failed while the others still run; with --isolate, as on a GPU,
+a stage past its budget is ended with its whole process group and keeps its finished cases; and no more files come
 back than a lent GPU machine returns; the out-of-memory retry steps the batch down. The
 record's goals in process: tests/unit/test_bench_gpu.py."""
 from __future__ import annotations
@@ -87,9 +88,9 @@ def test_a_stage_past_its_budget_loses_only_its_running_case_and_its_whole_group
     starting a child: at its budget its whole process group is ended - the child too - and
     the record keeps the case it finished, status timeout; the next stage still runs."""
     out, work = tmp_path / "out", tmp_path / "work"
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--smoke", "--out", str(out),
-                           "--work", str(work), "--stages", "env,data", "--hang", "env",
-                           "--stage-budget", "8"], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--smoke", "--isolate",
+                           "--out", str(out), "--work", str(work), "--stages", "env,data",
+                           "--hang", "env", "--stage-budget", "8"], cwd=ROOT, capture_output=True, text=True,
                           timeout=100)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     record = json.loads((out / f"gpu_cpu-smoke_{_today()}.json").read_text())

@@ -26,13 +26,21 @@ def stage_checks(run: Run) -> dict:
     on CUDA; the simulated device on CPU), which attention kernel ran (the profiler), and
     the fused optimizer compiled once (no recompile after the first-step re-cut)."""
     from runtime.launch import dist
-    from runtime.observe.hostsync import HostSyncs, simulated
-    from runtime.train.trainer import Trainer
+    from runtime.observe.hostsync import simulated
 
-    ctx = world_of_one(run.device)
-    if not run.cuda:  # the CPU stand-in for a GPU
-        ctx = simulated(ctx)
+    ctx = own = world_of_one(run.device)
+    if not run.cuda:  # the CPU stand-in for a GPU (the stage's own: --smoke runs the next
+        ctx = simulated(ctx)  # stages in this process)
         dist._CTX = ctx
+    try:
+        return _checks(run, ctx)
+    finally:
+        dist._CTX = own
+
+
+def _checks(run: Run, ctx) -> dict:
+    from runtime.observe.hostsync import HostSyncs
+    from runtime.train.trainer import Trainer
     precision = "bf16" if run.cuda else "fp32"
     out = run.result({"precision": precision, "host_syncs": {}})
     cases = [(name, precision, extra) for name, extra in PATHS.items()]
