@@ -32,9 +32,22 @@ and ``pytest`` (``make test``) everything.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Threads: under pytest-xdist (``make test``: two workers on two cores) each worker - and what
+# it starts without choosing its own (a single-rank child, a benchmark) - gets its share of
+# the cores. torch's default, a thread per core in every process, put two threads on each
+# core, and OpenMP's spinning waits make oversubscribed threads cost far more than their
+# share (tests/integration on 2 workers: 240 s -> 148 s wall, 7.3 -> 4.0 min CPU; docs/
+# DEVELOPING.md). Rank launches set their own (runtime's threads_per_rank rule).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    import torch
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # A real one-node Slurm cluster (munged, slurmctld, slurmd by PID) shared by the whole session:
 # test_dist's srun tests and test_slurm use it.
