@@ -55,7 +55,7 @@ def assert_equal_runs(runs: list, shards: int) -> None:
         a, b = r["unsharded"], r["sharded"]
         assert a["grad_norms"] == b["grad_norms"] and a["loss_scales"] == b["loss_scales"]
         # the noise scale's tap sees the same two norms (its local ‖g_r‖² on every rank)
-        assert r["steps"] >= 10
+        assert r["steps"] >= 8
         assert a["local_sq_norms"] == b["local_sq_norms"] and len(b["local_sq_norms"]) == r["steps"]
         assert a["grad_sq_means"] == b["grad_sq_means"] and len(b["grad_sq_means"]) == r["steps"]
         assert a["skipped"] == b["skipped"]
