@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from loaders import corpus, pretraining, tokenization
-from loaders.workers import Workers
+from loaders.workers import Workers, defer_stop
 from loaders.shards import (EVAL_FILE, TRAIN_DIR, DataError, Samples, sha256_file, shard_name,
                             verify_checksums, write_checksums, write_shard)
 
@@ -595,7 +595,8 @@ class _Terminated(BaseException):
 
 
 def _on_sigterm(signum, frame):
-    raise _Terminated()
+    if not defer_stop():  # a pool wait raises at its next poll (loaders.workers)
+        raise _Terminated()
 
 
 def main(argv=None) -> int:
