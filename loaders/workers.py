@@ -2,17 +2,22 @@
 ``loaders.adopt``): an ordered ``map`` over tasks, inline for one worker or in a forked pool.
 
 Owns: starting and ending the pool, the workers' signal handling and their one tokenizers
-thread, and stopping safely: a builder's SIGTERM handler asks ``defer_stop()`` first - while
-the parent waits on the pool the stop is noted and the wait raises KeyboardInterrupt at its
-next poll (a tenth of a second), never inside the pool's own locks: an exception raised there
-by a signal handler left the pool's clean-up (terminate, join) waiting forever on a lock no
-thread would release (seen as a hung ``prepare`` under load). Never: what the tasks do, or any
+thread, and stopping safely, which CPython's pool does not: (1) a builder's SIGTERM handler
+asks ``defer_stop()`` first - while a pool exists the stop is noted, and a wait on the pool
+raises KeyboardInterrupt at its next poll (a tenth of a second; the pool's end raises it
+otherwise), never while the parent holds one of the pool's locks; (2) a pool left by an
+exception is abandoned, not ``terminate()``d: its workers are killed and its own clean-up is
+cancelled - ``Pool.terminate()`` stops the result handler, then waits for the result queue's
+lock, which a worker blocked writing a large result into the unread pipe holds forever (a hung
+``prepare``, about once in 25 stops under load; py-spy showed the parent in _terminate_pool's
+outqueue.put and a worker in its result's send). Never: what the tasks do, or any
 ordering but the tasks' own: results come back in task order whatever finishes first, which
 is what makes every builder's output independent of ``--workers``.
 """
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.pool
 import os
 import signal
 
@@ -45,6 +50,25 @@ def worker_init() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
+def _abandon(pool) -> None:
+    """End ``pool`` at once without ``Pool.terminate()`` (see the module docstring): no new
+    workers, the workers killed (their results are not wanted), the pool's own clean-up
+    cancelled (also the one the interpreter would run at exit). Falls back to terminate()
+    on a Pool without these internals."""
+    handler, workers = getattr(pool, "_worker_handler", None), getattr(pool, "_pool", None)
+    finalizer = getattr(pool, "_terminate", None)
+    if handler is None or workers is None or not hasattr(finalizer, "cancel"):
+        pool.terminate()
+        pool.join()
+        return
+    handler._state = multiprocessing.pool.TERMINATE  # the worker handler replaces no one
+    for p in list(workers):
+        p.kill()
+    for p in list(workers):
+        p.join(5)
+    finalizer.cancel()
+
+
 class Workers:
     """``map`` over tasks in order, inline for one worker or in a forked process pool (the
     children inherit the parent's module state as it is when the pool starts)."""
@@ -55,31 +79,33 @@ class Workers:
 
     def __enter__(self):
         if self.workers > 1:
+            _STOP["waiting"] += 1  # from here to the pool's end a stop signal is deferred
             self.pool = multiprocessing.get_context("fork").Pool(self.workers,
                                                                  initializer=worker_init)
         return self
 
     def __exit__(self, *exc):
         if self.pool is not None:
-            if exc[0] is None:
+            if exc[0] is None and not _STOP["requested"]:
                 self.pool.close()
+                self.pool.join()
             else:
-                self.pool.terminate()
-            self.pool.join()
+                _abandon(self.pool)
+            self.pool = None
+            _STOP["waiting"] -= 1
+            if exc[0] is None:
+                _stop_point()  # a stop that came while no wait polled
         return False
 
     def map(self, fn, tasks: list, chunksize: int = 1) -> list:
         if self.pool is None:
             return [fn(t) for t in tasks]
-        _STOP["waiting"] += 1
-        try:
-            result = self.pool.map_async(fn, tasks, chunksize=chunksize)
-            while not result.ready():  # polled: a stop request is raised here, not in a lock
-                result.wait(POLL_S)
-                _stop_point()
-            return result.get()
-        finally:
-            _STOP["waiting"] -= 1
+        result = self.pool.map_async(fn, tasks, chunksize=chunksize)
+        while not result.ready():  # polled: a stop request is raised here, not in a lock
+            _stop_point()
+            result.wait(POLL_S)
+        _stop_point()
+        return result.get()
 
     def imap(self, fn, tasks: list):
         """Results in task order as they become ready (the caller can act on the first before
@@ -87,18 +113,10 @@ class Workers:
         if self.pool is None:
             yield from (fn(t) for t in tasks)
             return
-        _STOP["waiting"] += 1
-        try:
-            results = [self.pool.apply_async(fn, (t,)) for t in tasks]
-        finally:
-            _STOP["waiting"] -= 1
-        _stop_point()
+        results = [self.pool.apply_async(fn, (t,)) for t in tasks]
         for result in results:
-            _STOP["waiting"] += 1
-            try:
-                while not result.ready():
-                    result.wait(POLL_S)
-                    _stop_point()
-            finally:
-                _STOP["waiting"] -= 1
+            while not result.ready():
+                _stop_point()
+                result.wait(POLL_S)
+            _stop_point()
             yield result.get()
