@@ -5,8 +5,10 @@ gradient sync, optimizer, schedule, loss scale, loaders) and restores them; ``fi
 callbacks' INIT_STOP → RUN_START → blocks of steps between evaluations → RUN_STOP and returns
 the final RunState; ``close()`` runs on success and on error.
 
-Owns: the step (forward, backward, one gradient sync, one optimizer update with the clip
-coefficient and loss-scale unscale folded in, mixed precision), evaluation, the stopping rule
+Owns: the step's body (forward, backward, one gradient sync, one optimizer update with the
+clip coefficient and loss-scale unscale folded in, mixed precision) - which its runner runs
+eagerly or from CUDA graphs (runtime.train.runners: the step never asks which) -,
+evaluation, the stopping rule
 (target reached, budget spent), the logging cadence and the events callbacks observe, and the
 run's progress (step, samples, epoch, the eval position; runtime.train.progress keeps it in a
 checkpoint).
