@@ -5,6 +5,8 @@ then passes; CUDA runs are checked against system.device_memory_gb. The estimate
 measured peak: tests/integration/test_memory_integration.py."""
 from __future__ import annotations
 
+import json
+
 import re
 
 import pytest
@@ -145,7 +147,7 @@ def test_static_sizes_beyond_the_data_and_length_are_refused_before_launch(overr
     assert memory.main([str(CPU_CONFIG)] + [x for o in [*shapes, ok] for x in ("--set", o)]) == 0
 
 
-def test_the_estimate_counts_static_rows_their_slots_and_the_padded_segments():
+def test_the_estimate_counts_static_rows_their_slots_and_the_padded_segments(tmp_path):
     def total(*extra):
         return memory.estimate(load_config(CPU_CONFIG, [*STATIC, *extra])).total
     dynamic = memory.estimate(load_config(CPU_CONFIG)).total
@@ -153,10 +155,15 @@ def test_the_estimate_counts_static_rows_their_slots_and_the_padded_segments():
     assert total("data.static_rows=8") < total("data.static_rows=16") < total("data.static_rows=32")
     assert total("data.max_seqs_per_row=3") < total("data.max_seqs_per_row=12") \
         < total("data.max_seqs_per_row=25")
-    # the repad kernel pads each of a row's 3 slots and its tail to the width: 4 segments
-    rows = memory.estimate(load_config(CPU_CONFIG, [*STATIC, "data.static_rows=26"])).rows
-    assert (rows.count, rows.width, rows.slots, rows.segments) == (26, 128, 3, 4)
-    assert rows.masked == 128 * 15 // 100 + 3      # floor(width x masked_lm_prob) + slots
+    # the repad kernel pads each of a row's 3 slots and its tail to the width: 4 segments;
+    # the masked-LM slots from the data set's masking rule where it records one
+    (tmp_path / "stats.json").write_text(json.dumps({"parameters": {"masked_lm_prob": 0.15}}))
+    for data_dir, masked in ((tmp_path, 128 * 15 // 100 + 3),  # floor(width x p) + slots
+                             (tmp_path / "none", 3 * 20)):     # no record: slots x max_pred
+        rows = memory.estimate(load_config(CPU_CONFIG, [*STATIC, "data.static_rows=26",
+                                                        f'data.data_dir="{data_dir}"'])).rows
+        assert (rows.count, rows.width, rows.slots, rows.segments) == (26, 128, 3, 4)
+        assert rows.masked == masked, data_dir
 
 
 def test_static_rows_that_cannot_fit_are_refused_with_the_rows_and_slots_that_fit():
