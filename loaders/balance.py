@@ -437,7 +437,9 @@ class OfflinePackPlan(_PlanBase):
 
         fixed = self.rows_per_rank(b)
         steps = row_steps(counts, tokens, self.world_size, b, self.spec.pack_length,
-                          set_costs, rows_per_rank=fixed)
+                          set_costs, rows_per_rank=fixed, members=rows,
+                          lengths=self.flat_lengths)
+        counts = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))  # split
         left = int(counts.sum()) - len(steps) * self.world_size * b
         if fixed and left > 4 * self.world_size * b:  # more than the usual remainder
             mean = counts.mean()

@@ -81,7 +81,9 @@ def pack_window(items: np.ndarray, lengths: np.ndarray, capacity: int,
 
 
 def row_steps(counts: np.ndarray, tokens: np.ndarray, ranks: int, per_rank: int,
-              capacity: int, set_costs=None, rows_per_rank: int = 0) -> list[np.ndarray]:
+              capacity: int, set_costs=None, rows_per_rank: int = 0,
+              members: list | None = None, lengths: np.ndarray | None = None
+              ) -> list[np.ndarray]:
     """Steps over a stream of packed rows (``counts``: sequences per row, ``tokens``: tokens
     per row, in stream order): each step an int [ranks, R] of row indices with exactly
     ranks · per_rank sequences in all, R rows per rank (R may change between steps). Stops
@@ -90,31 +92,105 @@ def row_steps(counts: np.ndarray, tokens: np.ndarray, ranks: int, per_rank: int,
     else fewer (the static batch completes a rank's rows with empty ones), chosen from a
     window of the oldest unused rows, so rows the steps did not want are taken up again.
     ``set_costs``: [ranks, R] row indices → [ranks] costs, to keep the deal no worse than the
-    strided one."""
-    counts = np.asarray(counts, dtype=np.int64)
+    strided one.
+
+    ``members`` (the rows' sequence ids, in placement order) and ``lengths`` (tokens per
+    sequence id), with ``rows_per_rank``: where no R rows of the window hold a step exactly
+    (one GPU, or a stream whose rows hold 3 sequences where a step needs 4 in 2 rows), the
+    step takes the P·R rows of the window holding the most sequences and hands the surplus
+    back as split-off rows (``_split_step``), which the next steps take first; ``members`` is
+    extended with those rows (the returned steps index the extended list). Without them such a
+    stream ends the plan early, which the caller refuses."""
+    counts = _Growing(np.asarray(counts, dtype=np.int64))
+    tokens = _Growing(np.asarray(tokens, dtype=np.int64))
     total = ranks * per_rank
-    used = np.zeros(len(counts), dtype=bool)
-    left = int(counts.sum())
-    pos, steps = 0, []
+    used = _Growing(np.zeros(len(counts), dtype=bool))
+    split = members is not None and lengths is not None and rows_per_rank > 0
+    pieces: list[int] = []  # split-off rows not yet taken: the front of the next windows
+    left = int(counts.view.sum())
+    pos, steps, stream = 0, [], len(counts)
     while left >= total:
-        while pos < len(counts) and used[pos]:
+        while pos < stream and used.view[pos]:
             pos += 1
         if rows_per_rank:  # a window of unused rows (rows left behind must not crowd it)
             want, span = 4 * (total + LOOKAHEAD), 8 * (total + LOOKAHEAD)
-            ahead = np.flatnonzero(~used[pos:pos + span]) + pos
-            while len(ahead) < want and pos + span < len(counts):
+            ahead = np.flatnonzero(~used.view[pos:min(pos + span, stream)]) + pos
+            while len(ahead) < want and pos + span < stream:
                 span *= 2
-                ahead = np.flatnonzero(~used[pos:pos + span]) + pos
-            ahead = ahead[:want]
+                ahead = np.flatnonzero(~used.view[pos:min(pos + span, stream)]) + pos
+            pieces = [r for r in pieces if not used.view[r]]
+            ahead = np.concatenate([np.asarray(pieces, dtype=np.int64), ahead])[:want]
         else:
-            ahead = np.flatnonzero(~used[pos:pos + 2 * total + LOOKAHEAD]) + pos
-        chosen = _choose(counts, ahead, ranks, total, rows_per_rank, per_rank)
+            ahead = np.flatnonzero(~used.view[pos:pos + 2 * total + LOOKAHEAD]) + pos
+        chosen = _choose(counts.view, ahead, ranks, total, rows_per_rank, per_rank)
+        if chosen is None and split:
+            chosen = _split_step(counts, tokens, used, members, lengths, ahead,
+                                 ranks * rows_per_rank, total, pieces)
         if chosen is None:
             break
-        used[chosen] = True
+        used.view[chosen] = True
         left -= total
-        steps.append(_deal_rows(chosen, counts, tokens, ranks, capacity, set_costs))
+        steps.append(_deal_rows(chosen, counts.view, tokens.view, ranks, capacity, set_costs))
     return steps
+
+
+class _Growing:
+    """A 1-d array that rows can be appended to in amortised O(1) (``view``: its rows)."""
+
+    def __init__(self, a: np.ndarray):
+        self._a, self._n = a.copy(), len(a)
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def view(self) -> np.ndarray:
+        return self._a[:self._n]
+
+    def append(self, value) -> int:
+        if self._n == len(self._a):
+            grown = np.zeros(max(16, 2 * len(self._a)), dtype=self._a.dtype)
+            grown[:self._n] = self._a[:self._n]
+            self._a = grown
+        self._a[self._n] = value
+        self._n += 1
+        return self._n - 1
+
+
+def _split_step(counts: _Growing, tokens: _Growing, used: _Growing, members: list,
+                lengths: np.ndarray, ahead: np.ndarray, n: int, total: int,
+                pieces: list[int]) -> np.ndarray | None:
+    """Row indices of a step of exactly ``total`` sequences in ``n`` rows made by splitting:
+    the n rows of ``ahead`` holding the most sequences (oldest first on ties), or None when
+    even they hold fewer than ``total``. The surplus leaves those rows last-placed first (the
+    shortest of a best-fit-decreasing row), from the rows holding the most, each row keeping
+    one sequence at least; what leaves one row becomes one new row (a part of a row fits its
+    capacity), appended to ``members``/``counts``/``tokens`` and to ``pieces``."""
+    if len(ahead) < n or total < n:  # (each row keeps a sequence: n rows hold n at least)
+        return None
+    k = counts.view[ahead]
+    pick = ahead[np.lexsort((np.arange(len(ahead)), -k))[:n]]
+    surplus = int(counts.view[pick].sum()) - total
+    if surplus < 0:
+        return None
+    for r in pick[np.argsort(-counts.view[pick], kind="stable")].tolist():
+        if surplus == 0:
+            break
+        take = min(surplus, int(counts.view[r]) - 1)
+        if take <= 0:
+            continue
+        row = np.asarray(members[r])
+        kept, gone = row[:len(row) - take], row[len(row) - take:]
+        members[r] = kept
+        counts.view[r] = len(kept)
+        tokens.view[r] = int(lengths[kept].sum())
+        members.append(gone)
+        new = counts.append(len(gone))
+        tokens.append(int(lengths[gone].sum()))
+        used.append(False)
+        pieces.append(new)
+        surplus -= take
+    return np.sort(pick) if surplus == 0 else None
 
 
 def _choose(counts, ahead, ranks, total, fixed: int = 0, per_rank: int = 0):

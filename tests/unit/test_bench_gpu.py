@@ -112,12 +112,12 @@ def test_the_stage_list_budgets_help_and_goals_come_from_the_rows(capsys):
 
 def test_the_plans_put_the_verdicts_first_and_fit_their_deadlines():
     """The verdicts (the stages whose figures decide the open goals) run first, in under 6
-    minutes of budget; every plan's budgets leave 20 % of its deadline; each stage is in a
-    plan, data comes before every stage that reads it, and 'all' is the verdicts then the
-    rest."""
+    minutes and a half of deadline (a lent machine's 15 minutes hold it, its start and a
+    rerun); every plan's budgets leave 20 % of its deadline; each stage is in a plan, data
+    comes before every stage that reads it, and 'all' is the verdicts then the rest."""
     verdicts = gpu.PLAN["verdicts"]
-    assert verdicts.stages == ("env", "data", "cuda_tests", "graphs", "throughput",
-                               "optimizer") and verdicts.deadline_s <= 360
+    assert verdicts.stages == ("env", "data", "graphs", "throughput",
+                               "optimizer") and verdicts.deadline_s <= 450
     for plan in gpu.PLANS:
         total = sum(gpu.BUDGET_S[s] for s in plan.stages)
         assert total * gpu.SLACK <= plan.deadline_s, (plan.name, total, plan.deadline_s)
