@@ -3,7 +3,7 @@ per call, recording every stage's result - and each case a stage finished - even
 one fails.
 
     python -m bench.gpu --out DIR                    the verdicts plan: what the open goals
-                                                     need, under 6 minutes on one H100
+                                                     need, under 9 minutes on one GPU
     python -m bench.gpu --out DIR2 --plan rest       everything else, in a second call
     python -m bench.gpu --out DIR --stages checks    a subset of the plan's stages
     python -m bench.gpu --smoke --out DIR --plan all on CPU: tiny shapes, seconds per stage

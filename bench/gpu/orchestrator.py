@@ -44,7 +44,7 @@ KILL_GRACE_S = 5.0
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=(
         "Check and measure the CUDA path on a GPU machine, a plan of stages per call (the open\n"
-        "goals' verdicts first, in under 6 minutes on one H100), recording every stage's\n"
+        "goals' verdicts first, in under 9 minutes on one GPU), recording every stage's\n"
         "result - and every case a stage finished - even when a later one fails (docs/GPU.md)."),
         epilog=help_text(SMOKE_BUDGET_S), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="folder for the record, summary and logs")

@@ -66,6 +66,13 @@ def test_the_graph_goals_from_the_stage_figures():
     assert g["eager_b4_within_1_2x_unpadded"]["ratios"]["padded_bucketed"] == pytest.approx(1.125)
     out["rows2"]["full"] = {"error": "capture failed"}
     assert _goals(out)["full_graph_2rows_under_25ms"]["met"] is None  # not measured
+    # written after each eager path (a stage ended at its budget keeps them): paths still to
+    # come can miss the eager goal, never meet it
+    del out["eager_b4"]["packed_static"]
+    assert _goals(out, partial=True)["eager_b4_within_1_2x_unpadded"]["met"] is None
+    assert _goals(out, partial=False)["eager_b4_within_1_2x_unpadded"]["met"] is True
+    out["eager_b4"]["padded_dynamic"] = {"step_s": 1.0}  # the H200's, 2026-11-28: 7.9x
+    assert _goals(out, partial=True)["eager_b4_within_1_2x_unpadded"]["met"] is False
 
 
 def test_the_fused_kernels_goals_read_the_throughput_figures():
@@ -112,12 +119,12 @@ def test_the_stage_list_budgets_help_and_goals_come_from_the_rows(capsys):
 
 def test_the_plans_put_the_verdicts_first_and_fit_their_deadlines():
     """The verdicts (the stages whose figures decide the open goals) run first, in under 6
-    minutes and a half of deadline (a lent machine's 15 minutes hold it, its start and a
-    rerun); every plan's budgets leave 20 % of its deadline; each stage is in a plan, data
+    minutes of deadline (a lent machine's 10-minute call holds it and the machine's start);
+    every plan's budgets leave 20 % of its deadline; each stage is in a plan, data
     comes before every stage that reads it, and 'all' is the verdicts then the rest."""
     verdicts = gpu.PLAN["verdicts"]
     assert verdicts.stages == ("env", "data", "graphs", "throughput",
-                               "optimizer") and verdicts.deadline_s <= 450
+                               "optimizer") and verdicts.deadline_s <= 540
     for plan in gpu.PLANS:
         total = sum(gpu.BUDGET_S[s] for s in plan.stages)
         assert total * gpu.SLACK <= plan.deadline_s, (plan.name, total, plan.deadline_s)
