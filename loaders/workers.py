@@ -10,7 +10,10 @@ exception is abandoned, not ``terminate()``d: its workers are killed and its own
 cancelled - ``Pool.terminate()`` stops the result handler, then waits for the result queue's
 lock, which a worker blocked writing a large result into the unread pipe holds forever (a hung
 ``prepare``, about once in 25 stops under load; py-spy showed the parent in _terminate_pool's
-outqueue.put and a worker in its result's send). Never: what the tasks do, or any
+outqueue.put and a worker in its result's send); (3) a worker that dies (killed - the OOM
+killer, a stray SIGKILL - or crashed) fails the wait within a poll, naming the worker and its
+exit status: CPython's pool starts a replacement and waits forever for the lost task's result
+(a test run hung 600 s in a map). Never: what the tasks do, or any
 ordering but the tasks' own: results come back in task order whatever finishes first, which
 is what makes every builder's output independent of ``--workers``.
 """
@@ -69,6 +72,10 @@ def _abandon(pool) -> None:
     finalizer.cancel()
 
 
+class WorkerDied(RuntimeError):
+    """A worker process of the pool ended while its task was unfinished."""
+
+
 class Workers:
     """``map`` over tasks in order, inline for one worker or in a forked process pool (the
     children inherit the parent's module state as it is when the pool starts)."""
@@ -82,6 +89,7 @@ class Workers:
             _STOP["waiting"] += 1  # from here to the pool's end a stop signal is deferred
             self.pool = multiprocessing.get_context("fork").Pool(self.workers,
                                                                  initializer=worker_init)
+            self._started = list(getattr(self.pool, "_pool", []))  # the workers, to watch
         return self
 
     def __exit__(self, *exc):
@@ -103,9 +111,24 @@ class Workers:
         result = self.pool.map_async(fn, tasks, chunksize=chunksize)
         while not result.ready():  # polled: a stop request is raised here, not in a lock
             _stop_point()
+            self._check_workers(fn)
             result.wait(POLL_S)
         _stop_point()
         return result.get()
+
+    def _check_workers(self, fn) -> None:
+        """Raise WorkerDied when a worker of the pool has ended: the pool would replace it
+        and wait forever for the task it held."""
+        for p in self._started:
+            code = p.exitcode
+            if code is not None:
+                how = (f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0
+                       else f"exit status {code}")
+                raise WorkerDied(
+                    f"a worker process (pid {p.pid}) running {getattr(fn, '__name__', fn)} "
+                    f"ended ({how}) with its task unfinished, so this build cannot be "
+                    f"completed (it stops here, its output unfinished). A SIGKILL is most often the out-of-"
+                    f"memory killer (see dmesg): run again with fewer --workers")
 
     def imap(self, fn, tasks: list):
         """Results in task order as they become ready (the caller can act on the first before
@@ -117,6 +140,7 @@ class Workers:
         for result in results:
             while not result.ready():
                 _stop_point()
+                self._check_workers(fn)
                 result.wait(POLL_S)
             _stop_point()
             yield result.get()

@@ -9,6 +9,7 @@ The shared set comes from ``small_dataset`` in conftest.py; a few tests rebuild 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -139,6 +140,25 @@ def test_failure_midway_leaves_no_partial_output(tmp_path, monkeypatch):
     real_write = prep.write_shard
     monkeypatch.setattr(prep, "write_shard", failing_write)
     with pytest.raises(OSError, match="simulated"):
+        build(_small(tmp_path / "data"), **QUIET)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_killed_worker_fails_the_build_and_leaves_no_partial_output(tmp_path, monkeypatch):
+    """A tokenizing worker SIGKILLed (the OOM killer's way): the build fails within a poll,
+    naming it, instead of waiting forever for the lost task (loaders.workers)."""
+    import loaders.prepare as prep
+    from loaders.workers import WorkerDied
+    real = prep._tokenize_batch
+
+    def dies(sentences):
+        os.kill(os.getpid(), signal.SIGKILL)
+        return real(sentences)
+
+    dies.__module__, dies.__qualname__ = prep.__name__, "_tokenize_batch"  # pickled by name
+    dies.__name__ = "_tokenize_batch"
+    monkeypatch.setattr(prep, "_tokenize_batch", dies)
+    with pytest.raises(WorkerDied, match=r"running _tokenize_batch ended \(killed by signal 9"):
         build(_small(tmp_path / "data"), **QUIET)
     assert list(tmp_path.iterdir()) == []
 
