@@ -40,7 +40,7 @@ from typing import Any, Callable, Optional, TypeVar
 import torch
 import torch.distributed as torch_dist
 
-from runtime.launch.env import LaunchInfo
+from runtime.launch.env import LaunchInfo, finalize_pmi
 
 T = TypeVar("T")
 
@@ -483,13 +483,18 @@ def leave_process(code: int) -> None:
     had written every result still died now and then in std::terminate ("terminate called
     without an active exception", exit 6) - twice in five suite runs on 2026-11-24, once in
     one run with two test workers on 2026-11-27, after `shutdown`'s barrier and rank 0's
-    wait for its peers. Files are closed by their owners before this (the trainer's close,
-    the callbacks' end); what is still buffered in Python's stdio is flushed here."""
+    wait for its peers. MPICH's PMI finalize, which it leaves to a C exit handler, is said
+    here too (`runtime.launch.env.finalize_pmi`): without it hydra took the first rank to end
+    for a crashed one and SIGKILLed the others still ending. Files are closed by their owners
+    before this (the trainer's close, the callbacks' end); what is still buffered in Python's
+    stdio is flushed here."""
     try:
         atexit._run_exitfuncs()
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
             mpi.Finalize()
+        if mpi is not None and mpi.Is_finalized():
+            finalize_pmi()   # MPICH does it in a C exit handler, which os._exit skips
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -520,6 +525,8 @@ def _die(code: int, info: Optional[LaunchInfo], text: str, everywhere: bool):
     step = getattr(info, "slurm_step", None)
     if not everywhere and step is not None and code != BAD_INPUT_EXIT:
         _kill_slurm_step(step)   # (bad input: every node is alive, kill-on-bad-exit suffices)
+    if everywhere:
+        finalize_pmi()   # each rank leaves on its own: hydra must not SIGKILL the later ones
     os._exit(code)
 
 

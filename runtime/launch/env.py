@@ -3,7 +3,8 @@
 Owns: turning what a launcher put in the environment (mpiexec/mpirun, srun, torchrun, or
 nothing) into a `LaunchInfo` — rank, local rank, world size, local world size, which launcher —
 plus the rendezvous hint `runtime.launch.dist` needs to join the ranks (over MPI, a TCP address, or a
-file). Every other module receives these values; none reads ``os.environ`` for ranks.
+file). Every other module receives these values; none reads ``os.environ`` for ranks. And, at a
+rank's end, telling the launcher's PMI connection it leaves (`finalize_pmi`).
 Never: creates process groups, touches torch or CUDA (``CUDA_VISIBLE_DEVICES``,
 ``GLOO_SOCKET_IFNAME``, ``NCCL_*`` are read by torch and NCCL themselves and left alone here).
 
@@ -34,8 +35,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import select
+import stat
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -115,6 +119,8 @@ def discover(env: Optional[Mapping[str, str]] = None, *, use_mpi: Optional[bool]
     if family is not None and use_mpi is not False and not _is_torchrun(env):
         mpi = _load_mpi4py(family, force=use_mpi is True)
         if mpi is not None:
+            if family == "pmi":
+                _note_pmi_socket(env)
             return _from_mpi(mpi, env, family)
     return discover_from_env(env)
 
@@ -180,6 +186,66 @@ def _vendor_fits(vendor: str, family: str) -> bool:
     if family == "pmi":
         return vendor != "Open MPI"
     return vendor == "Open MPI"  # PMIx: Open MPI speaks it; pip's MPICH does not
+
+
+# The PMI connection the launcher gave this rank (``PMI_FD``) as (fd, st_dev, st_ino), noted
+# when MPI starts on it: `finalize_pmi` speaks on it only while the descriptor is that socket.
+_PMI_SOCKET: Optional[tuple[int, int, int]] = None
+PMI_FINALIZE_WAIT_S = 5.0
+
+
+def _note_pmi_socket(env: Mapping[str, str]) -> None:
+    global _PMI_SOCKET
+    if env.get("PMI_VERSION", "1").strip() != "1":
+        return  # the PMI-2 wire (PMI_VERSION=2): not spoken here
+    try:
+        fd = int(env["PMI_FD"])
+        st = os.fstat(fd)
+    except (KeyError, ValueError, OSError):
+        return  # no PMI_FD (hydra's -pmi-port): nothing to finalize by hand
+    if stat.S_ISSOCK(st.st_mode):
+        _PMI_SOCKET = (fd, st.st_dev, st.st_ino)
+
+
+def finalize_pmi(timeout_s: float = PMI_FINALIZE_WAIT_S) -> bool:
+    """Tell the process manager this rank is leaving (PMI-1 ``cmd=finalize``, answered by
+    ``cmd=finalize_ack``) on the ``PMI_FD`` connection MPI was started on; True once it is
+    acknowledged. For a rank that ends with ``os._exit``: MPICH (4.1 on, the pip wheel's 5.0)
+    leaves this to a C ``atexit`` handler, which ``os._exit`` skips - and MPICH's hydra proxy
+    takes a PMI connection closed without it for a crashed rank and SIGKILLs every rank still
+    running (its exit status then 9, or 0 when the proxy reaps it late). Ranks that end a
+    moment apart died so now and then (tests/ranks/test_noise_scale_ranks.py at 4 ranks on 2
+    busy cores: mpiexec exit 9, "Killed (signal 9)", empty stderr). Call it once MPI is done
+    with the connection: after MPI_Finalize (its PMI barrier uses it), or on a way out that
+    never finalizes MPI (`runtime.launch.dist._die`). Does nothing (False) without such a
+    connection: no MPI here, hydra's ``-pmi-port``, PMI-2, or the descriptor is no longer the
+    socket noted at start (a library that closed it; its number reused). Bounded by
+    ``timeout_s``; any error only means the launcher was not told."""
+    sock = _PMI_SOCKET
+    if sock is None:
+        return False
+    fd, dev, ino = sock
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISSOCK(st.st_mode) or (st.st_dev, st.st_ino) != (dev, ino):
+            return False
+        os.write(fd, b"cmd=finalize\n")
+        deadline = time.monotonic() + timeout_s
+        reply = b""
+        while True:
+            while b"\n" in reply:
+                line, reply = reply.split(b"\n", 1)
+                if line.startswith(b"cmd=finalize_ack"):
+                    return True
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return False
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return False
+            reply += chunk
+    except OSError:
+        return False
 
 
 def _from_mpi(MPI, env: Mapping[str, str], family: str) -> LaunchInfo:

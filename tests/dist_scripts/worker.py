@@ -8,6 +8,9 @@ Started by a real launcher (mpiexec, mpirun, torchrun) from tests/ranks/test_dis
   kill       rank 1 SIGKILLs itself in the middle of a run of all-reduces
   hang       rank 1 stops answering (sleeps); rank 0's all-reduce must time out
   leave-last rank 1 takes 1 s to leave the group: rank 0, the store's host, leaves after it
+  end-apart  rank 1 ends its process 1 s after MPI_Finalize, rank 0 at once: the launcher must
+             not take rank 0's end for an abnormal one (MPICH's hydra SIGKILLs every rank
+             still running when one ends without PMI's finalize)
   refuse     every rank refuses alike (an error raised on all ranks, exit 2, as a refused
              resume); rank 1's failure note takes 2 s, then writes DIR/noted<N> as each
              rank's does (submission.train's note writes the rank's status record)
@@ -91,6 +94,21 @@ def main(mode: str, timeout_s: float, out_dir: str = "") -> int:
                     return count_left(store, n)
                 dist._count_left = slow
             dist.shutdown()
+            print(f"DONE{ctx.rank} {time.time():.6f}", flush=True)
+        elif mode == "end-apart":
+            allreduce_steps(ctx, 2)
+            dist.shutdown()
+            if ctx.rank == 1:   # slow between MPI_Finalize (in leave_process) and its end
+                class SlowEnd:
+                    def __getattr__(self, name):
+                        return getattr(os, name)
+
+                    @staticmethod
+                    def _exit(code):
+                        time.sleep(1.0)
+                        print(f"END1 {time.time():.6f}", flush=True)
+                        os._exit(code)
+                dist.os = SlowEnd()
             print(f"DONE{ctx.rank} {time.time():.6f}", flush=True)
         elif mode == "refuse":
             def note(e):
