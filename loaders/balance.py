@@ -443,12 +443,14 @@ class OfflinePackPlan(_PlanBase):
         left = int(counts.sum()) - len(steps) * self.world_size * b
         if fixed and left > 4 * self.world_size * b:  # more than the usual remainder
             mean = counts.mean()
+            derived = self.spec.static_rows == 0  # (the rows' mean said how many)
+            more = max(int(np.ceil(b / mean)), fixed + 1)
             raise DataError(
-                f"data.static_rows={fixed}: {fixed} packed rows per rank cannot hold a local "
-                f"batch of {b} sequences for the whole epoch (the rows hold {mean:.2f} "
-                f"sequences on average; {left} of {int(counts.sum())} sequences of epoch "
-                f"{epoch} would be left out): set data.static_rows >= "
-                f"{int(np.ceil(b / mean))}, or 0 to derive it")
+                f"data.static_rows={self.spec.static_rows}: "
+                f"{'the derived ' if derived else ''}{fixed} packed rows per rank cannot hold "
+                f"a local batch of {b} sequences for the whole epoch (the rows hold "
+                f"{mean:.2f} sequences on average; {left} of {int(counts.sum())} sequences of "
+                f"epoch {epoch} would be left out): set data.static_rows >= {more}")
         widest = max((int(counts[s].sum(1).max()) for s in steps), default=b)
         pairs = np.full((self.world_size, len(steps), widest, 2), -1, dtype=np.int32)
         row_of = np.full((self.world_size, len(steps), widest), -1, dtype=np.int16)
