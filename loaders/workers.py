@@ -127,8 +127,9 @@ class Workers:
                 raise WorkerDied(
                     f"a worker process (pid {p.pid}) running {getattr(fn, '__name__', fn)} "
                     f"ended ({how}) with its task unfinished, so this build cannot be "
-                    f"completed (it stops here, its output unfinished). A SIGKILL is most often the out-of-"
-                    f"memory killer (see dmesg): run again with fewer --workers")
+                    f"completed (it stops here, its output unfinished). A SIGKILL is most "
+                    f"often the out-of-memory killer (see dmesg): run again with fewer "
+                    f"--workers")
 
     def imap(self, fn, tasks: list):
         """Results in task order as they become ready (the caller can act on the first before

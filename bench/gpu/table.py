@@ -12,12 +12,11 @@ Budgets are seconds on one H100, from the stages' measured times in bench/result
 (2026-11-24: env 6-11 s, data 13-18, cuda_tests 43-58 before the graph tests, checks 24-28,
 throughput 111-123 for 6 cases, plain 34-41, optimizer 28-58 for 6 cases, tune_profile 32-113,
 short_runs 76-82 at 300 steps; 2026-11-27 on an H200: cuda_tests 92 s with the graph tests,
-graphs past 120 s after 2 of its 6 eager paths
-(the dynamic padded step takes 1 s), throughput 62 s for the unfused case alone at batch 904 - its memory fits a larger batch -,
-optimizer past 25 s with a cold compile cache, env past 10 s
-installing the bundle) and the new cases' estimated share; each plan's
-budgets sum to at most 1/1.2 of its deadline (``SLACK``), and ``verdicts`` - what the open
-goals need - fits in 9 minutes: a lent GPU machine (15 minutes, 10 a call) runs it first,
+graphs past 120 s after 2 of its 6 eager paths (the dynamic padded step takes 1 s),
+throughput 62 s for the unfused case alone at batch 904 - its memory fits a larger batch -,
+optimizer past 25 s with a cold compile cache, env past 10 s installing the bundle) and the
+new cases' estimated share; each plan's budgets sum to at most 1/1.2 of its deadline
+(``SLACK``), and ``verdicts`` - what the open goals need - fits in 9 minutes: a lent GPU machine (15 minutes, 10 a call) runs it first,
 then ``rest`` if time is left. The CUDA tests, all passing on their first GPU run
 (2026-11-27), lead ``rest``. The records say how good the estimates were (docs/GPU.md).
 
@@ -110,8 +109,8 @@ STAGES = (
 )
 
 VERDICTS = ("env", "data", "graphs", "throughput", "optimizer")
-REST = ("env", "data", "cuda_tests", "graph_batches", "checks", "throughput_paths", "plain", "attention",
-        "tune_profile", "short_runs")
+REST = ("env", "data", "cuda_tests", "graph_batches", "checks", "throughput_paths", "plain",
+        "attention", "tune_profile", "short_runs")
 PLANS = (
     Plan("verdicts", VERDICTS, 520,
          "what the open GPU goals need, first on a lent machine (under 9 minutes)"),
