@@ -35,12 +35,11 @@ import sys
 from pathlib import Path
 
 from loaders import tokenization
+from loaders.build_record import STATS_FILE, VOCAB_FILE
 from loaders.shards import (CHECKSUM_FILE, EVAL_FILE, PUBLISHED_EVAL_MD5, TRAIN_DIR, DataError,
                             Limits, check_samples, input_ids_md5, read_shard, sha256_file)
-from loaders.workers import Workers
+from loaders.workers import WorkerDied, Workers
 
-STATS_FILE = "stats.json"
-VOCAB_FILE = "vocab.txt"
 
 
 def _inspect(task: tuple[str, int, int, int]) -> dict:
@@ -80,7 +79,7 @@ def adopt(train: Path, eval_file: Path, vocab_path: Path, out: Path, seq_len: in
     vocab = tokenization.load_vocab(vocab_path)
     tasks = [(str(p), len(vocab), seq_len, max_pred) for p in [*shards, eval_file]]
     with Workers(workers) as pool:
-        facts = pool.map(_inspect, tasks)
+        facts = pool.map(_inspect, tasks, describe=lambda t: f"checking {t[0]}")
     names = [f"{TRAIN_DIR}/{p.name}" for p in shards]
     stats = {
         "created_by": "python -m loaders.adopt",
@@ -151,6 +150,9 @@ def main(argv=None) -> int:
     except DataError as e:
         print(f"adopt: error: {e}", file=sys.stderr)
         return 2
+    except WorkerDied as e:
+        print(f"adopt: error: {e}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("adopt: interrupted; nothing was written to --out", file=sys.stderr)
         return 130

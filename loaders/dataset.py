@@ -63,6 +63,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from loaders.build_record import STATS_FILE
 from loaders.balance import BalanceSpec, make_plan
 from loaders.collate import (Batch, Rows, StaticShape, best_fit_rows, bucket_width, collate,
                              masked_slots_per_row, pad_rows, pad_rows_static, sample_rows)
@@ -70,7 +71,6 @@ from loaders.shard_plan import PLAN_NAME, ShardPlan  # noqa: F401 (re-exported)
 from loaders.shards import (EVAL_FILE, VLEN_INT16, DataError, Limits, Samples, check_samples,
                             read_checksums, read_shard, verify_checksums)
 
-STATS_FILE = "stats.json"
 _warned_skips: set = set()
 _lengths_cache: dict = {}
 

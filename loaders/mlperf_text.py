@@ -5,8 +5,9 @@ the way the reference's ``create_pretraining_data.py`` turns each of them into T
 
 Owns: finding and checking the part files, reading the text format, the reference's
 procedure per input file, the eval set, and laying the results out as ``--shards`` shards.
-Never: pairing and masking (pretraining.py), the tokenizer (tokenization.py), the build's
-fingerprint, atomic directory and command line (prepare.py), the HDF5 schema (shards.py).
+Never: pairing and masking (pretraining.py), the tokenizer (tokenization.py), the build
+record and its fingerprint (build_record.py), the atomic directory and command line
+(prepare.py, which calls ``build_into``), the HDF5 schema (shards.py).
 
 The reference (``mlcommons/training``, ``language_model/tensorflow/bert``, README "Generate
 the TFRecords"; NVIDIA's ``parallel_create_hdf5.sh`` runs it the same way) runs
@@ -42,11 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
-from loaders import pretraining, tokenization
-from loaders.prepare import (STATS_FILE, TOKENIZE_BATCH, VOCAB_FILE, BuildReport, _dump_json,
-                             _select_rows, _versions, length_stats)
+from loaders import build_record, pretraining, tokenization
+from loaders.build_record import VOCAB_FILE, BuildReport, length_stats, select_rows
 from loaders.shards import (EVAL_FILE, PUBLISHED_EVAL_MD5, TRAIN_DIR, DataError, input_ids_md5,
-                            shard_name, write_checksums, write_shard)
+                            shard_name, write_shard)
 from loaders.workers import Workers
 
 PART = re.compile(r"^part-(\d{5})-of-(\d{5})$")
@@ -57,7 +57,13 @@ OFFICIAL = {**MLPERF_DEFAULTS, "masked_lm_prob": 0.15, "short_seq_prob": 0.1, "s
             "source": "mlperf-text"}
 """Every recorded option of the official eval set (whose hash NVIDIA publishes)."""
 _ARRAYS = ("input_ids", "id_off", "len_a", "positions", "labels", "pred_off", "nsp")
-_STATE: dict = {}   # inherited by forked workers
+_STATE: dict = {}   # what the tasks read (vocab, params, cfg, work): set by _set_state
+
+
+def _set_state(state: dict) -> None:
+    """In each worker (and here when the tasks run inline): the state the tasks read."""
+    _STATE.clear()
+    _STATE.update(state)
 
 
 # ------------------------------------------------------------------------------ the files
@@ -86,11 +92,25 @@ def find_parts(directory: Path) -> list[Path]:
         raise DataError(f"{directory / missing[0]}: missing ({len(missing)} of {total} parts "
                         f"missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''})"
                         " - copy every part of the reference's text")
-    return [found[f"part-{i:05d}-of-{total:05d}"][2] for i in range(total)]
+    parts = [found[f"part-{i:05d}-of-{total:05d}"][2] for i in range(total)]
+    for p in parts:
+        if not p.is_file():
+            raise DataError(f"{p}: not a regular file - every part-NNNNN-of-NNNNN is one of the "
+                            "reference's text files; copy it again")
+        if p.stat().st_size == 0:
+            raise DataError(f"{p}: empty (0 bytes) - no part of the reference's text is empty, "
+                            "so the copy failed; copy it again (check it against its md5)")
+    return parts
 
 
 def eval_path(cfg) -> Path:
     path = Path(cfg.mlperf_eval) if cfg.mlperf_eval else Path(cfg.mlperf_text) / EVAL_NAME
+    if path.exists() and not path.is_file():
+        raise DataError(f"{path}: not a regular file - the held-out eval text (the reference's "
+                        "results4/eval.txt); pass --mlperf-eval FILE")
+    if path.is_file() and path.stat().st_size == 0:
+        raise DataError(f"{path}: empty (0 bytes) - the held-out eval text is not empty, so the "
+                        "copy failed; copy it again (check it against its md5)")
     if not path.is_file():
         raise DataError(f"{path}: the held-out eval text is missing (the reference ships it as "
                         "results4/eval.txt); pass --mlperf-eval FILE")
@@ -129,8 +149,9 @@ def tokenize_documents(tokenizer, docs: list[list[str]]) -> list[list[list[int]]
     lines dropped (the reference keeps a line only ``if tokens``)."""
     flat = [line for d in docs for line in d]
     encoded = []
-    for i in range(0, len(flat), TOKENIZE_BATCH):
-        encoded += tokenization.encode_sentences(tokenizer, flat[i:i + TOKENIZE_BATCH])
+    batch = tokenization.ENCODE_BATCH
+    for i in range(0, len(flat), batch):
+        encoded += tokenization.encode_sentences(tokenizer, flat[i:i + batch])
     out, k = [], 0
     for d in docs:
         segs = [encoded[k + j].tolist() for j in range(len(d)) if len(encoded[k + j])]
@@ -239,13 +260,14 @@ def build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files_, finger
         max_seq_length=cfg.seq_len, short_seq_prob=cfg.short_seq_prob,
         masked_lm_prob=cfg.masked_lm_prob, max_predictions_per_seq=cfg.max_pred,
         vocab_size=len(vocab))
-    _STATE.update(vocab=vocab, params=params, cfg=cfg, work=str(work))
+    state = dict(vocab=vocab, params=params, cfg=cfg, work=str(work))
     tasks = [("eval", 0, str(evalf))] + [("part", i, str(p)) for i, p in enumerate(parts)]
     total_bytes = sum(Path(t[2]).stat().st_size for t in tasks)
     done_bytes, results = 0, []
     try:
-        with Workers(cfg.workers) as pool:
-            for task, res in zip(tasks, pool.imap(_task, tasks)):
+        with Workers(cfg.workers, setup=(_set_state, (state,))) as pool:
+            for task, res in zip(tasks, pool.imap(_task, tasks,
+                                                  describe=lambda t: f"making the instances of {t[2]}")):
                 results.append(res)
                 done_bytes += Path(task[2]).stat().st_size
                 if len(results) % max(1, len(tasks) // 20) == 0 or len(results) == len(tasks):
@@ -281,7 +303,7 @@ def build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files_, finger
             if i not in loaded:
                 loaded = {i: _load(r["work"])}          # parts are read once, in order
             chunks.append((loaded[i], np.arange(a - starts[i], b - starts[i])))
-        samples = [_select_rows(p, rows) for p, rows in chunks]
+        samples = [select_rows(p, rows) for p, rows in chunks]
         merged = samples[0]
         for extra in samples[1:]:
             for key in ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids"):
@@ -298,7 +320,7 @@ def build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files_, finger
         nsp.append(merged.next_sentence_labels)
         lo += size
     evals = _load(ev["work"])
-    eval_samples = _select_rows(evals, np.arange(len(evals)))
+    eval_samples = select_rows(evals, np.arange(len(evals)))
     write_shard(tmp / EVAL_FILE, eval_samples)
     eval_md5 = input_ids_md5(eval_samples.input_ids)
     official = {k: v for k, v in cfg.recorded().items() if k != "shards"} == OFFICIAL
@@ -316,42 +338,26 @@ def build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files_, finger
                "set" if eval_md5 == PUBLISHED_EVAL_MD5 else
                f"!= NVIDIA's published {PUBLISHED_EVAL_MD5}: NOT the MLPerf eval set - are "
                "the text and vocab.txt the official ones (check their md5s)?"))
-    kinds = {k: sum(r[f"n_{k}"] for r in part_results) for k in ("mask", "random", "kept")}
-    n_masked = max(1, sum(kinds.values()))
-    stats = {
-        "created_by": "python -m loaders.prepare --mlperf-text",
-        "procedure": "the reference's create_pretraining_data.py per file (seed each file), "
-                     "eval picked as pick_eval_samples.py",
-        "documents": {"train": sum(r["documents"] for r in part_results),
-                      "eval": ev["documents"]},
-        "sentences": {"train": sum(r["sentences"] for r in part_results),
-                      "eval": ev["sentences"]},
-        "sequences": {"train": n_train, "eval": cfg.eval_samples,
-                      "eval_candidates": ev["candidates"]},
-        "tokens": {"train": train_stats["tokens"], "eval": eval_stats["tokens"]},
-        "corpus_tokens": {"train": sum(r["corpus_tokens"] for r in part_results),
-                          "eval": ev["corpus_tokens"]},
-        "train": train_stats,
-        "eval": eval_stats,
-        "masked_token_kinds": {**{k: round(v / n_masked, 5) for k, v in kinds.items()},
-                               "note": "train set; a random id that equals the original "
-                                       "counts as kept"},
-        "parts": [{"file": r["file"], "documents": r["documents"], "sequences": r["sequences"]}
-                  for r in part_results],
-        "train_shards": train_shards,
-        "eval_file": {"file": EVAL_FILE, "samples": cfg.eval_samples},
-        "vocab": {"file": VOCAB_FILE, "source": Path(vocab_path).name, "size": len(vocab),
-                  "sha256": fingerprint["vocab_sha256"]},
-        "sources": sources,
-        "parameters": cfg.recorded(),
-        "versions": _versions(),
-        "fingerprint": fingerprint,
-    }
-    (tmp / STATS_FILE).write_text(_dump_json(stats))
+    stats = build_record.record(
+        created_by="python -m loaders.prepare --mlperf-text",
+        procedure="the reference's create_pretraining_data.py per file (seed each file), eval "
+                  "picked as pick_eval_samples.py",
+        documents={"train": sum(r["documents"] for r in part_results), "eval": ev["documents"]},
+        sentences={"train": sum(r["sentences"] for r in part_results), "eval": ev["sentences"]},
+        sequences={"train": n_train, "eval": cfg.eval_samples,
+                   "eval_candidates": ev["candidates"]},
+        corpus_tokens={"train": sum(r["corpus_tokens"] for r in part_results),
+                       "eval": ev["corpus_tokens"]},
+        train=train_stats, eval_=eval_stats,
+        mask_kinds={k: sum(r[f"n_{k}"] for r in part_results) for k in ("mask", "random", "kept")},
+        parts=[{"file": r["file"], "documents": r["documents"], "sequences": r["sequences"]}
+               for r in part_results],
+        train_shards=train_shards, eval_samples=cfg.eval_samples,
+        vocab={"file": VOCAB_FILE, "source": Path(vocab_path).name, "size": len(vocab),
+               "sha256": fingerprint["vocab_sha256"]},
+        sources=sources, parameters=cfg.recorded(), fingerprint_=fingerprint)
     seconds["write"] = time.perf_counter() - t
-    t = time.perf_counter()
-    write_checksums(tmp, relpaths + [EVAL_FILE, VOCAB_FILE, STATS_FILE])
-    seconds["checksums"] = time.perf_counter() - t
+    build_record.write(tmp, stats, relpaths, seconds)
     log(f"write: {cfg.shards} shards ({n_train} sequences) + eval ({cfg.eval_samples} of "
         f"{ev['candidates']}) in {seconds['write']:.1f} s")
     return BuildReport(out=tmp, up_to_date=False, stats=stats, seconds=seconds)

@@ -2,9 +2,10 @@
 
 Owns: the build pipeline and its command line - hashing the inputs, running extraction,
 tokenisation and example creation in worker processes, the train/eval selection, writing the
-data set atomically, stats.json and the checksums. Never: markup or sentence rules
-(corpus.py), tokeniser details (tokenization.py), pairing/masking semantics (pretraining.py),
-the HDF5 schema (shards.py).
+data set atomically; the MLPerf text source's pipeline is mlperf_text.py's (``build`` hands it
+the build directory). Never: markup or sentence rules (corpus.py), tokeniser details
+(tokenization.py), pairing/masking semantics (pretraining.py), the HDF5 schema (shards.py),
+stats.json, the fingerprint and the checksums' place in a build (build_record.py).
 
 Usage::
 
@@ -31,7 +32,6 @@ import argparse
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import sys
@@ -41,18 +41,14 @@ from pathlib import Path
 
 import numpy as np
 
-from loaders import corpus, pretraining, tokenization
-from loaders.workers import Workers, defer_stop
-from loaders.shards import (EVAL_FILE, TRAIN_DIR, DataError, Samples, sha256_file, shard_name,
-                            verify_checksums, write_checksums, write_shard)
+from loaders import build_record, corpus, mlperf_text, pretraining, tokenization
+from loaders.build_record import STATS_FILE, VOCAB_FILE, BuildReport
+from loaders.workers import WorkerDied, Workers, defer_stop
+from loaders.shards import EVAL_FILE, TRAIN_DIR, DataError, sha256_file, shard_name, write_shard
 
-FORMAT_VERSION = 1          # bump when a code change alters the bytes of a data set
 DEFAULT_SOURCES = Path(".cache/sources")
 DEFAULT_DUPE_FACTOR = 5
-HIST_BIN = 8
-STATS_FILE = "stats.json"
-VOCAB_FILE = "vocab.txt"
-TOKENIZE_BATCH = 4096       # sentences per tokenisation task
+TOKENIZE_BATCH = tokenization.ENCODE_BATCH   # sentences per tokenisation task
 EXTRACT_BATCH = 256         # summaries per extraction task
 
 
@@ -119,18 +115,6 @@ class PrepareConfig:
         return d
 
 
-@dataclass
-class BuildReport:
-    out: Path
-    up_to_date: bool
-    stats: dict
-    seconds: dict                     # per phase
-    train_doc_ids: list = field(default_factory=list)
-    eval_doc_ids: list = field(default_factory=list)
-    train_instance_docs: set = field(default_factory=set)   # doc ids used by A or B segments
-    eval_instance_docs: set = field(default_factory=set)
-
-
 def _log(msg: str) -> None:
     print(f"[prepare] {msg}", file=sys.stderr, flush=True)
 
@@ -139,7 +123,13 @@ def _log(msg: str) -> None:
 # Worker processes
 # ---------------------------------------------------------------------------------------
 
-_STATE: dict = {}   # inherited by forked workers (documents, params, vocab)
+_STATE: dict = {}   # what the tasks read (vocab; documents, params, seed): set by _set_state
+
+
+def _set_state(state: dict) -> None:
+    """In each worker (and here when the tasks run inline): the state the tasks read."""
+    _STATE.clear()
+    _STATE.update(state)
 
 
 def _extract_summaries(batch):
@@ -180,7 +170,6 @@ def _create_chunk(task):
 
 def _source_files(cfg: PrepareConfig) -> list[tuple[str, Path]]:
     if cfg.mlperf_text is not None:
-        from loaders import mlperf_text
         return mlperf_text.source_files(cfg)
     files = [("wiki-summaries", corpus.summaries_path())]
     xml = cfg.sources / corpus.WIKI_XML_NAME
@@ -191,69 +180,6 @@ def _source_files(cfg: PrepareConfig) -> list[tuple[str, Path]]:
     if cfg.debian_docs:
         files += [("debian-docs", deb) for deb in corpus.debian_deb_files(cfg.sources)]
     return files
-
-
-def _versions() -> dict:
-    import h5py
-    import tokenizers
-
-    return {"tokenizers": tokenizers.__version__, "h5py": h5py.__version__,
-            "hdf5": h5py.version.hdf5_version, "numpy": np.__version__,
-            "format_version": FORMAT_VERSION}
-
-
-def _fingerprint(cfg: PrepareConfig, vocab_sha: str, sources: list[dict]) -> dict:
-    return {"parameters": cfg.recorded(), "vocab_sha256": vocab_sha,
-            "sources": [{"name": s["name"], "file": s["file"], "sha256": s["sha256"]}
-                        for s in sources],
-            "versions": _versions()}
-
-
-def _check_existing(out: Path, fingerprint: dict) -> bool:
-    """True when ``out`` already holds this exact data set (verified); False when it is
-    absent or an empty directory; DataError when it holds anything else."""
-    if not out.exists():
-        return False
-    if not out.is_dir():
-        raise DataError(f"{out}: exists and is not a directory; pick another --out")
-    if not any(out.iterdir()):
-        return False
-    stats_path = out / STATS_FILE
-    try:
-        old = json.loads(stats_path.read_text())["fingerprint"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise DataError(f"{out}: already exists and is not a data set made by loaders.prepare "
-                        f"(no readable {STATS_FILE}); pick another --out or delete it") from None
-    if old != fingerprint:
-        diffs = []
-        for key in ("parameters",):
-            for k in sorted(set(old.get(key, {})) | set(fingerprint[key])):
-                a, b = old.get(key, {}).get(k), fingerprint[key].get(k)
-                if a != b:
-                    diffs.append(f"{k}: {a!r} there, {b!r} requested")
-        for key in ("vocab_sha256", "sources", "versions"):
-            if old.get(key) != fingerprint[key]:
-                diffs.append(f"{key} differ")
-        raise DataError(f"{out}: already holds a different data set ({'; '.join(diffs)}); "
-                        "pick another --out or delete it to rebuild")
-    try:
-        verify_checksums(out)
-    except DataError as e:
-        raise DataError(f"{e}. {out} was built with these same options but is damaged; "
-                        "delete it and run prepare again") from None
-    return True
-
-
-def _remove_stale_tmp(out: Path) -> None:
-    """Temporary build dirs of killed runs (SIGKILL skips our cleanup) whose pid is gone."""
-    for tmp in out.parent.glob(f".{out.name}.tmp-*"):
-        try:
-            pid = int(tmp.name.rsplit("-", 1)[1])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, PermissionError):
-            pass
 
 
 # ---------------------------------------------------------------------------------------
@@ -278,7 +204,8 @@ def _extract(cfg: PrepareConfig, source_files, pool: Workers):
                 hi = min(len(items), lo + int((cap - len(docs) - len(got)) * 1.2) + 64)
                 batches = [items[i:min(i + EXTRACT_BATCH, hi)]
                            for i in range(lo, hi, EXTRACT_BATCH)]
-                got += [d for b in pool.map(_extract_summaries, batches) for d in b if d]
+                got += [d for b in pool.map(_extract_summaries, batches, describe=lambda b: (
+                    f"extracting {len(b)} summaries from {b[0][1]!r}")) for d in b if d]
                 lo = hi
         else:
             items = (corpus.read_wiki_xml(path) if name == "enwiki"
@@ -286,7 +213,8 @@ def _extract(cfg: PrepareConfig, source_files, pool: Workers):
             fn = _extract_wiki if name == "enwiki" else _extract_html
             # Largest first so one big article does not finish last on its own.
             order = sorted(range(len(items)), key=lambda k: -len(items[k][2]))
-            done = pool.map(fn, [items[k] for k in order])
+            done = pool.map(fn, [items[k] for k in order],
+                            describe=lambda item: f"extracting {item[1]!r} from {path.name}")
             got = [None] * len(items)
             for k, d in zip(order, done):
                 got[k] = d
@@ -308,7 +236,8 @@ def _tokenize(docs: list[corpus.Document], pool: Workers):
     """Each document as a list of segments (lists of ids); empty sentences/docs dropped."""
     flat = [s for d in docs for s in d.sentences]
     batches = [flat[i:i + TOKENIZE_BATCH] for i in range(0, len(flat), TOKENIZE_BATCH)]
-    encoded = [a for part in pool.map(_tokenize_batch, batches) for a in part]
+    encoded = [a for part in pool.map(_tokenize_batch, batches, describe=lambda b: (
+        f"tokenizing {len(b)} sentences from {b[0][:40]!r}")) for a in part]
     out, k = [], 0
     for d in docs:
         segs = [encoded[k + j].tolist() for j in range(len(d.sentences))
@@ -316,42 +245,6 @@ def _tokenize(docs: list[corpus.Document], pool: Workers):
         k += len(d.sentences)
         out.append(segs)
     return out
-
-
-def _select_rows(packed: pretraining.PackedInstances, rows) -> Samples:
-    cols = [packed.row(int(r)) for r in rows]
-    return Samples(input_ids=[c[0] for c in cols], segment_ids=[c[1] for c in cols],
-                   masked_lm_positions=[c[2] for c in cols],
-                   masked_lm_ids=[c[3] for c in cols],
-                   next_sentence_labels=np.asarray([c[4] for c in cols], np.int8))
-
-
-def _set_stats(packed: pretraining.PackedInstances, rows: np.ndarray, seq_len: int) -> dict:
-    return length_stats(packed.lengths()[rows], np.diff(packed.pred_off)[rows], packed.nsp[rows],
-                        seq_len)
-
-
-def length_stats(lengths: np.ndarray, npred: np.ndarray, nsp: np.ndarray, seq_len: int) -> dict:
-    """A split's stats.json entry from its sequences' lengths, predictions and NSP labels."""
-    edges = list(range(0, seq_len, HIST_BIN)) + [seq_len]
-    hist, _ = np.histogram(lengths, bins=np.asarray(edges) + 0.5)  # bins (lo, hi]
-    non_special = int(lengths.sum() - 3 * len(lengths))
-    return {
-        "sequences": int(len(lengths)),
-        "tokens": int(lengths.sum()),
-        "mean_length": round(float(lengths.mean()), 3) if len(lengths) else 0.0,
-        "length_histogram": {"bin_upper_edges": edges[1:], "counts": hist.tolist()},
-        "masked_positions": int(npred.sum()),
-        "masked_fraction": round(float(npred.sum()) / max(1, non_special), 5),
-        "nsp_random_next_fraction": round(float(nsp.mean()), 5) if len(lengths) else 0.0,
-    }
-
-
-def _dump_json(obj) -> str:
-    """Indented JSON with lists of numbers kept on one line (histograms stay readable)."""
-    text = json.dumps(obj, indent=1)
-    return re.sub(r"\[\s+([-\d.,\s]+?)\s+\]",
-                  lambda m: "[" + " ".join(m.group(1).split()) + "]", text) + "\n"
 
 
 def build(cfg: PrepareConfig, log=_log) -> BuildReport:
@@ -364,27 +257,16 @@ def build(cfg: PrepareConfig, log=_log) -> BuildReport:
     vocab = tokenization.load_vocab(vocab_path)
     source_files = _source_files(cfg)
     sources = [{"name": n, "file": p.name, "sha256": sha256_file(p)} for n, p in source_files]
-    fingerprint = _fingerprint(cfg, sha256_file(vocab_path), sources)
+    fingerprint = build_record.fingerprint(cfg.recorded(), sha256_file(vocab_path), sources)
     out = cfg.out.resolve()
-    if _check_existing(out, fingerprint):
+    if build_record.check_existing(out, fingerprint):
         log(f"{out} is up to date (same inputs and options; checksums verified)")
         stats = json.loads((out / STATS_FILE).read_text())
         return BuildReport(out, True, stats, {"total": time.perf_counter() - t_start})
     seconds["hash_inputs"] = time.perf_counter() - t_start
 
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_tmp(out)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    except OSError as e:
-        raise DataError(f"{tmp}: cannot create the build directory next to --out ({e}); "
-                        "pick another --out") from e
-    into = _build_into
-    if cfg.mlperf_text is not None:
-        from loaders import mlperf_text
-        into = mlperf_text.build_into
+    tmp = build_record.build_dir(out)
+    into = mlperf_text.build_into if cfg.mlperf_text is not None else _build_into
     try:
         report = into(cfg, tmp, vocab, vocab_path, sources, source_files, fingerprint, seconds,
                       log)
@@ -421,8 +303,7 @@ def _build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files, finger
     t = phase("extract", t)
     log(f"extract: {len(docs)} documents {per_source} in {seconds['extract']:.1f} s")
 
-    _STATE["vocab"] = vocab      # before the fork: workers build their tokenizer from it
-    with Workers(cfg.workers) as pool:
+    with Workers(cfg.workers, setup=(_set_state, ({"vocab": vocab},))) as pool:
         segments = _tokenize(docs, pool)
     split: dict[str, list] = {"train": [], "eval": []}
     for d, segs in zip(docs, segments):
@@ -446,14 +327,16 @@ def _build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files, finger
         max_seq_length=cfg.seq_len, short_seq_prob=cfg.short_seq_prob,
         masked_lm_prob=cfg.masked_lm_prob, max_predictions_per_seq=cfg.max_pred,
         vocab_size=len(vocab))
-    _STATE.update(documents={k: [s for _, s in v] for k, v in split.items()},
-                  params=params, seed=cfg.seed)
+    state = dict(documents={k: [s for _, s in v] for k, v in split.items()}, params=params,
+                 seed=cfg.seed)
     n_chunks = {k: -(-len(v) // pretraining.CHUNK_DOCS) for k, v in split.items()}
     tasks = [("train", dupe, c) for dupe in range(cfg.dupe_factor)
              for c in range(n_chunks["train"])]
     tasks += [("eval", 0, c) for c in range(n_chunks["eval"])]
-    with Workers(cfg.workers) as pool:
-        parts = pool.map(_create_chunk, tasks)
+    with Workers(cfg.workers, setup=(_set_state, (state,))) as pool:
+        parts = pool.map(_create_chunk, tasks,
+                         describe=lambda t: f"making the {t[0]} instances of chunk {t[2]}")
+    del state
     n_train_tasks = cfg.dupe_factor * n_chunks["train"]
     train = pretraining.PackedInstances.concat(parts[:n_train_tasks])
     evals = pretraining.PackedInstances.concat(parts[n_train_tasks:])
@@ -482,48 +365,31 @@ def _build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files, finger
     for k, size in enumerate(sizes):
         rel = f"{TRAIN_DIR}/{shard_name(k, cfg.shards)}"
         rows = perm[lo:lo + size]
-        write_shard(tmp / rel, _select_rows(train, rows))
+        write_shard(tmp / rel, build_record.select_rows(train, rows))
         train_shards.append({"file": rel, "samples": int(size)})
         relpaths.append(rel)
         lo += size
-    write_shard(tmp / EVAL_FILE, _select_rows(evals, eval_rows))
+    write_shard(tmp / EVAL_FILE, build_record.select_rows(evals, eval_rows))
     shutil.copyfile(vocab_path, tmp / VOCAB_FILE)
 
-    all_train = np.arange(len(train))
-    train_stats = _set_stats(train, all_train, cfg.seq_len)
-    eval_stats = _set_stats(evals, eval_rows, cfg.seq_len)
-    n_masked = train.n_mask + train.n_kept + train.n_random
-    stats = {
-        "created_by": "python -m loaders.prepare",
-        "documents": {k: len(v) for k, v in split.items()},
-        "sentences": n_sent,
-        "sequences": {"train": len(train), "eval": cfg.eval_samples,
-                      "eval_candidates": len(evals)},
-        "tokens": {"train": train_stats["tokens"], "eval": eval_stats["tokens"]},
-        "corpus_tokens": {k: int(sum(len(seg) for _, segs in v for seg in segs))
-                          for k, v in split.items()},
-        "train": train_stats,
-        "eval": eval_stats,
-        "masked_token_kinds": {
-            "mask": round(train.n_mask / max(1, n_masked), 5),
-            "random": round(train.n_random / max(1, n_masked), 5),
-            "kept": round(train.n_kept / max(1, n_masked), 5),
-            "note": "train set; a random id that equals the original counts as kept"},
-        "train_shards": train_shards,
-        "eval_file": {"file": EVAL_FILE, "samples": cfg.eval_samples},
-        "vocab": {"file": VOCAB_FILE, "source": vocab_path.name, "size": len(vocab),
-                  "sha256": fingerprint["vocab_sha256"]},
-        "sources": sources,
-        "parameters": cfg.recorded(),
-        "versions": _versions(),
-        "fingerprint": fingerprint,
-    }
-    (tmp / STATS_FILE).write_text(_dump_json(stats))
-    t = phase("write", t)
+    train_stats = build_record.packed_stats(train, np.arange(len(train)), cfg.seq_len)
+    eval_stats = build_record.packed_stats(evals, eval_rows, cfg.seq_len)
+    stats = build_record.record(
+        created_by="python -m loaders.prepare",
+        documents={k: len(v) for k, v in split.items()},
+        sentences=n_sent,
+        sequences={"train": len(train), "eval": cfg.eval_samples, "eval_candidates": len(evals)},
+        corpus_tokens={k: int(sum(len(seg) for _, segs in v for seg in segs))
+                       for k, v in split.items()},
+        train=train_stats, eval_=eval_stats,
+        mask_kinds={"mask": train.n_mask, "random": train.n_random, "kept": train.n_kept},
+        train_shards=train_shards, eval_samples=cfg.eval_samples,
+        vocab={"file": VOCAB_FILE, "source": vocab_path.name, "size": len(vocab),
+               "sha256": fingerprint["vocab_sha256"]},
+        sources=sources, parameters=cfg.recorded(), fingerprint_=fingerprint)
+    phase("write", t)
     log(f"write: {cfg.shards} shards + eval in {seconds['write']:.1f} s")
-
-    write_checksums(tmp, relpaths + [EVAL_FILE, VOCAB_FILE, STATS_FILE])
-    phase("checksums", t)
+    build_record.write(tmp, stats, relpaths, seconds)
 
     doc_ids = {k: [i for i, _ in v] for k, v in split.items()}
     return BuildReport(
@@ -548,7 +414,6 @@ def parse_args(argv=None) -> PrepareConfig:
                     "the MLPerf reference's text parts (--mlperf-text).")
     p.add_argument("--out", type=Path, required=True, help="output directory (must not hold "
                    "a different data set)")
-    from loaders import mlperf_text     # (it imports this module: here, not at the top)
     m = mlperf_text.MLPERF_DEFAULTS
 
     def default(key, what):   # None: the source decides (the built-in sources' or MLPerf's)
@@ -599,8 +464,11 @@ def _on_sigterm(signum, frame):
         raise _Terminated()
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)   # Ctrl-C is KeyboardInterrupt already
+
+
 def main(argv=None) -> int:
-    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    old = {s: signal.signal(s, _on_sigterm) for s in STOP_SIGNALS}
     try:
         cfg = parse_args(argv)
         build(cfg)
@@ -608,11 +476,15 @@ def main(argv=None) -> int:
     except DataError as e:
         print(f"prepare: error: {e}", file=sys.stderr)
         return 2
+    except WorkerDied as e:
+        print(f"prepare: error: {e}", file=sys.stderr)
+        return 3
     except (KeyboardInterrupt, _Terminated):
         print("prepare: interrupted; nothing was written to --out", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

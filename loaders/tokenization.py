@@ -33,6 +33,7 @@ MAX_CHARS_PER_WORD = 100
 GOOGLE_MAX_CHARS_PER_WORD = 200
 MAX_VOCAB = 32768           # ids are stored as int16
 MIN_CONTINUATION_FRACTION = 0.01
+ENCODE_BATCH = 4096         # sentences a builder hands ``encode_sentences`` at a time
 
 
 @dataclass(frozen=True)

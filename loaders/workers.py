@@ -1,32 +1,55 @@
 """Worker processes for the data-set builders (``loaders.prepare``, its MLPerf text source,
-``loaders.adopt``): an ordered ``map`` over tasks, inline for one worker or in a forked pool.
+``loaders.adopt``): an ordered ``map`` over tasks, inline for one worker or in a pool of
+processes that inherit nothing from the caller.
 
-Owns: starting and ending the pool, the workers' signal handling and their one tokenizers
-thread, and stopping safely, which CPython's pool does not: (1) a builder's SIGTERM handler
-asks ``defer_stop()`` first - while a pool exists the stop is noted, and a wait on the pool
-raises KeyboardInterrupt at its next poll (a tenth of a second; the pool's end raises it
-otherwise), never while the parent holds one of the pool's locks; (2) a pool left by an
-exception is abandoned, not ``terminate()``d: its workers are killed and its own clean-up is
-cancelled - ``Pool.terminate()`` stops the result handler, then waits for the result queue's
-lock, which a worker blocked writing a large result into the unread pipe holds forever (a hung
-``prepare``, about once in 25 stops under load; py-spy showed the parent in _terminate_pool's
-outqueue.put and a worker in its result's send); (3) a worker that dies (killed - the OOM
-killer, a stray SIGKILL - or crashed) fails the wait within a poll, naming the worker and its
-exit status: CPython's pool starts a replacement and waits forever for the lost task's result
-(a test run hung 600 s in a map). Never: what the tasks do, or any
-ordering but the tasks' own: results come back in task order whatever finishes first, which
-is what makes every builder's output independent of ``--workers``.
+Owns: starting and ending the pool, handing each worker the builder's state, the workers'
+signal handling, their one tokenizers thread and their end with the parent, naming the task a
+dead worker held, and stopping safely.
+
+Why no fork: a forked child inherits every lock and condition of the parent in the state it
+was in, without the threads that own them. A builder called from a process that holds threads
+- a torch.distributed process group (gloo's worker threads), a tokenizers thread pool, CUDA -
+forks children that deadlock the first time they touch one: a pytest worker that had made a
+gloo group hung 600 s in prepare's tokenizing map, the child's garbage collector inside
+``~ProcessGroupGloo`` -> ``pthread_cond_destroy`` (py-spy, 2026-11-29). The workers start from
+multiprocessing's forkserver, a fresh interpreter started once per process, so they hold only
+what they import and what the builder hands them (``setup``: a function and its arguments,
+called once in each worker - and in the caller itself when it runs the tasks inline).
+
+The pool is ``concurrent.futures.ProcessPoolExecutor``: a worker that dies (the OOM killer, a
+stray SIGKILL, a crash) breaks it and every wait fails at once (``BrokenProcessPool``), where
+CPython's ``multiprocessing.Pool`` replaced the worker and waited forever for its task. Each
+worker notes in shared memory which task it runs, so the error names the task (``describe``:
+"tokenizing part-00001-of-00500") and how the worker ended.
+
+Stopping: (1) a builder's SIGTERM handler asks ``defer_stop()`` first - while a pool exists the
+stop is noted, and a wait on the pool raises KeyboardInterrupt at its next poll (a tenth of a
+second), never while the parent holds one of the pool's locks; (2) a pool left by an exception
+or a stop is ended at once: pending tasks cancelled, workers killed; (3) a worker whose parent
+is killed (SIGKILL: no clean-up runs) ends at once (a thread waits for the builder's end),
+instead of working on to the end of its task or waiting forever for the next.
+
+Never: what the tasks do, or any ordering but the tasks' own: results come back in task order
+whatever finishes first, which is what makes every builder's output independent of
+``--workers``.
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import multiprocessing
-import multiprocessing.pool
 import os
+import select
 import signal
+import threading
+import time
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Iterable, Optional
 
+START_METHOD = "forkserver"   # see the module docstring: never "fork"
+POLL_S = 0.1
 
 _STOP = {"waiting": 0, "requested": False}
-POLL_S = 0.1
+_SLOTS: dict = {}   # in a worker: its slot in the parent's table of running tasks
 
 
 def defer_stop() -> bool:
@@ -45,103 +68,187 @@ def _stop_point() -> None:
         raise KeyboardInterrupt("stopped by a signal")
 
 
-def worker_init() -> None:
-    # The parent handles Ctrl-C/SIGTERM and terminates the pool; workers just die.
+class WorkerDied(RuntimeError):
+    """A worker process of the pool ended while it held a task (its message names the task)."""
+
+
+def _end_with(builder: int) -> None:
+    """End this worker as soon as the builder process ``builder`` has ended, whatever it was
+    doing: a daemon thread waits on a pidfd of the builder (Linux >= 5.3; elsewhere it polls).
+    Neither the kernel's parent-death signal nor a closed pipe can tell: the worker's parent is
+    the forkserver, and the forkserver, like the pool's queues, has its pipes' other ends open in
+    the workers themselves."""
+    def watch():
+        try:
+            fd = os.pidfd_open(builder)
+        except ProcessLookupError:
+            os._exit(1)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while _running(builder):
+                time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, name="end-with-builder", daemon=True).start()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _worker_start(builder, table, counter, setup) -> None:
+    # The parent handles Ctrl-C/SIGTERM and ends the pool; workers just die.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     # Parallelism comes from the processes; one tokenizers thread each.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _end_with(builder)
+    with counter.get_lock():
+        slot = counter.value
+        counter.value += 1
+    _SLOTS.update(table=table, slot=slot)
+    if setup is not None:
+        fn, args = setup
+        fn(*args)
 
 
-def _abandon(pool) -> None:
-    """End ``pool`` at once without ``Pool.terminate()`` (see the module docstring): no new
-    workers, the workers killed (their results are not wanted), the pool's own clean-up
-    cancelled (also the one the interpreter would run at exit). Falls back to terminate()
-    on a Pool without these internals."""
-    handler, workers = getattr(pool, "_worker_handler", None), getattr(pool, "_pool", None)
-    finalizer = getattr(pool, "_terminate", None)
-    if handler is None or workers is None or not hasattr(finalizer, "cancel"):
-        pool.terminate()
-        pool.join()
-        return
-    handler._state = multiprocessing.pool.TERMINATE  # the worker handler replaces no one
-    for p in list(workers):
-        p.kill()
-    for p in list(workers):
-        p.join(5)
-    finalizer.cancel()
+def _run(fn, index: int, task):
+    """In a worker: note (pid, task index) in this worker's slot, then run the task."""
+    table, slot = _SLOTS["table"], _SLOTS["slot"]
+    table[2 * slot], table[2 * slot + 1] = os.getpid(), index
+    result = fn(task)
+    table[2 * slot + 1] = -1
+    return result
 
 
-class WorkerDied(RuntimeError):
-    """A worker process of the pool ended while its task was unfinished."""
+def _how(code: Optional[int]) -> str:
+    if code is None:
+        return "ended"
+    if code < 0:
+        try:
+            return f"killed by signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"ended with exit status {code}"
 
 
 class Workers:
-    """``map`` over tasks in order, inline for one worker or in a forked process pool (the
-    children inherit the parent's module state as it is when the pool starts)."""
+    """``map``/``imap`` over tasks in order: inline for one worker, else in a pool of
+    ``workers`` processes started from the forkserver (see the module docstring).
 
-    def __init__(self, workers: int):
+    ``setup``: ``(function, args)`` called once in each worker before its first task (and once
+    here when inline): how a builder hands its workers what its tasks read. Both must pickle;
+    the function by reference (a module-level function)."""
+
+    def __init__(self, workers: int, setup: Optional[tuple[Callable, tuple]] = None):
         self.workers = workers
-        self.pool = None
+        self.setup = setup
+        self.pool: Optional[cf.ProcessPoolExecutor] = None
 
     def __enter__(self):
-        if self.workers > 1:
-            _STOP["waiting"] += 1  # from here to the pool's end a stop signal is deferred
-            self.pool = multiprocessing.get_context("fork").Pool(self.workers,
-                                                                 initializer=worker_init)
-            self._started = list(getattr(self.pool, "_pool", []))  # the workers, to watch
+        if self.workers <= 1:
+            if self.setup is not None:
+                self.setup[0](*self.setup[1])
+            return self
+        ctx = multiprocessing.get_context(START_METHOD)
+        self._table = ctx.RawArray("q", 2 * self.workers)    # per worker: pid, task index
+        for i in range(len(self._table)):
+            self._table[i] = -1
+        counter = ctx.Value("i", 0)
+        _STOP["waiting"] += 1  # from here to the pool's end a stop signal is deferred
+        try:
+            self.pool = cf.ProcessPoolExecutor(
+                self.workers, mp_context=ctx, initializer=_worker_start,
+                initargs=(os.getpid(), self._table, counter, self.setup))
+            # The workers' Process objects, for their exit status and for killing them at a
+            # stop: the pool's one internal read here (the same dict for the pool's life).
+            self._processes = getattr(self.pool, "_processes", None)
+        except BaseException:
+            _STOP["waiting"] -= 1
+            raise
         return self
 
     def __exit__(self, *exc):
         if self.pool is not None:
             if exc[0] is None and not _STOP["requested"]:
-                self.pool.close()
-                self.pool.join()
+                self.pool.shutdown(wait=True)
             else:
-                _abandon(self.pool)
+                self._end_now()
             self.pool = None
             _STOP["waiting"] -= 1
             if exc[0] is None:
                 _stop_point()  # a stop that came while no wait polled
         return False
 
-    def map(self, fn, tasks: list, chunksize: int = 1) -> list:
-        if self.pool is None:
-            return [fn(t) for t in tasks]
-        result = self.pool.map_async(fn, tasks, chunksize=chunksize)
-        while not result.ready():  # polled: a stop request is raised here, not in a lock
-            _stop_point()
-            self._check_workers(fn)
-            result.wait(POLL_S)
-        _stop_point()
-        return result.get()
+    def _end_now(self) -> None:
+        """Cancel what is pending and kill the workers: their results are not wanted."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        procs = list((self._processes or {}).values())
+        for p in procs:
+            if p.exitcode is None:
+                p.kill()
+        for p in procs:
+            p.join(5)
 
-    def _check_workers(self, fn) -> None:
-        """Raise WorkerDied when a worker of the pool has ended: the pool would replace it
-        and wait forever for the task it held."""
-        for p in self._started:
-            code = p.exitcode
-            if code is not None:
-                how = (f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0
-                       else f"exit status {code}")
-                raise WorkerDied(
-                    f"a worker process (pid {p.pid}) running {getattr(fn, '__name__', fn)} "
-                    f"ended ({how}) with its task unfinished, so this build cannot be "
-                    f"completed (it stops here, its output unfinished). A SIGKILL is most "
-                    f"often the out-of-memory killer (see dmesg): run again with fewer "
-                    f"--workers")
+    def map(self, fn, tasks: Iterable, describe: Optional[Callable[[Any], str]] = None,
+            chunksize: int = 1) -> list:
+        """``[fn(t) for t in tasks]``, in the pool. ``describe(task)`` names a task for the
+        error a dead worker raises ("tokenizing part-00001-of-00500")."""
+        return list(self.imap(fn, tasks, describe))
 
-    def imap(self, fn, tasks: list):
+    def imap(self, fn, tasks: Iterable, describe: Optional[Callable[[Any], str]] = None):
         """Results in task order as they become ready (the caller can act on the first before
         the last is done)."""
+        tasks = list(tasks)
         if self.pool is None:
             yield from (fn(t) for t in tasks)
             return
-        results = [self.pool.apply_async(fn, (t,)) for t in tasks]
-        for result in results:
-            while not result.ready():
+        try:
+            futures = [self.pool.submit(_run, fn, i, t) for i, t in enumerate(tasks)]
+        except BrokenProcessPool:   # a worker died while the tasks were handed out
+            raise self._died(fn, tasks, describe) from None
+        for future in futures:
+            while not future.done():  # polled: a stop request is raised here, not in a lock
                 _stop_point()
-                self._check_workers(fn)
-                result.wait(POLL_S)
+                cf.wait([future], timeout=POLL_S)
             _stop_point()
-            yield result.get()
+            try:
+                yield future.result()
+            except BrokenProcessPool:
+                raise self._died(fn, tasks, describe) from None
+
+    def _died(self, fn, tasks: list, describe) -> WorkerDied:
+        """The error for a broken pool: which worker ended, how, and the task it held. When the
+        pool breaks it terminates the other workers (SIGTERM), so a worker that ended otherwise
+        is the one that died first."""
+        procs = self._processes or {}
+        held = {}
+        for s in range(self.workers):
+            pid, index = self._table[2 * s], self._table[2 * s + 1]
+            if pid > 0 and index >= 0:
+                held[pid] = index
+        codes = {pid: p.exitcode for pid, p in procs.items()}
+        first = [pid for pid, c in codes.items() if c is not None and c != -signal.SIGTERM]
+        suspects = first or [pid for pid in codes if pid in held] or list(held)
+
+        def name(index: int) -> str:
+            task = tasks[index]
+            return describe(task) if describe is not None else (
+                f"{getattr(fn, '__name__', fn)}({task!r:.60})")
+        what = "; ".join(
+            f"pid {pid} {_how(codes.get(pid))}"
+            + (f" while {name(held[pid])}" if pid in held else "") for pid in suspects) or \
+            "a worker process ended"
+        return WorkerDied(
+            f"a worker process died ({what}), so this build cannot be completed; nothing was "
+            f"written. A SIGKILL is most often the out-of-memory killer (see dmesg): run again "
+            f"with fewer --workers")

@@ -100,3 +100,24 @@ def test_hugging_faces_own_model_reads_the_converted_checkpoint(tmp_path):
                                rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(mine.nsp_logits, theirs.seq_relationship_logits,
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_killed_worker_is_one_line_naming_the_part_it_held(tmp_path, monkeypatch, capsys):
+    """The OOM killer's SIGKILL of a worker: one line naming the part file and the signal,
+    exit 3, nothing written (it was a 15-line traceback naming an internal function)."""
+    from loaders import mlperf_text
+    from tests.support import workers as tasks
+    try:
+        vocab = default_vocab_path()
+    except DataError as e:
+        pytest.skip(str(e))
+    monkeypatch.setattr(mlperf_text, "_task", tasks.dies)    # pickled by name
+    code = prepare.main(["--mlperf-text", str(TEXT), "--out", str(tmp_path / "out"),
+                         "--vocab", str(vocab), "--seq-len", "64", "--max-pred", "10",
+                         "--dupe-factor", "2", "--eval-samples", "40", "--workers", "2"])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "killed by signal 9 (SIGKILL) while making the instances of " in err
+    assert "eval.txt" in err or "part-0000" in err
+    assert list(tmp_path.iterdir()) == []

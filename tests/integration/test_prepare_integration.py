@@ -9,7 +9,6 @@ The shared set comes from ``small_dataset`` in conftest.py; a few tests rebuild 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -145,20 +144,15 @@ def test_failure_midway_leaves_no_partial_output(tmp_path, monkeypatch):
 
 
 def test_a_killed_worker_fails_the_build_and_leaves_no_partial_output(tmp_path, monkeypatch):
-    """A tokenizing worker SIGKILLed (the OOM killer's way): the build fails within a poll,
-    naming it, instead of waiting forever for the lost task (loaders.workers)."""
+    """A tokenizing worker SIGKILLed (the OOM killer's way): the build fails at once, naming
+    the task the worker held, instead of waiting forever for it (loaders.workers)."""
     import loaders.prepare as prep
     from loaders.workers import WorkerDied
-    real = prep._tokenize_batch
+    from tests.support import workers as tasks
 
-    def dies(sentences):
-        os.kill(os.getpid(), signal.SIGKILL)
-        return real(sentences)
-
-    dies.__module__, dies.__qualname__ = prep.__name__, "_tokenize_batch"  # pickled by name
-    dies.__name__ = "_tokenize_batch"
-    monkeypatch.setattr(prep, "_tokenize_batch", dies)
-    with pytest.raises(WorkerDied, match=r"running _tokenize_batch ended \(killed by signal 9"):
+    monkeypatch.setattr(prep, "_tokenize_batch", tasks.dies)  # pickled by name
+    with pytest.raises(WorkerDied, match=r"killed by signal 9 \(SIGKILL\) while "
+                                         r"tokenizing \d+ sentences from '"):
         build(_small(tmp_path / "data"), **QUIET)
     assert list(tmp_path.iterdir()) == []
 

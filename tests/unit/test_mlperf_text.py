@@ -119,3 +119,28 @@ def test_the_command_line_defaults_to_the_references_flags(tmp_path):
     assert parse_args(["--out", str(tmp_path / "o")]).seq_len == 128   # the built-in sources
     with pytest.raises(DataError, match="drop --max-docs"):
         PrepareConfig(out=tmp_path / "o", mlperf_text=src, max_docs=10)
+
+
+def test_an_empty_part_or_a_directory_in_a_parts_place_is_refused_by_name(tmp_path):
+    """An empty part is a failed copy (no part of the reference's text is empty; accepted, it
+    silently dropped a third of the fixture's sequences); a directory was a traceback."""
+    d = tmp_path / "results4"
+    d.mkdir()
+    for i in range(3):
+        (d / f"part-{i:05d}-of-00003").write_text("x\n")
+    (d / "part-00001-of-00003").write_text("")
+    with pytest.raises(DataError, match=r"part-00001-of-00003: empty \(0 bytes\) .* copy it again"):
+        mt.find_parts(d)
+    (d / "part-00001-of-00003").unlink()
+    (d / "part-00001-of-00003").mkdir()
+    with pytest.raises(DataError, match=r"part-00001-of-00003: not a regular file"):
+        mt.find_parts(d)
+    (d / "part-00001-of-00003").rmdir()
+    (d / "part-00001-of-00003").write_text("x\n")
+    (d / "eval.txt").mkdir()
+    with pytest.raises(DataError, match=r"eval.txt: not a regular file"):
+        mt.source_files(PrepareConfig(out=tmp_path / "o", mlperf_text=d))
+    (d / "eval.txt").rmdir()
+    (d / "eval.txt").write_text("")
+    with pytest.raises(DataError, match=r"eval.txt: empty \(0 bytes\)"):
+        mt.source_files(PrepareConfig(out=tmp_path / "o", mlperf_text=d))

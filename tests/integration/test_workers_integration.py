@@ -1,0 +1,124 @@
+"""loaders.workers.Workers: workers that inherit nothing (never forked from a caller that may
+hold threads or a process group), a dead worker named with the task it held instead of a wait
+forever, and workers that end with their parent."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from loaders.workers import WorkerDied, Workers
+from tests.support import workers as tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("kind", ["map", "imap"])
+def test_a_dead_worker_fails_the_wait_naming_the_task_it_held(kind):
+    started = time.monotonic()
+    with pytest.raises(WorkerDied, match=r"pid \d+ (killed by signal 9 \(SIGKILL\)|ended with "
+                                         r"exit status 3) while number (5|7)\)") as got:
+        with Workers(2) as pool:
+            run = pool.map if kind == "map" else (lambda *a, **k: list(pool.imap(*a, **k)))
+            run(tasks.square_or_die, list(range(10)), describe=lambda x: f"number {x}")
+    assert "out-of-memory killer" in str(got.value) and "fewer --workers" in str(got.value)
+    assert time.monotonic() - started < 30
+
+
+def test_results_come_in_task_order_and_setup_reaches_every_worker():
+    with Workers(2, setup=(tasks.set_state, ({"factor": 3},))) as pool:
+        assert pool.map(tasks.scaled, list(range(40))) == [3 * x for x in range(40)]
+        assert list(pool.imap(tasks.square, [3, 4])) == [9, 16]
+    tasks.set_state({})
+    with Workers(1, setup=(tasks.set_state, ({"factor": 3},))) as inline:  # the same, inline
+        assert inline.map(tasks.scaled, [1, 2]) == [3, 6]
+    tasks.set_state({})
+
+
+# A process group made in the parent, shut down, its object left as cyclic garbage (the state
+# of a pytest worker after a test that made one): a child forked from this process that
+# collects garbage runs ~ProcessGroupGloo, which waits forever on a condition of a thread the
+# child does not have.
+_SCENARIO = textwrap.dedent("""
+    import gc, sys
+    from datetime import timedelta
+    import torch.distributed as td
+    td.init_process_group("gloo", store=td.HashStore(), rank=0, world_size=1,
+                          timeout=timedelta(seconds=30))
+    gc.disable()
+    group = td.new_group([0])
+    cycle = [group]
+    cycle.append(cycle)
+    del group, cycle
+    td.destroy_process_group()   # shut down as a test does; the group's object lives on
+    from tests.support import workers as tasks
+    if sys.argv[1] == "fork":   # what loaders.workers did until 2026-11-29: a forked child
+        import os
+        pid = os.fork()
+        if pid == 0:
+            tasks.collect_garbage(0)
+            os._exit(0)
+        os.waitpid(pid, 0)
+    else:
+        from loaders.workers import Workers
+        with Workers(2) as pool:
+            assert pool.map(tasks.collect_garbage, list(range(6))) == list(range(6))
+    print("done")
+""")
+
+
+def _scenario(how: str, timeout: float) -> subprocess.CompletedProcess | None:
+    proc = subprocess.Popen([sys.executable, "-c", _SCENARIO, how], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        out = proc.communicate(timeout=timeout)[0]
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None
+
+
+def test_a_process_group_in_the_caller_does_not_deadlock_the_pool():
+    # The scenario has teeth: a forked child collecting the inherited group hangs.
+    assert _scenario("fork", timeout=10) is None, "the forked child did not hang"
+    done = _scenario("workers", timeout=120)
+    assert done is not None, "the pool hung with a process group in the caller"
+    assert done.returncode == 0 and "done" in done.stdout, done.stdout
+
+
+def test_workers_end_with_a_killed_parent(tmp_path):
+    """SIGKILL of the builder (no clean-up runs): its workers are killed by the kernel at
+    once, not left working to the end of their task."""
+    script = (f"from loaders.workers import Workers\nfrom tests.support import workers as t\n"
+              f"with Workers(2) as pool:\n    pool.map(t.note_pid_and_sleep, [{str(tmp_path)!r}] * 2)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(p.name) for p in tmp_path.iterdir()]
+    assert len(pids) == 2
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if _alive(p)]
+        time.sleep(0.05)
+    assert not alive, f"workers {alive} still run after their parent was killed"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:   # a zombie is not running
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
