@@ -128,3 +128,43 @@ def single_ctx():
     yield ctx
     if ours:
         dist.shutdown()
+
+
+# A process group left behind is inherited, as a live C++ object with threads, by whatever the
+# same pytest worker forks later: destroying it in the child waits on a condition whose owner
+# thread the child does not have (a prepare pool hung 600 s that way, 2026-11-29). The data
+# builders no longer fork (loaders.workers), and no test may leave a group behind for the next:
+# ``single_ctx`` holds one for its module and shuts it down after it; any other test that makes
+# one shuts it down itself, else it fails here (and the group is shut down for the next test).
+def _group_left() -> bool:
+    import sys
+    td = sys.modules.get("torch.distributed")
+    dist = sys.modules.get("runtime.launch.dist")
+    return bool((td is not None and td.is_available() and td.is_initialized())
+                or (dist is not None and dist.current() is not None))
+
+
+def _shut_down_left_group() -> None:
+    from runtime.launch import dist
+    dist.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left_by_a_test(request):
+    before = _group_left()
+    yield
+    if not before and _group_left() and "single_ctx" not in request.fixturenames:
+        _shut_down_left_group()
+        pytest.fail("this test left a torch.distributed process group behind: shut it down "
+                    "(runtime.launch.dist.shutdown()) or use the single_ctx fixture",
+                    pytrace=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_process_group_left_by_a_module():
+    yield
+    if _group_left():
+        _shut_down_left_group()
+        pytest.fail("a test module left a torch.distributed process group behind after its "
+                    "last test: shut it down in the fixture or test that made it",
+                    pytrace=False)
