@@ -152,10 +152,20 @@ def test_lower_rooms_never_import_the_config():
                      "values as arguments):\n" + "\n".join(bad))
 
 
-# No import circle among the repository's packages: a module's imports at import time (its
-# top level, ``if TYPE_CHECKING:`` blocks included - a circle hidden from the interpreter is
-# still a circle to the reader) form a graph without cycles.
+# No import circle among the repository's packages. Every import counts, wherever it is
+# written: the top level, ``if TYPE_CHECKING:`` blocks, a function's or a method's body, and
+# ``importlib.import_module("a.b")`` with a literal name - a lazy import hides a circle from the
+# interpreter, never from the reader, who still goes round it. A circle kept on purpose is in
+# SEAMS under the import that closes it, with the reason; an entry whose import no longer closes
+# a circle fails the test, so the list cannot outlive its circles.
 PACKAGES = ("runtime", "submission", "loaders", "kernels", "bench")
+SEAMS = {
+    ("submission.hpo.common", "submission.hpo"):
+        "a test seam by design: seam() reads run_trial and RUN_AND_TIME from the package at "
+        "each call, so a stand-in the tests set on submission.hpo is the one every worker uses",
+    ("loaders.prepare", "loaders.mlperf_text"):
+        "being removed: the build-record module (issue 51 item 2)",
+}
 
 
 def _module_names() -> dict[str, Path]:
@@ -167,43 +177,73 @@ def _module_names() -> dict[str, Path]:
     return names
 
 
-def _top_level_imports(body):
-    """The import statements a module runs when imported: its top level and the blocks there
-    (if/else, try/except/finally, with), never a function's or a class's body."""
-    for node in body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        elif isinstance(node, (ast.If, ast.Try, ast.With)):
-            for block in (node.body, getattr(node, "orelse", []), getattr(node, "finalbody", []),
-                          *[h.body for h in getattr(node, "handlers", [])]):
-                yield from _top_level_imports(block)
+def _import_module_name(node: ast.Call) -> str | None:
+    """``importlib.import_module("a.b")``'s literal, absolute name, else None."""
+    f = node.func
+    called = f.attr if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) \
+        and f.value.id == "importlib" else f.id if isinstance(f, ast.Name) else None
+    if called != "import_module" or not node.args:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str) \
+            and not arg.value.startswith("."):
+        return arg.value
+    return None
+
+
+def module_imports(name: str, source: str, is_package: bool, modules) -> set[str]:
+    """The modules of ``modules`` that module ``name`` imports anywhere in ``source``.
+    ``from a import b`` is an edge to ``a.b`` when that is a module, else to ``a``; a name
+    outside ``modules`` drops."""
+    package = name.split(".") if is_package else name.split(".")[:-1]
+    edges = set()
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1]
+                                + ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                       for a in node.names]
+        elif isinstance(node, ast.Call) and _import_module_name(node):
+            targets = [_import_module_name(node)]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.add(target)
+    return edges
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the repository modules it imports at import time. ``from a import b`` is an
-    edge to ``a.b`` when that is a module, else to ``a``; names outside the repository drop."""
+    """Module -> the repository modules it imports (anywhere: ``module_imports``)."""
     modules = _module_names()
-    graph = {}
-    for name, path in modules.items():
-        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-        edges = set()
-        for node in _top_level_imports(ast.parse(path.read_text(), str(path)).body):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(package[:len(package) - node.level + 1]
-                                    + ([node.module] if node.module else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                           for a in node.names]
-            for target in targets:
-                while target and target not in modules:
-                    target = target.rpartition(".")[0]
-                if target and target != name:
-                    edges.add(target)
-        graph[name] = edges
-    return graph
+    return {name: module_imports(name, path.read_text(), path.name == "__init__.py", modules)
+            for name, path in modules.items()}
+
+
+def test_imports_count_wherever_written():
+    modules = {"p", "p.a", "p.b", "p.c", "p.d", "p.e", "p.f"}
+    source = """
+from typing import TYPE_CHECKING
+import importlib
+from p import b
+if TYPE_CHECKING:
+    from p.c import Thing
+def lazy():
+    from . import d
+class Holder:
+    def method(self):
+        import p.e.inner
+def by_name():
+    return importlib.import_module("p.f")
+"""
+    assert module_imports("p.a", source, False, modules) == {"p.b", "p.c", "p.d", "p.e", "p.f"}
+    assert module_imports("p", "from . import a", True, modules) == {"p.a"}
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -263,7 +303,43 @@ def test_find_cycles_names_the_circle():
     assert find_cycles({"a": {"b"}, "b": set()}) == []
 
 
+def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = {start}, [start]
+    while todo:
+        v = todo.pop()
+        if v == goal:
+            return True
+        for w in graph.get(v, ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return False
+
+
+def unexplained_circles(graph: dict[str, set[str]], seams) -> tuple[list[list[str]], list]:
+    """The circles left once the ``seams`` imports are set aside, and the seams that close no
+    circle of ``graph`` (the import gone, or nothing leads back from it): stale entries."""
+    stale = sorted((a, b) for a, b in seams
+                   if b not in graph.get(a, ()) or not _reaches(graph, b, a))
+    kept = {v: {w for w in ws if (v, w) not in seams} for v, ws in graph.items()}
+    return find_cycles(kept), stale
+
+
+def test_seams_excuse_their_circle_and_go_stale_without_it():
+    circle = {"a": {"b"}, "b": {"a", "c"}, "c": set()}
+    assert unexplained_circles(circle, {}) == ([["a", "b", "a"]], [])
+    assert unexplained_circles(circle, {("b", "a"): "why"}) == ([], [])
+    assert unexplained_circles(circle, {("b", "c"): "why"}) == ([["a", "b", "a"]], [("b", "c")])
+    gone = {"a": {"b"}, "b": {"c"}, "c": set()}          # b stopped importing a
+    assert unexplained_circles(gone, {("b", "a"): "why"}) == ([], [("b", "a")])
+    assert unexplained_circles({"a": set(), "b": {"a"}}, {("b", "a"): "why"}) == ([], [("b", "a")])
+
+
 def test_no_import_circle():
-    circles = find_cycles(import_graph())
+    assert all(reason.strip() for reason in SEAMS.values()), "a seam without its reason"
+    circles, stale = unexplained_circles(import_graph(), SEAMS)
+    assert not stale, ("SEAMS entries that close no circle any more (remove them):\n"
+                       + "\n".join(f"{a} -> {b}: {SEAMS[a, b]}" for a, b in stale))
     assert not circles, ("import circles (move the shared rows down to the module both "
-                         "import):\n" + "\n".join(" -> ".join(c) for c in circles))
+                         "import, or list a deliberate seam in SEAMS with its reason):\n"
+                         + "\n".join(" -> ".join(c) for c in circles))
