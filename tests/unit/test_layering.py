@@ -1,6 +1,8 @@
 """The import direction run_and_time.sh → submission → runtime → {loaders, kernels} holds,
 only runtime/launch/env.py reads the launcher's rank variables, no engine module imports a
-test instrument, the lower rooms never import the config, and no import circle exists."""
+test instrument, the lower rooms never import the config, no import circle exists (imports
+written anywhere count; the seams kept on purpose are listed with their reason), and nothing
+outside tests/ reaches into the test suite."""
 import ast
 import re
 from pathlib import Path
@@ -343,3 +345,70 @@ def test_no_import_circle():
     assert not circles, ("import circles (move the shared rows down to the module both "
                          "import, or list a deliberate seam in SEAMS with its reason):\n"
                          + "\n".join(" -> ".join(c) for c in circles))
+
+
+# Nothing outside tests/ reaches into the test suite: no import of ``tests``, ``tests.*`` or
+# ``conftest``, and no ``sys.path`` entry naming a tests/ folder. What a tool shares with the
+# suite moves down to a module both import (the small data set's options: loaders/presets.py).
+SUITE = {"tests", "conftest"}
+
+
+def reaches_into_tests(source: str, filename: str = "<source>") -> list[str]:
+    """Where ``source`` imports the test suite or puts a tests/ folder on ``sys.path``."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Call) and _import_module_name(node):
+            names = [_import_module_name(node)]
+        else:
+            names = []
+        found += [(node.lineno, f"imports {n}") for n in names if n.split(".")[0] in SUITE]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = node.func.value                       # sys.path.insert(0, ...) and kin
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            target = target.value if isinstance(target, ast.Subscript) else target
+        else:
+            continue
+        if ast.unparse(target) == "sys.path" and any(
+                isinstance(c, ast.Constant) and isinstance(c.value, str)
+                and "tests" in re.split(r"[/\\]", c.value) for c in ast.walk(node)):
+            found.append((node.lineno, "puts tests/ on sys.path"))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def test_reaches_into_tests_finds_an_import_and_a_path():
+    old_setup = """
+import sys
+def stage_data(run):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import SMALL_DATASET_OPTIONS, SOURCES
+"""
+    assert reaches_into_tests(old_setup) == ["line 4: puts tests/ on sys.path",
+                                             "line 5: imports conftest"]
+    assert reaches_into_tests("import tests.support.data\nsys.path += ['a/tests/support']") == [
+        "line 1: imports tests.support.data", "line 2: puts tests/ on sys.path"]
+    assert reaches_into_tests("from tests import x\nsys.path[0:0] = [os.path.join(R, 'tests')]"
+                              ) == ["line 1: imports tests", "line 2: puts tests/ on sys.path"]
+    clean = """
+sys.path.insert(0, str(ROOT))
+CUDA_TESTS = ("tests/unit/test_kernels.py",)
+subprocess.run(["pytest", "tests/unit"])
+from bench.gpu.harness import ROOT
+"""
+    assert reaches_into_tests(clean) == []
+
+
+def test_nothing_outside_tests_reaches_into_the_suite():
+    files = [p for top in sorted(ROOT.iterdir())
+             if not top.name.startswith(".") and top.name != "tests"
+             for p in (sorted(top.rglob("*.py")) if top.is_dir() else [top])
+             if p.suffix == ".py"]
+    assert any(p.relative_to(ROOT).parts[0] == "bench" for p in files)
+    bad = [f"{p.relative_to(ROOT)} {where}" for p in files
+           for where in reaches_into_tests(p.read_text(), str(p))]
+    assert not bad, ("the test suite imported from outside tests/ (move what is shared to a "
+                     "module both import):\n" + "\n".join(bad))
