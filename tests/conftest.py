@@ -52,7 +52,8 @@ if _WORKERS > 1:
 # A real one-node Slurm cluster (munged, slurmctld, slurmd by PID) shared by the whole session:
 # test_dist's srun tests and test_slurm use it.
 from slurm_cluster import slurm_cluster  # noqa: F401,E402
-from tests.support.data import SOURCES, eval_truth, synthetic_dataset  # noqa: F401
+from loaders.presets import SMALL_DATASET_OPTIONS, SOURCES
+from tests.support.data import eval_truth, synthetic_dataset  # noqa: F401
 from tests.support.launch import bindir  # noqa: F401
 from tests.support.runs import reference_run  # noqa: F401
 
@@ -85,11 +86,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
-
-
-# Options of the shared small set; tests that rebuild it for comparisons use the same ones.
-SMALL_DATASET_OPTIONS = dict(max_docs=400, shards=4, eval_samples=64, dupe_factor=2,
-                             eval_doc_fraction=0.2, seq_len=128, max_pred=20, seed=12345)
 
 
 @pytest.fixture(scope="session")

@@ -98,7 +98,8 @@ class Run:
     smoke: bool      # CPU: tiny shapes, seconds per stage
     plan: str = "verdicts"  # the plan the stage runs in (bench/gpu/table.py PLANS)
     stage: str = "stage"    # its name: where its cases are written as they finish
-    stages: tuple = ()      # the stages of this call (the data stage builds what they read)
+    data_sets: tuple = ()   # what this call's stages read, in order (table.data_sets): the
+    #                         data stage builds them
 
     def partial_path(self) -> Path:
         return partial_path(self.work, self.stage)

@@ -33,7 +33,7 @@ from bench import common
 from bench.gpu.bundle import install_bundle, make_bundle
 from bench.gpu.harness import partial_path
 from bench.gpu.table import (BUDGET_S, NEEDS_DATA, PLAN, PLANS, STAGE, STAGE_NAMES, STAGES,
-                             help_text, plan_text)
+                             data_sets, help_text, plan_text)
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE_BUDGET_S = 120
@@ -80,7 +80,7 @@ def run_stage_child(name: str, work: Path, smoke: bool, fail: set, plan: str = "
     from bench.gpu.harness import Run
     t0 = time.perf_counter()
     run = Run(work=work, smoke=smoke, plan=plan, stage=name,
-              stages=tuple(stages) or PLAN[plan].stages)
+              data_sets=data_sets(tuple(stages) or PLAN[plan].stages))
     try:
         if name in fail:
             raise RuntimeError(f"injected failure in stage {name} (--fail)")

@@ -143,10 +143,10 @@ PLAN = {p.name: p for p in PLANS}
 
 
 def data_sets(stages) -> tuple[str, ...]:
-    """The data sets the given stages read, in setup.DATA_SETS order."""
-    from bench.gpu.stages.setup import DATA_SETS
+    """The data sets the given stages read, in setup.DATA_SETS order (the orchestrator hands
+    them to the data stage in its Run)."""
     wanted = {d for s in stages for d in STAGE[s].data}
-    return tuple(d for d in DATA_SETS if d in wanted)
+    return tuple(d for d in setup.DATA_SETS if d in wanted)
 
 
 def budget_sum(plan: Plan) -> int:

@@ -8,7 +8,8 @@ Never: reads the environment (runtime.launch.env does; values arrive in a `Launc
 batch sizes or touches the model.
 
 Rendezvous, by ``LaunchInfo.rendezvous`` ("mpi", "tcp", "file", "local"): where the ranks
-meet is runtime.launch.rendezvous's. A world of one meets on an in-memory store, yet every
+meet is runtime.launch.rendezvous's, and so is `DistError` (its failures and ours; callers
+take it from either module). A world of one meets on an in-memory store, yet every
 collective works the same as with many ranks (DDP, all_reduce, barrier), so callers never
 branch on it. The helpers also work before `init_distributed`, as a world of one (handy in
 unit tests).
@@ -41,15 +42,12 @@ import torch
 import torch.distributed as torch_dist
 
 from runtime.launch.env import LaunchInfo, finalize_pmi
+from runtime.launch.rendezvous import DistError, meeting_point  # DistError: also ours to raise
 
 T = TypeVar("T")
 
 # Seconds Abort gets to kill the job before this rank exits on its own.
 ABORT_GRACE_S = 10.0
-
-
-class DistError(RuntimeError):
-    """Joining the ranks failed, or the ranks disagree."""
 
 
 class RanksDisagree(DistError):
@@ -105,7 +103,6 @@ def init_distributed(info: LaunchInfo, device: str = "auto", timeout_s: float = 
                                   timeout=timeout)
     if dev.type == "cuda":
         kwargs["device_id"] = dev
-    from runtime.launch.rendezvous import meeting_point   # it raises this module's DistError
     kwargs.update(meeting_point(info, timeout))
     try:
         torch_dist.init_process_group(**kwargs)

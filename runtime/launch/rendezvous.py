@@ -8,6 +8,8 @@ Owns, for runtime.launch.dist.init_distributed (which joins the group on what th
   "tcp"   ``tcp://MASTER_ADDR:MASTER_PORT`` (torchrun's agent store, or srun's first node).
   "file"  a FileStore in the launcher's per-job directory (Open MPI on one node, no mpi4py).
   "local" a world of one on an in-memory HashStore: no port.
+Also owns ``DistError``, the error of joining the ranks: the meeting is the first half of the
+join, so the error lives here, below runtime.launch.dist, which raises it too and re-exports it.
 Never: reads the environment (the values arrive in a ``LaunchInfo``) or joins the group.
 """
 from __future__ import annotations
@@ -18,8 +20,11 @@ from typing import Any
 
 import torch.distributed as torch_dist
 
-from runtime.launch.dist import DistError
 from runtime.launch.env import LaunchInfo
+
+
+class DistError(RuntimeError):
+    """Joining the ranks failed, or the ranks disagree."""
 
 
 def meeting_point(info: LaunchInfo, timeout: timedelta) -> dict[str, Any]:

@@ -19,12 +19,12 @@ import torch
 
 from loaders.collate import IGNORE_INDEX, Batch
 from loaders.dataset import STATS_FILE, DataSetInfo
+from loaders.presets import SOURCES  # noqa: F401 - `make sources`: the tests take it from here
 from loaders.shards import (CHECKSUM_FILE, EVAL_FILE, TRAIN_DIR, Samples, read_shard, shard_name,
                             write_checksums, write_shard)
 
 CLS, SEP, MASK = 101, 102, 103
 SEQ_LEN, MAX_PRED = 128, 20
-SOURCES = Path(__file__).resolve().parents[2] / ".cache" / "sources"   # `make sources`
 
 
 def synthetic_samples(first_id: int, count: int, rng: np.random.Generator) -> Samples:

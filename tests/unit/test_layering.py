@@ -1,6 +1,8 @@
 """The import direction run_and_time.sh → submission → runtime → {loaders, kernels} holds,
 only runtime/launch/env.py reads the launcher's rank variables, no engine module imports a
-test instrument, the lower rooms never import the config, and no import circle exists."""
+test instrument, the lower rooms never import the config, no import circle exists (imports
+written anywhere count; the seams kept on purpose are listed with their reason), and nothing
+outside tests/ reaches into the test suite."""
 import ast
 import re
 from pathlib import Path
@@ -152,10 +154,20 @@ def test_lower_rooms_never_import_the_config():
                      "values as arguments):\n" + "\n".join(bad))
 
 
-# No import circle among the repository's packages: a module's imports at import time (its
-# top level, ``if TYPE_CHECKING:`` blocks included - a circle hidden from the interpreter is
-# still a circle to the reader) form a graph without cycles.
+# No import circle among the repository's packages. Every import counts, wherever it is
+# written: the top level, ``if TYPE_CHECKING:`` blocks, a function's or a method's body, and
+# ``importlib.import_module("a.b")`` with a literal name - a lazy import hides a circle from the
+# interpreter, never from the reader, who still goes round it. A circle kept on purpose is in
+# SEAMS under the import that closes it, with the reason; an entry whose import no longer closes
+# a circle fails the test, so the list cannot outlive its circles.
 PACKAGES = ("runtime", "submission", "loaders", "kernels", "bench")
+SEAMS = {
+    ("submission.hpo.common", "submission.hpo"):
+        "a test seam by design: seam() reads run_trial and RUN_AND_TIME from the package at "
+        "each call, so a stand-in the tests set on submission.hpo is the one every worker uses",
+    ("loaders.prepare", "loaders.mlperf_text"):
+        "being removed: the build-record module (issue 51 item 2)",
+}
 
 
 def _module_names() -> dict[str, Path]:
@@ -167,43 +179,73 @@ def _module_names() -> dict[str, Path]:
     return names
 
 
-def _top_level_imports(body):
-    """The import statements a module runs when imported: its top level and the blocks there
-    (if/else, try/except/finally, with), never a function's or a class's body."""
-    for node in body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        elif isinstance(node, (ast.If, ast.Try, ast.With)):
-            for block in (node.body, getattr(node, "orelse", []), getattr(node, "finalbody", []),
-                          *[h.body for h in getattr(node, "handlers", [])]):
-                yield from _top_level_imports(block)
+def _import_module_name(node: ast.Call) -> str | None:
+    """``importlib.import_module("a.b")``'s literal, absolute name, else None."""
+    f = node.func
+    called = f.attr if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) \
+        and f.value.id == "importlib" else f.id if isinstance(f, ast.Name) else None
+    if called != "import_module" or not node.args:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str) \
+            and not arg.value.startswith("."):
+        return arg.value
+    return None
+
+
+def module_imports(name: str, source: str, is_package: bool, modules) -> set[str]:
+    """The modules of ``modules`` that module ``name`` imports anywhere in ``source``.
+    ``from a import b`` is an edge to ``a.b`` when that is a module, else to ``a``; a name
+    outside ``modules`` drops."""
+    package = name.split(".") if is_package else name.split(".")[:-1]
+    edges = set()
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1]
+                                + ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                       for a in node.names]
+        elif isinstance(node, ast.Call) and _import_module_name(node):
+            targets = [_import_module_name(node)]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.add(target)
+    return edges
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the repository modules it imports at import time. ``from a import b`` is an
-    edge to ``a.b`` when that is a module, else to ``a``; names outside the repository drop."""
+    """Module -> the repository modules it imports (anywhere: ``module_imports``)."""
     modules = _module_names()
-    graph = {}
-    for name, path in modules.items():
-        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-        edges = set()
-        for node in _top_level_imports(ast.parse(path.read_text(), str(path)).body):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(package[:len(package) - node.level + 1]
-                                    + ([node.module] if node.module else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                           for a in node.names]
-            for target in targets:
-                while target and target not in modules:
-                    target = target.rpartition(".")[0]
-                if target and target != name:
-                    edges.add(target)
-        graph[name] = edges
-    return graph
+    return {name: module_imports(name, path.read_text(), path.name == "__init__.py", modules)
+            for name, path in modules.items()}
+
+
+def test_imports_count_wherever_written():
+    modules = {"p", "p.a", "p.b", "p.c", "p.d", "p.e", "p.f"}
+    source = """
+from typing import TYPE_CHECKING
+import importlib
+from p import b
+if TYPE_CHECKING:
+    from p.c import Thing
+def lazy():
+    from . import d
+class Holder:
+    def method(self):
+        import p.e.inner
+def by_name():
+    return importlib.import_module("p.f")
+"""
+    assert module_imports("p.a", source, False, modules) == {"p.b", "p.c", "p.d", "p.e", "p.f"}
+    assert module_imports("p", "from . import a", True, modules) == {"p.a"}
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -263,7 +305,110 @@ def test_find_cycles_names_the_circle():
     assert find_cycles({"a": {"b"}, "b": set()}) == []
 
 
+def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = {start}, [start]
+    while todo:
+        v = todo.pop()
+        if v == goal:
+            return True
+        for w in graph.get(v, ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return False
+
+
+def unexplained_circles(graph: dict[str, set[str]], seams) -> tuple[list[list[str]], list]:
+    """The circles left once the ``seams`` imports are set aside, and the seams that close no
+    circle of ``graph`` (the import gone, or nothing leads back from it): stale entries."""
+    stale = sorted((a, b) for a, b in seams
+                   if b not in graph.get(a, ()) or not _reaches(graph, b, a))
+    kept = {v: {w for w in ws if (v, w) not in seams} for v, ws in graph.items()}
+    return find_cycles(kept), stale
+
+
+def test_seams_excuse_their_circle_and_go_stale_without_it():
+    circle = {"a": {"b"}, "b": {"a", "c"}, "c": set()}
+    assert unexplained_circles(circle, {}) == ([["a", "b", "a"]], [])
+    assert unexplained_circles(circle, {("b", "a"): "why"}) == ([], [])
+    assert unexplained_circles(circle, {("b", "c"): "why"}) == ([["a", "b", "a"]], [("b", "c")])
+    gone = {"a": {"b"}, "b": {"c"}, "c": set()}          # b stopped importing a
+    assert unexplained_circles(gone, {("b", "a"): "why"}) == ([], [("b", "a")])
+    assert unexplained_circles({"a": set(), "b": {"a"}}, {("b", "a"): "why"}) == ([], [("b", "a")])
+
+
 def test_no_import_circle():
-    circles = find_cycles(import_graph())
+    assert all(reason.strip() for reason in SEAMS.values()), "a seam without its reason"
+    circles, stale = unexplained_circles(import_graph(), SEAMS)
+    assert not stale, ("SEAMS entries that close no circle any more (remove them):\n"
+                       + "\n".join(f"{a} -> {b}: {SEAMS[a, b]}" for a, b in stale))
     assert not circles, ("import circles (move the shared rows down to the module both "
-                         "import):\n" + "\n".join(" -> ".join(c) for c in circles))
+                         "import, or list a deliberate seam in SEAMS with its reason):\n"
+                         + "\n".join(" -> ".join(c) for c in circles))
+
+
+# Nothing outside tests/ reaches into the test suite: no import of ``tests``, ``tests.*`` or
+# ``conftest``, and no ``sys.path`` entry naming a tests/ folder. What a tool shares with the
+# suite moves down to a module both import (the small data set's options: loaders/presets.py).
+SUITE = {"tests", "conftest"}
+
+
+def reaches_into_tests(source: str, filename: str = "<source>") -> list[str]:
+    """Where ``source`` imports the test suite or puts a tests/ folder on ``sys.path``."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Call) and _import_module_name(node):
+            names = [_import_module_name(node)]
+        else:
+            names = []
+        found += [(node.lineno, f"imports {n}") for n in names if n.split(".")[0] in SUITE]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = node.func.value                       # sys.path.insert(0, ...) and kin
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            target = target.value if isinstance(target, ast.Subscript) else target
+        else:
+            continue
+        if ast.unparse(target) == "sys.path" and any(
+                isinstance(c, ast.Constant) and isinstance(c.value, str)
+                and "tests" in re.split(r"[/\\]", c.value) for c in ast.walk(node)):
+            found.append((node.lineno, "puts tests/ on sys.path"))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def test_reaches_into_tests_finds_an_import_and_a_path():
+    old_setup = """
+import sys
+def stage_data(run):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import SMALL_DATASET_OPTIONS, SOURCES
+"""
+    assert reaches_into_tests(old_setup) == ["line 4: puts tests/ on sys.path",
+                                             "line 5: imports conftest"]
+    assert reaches_into_tests("import tests.support.data\nsys.path += ['a/tests/support']") == [
+        "line 1: imports tests.support.data", "line 2: puts tests/ on sys.path"]
+    assert reaches_into_tests("from tests import x\nsys.path[0:0] = [os.path.join(R, 'tests')]"
+                              ) == ["line 1: imports tests", "line 2: puts tests/ on sys.path"]
+    clean = """
+sys.path.insert(0, str(ROOT))
+CUDA_TESTS = ("tests/unit/test_kernels.py",)
+subprocess.run(["pytest", "tests/unit"])
+from bench.gpu.harness import ROOT
+"""
+    assert reaches_into_tests(clean) == []
+
+
+def test_nothing_outside_tests_reaches_into_the_suite():
+    files = [p for top in sorted(ROOT.iterdir())
+             if not top.name.startswith(".") and top.name != "tests"
+             for p in (sorted(top.rglob("*.py")) if top.is_dir() else [top])
+             if p.suffix == ".py"]
+    assert any(p.relative_to(ROOT).parts[0] == "bench" for p in files)
+    bad = [f"{p.relative_to(ROOT)} {where}" for p in files
+           for where in reaches_into_tests(p.read_text(), str(p))]
+    assert not bad, ("the test suite imported from outside tests/ (move what is shared to a "
+                     "module both import):\n" + "\n".join(bad))

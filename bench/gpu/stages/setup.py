@@ -79,17 +79,15 @@ DATA_SETS = ("small", "cpu128", "seq512")
 
 
 def stage_data(run: Run) -> dict:
-    """The data sets this call's stages read (bench/gpu/table.py: each row's ``data``), built
-    here with loaders.prepare from the real text (the smoke run builds ``small`` and reads it
-    wherever the others would)."""
-    from bench.gpu.table import data_sets
+    """The data sets this call's stages read (``run.data_sets``, from each row's ``data`` in
+    bench/gpu/table.py), built here with loaders.prepare from the real text (the smoke run
+    builds ``small`` and reads it wherever the others would)."""
     from loaders.prepare import PrepareConfig, build
-    sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import SMALL_DATASET_OPTIONS, SOURCES
+    from loaders.presets import SMALL_DATASET_OPTIONS, SOURCES
     workers = min(16, os.cpu_count() or 1)
     options = {"small": dict(SMALL_DATASET_OPTIONS), "cpu128": {},
                "seq512": dict(seq_len=SEQ, max_pred=MAX_PRED, shards=8, eval_samples=512)}
-    needed = data_sets(run.stages)
+    needed = run.data_sets
     wanted = {"small": options["small"]} if run.smoke and needed else \
         {name: options[name] for name in needed}
     out = run.result({"data_sets": list(needed)})
