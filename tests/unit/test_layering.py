@@ -165,8 +165,6 @@ SEAMS = {
     ("submission.hpo.common", "submission.hpo"):
         "a test seam by design: seam() reads run_trial and RUN_AND_TIME from the package at "
         "each call, so a stand-in the tests set on submission.hpo is the one every worker uses",
-    ("loaders.prepare", "loaders.mlperf_text"):
-        "being removed: the build-record module (issue 51 item 2)",
 }
 
 
