@@ -5,27 +5,22 @@ gradient sync, optimizer, schedule, loss scale, loaders) and restores them; ``fi
 callbacks' INIT_STOP → RUN_START → blocks of steps between evaluations → RUN_STOP and returns
 the final RunState; ``close()`` runs on success and on error.
 
-Owns: the step's body (forward, backward, one gradient sync, one optimizer update with the
-clip coefficient and loss-scale unscale folded in, mixed precision) - which its runner runs
-eagerly or from CUDA graphs (runtime.train.runners: the step never asks which) -,
-evaluation, the stopping rule
-(target reached, budget spent), the logging cadence and the events callbacks observe, and the
-run's progress (step, samples, epoch, the eval position; runtime.train.progress keeps it in a
-checkpoint).
-Never: builds parts (runtime.train.build), decides about checkpoints, signals or divergence
-(runtime.train.run_control, asked at each logging point), reads the environment
-(runtime.launch.env), writes MLPerf logs (submission's callback does), knows shard files
-(loaders does), launches allreduces itself or asks which gradient sync it has
-(runtime.grad_sync: one `GradSync` object), clips or scales gradients itself
-(runtime.optim.grad_scale), or reads a device value back on an ordinary step
-(runtime.observe.step_log reduces the metrics every ``train.log_every_steps`` steps).
+One step reads in one direction: ``train_step`` here (the step's batch counts and record)
+-> its runner (runtime.train.runners: eager or replayed from CUDA graphs; the trainer never
+asks which) -> the step body (runtime.train.step: forward, backward, gradient sync, optimizer)
+-> the model or the graphs.
 
-Clipping (clip_mode 'global_after', the reference semantics): gradients are averaged across
-ranks during backward, then ĝ = min(1, τ/‖ḡ‖)·ḡ is applied as the optimizer's ``grad_scale``
-- no extra pass over the gradients, and the optimizer itself never clips, so nothing is
-clipped twice. The before-allreduce modes clip inside the sync. A non-finite gradient norm
-(fp16 overflow, or divergence in any precision) skips the update on the device
-(``found_inf``); fp16's loss scale then halves.
+Owns: the set-up order (the runner's stream before the parts, the restore before the runner
+is attached - each stage's result the next one's input), evaluation, the stopping rule
+(target reached, budget spent), the logging cadence and the events callbacks observe, each
+step's host record, and the run's progress (step, samples, epoch, the eval position;
+runtime.train.progress keeps it in a checkpoint).
+Never: builds parts (runtime.train.build), computes a step's device work (runtime.train.step),
+decides about checkpoints, signals or divergence (runtime.train.run_control, asked at each
+logging point), reads the environment (runtime.launch.env), writes MLPerf logs (submission's
+callback does), knows shard files (loaders does), or reads a device value back on an
+ordinary step (runtime.observe.step_log reduces the metrics every ``train.log_every_steps``
+steps).
 """
 from __future__ import annotations
 
@@ -45,22 +40,19 @@ from runtime.events import CallbackList, Event, RunState
 from runtime.launch import signals
 from runtime.launch.dist import DistContext, all_reduce_sum, barrier, broadcast_object
 from runtime.model.arithmetic import batch_flops, computed_tokens
+from runtime.model.bert import run_batch
 from runtime.observe.metrics import LogWriteError
 from runtime.observe.step_log import StepRecord
-from runtime.optim.grad_scale import step_multiplier
-from runtime.model.bert import run_batch
 from runtime.train import resume_rules
 from runtime.train.build import (InitCheckpointError, Parts, build_model, build_observers,
                                  build_parts, describe)
 from runtime.train.checkpoint import CheckpointManager
 from runtime.train.progress import Progress
 from runtime.train.run_control import RunControl, params_finite
-from runtime.train.runners import runner_for
+from runtime.train.runners import Drive, runner_for, swapped
+from runtime.train.step import DEVICE_KEYS, StepBody
 
 __all__ = ["EvalResult", "InitCheckpointError", "Trainer", "build_model"]
-
-_DEVICE_KEYS = ("grad_norm", "clip_coef", "skipped", "loss_scale", "grad_sq_mean")
-"""What ``step_body`` returns for the step log's device fields; the rest goes to ``extra``."""
 
 
 @dataclass
@@ -117,22 +109,23 @@ class Trainer:
                                  "samples": ck.samples, "world_size": ck.world_size,
                                  "time": ck.manifest.get("time"), "adopted_from_run": adopted}
         self.callbacks.fire(Event.INIT_START, self.state)
-        # how a step runs (train.cuda_graphs): its stream before the parts, whose autograd
-        # nodes are made on it (runtime.train.runners)
+        # how a step runs (train.cuda_graphs): the parts are built under the runner (on the
+        # stream its mode runs on), which is attached to them once they are restored
         self.runner = runner_for(cfg.train.cuda_graphs, dist.device, dist.simulates_cuda)
-        self.runner.begin()
-        if parts is None:
-            plan = self.resume_from.path / "bucket_plan.json" if self.resume_from else None
-            parts = build_parts(cfg, dist, bucket_plan=plan if plan and plan.is_file() else None)
+        with self.runner.building():
+            if parts is None:
+                plan = self.resume_from.path / "bucket_plan.json" if self.resume_from else None
+                parts = build_parts(cfg, dist,
+                                    bucket_plan=plan if plan and plan.is_file() else None)
         self.parts = parts
         self.model, self.grad_sync, self.optimizer = parts.model, parts.grad_sync, parts.optimizer
         self.net = self.grad_sync.module  # what forward is called on (DDP's wrapper or model)
-        self.schedule, self.base_lr, self.loss_scale = parts.schedule, parts.base_lr, parts.loss_scale
+        self.schedule, self.base_lr = parts.schedule, parts.base_lr
+        self.body = StepBody.of(parts, cfg, dist.device)
         self.batch_cost, self.limits, self.timeline = parts.batch_cost, parts.limits, parts.timeline
         self.train_loader, self.eval_batches = parts.train_loader, parts.eval_batches
         t = cfg.train
         self.local_batch = cfg.local_batch_size(dist.world_size)
-        self.accum = t.gradient_accumulation_steps
         self.control.base_lr = self.base_lr
         obs = build_observers(cfg, dist, self.model, self.batch_cost, self._say)
         self.balance_meter, self.step_log, self.profiler = obs.balance_meter, obs.step_log, \
@@ -157,15 +150,16 @@ class Trainer:
                                loader=self.train_loader,
                                states={"progress": Progress(self), "loss_scale": self.loss_scale},
                                files={"bucket_plan.json": self._plan_file})
-        if self.resume_from is not None:  # last: the RNG states are restored here
-            self._resume()
-        self.runner.attach(self)  # after a resume: a resumed run captures anew
+        start = self._resume() if self.resume_from is not None else 0  # (RNG states last)
+        self.runner.attach(Drive(self.body, self.balance_meter, self.schedule, t.max_steps,
+                                 start_step=start))
 
     def _plan_file(self) -> bytes | None:
         plan = self.grad_sync.plan_json()
         return None if plan is None else (json.dumps(plan, indent=1) + "\n").encode()
 
-    def _resume(self) -> None:
+    def _resume(self) -> int:
+        """Restore the newest checkpoint; the step it was taken at."""
         ck = self.resume_from
         notes = self.checkpoints.restore(ck)
         st = self.state
@@ -178,29 +172,25 @@ class Trainer:
         if self.config_changes:
             self._say("resume: the config differs from the checkpoint's: "
                       + "; ".join(self.config_changes))
+        return st.step
 
     # ---- one step -----------------------------------------------------------------------
     runner = None  # runtime.train.runners: how a step runs (train.cuda_graphs), from setup
+    body: StepBody  # runtime.train.step: what a step computes, from setup
 
-    def autocast(self):
-        """The step's mixed precision (train.precision). Under CUDA graphs without the cast
-        cache: a graph would replay the casts of the weights it captured once (and
-        make_graphed_callables refuses the cache)."""
-        p = self.cfg.train.precision
-        if p == "fp32":
-            return contextlib.nullcontext()
-        return torch.autocast(self.dist.device.type,
-                              dtype=torch.bfloat16 if p == "bf16" else torch.float16,
-                              cache_enabled=not self.runner.captures)
+    @property
+    def loss_scale(self):
+        """The step's loss scale (runtime.optim.grad_scale; tests set one of their own)."""
+        return self.body.loss_scale
 
-    def _span(self, name: str):
-        """A timeline span (train.timeline), else nothing."""
-        return self.timeline.span(name) if self.timeline else contextlib.nullcontext()
+    @loss_scale.setter
+    def loss_scale(self, value) -> None:
+        self.body.loss_scale = value
 
     def train_step(self, it) -> StepRecord:
-        """One optimizer step, as its runner runs it (eager, or replayed from CUDA graphs:
-        runtime.train.runners). No host read and no collective but the gradient allreduces:
-        norms, the clip coefficient and the skip decision stay on the device."""
+        """One optimizer step, as its runner runs the step body (eager, or replayed from CUDA
+        graphs: runtime.train.runners). No host read and no collective but the gradient
+        allreduces: norms, the clip coefficient and the skip decision stay on the device."""
         t0, mark = time.perf_counter(), self.step_log.mark()
         if self.timeline:
             self.timeline.start_step()
@@ -214,52 +204,12 @@ class Trainer:
         flops = sum(batch_flops(self.cfg.model, b) for b in batches)
         return self._record(step, lr, (t0, mark), real, computed, values, flops)
 
-    def step_body(self, batches, forward) -> dict:
-        """The device work of one step on ``batches`` (the runner's: on the device, or host
-        batches its ``forward`` takes): forward, backward, gradient sync, optimizer update.
-        What the whole-step graph captures (runtime.train.graphs): every state it changes it
-        changes in place, and nothing in it reads the host."""
-        sync, scale = self.grad_sync, self.loss_scale
-        self.net.train()
-        sync.begin_step(scale.scale)
-        losses = torch.zeros(4, device=self.dist.device)
-        for i, batch in enumerate(batches):
-            with sync.no_sync() if i < self.accum - 1 else contextlib.nullcontext():
-                with self._span("forward"):
-                    loss, mlm_loss, nsp_loss = forward(batch)
-                with self._span("backward"):
-                    (loss * scale.loss_multiplier(self.accum)).backward()
-            losses[:3] += torch.stack([loss.detach(), mlm_loss.detach(),
-                                       nsp_loss.detach()]).float() / self.accum
-        with self._span("sync"):  # the last launches and the wait for every allreduce
-            report = sync.finish()
-        with self._span("optimizer"):
-            grad_scale, found_inf, coef, norm = step_multiplier(
-                sync.grad_norm(), scale.scale, max_norm=self.cfg.train.max_grad_norm,
-                clip=sync.fold_clip)
-            self.optimizer.step(grad_scale=grad_scale, found_inf=found_inf)
-            scale.update(~found_inf)
-            sync.zero_grad()
-        values = dict(losses=losses, grad_norm=norm, clip_coef=coef * report.clip_coef,
-                      skipped=found_inf, loss_scale=scale.value())
-        if report.local_sq_norm is not None:  # the gradient noise scale's two batch sizes
-            losses[3] = report.local_sq_norm  # averaged over ranks at the logging point
-            values["grad_sq_mean"] = norm.square()  # the whole averaged gradient's
-        return {**values, **report.metrics()}
-
-    def forward_losses(self, batch):
-        """(loss, mlm_loss, nsp_loss) of one micro-batch on the device: the model's forward
-        under the step's precision."""
-        with self.autocast():
-            out = run_batch(self.net, batch)
-        return out.loss, out.mlm_loss, out.nsp_loss
-
     def _record(self, step, lr, start, real, computed, values, flops=0.0) -> StepRecord:
         """The step's StepRecord, its device values unread; ``start``: (host time, device
         mark) when the step began (TFLOP/s and MFU divide by the device's time)."""
         t0, mark = start
         losses = values.pop("losses")
-        device = {k: values.pop(k) for k in _DEVICE_KEYS if k in values}
+        device = {k: values.pop(k) for k in DEVICE_KEYS if k in values}
         extra = values
         self.state.step = step + 1
         self.state.samples += self.cfg.train.global_batch_size
@@ -273,13 +223,26 @@ class Trainer:
                     marks=(mark, self.step_log.mark()))
         return self.step_log.record(StepRecord(host, losses, device, extra))
 
+    @contextlib.contextmanager
+    def running_as(self, mode: str):
+        """The steps inside the block run in ``mode`` (train.cuda_graphs), on the same parts
+        and stream; the run's own runner after it (bench.gpu's graphs stage compares modes on
+        one trainer)."""
+        own = self.runner
+        with swapped(own, mode, start_step=self.state.step) as other:
+            self.runner = other
+            try:
+                yield other
+            finally:
+                self.runner = own
+
     # ---- evaluation ---------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> EvalResult:
         self.model.eval()
         counts = torch.zeros(2, dtype=torch.float64, device=self.dist.device)
         for batch in self.eval_batches:  # resident on the device since set-up
-            with self.autocast():
+            with self.body.autocast():
                 out = run_batch(self.model, batch, next_sentence=False)
             counts += torch.stack([out.mlm_correct.double(), out.mlm_count.double()])
         correct, count = all_reduce_sum(counts).tolist()

@@ -106,7 +106,7 @@ def train(ctx, cfg, batches, fp16: bool):
         trainer.loss_scale = DynamicLossScale(2.0 ** 12)
     poison = trainer.model.bert.encoder.layer[0].output.dense.weight
     records = []
-    accum = trainer.accum
+    accum = trainer.body.accum
     for step in range(len(batches) // accum):
         handle = None
         if fp16 and step in POISON and ctx.rank == ctx.world_size - 1:
@@ -455,7 +455,7 @@ def count_one(ctx, data_dir, clip, extra, reduction):
         before = persistent_tensors(trainer)
         traces, calls, events = [], [], []
         for _ in range(2):
-            graph.inputs.load([next(it) for _ in range(trainer.accum)])
+            graph.inputs.load([next(it) for _ in range(trainer.body.accum)])
             n, e = len(syncs.trace), len(syncs.events)
             coll = Collectives()
             try:

@@ -96,7 +96,7 @@ def test_the_captured_step_is_capture_safe_on_the_simulated_device(small_dataset
         before = persistent_tensors(trainer)
         traces = []
         for step in range(2):
-            batches = [next(it) for _ in range(trainer.accum)]
+            batches = [next(it) for _ in range(trainer.body.accum)]
             graph.inputs.load(batches)  # outside the region, as before a replay
             n, e = len(syncs.trace), len(syncs.events)
             values = trainer.runner.body(graph.inputs.slots)  # the region the graph captures

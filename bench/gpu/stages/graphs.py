@@ -149,8 +149,7 @@ def _kernel_diff(replay: dict, eager: dict, top: int = 12) -> list[dict]:
 
 def _modes(run: Run, trainer) -> dict:
     """Eager, encoder graphs and full graph on one trainer's parts and stream, in that order:
-    the trainer's runner swapped for each (runtime.train.runners.swapped)."""
-    from runtime.train.runners import swapped
+    the trainer's runner swapped for each (runtime.train.trainer ``Trainer.running_as``)."""
     warm, steps = (1, 1) if run.smoke else (5, 10)
     out: dict[str, Any] = {}
     it = iter(trainer.train_loader)
@@ -159,7 +158,7 @@ def _modes(run: Run, trainer) -> dict:
             out[name] = {"skipped": "CUDA graphs need a GPU (smoke: CPU)"}
             continue
         try:
-            with swapped(trainer, mode):
+            with trainer.running_as(mode):
                 out[name] = _measure(run, trainer, it, warm, steps, syncs=mode == "full")
         except Exception as e:  # noqa: BLE001 - one mode failing keeps the others
             out[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}

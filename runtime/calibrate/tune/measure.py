@@ -301,7 +301,7 @@ def _contention(cfg, ctx, trainer, it, flat, steps: int,
     ks, backward = [], []
     for _ in range(steps):
         torch_dist.barrier()
-        loss, _, _ = trainer.forward_losses(trainer.runner.to_device(next(it)))
+        loss, _, _ = trainer.body.forward_losses(trainer.runner.to_device(next(it)))
         tb = clock.now()
         work = torch_dist.all_reduce(buf, async_op=True)
         done = clock.after(work)
