@@ -13,7 +13,6 @@ every damaged or foreign input exits 2 naming the file, with nothing written.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +25,8 @@ from runtime.model import crc32c as crc_module
 from runtime.model.crc32c import crc32c_numpy
 from runtime.model.tf_bundle import (Bundle, BundleError, crc32c, mask_crc, read_table,
                                      unmask_crc)
+from tests.support.tf_checkpoint import CONFIG, FIXTURE, PREFIX, copy_checkpoint
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tf_bert_tiny"
-PREFIX = FIXTURE / "model.ckpt-3"
-CONFIG = json.loads((FIXTURE / "bert_config.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +40,6 @@ def converted(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("conv") / "bert"
     cv.convert(PREFIX, out, log=lambda m: None)
     return out
-
-
-def copy_checkpoint(dst: Path, prefix: Path = PREFIX) -> Path:
-    for f in prefix.parent.glob(prefix.name + ".*"):
-        shutil.copy(f, dst / f.name)
-    shutil.copy(FIXTURE / "bert_config.json", dst / "bert_config.json")
-    return dst / prefix.name
 
 
 # ------------------------------------------------------------------------------ the reader
