@@ -4,11 +4,12 @@ is up to date (runtime/model/convert.py), held against real directories, mounts 
 The truths: an existing empty directory - a mount point - is written into, never removed or
 renamed onto; an --out that cannot be written (read-only, busy, full) exits 2 or 3 with one
 line naming it and nothing left behind, checked before any tensor is read where it can be;
-the temporary directories of killed runs are removed by the next run whether their pid is
-dead or reused, and one whose lock is held is another conversion at work; a rerun is up to
-date only for the same config content, and a --config that disagrees with the checkpoint's
-own bert_config.json on what no shape shows is refused. The real-mount cases need root (CI
-and this machine are) and skip where mount(2) is not permitted.
+TERM, INT and HUP stop a conversion with exit 130 and nothing left (a HUP ignored at start
+stays ignored); the temporary directories of killed runs are removed by the next run whether
+their pid is dead or reused, and one whose lock is held is another conversion at work; a
+rerun is up to date only for the same config content, and a --config that disagrees with the
+checkpoint's own bert_config.json on what no shape shows is refused. The real-mount cases
+need root (CI and this machine are) and skip where mount(2) is not permitted.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import errno
 import fcntl
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -220,6 +222,45 @@ def test_a_live_conversions_temporary_directory_is_left_and_named(tmp_path, caps
     (held / staging.LOCK).unlink()                      # pid 1 lives: left, and refused
     rc, _, err = _cli(capsys, PREFIX, "--out", out)
     assert rc == 2 and "another conversion (pid 1)" in err and held.exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT],
+                         ids=lambda s: s.name)
+def test_a_stop_signal_midway_exits_130_leaving_nothing(tmp_path, capsys, monkeypatch, sig):
+    """The signal delivered to this process while a tensor is read (after the temporary
+    directory and its lock exist): HUP, the terminal closing, as TERM and Ctrl-C - where
+    HUP's default used to kill the process and leave the directory behind."""
+    out = tmp_path / "out"
+    real, read = cv._tensor, []
+
+    def tensor(*a):
+        read.append(a[1])
+        if len(read) == 5:
+            assert list(tmp_path.glob(".out.tmp-*/.lock"))
+            os.kill(os.getpid(), sig)
+        return real(*a)
+
+    monkeypatch.setattr(cv, "_tensor", tensor)
+    before = {s: signal.getsignal(s) for s in cv.STOP_SIGNALS}
+    rc, _, err = _cli(capsys, PREFIX, "--out", out)
+    assert rc == 130 and err == "convert: interrupted; nothing was written to --out\n", err
+    assert len(read) == 5 and list(tmp_path.iterdir()) == []
+    assert {s: signal.getsignal(s) for s in cv.STOP_SIGNALS} == before     # restored
+
+
+def test_a_hup_ignored_at_start_stays_ignored(tmp_path, capsys, monkeypatch):
+    """nohup: the user asked the conversion to outlive the terminal."""
+    real = cv._tensor
+    monkeypatch.setattr(cv, "_tensor", lambda *a: (os.kill(os.getpid(), signal.SIGHUP),
+                                                   real(*a))[1])
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        rc, stdout, err = _cli(capsys, PREFIX, "--out", tmp_path / "out")
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, old)
+    assert rc == 0 and "wrote" in stdout, err
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 # ------------------------------------------------------------------ C11b: the config's content
