@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import os
 import re
 import shutil
@@ -89,7 +90,7 @@ def clear_stale(out: Path, log=print) -> list[tuple[Path, int]]:
     live = []
     for place in places:
         try:
-            found = sorted(place.glob(f".{out.name}.tmp-*"))
+            found = sorted(place.glob(glob.escape(f".{out.name}.tmp-") + "*"))
         except OSError:
             continue
         for tmp in found:

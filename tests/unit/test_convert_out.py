@@ -99,12 +99,21 @@ def test_an_existing_empty_directory_is_written_into_never_removed(tmp_path, cap
 
 
 def test_a_real_empty_mount_point_is_written_into(tmp_path, capsys, mount):
+    """Its empty lost+found (a fresh ext4 volume has one) does not make it "not empty"."""
     out = mount(tmp_path / "vol")
+    (out / "lost+found").mkdir()
     rc, stdout, err = _cli(capsys, PREFIX, "--out", out)
     assert rc == 0 and not err, err
     assert os.path.ismount(out) and (out / "model.safetensors").is_file()
     assert json.loads((out / "config.json").read_text())["num_attention_heads"] == 2
     assert not _leftovers(tmp_path, out)
+    rc, stdout, err = _cli(capsys, PREFIX, "--out", out)
+    assert rc == 0 and "up to date" in stdout, err
+    other = mount(tmp_path / "vol2")
+    (other / "lost+found").mkdir()
+    (other / "lost+found" / "x").touch()       # what fsck recovered: not empty
+    rc, _, err = _cli(capsys, PREFIX, "--out", other)
+    assert rc == 2 and "not empty" in err, err
 
 
 def test_a_read_only_mount_point_exits_2_before_any_tensor_is_read(tmp_path, capsys, mount,
