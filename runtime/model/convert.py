@@ -8,35 +8,42 @@ is already [2, hidden]; the MLM decoder is the word embedding, tied, and its bia
 ``cls/predictions/output_bias``), which names are optimizer state (``OPTIMIZER_STATE``: the
 LAMB/Adam slots ``<var>/adam_m``, ``<var>/adam_v``, ``<var>/LAMB``..., ``global_step``, ...;
 skipped unless ``--keep-optimizer-state``), the checks against the model's config, the
-manifest, writing DIR atomically, and the command line (exit 0 written or up to date; 2 bad
-input, with nothing written). Never: the bundle format (runtime.model.tf_bundle), loading
-weights into a model (runtime.model.hf), or training.
+manifest and the command line (exit 0 written or up to date; 2 bad input or an --out that
+cannot be written; 3 a full disk; 130 stopped by TERM, INT or HUP - always with nothing
+written). Never: the bundle format (runtime.model.tf_bundle), where and how DIR is written
+(runtime.model.staging), loading weights into a model (runtime.model.hf), or training.
 
 Order of work: the index is parsed, every name classified (an unknown one is an error), every
 shape checked against the config and every data shard's presence and length checked - all
-before one tensor byte is read; then each tensor is read with its CRC-32C checked; only then
-is DIR written, in ``.DIR.tmp-<pid>`` renamed into place, so DIR is absent, untouched or
-complete. Rerunning with the same inputs finds DIR up to date (its manifest's source hashes
-and its model file's hash agree) and exits 0.
+before one tensor byte is read; then the place of the output is made ready (temporary
+directories of killed runs removed, ours created and locked, the free space checked); then
+each tensor is read with its CRC-32C checked; only then is DIR written, in a temporary
+directory moved into place, so DIR is absent, untouched or complete (runtime.model.staging:
+an absent DIR is renamed into being; an existing empty one - a mount point - is written into).
+Rerunning with the same inputs finds DIR up to date (its manifest's source hashes, options and
+model config agree, and its files' hashes) and exits 0; with other files, options or config
+content it refuses, as it refuses any DIR it did not write: it never overwrites.
 
     python -m runtime.model.convert phase1/model.ckpt-28252 --out /data/bert_large
     python -m runtime.model.convert phase1/model.ckpt-28252 --out DIR \\
         --config submission/configs/config_DGXA100_1x8x56x1.toml   # the run's shape
 
 The config is ``--config`` (a ``bert_config.json`` - Google's or HF's - or a Presto run
-config TOML), else ``bert_config.json`` beside the checkpoint (where MLPerf ships it). DIR
-gets ``model.safetensors``, ``config.json`` (HF's keys) and ``manifest.json`` (source files
-with sizes and sha256, every variable's mapping, what was skipped and why).
+config TOML), else ``bert_config.json`` beside the checkpoint (where MLPerf ships it). A
+``--config`` must agree with that own ``bert_config.json`` on the fields no shape reveals
+(``FUNCTION_FIELDS``: the heads, the LayerNorm epsilon). DIR gets ``model.safetensors``,
+``config.json`` (HF's keys) and ``manifest.json`` (source files with sizes and sha256, every
+variable's mapping, what was skipped and why, the CRC-32C implementation).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import sys
 from dataclasses import asdict, dataclass
@@ -44,7 +51,10 @@ from pathlib import Path
 
 import torch
 
+from runtime.model import staging
 from runtime.model.config import BertConfig
+from runtime.model.crc32c import IMPLEMENTATION as CRC32C_IMPLEMENTATION
+from runtime.model.staging import OutputError, Staging
 from runtime.model.tf_bundle import DTYPES, Bundle, BundleError
 
 MODEL_FILE = "model.safetensors"
@@ -226,6 +236,32 @@ def _model_of_run_config(path: Path) -> BertConfig:
     return BertConfig(**shape)
 
 
+FUNCTION_FIELDS = ("num_attention_heads", "layer_norm_eps")
+"""Fields that change what the weights compute but no weight's shape: a ``--config`` must
+agree on them with the checkpoint's own bert_config.json (beside it), which trained them."""
+
+
+def check_against_own_config(config: Path | None, prefix: Path, cfg: BertConfig,
+                             config_source: str) -> None:
+    """ConvertError when ``--config`` disagrees with the checkpoint's own bert_config.json on
+    a ``FUNCTION_FIELDS`` field (with no --config, or no own config, nothing to compare)."""
+    own = prefix.parent / "bert_config.json"
+    if config is None or not own.is_file() or own.resolve() == Path(config).resolve():
+        return
+    try:
+        theirs = BertConfig.from_hf_json(own)
+    except Exception:  # noqa: BLE001 - --config was given instead of it: it is not needed
+        return
+    for name in FUNCTION_FIELDS:
+        ours, trained = getattr(cfg, name), getattr(theirs, name)
+        if ours != trained:
+            raise ConvertError(
+                f"--config {config_source}: {name} = {ours}, but the checkpoint's own {own} "
+                f"says {name} = {trained}; no weight's shape shows it, so the converted model "
+                f"would compute something other than what was trained - convert with {own} "
+                f"(or without --config), or set {name} = {trained} in {config_source}")
+
+
 def _tensor(bundle: Bundle, name: str, transpose: bool) -> torch.Tensor:
     array = bundle.read(name)
     if bundle.entries[name].dtype_name == "bfloat16":
@@ -248,23 +284,51 @@ def _sources(bundle: Bundle) -> list[dict]:
     return [{"file": p.name, "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files]
 
 
-def _up_to_date(out: Path, sources: list[dict], options: dict) -> bool:
+def _differences(old: dict, sources: list[dict], options: dict, config: dict) -> list[str]:
+    """What differs between a manifest and this conversion, in the user's words."""
+    out = []
+    if old.get("sources") != sources:
+        out.append("the checkpoint's files (their sizes or sha256)")
+    for key in sorted(set(options) | set(old.get("options", {}))):
+        if old.get("options", {}).get(key) != options.get(key):
+            out.append(f"--{key.replace('_', '-')}: {old.get('options', {}).get(key)} there, "
+                       f"{options.get(key)} now")
+    theirs = {k: v for k, v in old.get("config", {}).items() if k != "from"}
+    for key in sorted(set(config) | set(theirs)):
+        if theirs.get(key) != config.get(key):
+            out.append(f"the model config's {key}: {theirs.get(key)} there, "
+                       f"{config.get(key)} now")
+    return out
+
+
+def _entries(out: Path) -> list[Path]:
+    """What ``out`` holds, less the empty ``lost+found`` of a freshly made filesystem mounted
+    there (a volume's mount point)."""
+    return [p for p in out.iterdir()
+            if not (p.name == "lost+found" and os.path.ismount(out) and p.is_dir()
+                    and not any(p.iterdir()))]
+
+
+def _up_to_date(out: Path, sources: list[dict], options: dict, config: dict) -> bool:
     """True: ``out`` holds this very conversion, intact. False: ``out`` is absent or an empty
-    directory. ConvertError: it holds anything else."""
+    directory. ConvertError: it holds anything else - another conversion included (other
+    files, options or config content: config.json would differ) - which is never replaced."""
     if not out.exists():
         return False
     if not out.is_dir():
         raise ConvertError(f"--out {out}: exists and is not a directory; pick another --out")
-    if not any(out.iterdir()):
+    if not _entries(out):
         return False
     try:
         old = json.loads((out / MANIFEST_FILE).read_text())
     except (OSError, ValueError):
         raise ConvertError(f"--out {out}: not empty and holds no {MANIFEST_FILE} of a "
                            "conversion; pick another --out or delete it") from None
-    if old.get("sources") != sources or old.get("options") != options:
-        raise ConvertError(f"--out {out}: holds the conversion of other files or options (see "
-                           f"its {MANIFEST_FILE}); pick another --out or delete it")
+    differ = _differences(old, sources, options, config)
+    if differ:
+        raise ConvertError(f"--out {out}: holds the conversion of other files or options "
+                           f"({'; '.join(differ[:4])}; see its {MANIFEST_FILE}); pick another "
+                           "--out or delete it")
     for name, facts in old.get("outputs", {}).items():
         path = out / name
         if not path.is_file() or _sha256(path) != facts.get("sha256"):
@@ -276,7 +340,7 @@ def _up_to_date(out: Path, sources: list[dict], options: dict) -> bool:
 def convert(prefix: str | os.PathLike, out: str | os.PathLike, config: Path | None = None,
             keep_optimizer_state: bool = False, log=print) -> dict:
     """Convert (see the module docstring); returns the manifest. ConvertError/BundleError on
-    bad input, before anything is written."""
+    bad input, OutputError when --out cannot be written - each with nothing written."""
     prefix, out = Path(prefix), Path(out).resolve()
     bundle = Bundle(prefix)
     weights, state, unknown = classify(bundle.entries)
@@ -290,81 +354,100 @@ def convert(prefix: str | os.PathLike, out: str | os.PathLike, config: Path | No
                " - not a Google BERT pre-training checkpoint this converter knows"))
     cfg, config_source = load_config(config, prefix)
     check_against_config(bundle, weights, cfg, config_source)
+    check_against_own_config(config, prefix, cfg, config_source)
     kept = [name for name, _ in state                  # numeric ones (not a TF2 object graph)
             if bundle.entries[name].dtype in DTYPES] if keep_optimizer_state else []
     bundle.check_layout([w.tf for w in weights] + kept)
     options = {"keep_optimizer_state": keep_optimizer_state}
+    live = staging.clear_stale(out, log)
+    if live:
+        tmp, pid = live[0]
+        raise ConvertError(f"--out {out}: another conversion (pid {pid}) is writing it now "
+                           f"(it holds {tmp}); wait for it to end, or stop it")
     sources = _sources(bundle)
-    if _up_to_date(out, sources, options):
-        log(f"{out} is up to date (the same checkpoint and options; files verified)")
+    if _up_to_date(out, sources, options, asdict(cfg)):
+        log(f"{out} is up to date (the same checkpoint, options and config; files verified)")
         return json.loads((out / MANIFEST_FILE).read_text())
 
-    tensors = {w.hf: _tensor(bundle, w.tf, w.transpose) for w in weights}
-    for alias, key in TIED.items():
-        tensors[alias] = tensors[key].clone()
-    slots = {}
-    for name in kept:
-        m = SLOT.match(name)
-        mapped = map_name(m["var"]) if m else None
-        key = f"{mapped.hf}.{m['slot']}" if mapped else name
-        slots[key] = _tensor(bundle, name, bool(mapped and mapped.transpose))
-    bad = [k for k, v in tensors.items() if not torch.isfinite(v).all()]
-    if bad:
-        raise ConvertError(f"{bundle.index_path}: {len(bad)} weight(s) hold NaN or inf: "
-                           f"{', '.join(bad[:8])}; the checkpoint comes from a diverged run")
-
-    manifest = {
-        "format": FORMAT, "created_by": "python -m runtime.model.convert",
-        "source_prefix": prefix.name, "sources": sources, "options": options,
-        "config": {"from": config_source, **asdict(cfg)},
-        "mapping": [{"tf": w.tf, "hf": w.hf, "transpose": w.transpose,
-                     "tf_shape": list(bundle.entries[w.tf].shape),
-                     "dtype": bundle.entries[w.tf].dtype_name} for w in weights],
-        "tied": TIED,
-        "skipped": [] if keep_optimizer_state else [{"tf": n, "why": why} for n, why in state],
-        "optimizer_state": sorted(slots),
-    }
-    _write(out, tensors, slots, cfg, manifest)
+    by_hf = {w.hf: bundle.entries[w.tf].size for w in weights}
+    need = (sum(by_hf.values()) + sum(by_hf[k] for k in TIED.values())
+            + sum(bundle.entries[n].size for n in kept))
+    stage = Staging(out).open(need)
+    try:
+        tensors = {w.hf: _tensor(bundle, w.tf, w.transpose) for w in weights}
+        for alias, key in TIED.items():
+            tensors[alias] = tensors[key].clone()
+        slots = {}
+        for name in kept:
+            m = SLOT.match(name)
+            mapped = map_name(m["var"]) if m else None
+            key = f"{mapped.hf}.{m['slot']}" if mapped else name
+            slots[key] = _tensor(bundle, name, bool(mapped and mapped.transpose))
+        bad = [k for k, v in tensors.items() if not torch.isfinite(v).all()]
+        if bad:
+            raise ConvertError(f"{bundle.index_path}: {len(bad)} weight(s) hold NaN or inf: "
+                               f"{', '.join(bad[:8])}; the checkpoint comes from a diverged "
+                               "run")
+        manifest = {
+            "format": FORMAT, "created_by": "python -m runtime.model.convert",
+            "source_prefix": prefix.name, "sources": sources, "options": options,
+            "config": {"from": config_source, **asdict(cfg)},
+            "mapping": [{"tf": w.tf, "hf": w.hf, "transpose": w.transpose,
+                         "tf_shape": list(bundle.entries[w.tf].shape),
+                         "dtype": bundle.entries[w.tf].dtype_name} for w in weights],
+            "tied": TIED,
+            "skipped": [] if keep_optimizer_state else [{"tf": n, "why": why}
+                                                        for n, why in state],
+            "optimizer_state": sorted(slots),
+            "crc32c": CRC32C_IMPLEMENTATION,
+        }
+        _write(stage, tensors, slots, cfg, manifest)
+    except BaseException:
+        stage.discard()
+        raise
     log(f"wrote {out}: {len(weights)} weights from {bundle.index_path.name} "
-        f"({len(state)} optimizer variables {'kept' if kept else 'skipped'})")
+        f"({len(state)} optimizer variables {'kept' if kept else 'skipped'}; CRC-32C by "
+        f"{CRC32C_IMPLEMENTATION})")
     return manifest
 
 
-def _write(out: Path, tensors: dict, slots: dict, cfg: BertConfig, manifest: dict) -> None:
+def _write(stage: Staging, tensors: dict, slots: dict, cfg: BertConfig, manifest: dict) -> None:
+    """The files into ``stage.dir``, then moved into --out; an OSError of writing (a full
+    disk, a read-only or busy place) becomes the user's OutputError."""
     from safetensors.torch import save_file
 
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp, path = stage.dir, stage.dir
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    except OSError as e:
-        raise ConvertError(f"{tmp}: cannot create the output next to --out ({e}); pick another "
-                           "--out") from None
-    try:
-        save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})
+        path = tmp / MODEL_FILE
+        save_file(tensors, str(path), metadata={"format": "pt"})
         outputs = [MODEL_FILE]
         if slots:
-            save_file(slots, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt"})
+            path = tmp / OPTIMIZER_FILE
+            save_file(slots, str(path), metadata={"format": "pt"})
             outputs.append(OPTIMIZER_FILE)
         hf_config = {"architectures": ["BertForPreTraining"], "model_type": "bert",
                      "hidden_act": "gelu", "position_embedding_type": "absolute",
                      "tie_word_embeddings": True, **asdict(cfg)}
-        (tmp / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+        path = tmp / CONFIG_FILE
+        path.write_text(json.dumps(hf_config, indent=2) + "\n")
         manifest["outputs"] = {name: {"bytes": (tmp / name).stat().st_size,
                                       "sha256": _sha256(tmp / name)}
                                for name in outputs + [CONFIG_FILE]}
-        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+        path = tmp / MANIFEST_FILE
+        path.write_text(json.dumps(manifest, indent=1) + "\n")
         umask = os.umask(0)
         os.umask(umask)
-        for f in tmp.iterdir():   # safetensors writes 0600; the ranks of other hosts read it
-            f.chmod(0o666 & ~umask)
-        if out.exists():
-            out.rmdir()           # an empty directory (checked before)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        for name in outputs + [CONFIG_FILE, MANIFEST_FILE]:
+            path = tmp / name     # safetensors writes 0600; the ranks of other hosts read it
+            path.chmod(0o666 & ~umask)
+        path = stage.out
+        with _signals_deferred():
+            stage.commit(outputs + [CONFIG_FILE, MANIFEST_FILE])
+    except Exception as e:  # noqa: BLE001 - an OS error of any layer (safetensors' included)
+        err = stage.error(e, path)
+        if err is None:
+            raise
+        raise err from None
 
 
 # ------------------------------------------------------------------------- command line
@@ -373,36 +456,71 @@ class _Terminated(BaseException):
     pass
 
 
-def _on_sigterm(signum, frame):
-    raise _Terminated()
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""Each stops a conversion as Ctrl-C does (exit 130, nothing written): HUP is the terminal
+closing, whose default would kill the process and leave its temporary directory behind."""
+_STOP = {"deferred": False}
+
+
+def _on_stop(signum, frame):
+    if not _STOP["deferred"]:
+        raise _Terminated()
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """While the output moves into place a stop signal is ignored: the conversion is then
+    complete a moment later (exit 0), never half-moved."""
+    _STOP["deferred"] = True
+    try:
+        yield
+    finally:
+        _STOP["deferred"] = False
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m runtime.model.convert",
-                                description="Convert a TensorFlow BERT checkpoint (the MLPerf phase-1 "
-                                "model.ckpt-28252) to DIR/model.safetensors in Hugging Face's "
-                                "BertForPreTraining layout, without TensorFlow.")
+    p = argparse.ArgumentParser(
+        prog="python -m runtime.model.convert",
+        description="Convert a TensorFlow BERT checkpoint (the MLPerf phase-1 model.ckpt-28252) "
+                    "to DIR/model.safetensors in Hugging Face's BertForPreTraining layout, "
+                    "without TensorFlow.")
     p.add_argument("prefix", type=Path, help="checkpoint prefix (e.g. phase1/model.ckpt-28252: "
                    "the .index and .data-* files share it)")
-    p.add_argument("--out", type=Path, required=True, help="output directory (absent or empty)")
+    p.add_argument("--out", type=Path, required=True, help="output directory: absent, or an "
+                   "empty directory (a mount point) that is written into")
     p.add_argument("--config", type=Path, help="bert_config.json or a run config .toml "
                    "(default: bert_config.json beside the checkpoint)")
     p.add_argument("--keep-optimizer-state", action="store_true",
                    help=f"also write the optimizer slots to {OPTIMIZER_FILE} (HF key + "
                         "'.adam_m' ...; transposed like their weights)")
     a = p.parse_args(argv)
-    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    # A signal ignored when we start (nohup, a background job) stays ignored.
+    old = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    for s, handler in old.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, _on_stop)
     try:
         convert(a.prefix, a.out, a.config, a.keep_optimizer_state)
         return 0
     except (ConvertError, BundleError) as e:
-        print(f"convert: error: {e}", file=sys.stderr)
+        _say(f"convert: error: {e}")
         return 2
+    except OutputError as e:
+        _say(f"convert: error: {e}")
+        return e.exit_code
     except (KeyboardInterrupt, _Terminated):
-        print("convert: interrupted; nothing was written to --out", file=sys.stderr)
+        _say("convert: interrupted; nothing was written to --out")
         return 130
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr)
+    except OSError:               # a hung-up terminal: the exit status says it
+        pass
 
 
 if __name__ == "__main__":

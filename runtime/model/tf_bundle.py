@@ -6,9 +6,9 @@ tensor_bundle.proto`` (``BundleHeaderProto``, ``BundleEntryProto``),
 the LevelDB table format that TensorFlow's ``table::Table`` implements
 (``leveldb/doc/table_format.md``: blocks with a 5-byte trailer, restart points, an index block,
 the 48-byte footer and its magic number) and CRC-32C as TensorFlow masks it (``crc32c::Mask``).
-A small protobuf wire decoder and a CRC-32C over numpy are here too (neither needs a package).
-Never: maps variable names to a model (runtime.model.convert), writes anything, or imports
-torch.
+A small protobuf wire decoder is here too (it needs no package); the CRC-32C itself is
+runtime.model.crc32c's. Never: maps variable names to a model (runtime.model.convert), writes
+anything, or imports torch.
 
 A bundle with prefix ``P`` is::
 
@@ -24,11 +24,14 @@ take (string tensors, partitioned variables, big-endian bundles).
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from runtime.model.crc32c import crc32c
 
 TABLE_MAGIC = 0xDB4775248B80FB57   # leveldb/TensorFlow table footer, little-endian fixed64
 FOOTER_SIZE = 48                   # two BlockHandles padded to 40 bytes + the magic
@@ -50,97 +53,6 @@ class BundleError(ValueError):
 
 
 # --------------------------------------------------------------------------------- CRC-32C
-
-_POLY = 0x82F63B78   # Castagnoli, reflected
-
-
-def _table() -> np.ndarray:
-    t = np.arange(256, dtype=np.uint32)
-    for _ in range(8):
-        t = np.where(t & 1, (t >> 1) ^ np.uint32(_POLY), t >> 1).astype(np.uint32)
-    return t
-
-
-_T = _table()
-_T_LIST = _T.tolist()
-_MAX_LANES = 1 << 18          # a large buffer is hashed in up to this many independent lanes
-_BYTEWISE_BELOW = 1 << 14     # smaller buffers: the plain byte loop is as fast
-
-
-def _bytewise(crc: int, data) -> int:
-    t = _T_LIST
-    for b in data:
-        crc = t[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc
-
-
-class _Linear:
-    """A GF(2)-linear map of the 32-bit CRC register, as 4 byte tables (apply: 4 gathers)."""
-
-    def __init__(self, tables: np.ndarray):
-        self.t = tables                                   # (4, 256) uint32
-
-    @classmethod
-    def zero_bytes(cls, n: int) -> "_Linear":
-        """The register after ``n`` zero bytes (without pre/post conditioning)."""
-        basis = np.array([[v << (8 * k) for v in range(256)] for k in range(4)], np.uint32)
-        step = cls(_apply_zero_byte_table(basis))         # one zero byte
-        out = None
-        while n:                                          # square and multiply
-            if n & 1:
-                out = step if out is None else out.then(step)
-            n >>= 1
-            if n:
-                step = step.then(step)
-        return out if out is not None else cls(basis)
-
-    def __call__(self, reg: np.ndarray) -> np.ndarray:
-        t = self.t
-        return (t[0][reg & 0xFF] ^ t[1][(reg >> 8) & 0xFF] ^ t[2][(reg >> 16) & 0xFF]
-                ^ t[3][reg >> 24])
-
-    def then(self, other: "_Linear") -> "_Linear":
-        """``other`` applied after ``self``."""
-        return _Linear(other(self.t.reshape(-1)).reshape(4, 256))
-
-
-def _apply_zero_byte_table(reg: np.ndarray) -> np.ndarray:
-    return (_T[reg & 0xFF] ^ (reg >> 8)).astype(np.uint32)
-
-
-_SHIFTS: dict[int, _Linear] = {}
-
-
-def _shift(n: int) -> _Linear:
-    if n not in _SHIFTS:
-        _SHIFTS[n] = _Linear.zero_bytes(n)
-    return _SHIFTS[n]
-
-
-def crc32c(data, crc: int = 0) -> int:
-    """CRC-32C (Castagnoli) of ``data`` (bytes-like), continuing from ``crc``.
-
-    Large buffers run as up to ``_MAX_LANES`` independent lanes updated together by numpy,
-    then folded pairwise with the linear map "shift by k zero bytes" (the register of A||B is
-    the register of A shifted by len(B), xor the register of B from zero): ~150 MB/s on this
-    2-core machine where a byte loop in Python does ~10 MB/s."""
-    buf = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-    reg = crc ^ 0xFFFFFFFF
-    if len(buf) < _BYTEWISE_BELOW:
-        return _bytewise(reg, buf.tobytes()) ^ 0xFFFFFFFF
-    lanes = min(_MAX_LANES, 1 << ((len(buf) // 256).bit_length() - 1))   # lanes of >= 256 B
-    lane = len(buf) // lanes
-    body = buf[:lane * lanes].reshape(lanes, lane).T.copy()     # row t: byte t of each lane
-    regs = np.zeros(lanes, np.uint32)
-    for row in body:
-        regs = _T[(regs ^ row) & 0xFF] ^ (regs >> 8)
-    width = lane
-    while len(regs) > 1:                                       # fold neighbours pairwise
-        regs = _shift(width)(regs[0::2]) ^ regs[1::2]
-        width *= 2
-    reg = int(_shift(width)(np.array([reg], np.uint32))[0]) ^ int(regs[0])
-    return _bytewise(reg, buf[lane * lanes:].tobytes()) ^ 0xFFFFFFFF
-
 
 _MASK_DELTA = 0xA282EAD8
 
@@ -380,7 +292,9 @@ class Bundle:
             if not 0 <= e.shard_id < self.num_shards:
                 raise BundleError(f"{self.index_path}: {name} names data shard {e.shard_id} of "
                                   f"{self.num_shards}: the index is corrupt")
-            want = int(np.prod(e.shape, dtype=np.int64)) * np.dtype(DTYPES[e.dtype][1]).itemsize
+            # Python ints: numpy's int64 product wraps ([2**32, 2**32] is 0 elements), and a
+            # wrapped count let a corrupt entry pass here and fail in reshape as a traceback.
+            want = math.prod(e.shape) * np.dtype(DTYPES[e.dtype][1]).itemsize
             if any(d < 0 for d in e.shape) or e.size != want:
                 raise BundleError(f"{self.index_path}: {name} holds {e.size} bytes for a "
                                   f"{e.dtype_name} tensor of shape {list(e.shape)} ({want} "

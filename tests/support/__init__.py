@@ -20,6 +20,8 @@ another test module: what two of them need lives here.
   loaders  the balance tests' specs and loaders, a batch's sequences as fingerprints, a
            static-shape loader
   envs     fake launcher environments for ``discover``
+  tf_checkpoint  the converter tests' TensorFlow checkpoint (the fixture TF wrote), its config
+           and a copy of it to damage
   memory   the peak resident memory of an optimizer step (run in a fresh process)
   capture  what a captured step may touch: the collectives it calls (``Collectives``) and the
            tensors that must live from step to step (``persistent_tensors``)

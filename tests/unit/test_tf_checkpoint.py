@@ -13,20 +13,20 @@ every damaged or foreign input exits 2 naming the file, with nothing written.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from bench.tf_bundle_writer import write_bundle, write_index
 from runtime.model import convert as cv
+from runtime.model import crc32c as crc_module
+from runtime.model.crc32c import crc32c_numpy
 from runtime.model.tf_bundle import (Bundle, BundleError, crc32c, mask_crc, read_table,
                                      unmask_crc)
+from tests.support.tf_checkpoint import CONFIG, FIXTURE, PREFIX, copy_checkpoint
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tf_bert_tiny"
-PREFIX = FIXTURE / "model.ckpt-3"
-CONFIG = json.loads((FIXTURE / "bert_config.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +42,10 @@ def converted(tmp_path_factory) -> Path:
     return out
 
 
-def copy_checkpoint(dst: Path, prefix: Path = PREFIX) -> Path:
-    for f in prefix.parent.glob(prefix.name + ".*"):
-        shutil.copy(f, dst / f.name)
-    shutil.copy(FIXTURE / "bert_config.json", dst / "bert_config.json")
-    return dst / prefix.name
-
-
 # ------------------------------------------------------------------------------ the reader
 
 def test_crc32c_known_values_and_every_length_path():
+    crc32c = crc32c_numpy                                # the reference; the library below
     assert crc32c(b"123456789") == 0xE3069283           # the CRC-32C check value
     assert crc32c(b"") == 0 and crc32c(bytes(32)) == 0x8A9136AA   # RFC 3720 B.4
     rng = np.random.default_rng(0)
@@ -68,6 +62,66 @@ def test_crc32c_known_values_and_every_length_path():
     assert crc32c(data) == plain ^ 0xFFFFFFFF            # lanes folded = one pass
     assert crc32c(data[70_000:], crc32c(data[:70_000])) == plain ^ 0xFFFFFFFF
     assert all(unmask_crc(mask_crc(x)) == x for x in (0, 1, 0xE3069283, 0xFFFFFFFF))
+
+
+def test_the_library_runs_and_equals_the_numpy_reference():
+    # requirements.txt pins google-crc32c: a venv without its C extension fails here rather
+    # than checking a checkpoint ~100x slower without a word.
+    assert crc_module.IMPLEMENTATION.startswith("google-crc32c "), crc_module.IMPLEMENTATION
+    assert crc32c(b"123456789") == 0xE3069283 and crc32c(b"") == 0
+    rng = np.random.default_rng(1)
+    data = rng.integers(0, 256, (1 << 20) + 13, dtype=np.uint8).tobytes()
+    edges = [0, 1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 255, 256, 257, 4095, 4096, 4097,
+             crc_module._BYTEWISE_BELOW - 1, crc_module._BYTEWISE_BELOW,
+             crc_module._BYTEWISE_BELOW + 1, 65_537, 300_017, len(data)]
+    for n in edges:
+        assert crc32c(data[:n]) == crc32c_numpy(data[:n]), n
+    for start in (0, 1, 5, 4097):                      # continuing from an earlier CRC
+        assert crc32c(data[start:], crc32c(data[:start])) == crc32c_numpy(data), start
+    assert crc32c(bytearray(data[:99])) == crc32c_numpy(data[:99])    # any bytes-like
+    assert crc32c(memoryview(data)[3:70_000]) == crc32c_numpy(data[3:70_000])
+    assert crc32c(bytes(1 << 16)) == crc32c_numpy(bytes(1 << 16))     # all zeros
+
+
+@pytest.mark.parametrize("library,says", [
+    (None, "numpy (google-crc32c is not installed)"),
+    ("python", "numpy (google-crc32c has only its pure-Python build)"),
+])
+def test_without_the_c_library_the_numpy_implementation_runs_and_says_so(monkeypatch, library,
+                                                                         says):
+    import importlib
+    import sys
+    import types
+    if library is None:
+        monkeypatch.setitem(sys.modules, "google_crc32c", None)      # import fails
+    else:
+        fake = types.ModuleType("google_crc32c")
+        fake.implementation = library
+        fake.extend = lambda crc, data: pytest.fail("the pure-Python build was used")
+        monkeypatch.setitem(sys.modules, "google_crc32c", fake)
+    try:
+        module = importlib.reload(crc_module)
+        assert module.IMPLEMENTATION == says
+        assert module.crc32c(b"123456789") == 0xE3069283
+    finally:
+        monkeypatch.undo()
+        importlib.reload(crc_module)
+    assert crc_module.IMPLEMENTATION.startswith("google-crc32c ")
+
+
+def test_the_bench_writer_writes_the_entries_tensorflow_wrote(tmp_path, tf_values):
+    """bench/tf_bundle_writer.py, which makes the bench's checkpoint and the crafted indexes
+    below: from the fixture's entries, the same header and BundleEntryProto bytes as
+    TensorFlow's; from its values, a bundle the reader reads back equal, with TF's CRCs."""
+    bundle = Bundle(PREFIX)
+    write_index(tmp_path / "same.index", bundle.num_shards, bundle.entries)
+    assert read_table(tmp_path / "same.index") == read_table(Path(f"{PREFIX}.index"))
+    entries = write_bundle(tmp_path / "again", sorted(tf_values.items()), num_shards=2,
+                           shard_of=lambda n: bundle.entries[n].shard_id)
+    again = Bundle(tmp_path / "again")
+    for name, want in tf_values.items():
+        assert np.array_equal(again.read(name), want), name
+        assert entries[name].crc32c == bundle.entries[name].crc32c, name
 
 
 def test_reader_equals_tensorflow_for_every_variable(tf_values):
@@ -263,6 +317,29 @@ def test_a_damaged_checkpoint_exits_2_naming_the_file_and_writes_nothing(tmp_pat
         named = shard
     rc, err = _cli(capsys, prefix, "--out", tmp_path / "out")
     assert rc == 2 and err.startswith("convert: error: ") and str(named) in err, err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
+@pytest.mark.parametrize("shape,size", [
+    ((2**32, 2**32), 0),           # 2**64 elements: an int64 product wraps to 0 = "0 bytes"
+    ((2**32 + 1, 2**32 + 1), 8),   # wraps to 2**33 + 1 elements
+])
+def test_an_entry_whose_element_count_overflows_int64_is_a_corrupt_index(tmp_path, capsys,
+                                                                         shape, size):
+    """An index (CRCs valid) giving an optimizer slot a shape no file can hold: exit 2 naming
+    the variable, the file and the true byte count - never a traceback from reshape."""
+    from dataclasses import replace
+    prefix = copy_checkpoint(tmp_path)
+    bundle = Bundle(prefix)
+    name = "bert/embeddings/word_embeddings/adam_m"
+    entries = dict(bundle.entries)
+    entries[name] = replace(entries[name], shape=shape, size=size,
+                            crc32c=mask_crc(crc32c(b"\0" * size)))
+    write_index(Path(f"{prefix}.index"), bundle.num_shards, entries)
+    rc, err = _cli(capsys, prefix, "--out", tmp_path / "out", "--keep-optimizer-state")
+    assert rc == 2 and err.startswith("convert: error: "), err
+    assert f"{prefix}.index: {name} holds {size} bytes" in err and "the index is corrupt" in err
+    assert f"({shape[0] * shape[1] * 4} bytes)" in err          # the true count, unwrapped
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
 
 
