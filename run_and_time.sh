@@ -159,7 +159,13 @@ fi
 if ! VALUES="$("$PYTHON" -m runtime.config "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" \
         --get system.nodes --get system.ranks_per_node --get system.launcher --get train.seed \
         --get train.checkpoint_dir --get train.checkpoint_every_samples)"; then
-    die "cannot read '$CONFIG' (the config error is above)"
+    # The headline says which input was refused: the file, or what came after `--` (the file
+    # checked alone, again, only on this path).
+    if ((${#OVERRIDES[@]})) && "$PYTHON" -m runtime.config "$CONFIG" "${SEED_SET[@]}" \
+            --get train.seed >/dev/null 2>&1; then
+        die "an override after -- was refused (the config error above names it); CONFIG '$CONFIG' alone is valid"
+    fi
+    die "CONFIG '$CONFIG' was refused (the config error is above)"
 fi
 mapfile -t V <<<"$VALUES"
 NODES="${V[0]-}" RANKS="${V[1]-}" LAUNCHER="${V[2]-}" SEED="${V[3]-}" CKPT_DIR="${V[4]-}"
