@@ -117,7 +117,7 @@ abspath() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s/%s\n' "$PWD" "$
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 # -- arguments: optional `--`, then section.key=value overrides --------------------------------
-case "${1-}" in -h|--help) usage; exit 0 ;; --) shift ;; esac
+case "${1-}" in -h|--help) trap - PIPE; usage; exit 0 ;; --) shift ;; esac   # | head: as any filter
 OVERRIDES=()
 OUT_OVERRIDE=""
 for arg in "$@"; do
