@@ -390,6 +390,17 @@ else
     "${SESSION[@]}" -- "${CMD[@]}" < /dev/null >&"$TO_OUT" 2>&"$TO_ERR" {TO_OUT}>&- {TO_ERR}>&- &
 fi
 LAUNCH_PID=$!
+WATCH_PID=""
+if [[ "$MODE" == train && -z "$SELF_RANK" ]]; then
+    # Which rank ended first, for the summary of a run whose ranks were killed (the launcher
+    # kills the others, and its report may name one of those): submission.rank_ends watches
+    # this host's ranks end. It ignores the stop signals as the tees do, and ends with them.
+    ( trap '' INT TERM HUP USR1
+      exec "$PYTHON" -m submission.rank_ends "$RUN_DIR" --armed "$ARMED_DIR" --ranks "$STARTS" \
+          --launcher-pid "$LAUNCH_PID" --parent "$$" ) < /dev/null > /dev/null 2>&1 \
+        {TO_OUT}>&- {TO_ERR}>&- &
+    WATCH_PID=$!
+fi
 while :; do
     if [[ -n "$GOT_SIGNAL" ]] && ((!FORWARDED)) && ! pass_stop_on; then
         sleep 0.1   # holding the request: the ranks are still starting
@@ -407,6 +418,11 @@ if ((${#TEES[@]})); then   # every line of the launcher in launcher.log, and the
         for ((i = 0; i < 100; i++)); do running "$pid" || break; sleep 0.1; done
         running "$pid" || wait "$pid" 2>/dev/null
     done
+fi
+if [[ -n "$WATCH_PID" ]]; then   # it ends once this host's ranks have: at most 5 s more
+    for ((i = 0; i < 50; i++)); do running "$WATCH_PID" || break; sleep 0.1; done
+    kill "$WATCH_PID" 2>/dev/null
+    wait "$WATCH_PID" 2>/dev/null
 fi
 rm -rf -- "$ARMED_DIR"
 # MPICH's shared-memory files of this launch's ranks here, which a job that ended without
