@@ -159,6 +159,8 @@ class Trainer:
                                files={"bucket_plan.json": self._plan_file})
         if self.resume_from is not None:  # last: the RNG states are restored here
             self._resume()
+        if self.profiler is not None:
+            self._say(self.profiler.plan(self.state.step))
         self.runner.attach(self)  # after a resume: a resumed run captures anew
 
     def _plan_file(self) -> bytes | None:
