@@ -43,7 +43,9 @@
 #   0 success   1 target not reached   2 bad input (config, data, launch, run directory)
 #   3 runtime failure (a rank raised or died; divergence)   4 stopped by a signal
 # (the ranks' own status: launchers that fold it - torchrun reports 1 for any failure - are
-# corrected from the ranks' records).
+# corrected from the ranks' records). A reader of the output that goes away (`| head`, a
+# `| tee` that died) stops nothing: the run goes on to its end, its output into launcher.log
+# (docs/RESILIENCE.md says why); Ctrl-C on `... | tee LOG` is a stop request as below.
 #
 # Signals: TERM, INT, HUP and USR1 to this script - once or repeated, to it alone or to its
 # whole process group (Ctrl-C twice, a closed terminal, systemd) - are one stop request. Before
@@ -66,7 +68,12 @@ set -euo pipefail
 
 # -- stop requests, from the first line on (see "Signals" above) -----------------------------
 GOT_SIGNAL="" LAUNCH_PID="" FORWARDED=0 CREATED_RUN_DIR="" HELD=""
-say() { printf 'run_and_time.sh: %s\n' "$*" >&2 || true; }   # a closed terminal fails writes
+# A closed terminal (EIO) or a reader gone (`| head`, a `| tee` killed by Ctrl-C: EPIPE) fails
+# writes to stdout/stderr: our own lines are lost then, never the run (see "Output" above).
+# SIGPIPE is caught, not ignored, so that the programs started here get it at its default.
+trap : PIPE
+say() { printf 'run_and_time.sh: %s\n' "$*" >&2 2>/dev/null || true; }
+out() { printf '%s\n' "$*" 2>/dev/null; }
 on_signal() {
     if [[ -n "$GOT_SIGNAL" ]]; then
         say "got SIG$1 again: the stop request (SIG$GOT_SIGNAL) stands; nothing more is sent"
@@ -110,7 +117,7 @@ abspath() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s/%s\n' "$PWD" "$
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 # -- arguments: optional `--`, then section.key=value overrides --------------------------------
-case "${1-}" in -h|--help) usage; exit 0 ;; --) shift ;; esac
+case "${1-}" in -h|--help) trap - PIPE; usage; exit 0 ;; --) shift ;; esac   # | head: as any filter
 OVERRIDES=()
 OUT_OVERRIDE=""
 for arg in "$@"; do
@@ -159,7 +166,13 @@ fi
 if ! VALUES="$("$PYTHON" -m runtime.config "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" \
         --get system.nodes --get system.ranks_per_node --get system.launcher --get train.seed \
         --get train.checkpoint_dir --get train.checkpoint_every_samples)"; then
-    die "cannot read '$CONFIG' (the config error is above)"
+    # The headline says which input was refused: the file, or what came after `--` (the file
+    # checked alone, again, only on this path).
+    if ((${#OVERRIDES[@]})) && "$PYTHON" -m runtime.config "$CONFIG" "${SEED_SET[@]}" \
+            --get train.seed >/dev/null 2>&1; then
+        die "an override after -- was refused (the config error above names it); CONFIG '$CONFIG' alone is valid"
+    fi
+    die "CONFIG '$CONFIG' was refused (the config error is above)"
 fi
 mapfile -t V <<<"$VALUES"
 NODES="${V[0]-}" RANKS="${V[1]-}" LAUNCHER="${V[2]-}" SEED="${V[3]-}" CKPT_DIR="${V[4]-}"
@@ -176,7 +189,8 @@ fi
 MODE="${MODE:-train}"
 [[ "$MODE" == train || "$MODE" == tune ]] || die "MODE='$MODE' is not train | tune"
 resumable() {   # the newest LOGDIR/$1_* holding an interrupted run with a checkpoint, if any
-    local d
+    local d dirs
+    dirs="$(ls -1dt "$LOGDIR/$1"_* 2>/dev/null)" || true
     while IFS= read -r d; do
         [[ -n "$d" && -f "$d/mlperf_bert.log" ]] || continue
         grep -qs '"key": "run_stop"' "$d/mlperf_bert.log" && continue
@@ -185,7 +199,7 @@ resumable() {   # the newest LOGDIR/$1_* holding an interrupted run with a check
             flock -n "$d/.lock" true || continue   # a live run holds it
         fi
         printf '%s\n' "$d"; return 0
-    done < <(ls -1dt "$LOGDIR/$1"_* 2>/dev/null)
+    done <<<"$dirs"
 }
 owner_run() {   # the interrupted run that checkpoint directory $1 belongs to (its run.json), if any
     local d
@@ -218,10 +232,10 @@ if [[ -z "${RUN_DIR:-}" ]]; then
     else
         if [[ "$MODE" == train && "${RESUME:-1}" != 0 && -z "$CKPT_DIR" ]]; then
             RUN_DIR="$(resumable "$NAME")"
-            [[ -n "$RUN_DIR" ]] && printf 'run_and_time.sh: resuming the interrupted run in %s (RESUME=0 starts a new one)\n' "$RUN_DIR" >&2
+            [[ -z "$RUN_DIR" ]] || say "resuming the interrupted run in $RUN_DIR (RESUME=0 starts a new one)"
         elif [[ "$MODE" == train && "${RESUME:-1}" != 0 ]]; then
             RUN_DIR="$(owner_run "$CKPT_DIR")"
-            [[ -n "$RUN_DIR" ]] && printf 'run_and_time.sh: resuming the interrupted run in %s, whose checkpoints train.checkpoint_dir %s holds (RESUME=0 starts a new one)\n' "$RUN_DIR" "$CKPT_DIR" >&2
+            [[ -z "$RUN_DIR" ]] || say "resuming the interrupted run in $RUN_DIR, whose checkpoints train.checkpoint_dir $CKPT_DIR holds (RESUME=0 starts a new one)"
         fi
         if [[ -z "${RUN_DIR:-}" ]]; then
             RUN_DIR="$(fresh_dir "$LOGDIR/${NAME}_$(date +%Y%m%d_%H%M%S)")"
@@ -316,7 +330,7 @@ mkdir -p -- "$ARMED_DIR" "$SHM_NOTES"
 # -- run and time ----------------------------------------------------------------------------
 START=$(date +%s)
 START_FMT="$(LC_ALL=C date +'%Y-%m-%d %r')"   # %r in the C locale: 02:03:04 PM
-echo "STARTING TIMING RUN AT $START_FMT" || true   # from here on a closed terminal stops nothing
+out "STARTING TIMING RUN AT $START_FMT" || true
 say "$NP ranks via $LAUNCHER, seed $SEED, output $RUN_DIR"
 say "launching:$(printf ' %q' "${CMD[@]}")"
 
@@ -356,18 +370,37 @@ pass_stop_on() {   # true once the stop request has gone to the launcher (or may
 }
 
 set +e
-LAUNCH_LOG=""
+LAUNCH_LOG="" TEES=()
 if [[ -n "$SELF_RANK" ]]; then   # CMD is this task's rank
     "${SESSION[@]}" -- "${CMD[@]}" < /dev/null &
 else
     LAUNCH_LOG="$RUN_DIR/launcher.log"   # the launcher's word on a dead rank, for the summary
-    # The tees ignore the stop signals: Ctrl-C (INT to the whole process group) or systemd's
-    # TERM to every process must not end them while the ranks still write - the launcher would
-    # then die of SIGPIPE in the middle of the checkpoint. They end when the launcher does.
-    "${SESSION[@]}" -- "${CMD[@]}" < /dev/null > >(trap '' INT TERM HUP USR1; exec tee -a "$LAUNCH_LOG") \
-        2> >(trap '' INT TERM HUP USR1; exec tee -a "$LAUNCH_LOG" >&2) &
+    # The launcher's output goes to launcher.log and on to ours through two tees, which must
+    # outlive whatever reads ours: if one died, the launcher and the ranks would die of SIGPIPE
+    # at their next line - in the middle of a checkpoint, or with nothing saved since the
+    # last. So they ignore the stop signals (Ctrl-C is INT to the whole process group,
+    # systemd's TERM goes to every process) and, with -p (GNU tee), a reader that goes away
+    # (`| head`, a `| tee` that Ctrl-C ended): they go on writing launcher.log to the end.
+    # Opened here, not on the launcher's line, so that this script can close them and wait
+    # for them (bash would leave them behind as zombies).
+    exec {TO_OUT}> >(trap '' INT TERM HUP USR1; exec tee -p -a "$LAUNCH_LOG")
+    TEES+=("$!")
+    exec {TO_ERR}> >(trap '' INT TERM HUP USR1; exec tee -p -a "$LAUNCH_LOG" >&2)
+    TEES+=("$!")
+    "${SESSION[@]}" -- "${CMD[@]}" < /dev/null >&"$TO_OUT" 2>&"$TO_ERR" {TO_OUT}>&- {TO_ERR}>&- &
 fi
 LAUNCH_PID=$!
+WATCH_PID=""
+if [[ "$MODE" == train && -z "$SELF_RANK" ]]; then
+    # Which rank ended first, for the summary of a run whose ranks were killed (the launcher
+    # kills the others, and its report may name one of those): submission.rank_ends watches
+    # this host's ranks end. It ignores the stop signals as the tees do, and ends with them.
+    ( trap '' INT TERM HUP USR1
+      exec "$PYTHON" -m submission.rank_ends "$RUN_DIR" --armed "$ARMED_DIR" --ranks "$STARTS" \
+          --launcher-pid "$LAUNCH_PID" --parent "$$" ) < /dev/null > /dev/null 2>&1 \
+        {TO_OUT}>&- {TO_ERR}>&- &
+    WATCH_PID=$!
+fi
 while :; do
     if [[ -n "$GOT_SIGNAL" ]] && ((!FORWARDED)) && ! pass_stop_on; then
         sleep 0.1   # holding the request: the ranks are still starting
@@ -379,6 +412,18 @@ while :; do
     wait "$LAUNCH_PID" 2>/dev/null; R2=$?; ((R2 == 127)) || RC=$R2   # its own status
     break
 done
+if ((${#TEES[@]})); then   # every line of the launcher in launcher.log, and the tees reaped
+    exec {TO_OUT}>&- {TO_ERR}>&-
+    for pid in "${TEES[@]}"; do   # at most 10 s: a process the launcher left may hold a pipe
+        for ((i = 0; i < 100; i++)); do running "$pid" || break; sleep 0.1; done
+        running "$pid" || wait "$pid" 2>/dev/null
+    done
+fi
+if [[ -n "$WATCH_PID" ]]; then   # it ends once this host's ranks have: at most 5 s more
+    for ((i = 0; i < 50; i++)); do running "$WATCH_PID" || break; sleep 0.1; done
+    kill "$WATCH_PID" 2>/dev/null
+    wait "$WATCH_PID" 2>/dev/null
+fi
 rm -rf -- "$ARMED_DIR"
 # MPICH's shared-memory files of this launch's ranks here, which a job that ended without
 # MPI_Finalize (a rank's failure, a kill) leaves in /dev/shm: the ranks noted them, and every
@@ -389,7 +434,7 @@ rmdir -- "$RUN_DIR/.armed" 2>/dev/null
 set -e
 
 END=$(date +%s)
-echo "ENDING TIMING RUN AT $(LC_ALL=C date +'%Y-%m-%d %r')" || true
+out "ENDING TIMING RUN AT $(LC_ALL=C date +'%Y-%m-%d %r')" || true
 if ((RC != 0)); then
     LAUNCH_RC=$RC DETAIL=""   # the job's status and summary first: the headline says which
     if [[ -n "$SELF_RANK" ]]; then
@@ -399,7 +444,6 @@ if ((RC != 0)); then
             RC=3
         fi
     elif [[ "$MODE" == train ]]; then
-        sleep 0.2   # let tee write the launcher's last lines
         DETAIL_FILE="$(mktemp 2>/dev/null)" || DETAIL_FILE=""   # none: straight to stderr
         CODE="$("$PYTHON" -m submission.rank_status "$RUN_DIR" --rc "$RC" --launcher "$LAUNCHER" \
                 --launcher-log "$LAUNCH_LOG" --since "$START" 2>"${DETAIL_FILE:-/dev/stderr}")" \
@@ -427,5 +471,6 @@ if [[ "$MODE" == tune ]]; then
     exit 0   # not a timed run: the tuner printed its table and where the plan went
 fi
 if ((PRINT_RESULT)); then
-    echo "RESULT,bert,$SEED,$((END - START)),$USER,$START_FMT" || true
+    RESULT="RESULT,bert,$SEED,$((END - START)),$USER,$START_FMT"
+    out "$RESULT" || say "standard output is closed: $RESULT"
 fi

@@ -11,7 +11,11 @@ Owns:
     after a launch, the one exit status of the job (below) on stdout and, when something
     failed, a summary naming the rank and the last completed step on stderr. The launcher's
     own report, when captured (run_and_time.sh keeps it in ``<run dir>/launcher.log``), names
-    the PID or task that died first; its row in submission.launchers maps it to a rank.
+    the PID or task that died first; its row in submission.launchers maps it to a rank. When
+    ranks ended without a record (killed), the order in which they ended
+    (submission.rank_ends, watched beside the launcher) says which died first - a launcher
+    ends the others itself, and MPICH's banner may name one of those; when nothing can tell,
+    the summary says so instead of naming a rank.
 Never: steers training, talks to other ranks, or reads the environment.
 
 Why a summary after the launch: launchers end the other ranks the moment one dies (MPICH's
@@ -39,6 +43,7 @@ from typing import Any, Optional
 
 from runtime.events import Event, RunState
 from submission.launchers import LAUNCHERS
+from submission.rank_ends import first_ended
 
 STATUS_DIR = "ranks"
 EXIT_CODES = (0, 1, 2, 3, 4)
@@ -198,9 +203,6 @@ def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
     text = ""
     if launcher_log is not None and launcher_log.is_file():
         text = launcher_log.read_text(errors="replace")
-    culprit = launcher_culprit(text, records, launcher)
-    if culprit:
-        lines.append(culprit)
     last = max((int(r.get("step", 0)) for r in records.values()), default=0)
     failed = [r for r, rec in sorted(records.items()) if rec.get("state") == "failed"]
     said = {}   # records the ranks could not finish (a full disk): what they printed
@@ -210,8 +212,16 @@ def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
         failed = sorted(said)
     who = (f"rank {failed[0]}" if len(failed) == 1 else
            "ranks " + ", ".join(map(str, failed))) + " failed"
-    # the ranks that failed first: the others ended because of them
-    for rank, rec in sorted(records.items(), key=lambda kv: (kv[0] not in failed, kv[0])):
+    culprit = launcher_culprit(text, records, launcher)
+    killed = [] if failed else [r for r in sorted(records) if "exit" not in records[r]]
+    first = None
+    if killed:   # ended without a word: which first, the launcher's report checked
+        first, culprit = _first_killed(run_dir, records, killed, since, culprit, launcher)
+    if culprit:
+        lines.append(culprit)
+    # the ranks that failed (or ended) first: the others ended because of them
+    for rank, rec in sorted(records.items(),
+                            key=lambda kv: (kv[0] not in failed and kv[0] != first, kv[0])):
         where = f"pid {rec.get('pid')} on {rec.get('host')}"
         if "exit" in rec:
             reason = next((x for x in rec.get("reason", "").splitlines() if x.strip()), "")
@@ -223,6 +233,12 @@ def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
         elif failed:
             lines.append(f"rank {rank} ({where}): stopped after {who} (the launcher ended it "
                          f"before it could record its end); last logged step {rec.get('step')}")
+        elif rank == first:
+            lines.append(f"rank {rank} ({where}): no exit record - ended first; last logged "
+                         f"step {rec.get('step')}")
+        elif first is not None:
+            lines.append(f"rank {rank} ({where}): no exit record - ended after rank {first} "
+                         f"(the launcher ends the others); last logged step {rec.get('step')}")
         else:
             lines.append(f"rank {rank} ({where}): no exit record - killed (SIGKILL, OOM, lost "
                          f"node) or stopped by the launcher after another rank ended; last "
@@ -230,6 +246,40 @@ def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
     lines.append(f"last completed step logged: {last}; exit status {code} "
                  f"({_meaning(code)})")
     return code, lines
+
+
+_NAMED = re.compile(r"^rank (\d+) ")   # a launcher's phrase names its rank first (launchers.py)
+
+
+def _first_killed(run_dir, records: dict[int, dict], killed: list[int], since, culprit,
+                  launcher) -> tuple[Optional[int], Optional[str]]:
+    """(the rank of ``killed`` that ended first or None, the line that says so): the
+    launcher's own line when it names that rank (it says how), else ours; when nothing can
+    tell, the launcher's word marked as unconfirmed, or nothing."""
+    first, why = first_ended(run_dir, records, killed, since)
+    named = _NAMED.match(culprit or "")
+    named_rank = int(named[1]) if named else None
+    if first is not None:
+        if named_rank == first:
+            return first, culprit
+        rec = records[first]
+        line = (f"rank {first} (pid {rec.get('pid')} on {rec.get('host')}) ended first, "
+                f"without an exit record: killed (SIGKILL, the OOM killer, a lost node) or "
+                f"crashed in native code")
+        if named_rank is not None:
+            line += (f"; {launcher or 'the launcher'}'s report names rank {named_rank}, "
+                     f"which it ended itself after")
+        return first, line
+    if len(killed) == 1:   # the only rank without a word: the launcher's line, if any
+        return None, culprit
+    line = f"which rank ended first cannot be told: {why}"
+    if named_rank is not None:
+        how = culprit.split(" ended first: ", 1)[-1]
+        line += (f"; {launcher or 'the launcher'}'s report names rank {named_rank} ({how}), "
+                 f"which may be one it ended itself after the first")
+    elif culprit:
+        line += f"; the launcher's report: {culprit}"
+    return None, line
 
 
 def _meaning(code: int) -> str:

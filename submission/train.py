@@ -24,6 +24,11 @@ would kill the rank. ``--shm-notes DIR`` (run_and_time.sh's): once MPI has start
 /dev/shm files it maps are noted in DIR, for the script to remove after the launch
 (submission.shm: MPICH leaves them when a job ends without MPI_Finalize).
 
+Before torch loads, the rank sets two variables of its own environment (a value the user set
+wins): CUDA's allocator settings for ``train.cuda_graphs`` (``set_allocator``) and kineto's log
+level, which silences torch.profiler's raw lines under ``train.profile_steps``
+(``quiet_profiler``).
+
 Exit status: 0 success, 1 target not reached, 2 bad input, 3 runtime failure, 4 stopped by a
 signal - what each covers is the table in README.md, "Exit status" (run_and_time.sh and run.sub
 pass the status on).
@@ -95,6 +100,19 @@ def set_allocator(argv, environ=os.environ) -> None:
               file=sys.stderr, flush=True)
 
 
+KINETO_QUIET = "6"
+"""KINETO_LOG_LEVEL for the ranks: torch.profiler's kineto prints two raw lines per profiled
+step ("USDT: ... profiler_start", "... profiler_stop") at its highest level (5, USDT, above
+ERROR at 4), so only a level above every message silences them - kineto's errors too; a
+profiled step's record still says what it measured (0 kernels when CUPTI failed). Set
+KINETO_LOG_LEVEL yourself (4: errors and those lines) to see them."""
+
+
+def quiet_profiler(environ=os.environ) -> None:
+    """Kineto's level for train.profile_steps, before torch loads (the user's wins)."""
+    environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
+
+
 if __name__ == "__main__":
     # Before the heavy imports: a TERM while torch loads is a stop request too. Only as the
     # entry point - a module that imports this one (a test, pytest itself) keeps its own
@@ -103,6 +121,7 @@ if __name__ == "__main__":
     if "--signals-ready" in sys.argv[:-1]:
         signals.announce(sys.argv[sys.argv.index("--signals-ready") + 1])
     set_allocator(sys.argv[1:])
+    quiet_profiler()
 
 import torch  # noqa: E402
 

@@ -289,6 +289,8 @@ class ScheduleConfig:
 
 MAX_PROFILED_STEPS = 32
 """train.profile_steps: at most this many (each writes a trace of tens of MB per rank)."""
+INT64_MAX = 2 ** 63 - 1
+"""A step number larger than this is no step (torch and numpy count steps in int64)."""
 SEED_MAX = 2 ** 32 - 1
 """train.seed: at most this (what numpy's and torch's generators take)."""
 
@@ -360,6 +362,8 @@ class TrainConfig:
         "per step into <output_dir>/profile and logs its wall time, device busy time (the "
         "kernels' sum; CPU: the ops'), kernel count, top kernels, and 'host-bound' when wall "
         "> 1.5x busy; a profiled step synchronises the device before and after itself. "
+        "Each step once, from 1 to train.max_steps (taken in increasing order); the run "
+        "says at its start which it will profile. "
         "[] = off (nothing is started)", default_factory=list, resume=RECORD, why=_OBSERVE)
     cuda_graphs: CudaGraphs = _doc(graph_modes_help(), "none",
                                    resume=RECORD, why="how the step is launched: the same update")
@@ -450,11 +454,33 @@ class TrainConfig:
         if not 0 <= self.seed <= SEED_MAX:
             raise ConfigError(f"train.seed must be a whole number from 0 to {SEED_MAX} (what "
                               f"numpy's and torch's generators take), got {self.seed}")
-        bad = [s for s in self.profile_steps if s < 1]
-        if bad or len(self.profile_steps) > MAX_PROFILED_STEPS:
+        self.profile_steps = self._profiled()
+
+    def _profiled(self) -> list[int]:
+        """train.profile_steps checked, in increasing order (a set of steps: the order given
+        carries nothing). A step past train.max_steps is refused, not skipped: the run ends
+        before it, and a resume that raises max_steps may name it then (both keys may
+        change on a resume)."""
+        steps = self.profile_steps
+        bad = [s for s in steps if s < 1]
+        if bad or len(steps) > MAX_PROFILED_STEPS:
             raise ConfigError(f"train.profile_steps takes up to {MAX_PROFILED_STEPS} step "
-                              f"numbers >= 1 (a trace is tens of MB a step), got "
-                              f"{self.profile_steps}")
+                              f"numbers >= 1 (a trace is tens of MB a step), got {steps}")
+        huge = [s for s in steps if s > INT64_MAX]
+        if huge:
+            raise ConfigError(f"train.profile_steps: {huge[0]} is no step number (it does not "
+                              f"fit in 64 bits); name steps from 1 to train.max_steps "
+                              f"({self.max_steps})")
+        twice = sorted({s for s in steps if steps.count(s) > 1})
+        if twice:
+            raise ConfigError(f"train.profile_steps names step(s) {twice} more than once: "
+                              f"give each step once, e.g. {sorted(set(steps))}")
+        past = sorted(s for s in steps if s > self.max_steps)
+        if past:
+            raise ConfigError(f"train.profile_steps: step(s) {past} come after "
+                              f"train.max_steps={self.max_steps}, so the run ends before "
+                              f"them: drop them, or raise train.max_steps (on a resume too)")
+        return sorted(steps)
 
     def sample_budget(self) -> int:
         """The samples the run trains at most: max_steps × the global batch, or

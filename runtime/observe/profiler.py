@@ -58,6 +58,18 @@ class StepProfiler:
         self.cuda = self.device.type == "cuda"
         self.records: list[dict] = []
 
+    def plan(self, done: int) -> str:
+        """What this run will profile, said at its start: the steps after ``done`` (the
+        step a resume continues from; 0 for a new run), and those it trained before."""
+        todo = sorted(s for s in self.steps if s > done)
+        before = sorted(s for s in self.steps if s <= done)
+        line = (f"profile: step(s) {', '.join(map(str, todo))} on every rank, traces in "
+                f"{self.dir}" if todo else "profile: no step left to profile")
+        if before:
+            line += (f"; step(s) {', '.join(map(str, before))} came before step {done}, where "
+                     f"this run resumes: not profiled")
+        return line
+
     def around(self, step: int):
         """A context for step number ``step``: profiled when named, else nothing."""
         return self._profiled(step) if step in self.steps else contextlib.nullcontext()

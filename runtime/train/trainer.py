@@ -151,6 +151,8 @@ class Trainer:
                                states={"progress": Progress(self), "loss_scale": self.loss_scale},
                                files={"bucket_plan.json": self._plan_file})
         start = self._resume() if self.resume_from is not None else 0  # (RNG states last)
+        if self.profiler is not None:
+            self._say(self.profiler.plan(start))
         self.runner.attach(Drive(self.body, self.balance_meter, self.schedule, t.max_steps,
                                  start_step=start))
 

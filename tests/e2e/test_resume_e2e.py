@@ -10,6 +10,8 @@
 * a rank SIGKILLed mid-run: the job ends within 60 s with exit 3 and a message naming the
   rank and the last completed step; the rerun resumes from the last checkpoint (the steps
   since are trained again) and ends equal to the uninterrupted run;
+* at 4 ranks, rank 3 SIGKILLed: the summary names rank 3 as the one that ended first, not
+  the rank MPICH's banner names (one it killed itself in its clean-up);
 * the checkpoint of 2 ranks (the reference run's) resumed on 1: it works and says that the
   data order changes;
 * a resume that changes a key that must match (the optimizer: AdamW or LARS on LAMB's state)
@@ -150,6 +152,28 @@ def test_a_killed_rank_is_named_and_the_rerun_resumes_from_the_last_checkpoint(
     assert resumed["step"] % 5 == 0 and resumed["step"] <= lost_from  # the last checkpoint
     reference = reference_run.dir
     assert steps(run_dir) == steps(reference) and evals(run_dir)[-1] == evals(reference)[-1]
+
+
+@pytest.mark.slow
+def test_at_4_ranks_the_rank_killed_first_is_named_not_one_the_launcher_killed_after(
+        small_dataset, tmp_path):
+    """mpiexec SIGKILLs the other ranks once one has died, and its banner names one process
+    with a bad exit: rank 1 (or 0) of rank 3's death. The summary names rank 3, from the
+    order in which the watch beside the launcher saw the ranks end."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, overrides(small_dataset, **{"system.ranks_per_node": 4,
+                                                      "train.max_steps": 20}))
+    wait_for_step(run_dir, 2, proc)
+    pid = json.loads((run_dir / "ranks" / "rank_00003.json").read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    rc, out, err = finish(proc)
+    assert rc == 3, out[-3000:] + err[-3000:]
+    said = [x.removeprefix("run_and_time.sh: ") for x in err.splitlines()
+            if x.startswith("run_and_time.sh: rank ")]
+    assert said[0].startswith(f"rank 3 (pid {pid} on "), err[-3000:]
+    assert " ended first" in said[0] and said[1].startswith(f"rank 3 (pid {pid} on "), said
+    assert all(" ended first" not in x for x in said[1:] if not x.startswith("rank 3 ")), said
+    assert not ranks_left(run_dir)
 
 
 @pytest.mark.slow

@@ -207,6 +207,26 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_launch(sandbox):
     assert "largest micro-batch that fits is about" in proc.stderr
 
 
+def test_the_headline_of_a_refused_config_says_whether_the_file_or_an_override_is_bad(sandbox):
+    """Every refusal was headlined "cannot read '<config>'", a bad override too, whose file
+    had been read and was valid: the headline names the input that was refused."""
+    root, _ = sandbox
+    cfg = write_config(root, "mpiexec")
+    proc, calls = run(sandbox, cfg, "--", "train.no_such_key=1")
+    assert proc.returncode == 2 and not calls, proc.stderr
+    assert "unknown key train.no_such_key" in proc.stderr, proc.stderr
+    assert f"an override after -- was refused (the config error above names it); CONFIG " \
+           f"'{cfg}' alone is valid" in proc.stderr and "cannot read" not in proc.stderr
+    bad = root / "my configs" / "config_BAD_1x2x8x1.toml"
+    bad.write_text(cfg.read_text().replace("seed = 7", 'seed = "seven"'))
+    for args in ((), ("--", "train.max_steps=3")):   # the file is refused, overrides or not
+        proc, calls = run(sandbox, bad, *args)
+        assert proc.returncode == 2 and not calls, proc.stderr
+        assert f"CONFIG '{bad}' was refused (the config error is above)" in proc.stderr, \
+            proc.stderr
+        assert "override after --" not in proc.stderr
+
+
 # ------------------------------------------------------------------ bad input, nothing left
 
 @pytest.mark.parametrize("seed", ["-1", "abc", "1.5", "4294967296", "99999999999999999999"])

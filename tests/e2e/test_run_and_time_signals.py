@@ -1,7 +1,8 @@
 """run_and_time.sh and stop signals: TERM/INT/HUP/USR1, once or repeated, to the script or
 its process group, a closed terminal, a stop during start-up or before the launch, kill -9 of
 the script: the launcher gets one stop request, the script waits for it and exits with its
-status; the ranks' /dev/shm files go once the launch ends.
+status; the ranks' /dev/shm files go once the launch ends, and nothing of the script is left in
+its process group.
 
 Under the stub launchers of tests/support/run_and_time.py (SIGNAL_STUB: records the signals it
 gets and stops like a rank that checkpointed).
@@ -195,5 +196,37 @@ def test_sigkill_to_the_script_stops_its_launcher(sandbox):
             time.sleep(0.1)
         assert not Path(f"/proc/{pid}").exists(), "the launcher outlived run_and_time.sh"
         assert (files / "got").read_text().split() == ["SIGUSR1"]
+    finally:
+        end_stubs(files)
+
+
+def group_members(pgid: int) -> list[str]:
+    """Every process (zombies too) in process group ``pgid``: "PID STATE COMMAND"."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue   # ended while we looked
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:]
+        state, _ppid, pgrp = rest.split()[:3]
+        if int(pgrp) == pgid:
+            found.append(f"{stat.parent.name} {state} {comm}")
+    return found
+
+
+def test_nothing_of_the_run_is_left_in_its_process_group_when_the_script_returns(sandbox):
+    """A tool that waits for a run's process group to empty (a timing harness, a job runner)
+    found the two tees of launcher.log there after every launched run - zombies bash never
+    reaped, until PID 1 did, 0.6-1.8 s later: the script waits for them before it exits."""
+    env, files = signal_stub(sandbox, STUB_WAIT="0")
+    try:
+        proc = start_script(sandbox, env)
+        out, err = proc.communicate(timeout=60)
+        left = group_members(proc.pid)
+        assert proc.returncode == 4, err[-3000:]
+        assert left == [], left
+        (log,) = (sandbox[0] / "log dir").glob("*/launcher.log")
+        assert "stub still writing 1999" in log.read_text()   # every line, the last too
     finally:
         end_stubs(files)

@@ -10,6 +10,8 @@ Slurm cluster of tests/slurm_cluster.py) on real shards:
 * a SIGTERM right after the launch, while the ranks still start: exit 4, no launcher crash;
 * SIGKILL to run_and_time.sh alone: the ranks still stop (their launcher gets the stop request
   as its parent-death signal) well within 60 s, and the rerun continues bit for bit;
+* Ctrl-C to ``run_and_time.sh | tee LOG`` (the user's tee dies of the INT): a stop like any
+  other; and a reader that goes away (``| head``) ends nothing: the run goes on to its end;
 * a second run_and_time.sh on the RUN_DIR of a run launched a moment ago, and a second run
   with the train.checkpoint_dir of a live run: refused with exit 2 naming the live run, before
   anything is written; it reports itself, never the live run's ranks.
@@ -29,9 +31,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.launch import needs_mpiexec, needs_torchrun
+from tests.support.launch import ROOT, default_stop_signals, needs_mpiexec, needs_torchrun
 from tests.support.mllog import mllog_events
-from tests.support.runs import (evals, finish, ranks_left, run, start, steps, wait_for_step)
+from tests.support.runs import (CPU_CONFIG, SEED, evals, finish, ranks_left, run, start, steps,
+                                wait_for_step)
 from tests.support.runs import resume_overrides as overrides
 
 pytestmark = [pytest.mark.slow, needs_mpiexec]
@@ -170,6 +173,44 @@ def test_sigkill_to_run_and_time_stops_the_ranks_and_the_rerun_continues(
     out = (run_dir / "launcher.log").read_text()
     stopped = assert_stopped_like_sigterm(run_dir, out)
     assert_rerun_continues_exactly(run_dir, small_dataset, reference_run, stopped)
+
+
+def test_ctrl_c_to_a_run_piped_to_tee_stops_it_and_a_rerun_whose_reader_goes_away_finishes(
+        small_dataset, reference_run, tmp_path):
+    """``run_and_time.sh | tee LOG`` in a terminal, Ctrl-C: the user's tee dies of the INT,
+    and the script's own tees, mpiexec and the ranks once died of SIGPIPE at their next line
+    (exit 141, no checkpoint, the rerun refused). Now it is a stop like any other (exit 4, a
+    checkpoint, the summary). The rerun's reader goes away after its first step line (as
+    ``| head -n 2`` does): the run goes on to its end, every line in launcher.log, and
+    continues the stopped run bit for bit (it once died of SIGPIPE, its steps since the last
+    checkpoint lost)."""
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, CONFIG=str(CPU_CONFIG), SEED=SEED, RUN_DIR=str(run_dir))
+    piped = subprocess.Popen(
+        ["bash", "-c", f'"$0" -- "$@" | tee {tmp_path}/tee.log; exit "${{PIPESTATUS[0]}}"',
+         str(ROOT / "run_and_time.sh"), *overrides(small_dataset)], cwd=ROOT, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=default_stop_signals)
+    wait_for_step(run_dir, 6, piped)
+    signal_group(piped, "INT")   # to the script and the user's tee
+    rc, _, err = finish(piped)
+    assert rc == 4, err[-3000:]
+    assert "stopped by a signal: " in err and "exit status 4 (stopped by a signal)" in err, err
+    stopped = assert_stopped_like_sigterm(run_dir, (run_dir / "launcher.log").read_text())
+
+    rerun = start(run_dir, overrides(small_dataset))
+    for line in rerun.stdout:
+        if line.startswith("step "):
+            break
+    rerun.stdout.close()   # the reader is gone: every later line to stdout fails (EPIPE)
+    err = rerun.stderr.read()
+    assert rerun.wait(timeout=240) == 1, err[-3000:]   # the step budget ended it, as planned
+    resumed = next(e for e in mllog_events(run_dir / "mlperf_bert.log")
+                   if e["key"] == "presto_resumed")["metadata"]
+    assert resumed["step"] == stopped
+    assert steps(run_dir) == steps(reference_run.dir) and evals(run_dir) == evals(
+        reference_run.dir)
+    assert "mllog log:" in (run_dir / "launcher.log").read_text()   # its very last lines
 
 
 def test_a_second_run_on_a_run_directory_just_launched_is_refused_and_touches_nothing(

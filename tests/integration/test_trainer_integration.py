@@ -93,10 +93,11 @@ def test_the_step_profiler_traces_and_reports_the_named_steps(small_dataset, sin
     import json
     lines = []
     cfg = tiny_config(small_dataset, "train.max_steps=4", "train.target_mlm_accuracy=0.99",
-                      "train.profile_steps=[2, 3]", f'train.output_dir="{tmp_path}"')
+                      "train.profile_steps=[3, 2]", f'train.output_dir="{tmp_path}"')
     trainer = Trainer(cfg, single_ctx, log=lines.append)
     trainer.fit()
     trainer.close()
+    assert f"profile: step(s) 2, 3 on every rank, traces in {tmp_path / 'profile'}" in lines
     recs = [json.loads(x) for x in (tmp_path / "profile" / "rank0.jsonl").read_text().split("\n")
             if x]
     assert [r["step"] for r in recs] == [2, 3]
@@ -115,3 +116,39 @@ def test_the_step_profiler_traces_and_reports_the_named_steps(small_dataset, sin
     off.setup()
     assert off.profiler is None
     off.close()
+
+
+def test_the_profiler_says_which_steps_a_resumed_run_will_profile(tmp_path):
+    """Steps at or before the step a resume continues from were trained before: said, not
+    silently skipped."""
+    import torch
+    from runtime.observe.profiler import StepProfiler
+    prof = StepProfiler([12, 5, 20], tmp_path, 0, torch.device("cpu"))
+    where = tmp_path / "profile"
+    assert prof.plan(0) == f"profile: step(s) 5, 12, 20 on every rank, traces in {where}"
+    assert prof.plan(12) == (f"profile: step(s) 20 on every rank, traces in {where}"
+                             f"; step(s) 5, 12 came before step 12, where this run resumes: "
+                             f"not profiled")
+    assert prof.plan(20).startswith("profile: no step left to profile; step(s) 5, 12, 20 came")
+
+
+def test_a_profiled_rank_prints_no_raw_kineto_lines():
+    """torch.profiler's kineto printed two raw "USDT: ... profiler_start" / "profiler_stop"
+    lines per profiled step and rank into the run's output: the rank entry point
+    (submission.train) sets kineto's level first (one child process: a rank's profile)."""
+    import os
+    import subprocess
+    import sys
+    from submission.train import KINETO_QUIET
+    from tests.support.launch import ROOT
+    code = ("import os; from submission.train import quiet_profiler; quiet_profiler(); "
+            "import torch; from torch.profiler import profile\n"
+            "with profile() as p:\n    torch.ones(4).sum()\n"
+            "print(os.environ['KINETO_LOG_LEVEL'], len(p.events()))")
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    level, events = proc.stdout.split()
+    assert level == KINETO_QUIET and int(events) > 0   # it profiled
+    assert "USDT" not in proc.stderr and "profiler_st" not in proc.stderr, proc.stderr

@@ -140,6 +140,9 @@ def test_the_config_answers_for_a_key_and_an_override_without_building_a_run():
     ("model.hidden_dropout_prob=nan", "model.hidden_dropout_prob"),
     ("train.init_loss_scale=inf", "train.init_loss_scale"),
     ("train.seed=-1", "train.seed"), ("train.seed=4294967296", "train.seed"),
+    ("train.profile_steps=[5, 5]", "train.profile_steps"),
+    ("train.profile_steps=[99999999999999999999]", "train.profile_steps"),
+    ("train.profile_steps=[1501]", "train.profile_steps"),   # past max_steps (1500)
 ])
 def test_values_that_make_no_sense_are_refused_by_config_and_submit(override, key, tmp_path):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -148,6 +151,28 @@ def test_values_that_make_no_sense_are_refused_by_config_and_submit(override, ke
     with pytest.raises(slurm.SubmitError, match=key.replace(".", r"\.")):
         slurm.plan(CPU_CONFIG, 1, [override], logdir=tmp_path / "logs", ask_slurm=False)
 
+
+
+def test_profile_steps_say_what_is_wrong_and_are_taken_in_order():
+    """train.profile_steps accepted a step twice, a step past max_steps (never profiled) and
+    10^20 without a word: each is refused naming the key and what to give; a list out of
+    order is a set of steps, taken in increasing order."""
+    def refused(steps: str, max_steps: int = 20) -> str:
+        with pytest.raises(ConfigError) as e:
+            load_config(CPU_CONFIG, [f"train.profile_steps={steps}",
+                                     f"train.max_steps={max_steps}"])
+        assert exit_code_of(e.value) == 2
+        return str(e.value)
+    assert refused("[5, 7, 5, 7]") == ("train.profile_steps names step(s) [5, 7] more than "
+                                       "once: give each step once, e.g. [5, 7]")
+    assert refused("[13, 30, 1000]") == (
+        "train.profile_steps: step(s) [30, 1000] come after train.max_steps=20, so the run "
+        "ends before them: drop them, or raise train.max_steps (on a resume too)")
+    assert refused("[99999999999999999999]").startswith(
+        "train.profile_steps: 99999999999999999999 is no step number (it does not fit in 64 "
+        "bits)")
+    cfg = load_config(CPU_CONFIG, ["train.profile_steps=[13, 12, 20]", "train.max_steps=20"])
+    assert cfg.train.profile_steps == [12, 13, 20]
 
 
 @pytest.mark.parametrize("override, words", [

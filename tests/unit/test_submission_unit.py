@@ -54,6 +54,16 @@ def test_parse_slurm_minutes():
     assert f("UNLIMITED") is None and f("infinite") is None
 
 
+def test_the_ranks_silence_kineto_unless_the_user_set_its_level():
+    from submission.train import KINETO_QUIET, quiet_profiler
+    env: dict = {}
+    quiet_profiler(env)
+    assert env == {"KINETO_LOG_LEVEL": KINETO_QUIET} and int(KINETO_QUIET) > 5   # above USDT
+    env = {"KINETO_LOG_LEVEL": "4"}
+    quiet_profiler(env)
+    assert env == {"KINETO_LOG_LEVEL": "4"}
+
+
 def test_the_allocator_setting_follows_the_graph_mode(tmp_path, capsys):
     """Growable segments for eager runs; under CUDA graphs the default allocator (replays of
     captured NCCL collectives have hung with expandable segments) - decided from the command

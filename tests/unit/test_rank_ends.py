@@ -1,0 +1,100 @@
+"""Which rank died first (submission.rank_ends.first_ended) and the summary made of it
+(submission.rank_status.summary): from the ranks' records and the order in which the watch
+beside the launcher saw them end - not from a launcher's report that names a rank it killed
+itself (MPICH's banner named rank 1 of rank 3's death at 4 ranks). Written files only; the
+watch itself: tests/integration/test_rank_ends_integration.py, and at 4 ranks
+tests/e2e/test_resume_e2e.py.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from submission import rank_status
+from submission.rank_ends import ends_path, first_ended
+
+STARTED = 100.0
+
+
+def hydra(pid: int) -> str:
+    return (f"=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   PID {pid} RUNNING AT "
+            f"vm\n=   EXIT CODE: 9\n=   CLEANING UP REMAINING PROCESSES\n")
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """Four ranks on host vm (pids 10..13) that trained to step 10 and recorded no end."""
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    for r in range(4):
+        (ranks / f"rank_{r:05d}.json").write_text(json.dumps({
+            "rank": r, "world_size": 4, "host": "vm", "pid": 10 + r, "started": STARTED,
+            "state": "training", "step": 10}))
+    return tmp_path
+
+
+def watched(run_dir, *groups, host="vm", started=STARTED):
+    lines = [{"host": host, "started": started}]
+    lines += [{"time": started + 1 + i, "pids": list(g)} for i, g in enumerate(groups)]
+    ends_path(run_dir).write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def summarise(run_dir, report: str = "") -> list[str]:
+    log = run_dir / "launcher.log"
+    log.write_text(report)
+    code, lines = rank_status.summary(run_dir, 9, log, STARTED, "mpiexec")
+    assert code == 3
+    return lines
+
+
+def test_the_rank_that_ended_first_is_named_not_the_one_the_launcher_killed_after(run_dir):
+    watched(run_dir, [13], [12], [11], [10])   # rank 3 first, the others 0.1 s later
+    lines = summarise(run_dir, hydra(11))       # hydra's banner names rank 1, its own victim
+    assert lines[0] == ("rank 3 (pid 13 on vm) ended first, without an exit record: killed "
+                        "(SIGKILL, the OOM killer, a lost node) or crashed in native code; "
+                        "mpiexec's report names rank 1, which it ended itself after"), lines
+    assert lines[1] == "rank 3 (pid 13 on vm): no exit record - ended first; last logged step 10"
+    assert lines[2].startswith("rank 0 (pid 10 on vm): no exit record - ended after rank 3 "
+                               "(the launcher ends the others)"), lines
+    assert not any(x.startswith("rank 1 (pid 11 on vm) ended first") for x in lines), lines
+
+
+def test_a_launcher_that_names_the_rank_that_ended_first_keeps_its_words(run_dir):
+    watched(run_dir, [12], [10, 11, 13])
+    lines = summarise(run_dir, hydra(12))
+    assert lines[0] == ("rank 2 (pid 12 on vm) ended first: killed by SIGKILL (kill -9, the "
+                        "OOM killer or a lost node)"), lines
+
+
+@pytest.mark.parametrize("case,why", [
+    ("tie", "ranks 1, 3 ended within one look of the watch on vm: too close together"),
+    ("other host", "rank(s) 0, 1, 2, 3 ran on another host than node7, where the ranks were "
+                   "watched"),
+    ("earlier launch", "no watch of this launch's ranks was kept"),
+    ("no watch", "no watch of this launch's ranks was kept")])
+def test_when_nothing_can_tell_which_rank_ended_first_none_is_named(run_dir, case, why):
+    """The launcher's report is kept as its word, marked as possibly a rank it ended itself."""
+    if case == "tie":
+        watched(run_dir, [13, 11], [10, 12])
+    elif case == "other host":
+        watched(run_dir, [13], [10, 11, 12], host="node7")
+    elif case == "earlier launch":
+        watched(run_dir, [13], [10, 11, 12], started=STARTED - 60)
+    lines = summarise(run_dir, hydra(11))
+    assert lines[0].startswith(f"which rank ended first cannot be told: {why}"), lines
+    assert lines[0].endswith("mpiexec's report names rank 1 (killed by SIGKILL (kill -9, the "
+                             "OOM killer or a lost node)), which may be one it ended itself "
+                             "after the first"), lines
+    assert not any(" ended first" in x and "cannot be told" not in x for x in lines), lines
+    assert all("killed (SIGKILL, OOM, lost node) or stopped by the launcher" in x
+               for x in lines[1:5]), lines
+
+
+def test_first_ended_counts_only_the_ranks_without_a_record(run_dir):
+    """A rank that ended by itself (its record has its end) before the others were killed is
+    not the one that died."""
+    watched(run_dir, [10], [12], [11, 13])
+    records = rank_status.read_all(run_dir)
+    assert first_ended(run_dir, records, [1, 2, 3], STARTED) == (2, "")
+    assert first_ended(run_dir, records, [1, 3], STARTED)[0] is None
