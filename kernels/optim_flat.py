@@ -77,6 +77,11 @@ __all__ = [
 #: Bytes one fp32 element costs a fused step (read + written), as counted in the docstring.
 BYTES_PER_ELEMENT = {"lamb": 40, "adamw": 28, "lars": 28}
 
+MASTER = "master"
+"""The state buffer of fp32 master weights (``FlatBuffers(..., state_names=(..., MASTER))``)
+for parameters kept in bf16/fp16: the passes read x from it and write both it and the
+parameters' copy in their dtype (``*_master`` passes)."""
+
 
 # --------------------------------------------------------------------------- layout
 
@@ -318,6 +323,16 @@ def lamb_pass2(p, m, v, keep, t, seg, lr):
     p.copy_(torch.where(keep[seg][:, None], x - lr[seg][:, None] * u, x).to(p.dtype))
 
 
+def lamb_pass2_master(p, w, m, v, keep, t, seg, lr):
+    """LAMB pass 2 with fp32 master weights ``w``: w ← x − (lr·ratio)·u, then the model's
+    copy p ← w in p's dtype (pass 1 read x from w)."""
+    x = w
+    u = _adam_direction(x, m, v, t[seg])
+    new = torch.where(keep[seg][:, None], x - lr[seg][:, None] * u, x)
+    w.copy_(new)
+    p.copy_(new.to(p.dtype))
+
+
 def adamw_pass(p, g, m, v, keep, t, seg, gs):
     """AdamW in one pass: m, v, p updated in place; t column 8 is lr."""
     keep, t = keep[seg][:, None], t[seg]
@@ -327,6 +342,19 @@ def adamw_pass(p, g, m, v, keep, t, seg, gs):
     m.copy_(m_new)
     v.copy_(v_new)
     p.copy_(torch.where(keep, x - _col(t, 8) * u, x).to(p.dtype))
+
+
+def adamw_pass_master(p, w, g, m, v, keep, t, seg, gs):
+    """AdamW in one pass on fp32 master weights ``w``; the model's copy p ← w."""
+    keep, t = keep[seg][:, None], t[seg]
+    x = w
+    m_new, v_new = _moments(g, m, v, keep, t, gs)
+    u = _adam_direction(x, m_new, v_new, t)
+    m.copy_(m_new)
+    v.copy_(v_new)
+    new = torch.where(keep, x - _col(t, 8) * u, x)
+    w.copy_(new)
+    p.copy_(new.to(p.dtype))
 
 
 def lars_pass1(p, g, gs):
@@ -346,6 +374,18 @@ def lars_pass2(p, g, buf, keep, t, seg, gs, lr):
     p.copy_(torch.where(keep, x - buf_new, x).to(p.dtype))
 
 
+def lars_pass2_master(p, w, g, buf, keep, t, seg, gs, lr):
+    """LARS pass 2 on fp32 master weights ``w`` (pass 1 read w); the model's copy p ← w."""
+    keep, t = keep[seg][:, None], t[seg]
+    x = w
+    d = g.to(buf.dtype) * gs + _col(t, 0) * x
+    buf_new = torch.where(keep, buf * _col(t, 1) + lr[seg][:, None] * d, buf)
+    buf.copy_(buf_new)
+    new = torch.where(keep, x - buf_new, x)
+    w.copy_(new)
+    p.copy_(new.to(p.dtype))
+
+
 # --------------------------------------------------------------------------- steps
 
 class _FusedStep:
@@ -361,6 +401,7 @@ class _FusedStep:
         if missing:
             raise ValueError(f"{self.name}: buffers lack state {sorted(missing)}")
         self.buffers = buffers
+        self.master = MASTER in buffers.state   # fp32 master weights: read and written here
         self.kernels = {fn.__name__: _Kernel(fn, compile) for fn in self.pass_functions}
         self.compile_seconds: float | None = None
         self._constants: dict[tuple, torch.Tensor] = {}  # host values already on the device
@@ -376,6 +417,10 @@ class _FusedStep:
     @property
     def n(self) -> int:
         return len(self.buffers.layout.segments)
+
+    def _x_rows(self) -> torch.Tensor:
+        """The rows the update reads x from: the fp32 masters where kept, else the params."""
+        return self._rows(MASTER if self.master else "params")
 
     def _rows(self, name: str) -> torch.Tensor:
         b = self.buffers
@@ -524,7 +569,7 @@ class FusedLamb(_FusedStep):
 
     name = "lamb"
     state_names = ("exp_avg", "exp_avg_sq")
-    pass_functions = (lamb_pass1, lamb_pass2)
+    pass_functions = (lamb_pass1, lamb_pass2, lamb_pass2_master)
 
     @torch.no_grad()
     def step(self, *, steps, lr, beta1, beta2, eps, weight_decays, adapt_flags,
@@ -533,9 +578,9 @@ class FusedLamb(_FusedStep):
         t = self._adam_table(steps=steps, beta1=beta1, beta2=beta2, eps=eps,
                              weight_decays=weight_decays, bias_correction=bias_correction)
         keep, seg = self._keep(active), self.buffers.row_segment
-        P, G = self._rows("params"), self._rows("grads")
+        P, G, X = self._rows("params"), self._rows("grads"), self._x_rows()
         M, V = self._rows("exp_avg"), self._rows("exp_avg_sq")
-        x2, u2 = self.kernels["lamb_pass1"](P, G, M, V, keep, t, seg,
+        x2, u2 = self.kernels["lamb_pass1"](X, G, M, V, keep, t, seg,
                                             self._grad_scale(grad_scale))
         w, u = self._segment_norms(x2, u2)
         if isinstance(trust_clamp, (list, tuple)):
@@ -546,7 +591,11 @@ class FusedLamb(_FusedStep):
         phi = torch.minimum(w, self._vector(clamps, "trust_clamp"))
         ratio = torch.where(self._flags(adapt_flags, "adapt_flags"),
                             _trust_ratio(w, u, phi, u), torch.ones_like(w))
-        self.kernels["lamb_pass2"](P, M, V, keep, t, seg, self._vector(lr, "lr", per_step=True) * ratio)
+        lr = self._vector(lr, "lr", per_step=True) * ratio
+        if self.master:
+            self.kernels["lamb_pass2_master"](P, X, M, V, keep, t, seg, lr)
+        else:
+            self.kernels["lamb_pass2"](P, M, V, keep, t, seg, lr)
 
     def _warmup_step(self) -> None:
         self.step(steps=1, lr=0.0, beta1=0.9, beta2=0.999, eps=1e-6, weight_decays=0.0,
@@ -558,7 +607,7 @@ class FusedAdamW(_FusedStep):
 
     name = "adamw"
     state_names = ("exp_avg", "exp_avg_sq")
-    pass_functions = (adamw_pass,)
+    pass_functions = (adamw_pass, adamw_pass_master)
 
     @torch.no_grad()
     def step(self, *, steps, lr, beta1, beta2, eps, weight_decays, bias_correction=True,
@@ -566,10 +615,12 @@ class FusedAdamW(_FusedStep):
         t = self._adam_table(steps=steps, beta1=beta1, beta2=beta2, eps=eps,
                              weight_decays=weight_decays, bias_correction=bias_correction,
                              extra=(self._vector(lr, "lr", per_step=True),))
-        self.kernels["adamw_pass"](self._rows("params"), self._rows("grads"),
-                                   self._rows("exp_avg"), self._rows("exp_avg_sq"),
-                                   self._keep(active), t, self.buffers.row_segment,
-                                   self._grad_scale(grad_scale))
+        rest = (self._rows("grads"), self._rows("exp_avg"), self._rows("exp_avg_sq"),
+                self._keep(active), t, self.buffers.row_segment, self._grad_scale(grad_scale))
+        if self.master:
+            self.kernels["adamw_pass_master"](self._rows("params"), self._x_rows(), *rest)
+        else:
+            self.kernels["adamw_pass"](self._rows("params"), *rest)
 
     def _warmup_step(self) -> None:
         self.step(steps=1, lr=0.0, beta1=0.9, beta2=0.999, eps=1e-8, weight_decays=0.0,
@@ -581,7 +632,7 @@ class FusedLars(_FusedStep):
 
     name = "lars"
     state_names = ("momentum_buffer",)
-    pass_functions = (lars_pass1, lars_pass2)
+    pass_functions = (lars_pass1, lars_pass2, lars_pass2_master)
     takes_steps = False
 
     @torch.no_grad()
@@ -590,7 +641,8 @@ class FusedLars(_FusedStep):
         keep = self._keep(active)
         gs = self._grad_scale(grad_scale)
         P, G, B = self._rows("params"), self._rows("grads"), self._rows("momentum_buffer")
-        w2, g2 = self.kernels["lars_pass1"](P, G, gs)
+        X = self._x_rows()
+        w2, g2 = self.kernels["lars_pass1"](X, G, gs)
         w, g = self._segment_norms(w2, g2)
         v = self._vector
         wd = v(weight_decays, "weight_decays")
@@ -598,8 +650,12 @@ class FusedLars(_FusedStep):
                              g + wd * w + v(eps, "eps"))
         local = torch.where(self._flags(adapt_flags, "adapt_flags"), local,
                             torch.ones_like(local))
-        self.kernels["lars_pass2"](P, G, B, keep, self._table(wd, v(momentum, "momentum")),
-                                   self.buffers.row_segment, gs, v(lr, "lr", per_step=True) * local)
+        t, lr = self._table(wd, v(momentum, "momentum")), v(lr, "lr", per_step=True) * local
+        if self.master:
+            self.kernels["lars_pass2_master"](P, X, G, B, keep, t, self.buffers.row_segment,
+                                              gs, lr)
+        else:
+            self.kernels["lars_pass2"](P, G, B, keep, t, self.buffers.row_segment, gs, lr)
 
     def _warmup_step(self) -> None:
         self.step(lr=0.0, momentum=0.9, trust_coefficient=0.001, eps=1e-9, weight_decays=0.0,

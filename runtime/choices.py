@@ -47,11 +47,12 @@ def key_field(doc: str, default: Any = dataclasses.MISSING, *, resume: str | Non
     return dataclasses.field(default=default, metadata=meta, **kw)
 
 
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["fp32", "bf16", "fp16", "bf16_master", "fp16_master"]
+"""train.precision (its rows: ``PRECISIONS``)."""
 ClipMode = Literal["global_after", "local_before", "bucket_before", "none"]
 GradSyncKind = Literal["buckets", "ddp"]
 TiedEmbeddingSync = Literal["auto", "dense", "split"]
-ReduceDtype = Literal["fp32", "bf16", "fp16"]
+ReduceDtype = Literal["auto", "fp32", "bf16", "fp16"]
 AttentionMode = Literal["padded", "unpadded"]
 LoaderKind = Literal["torch", "dali"]
 OptimizerName = Literal["lamb", "adamw", "lars"]
@@ -135,6 +136,68 @@ GRAPH_MODES: dict[str, GraphMode] = {m.name: m for m in (
                                       "'auto' or 'fused' (the other steps read the skip flag "
                                       "back to the host)"),), captures=True),
 )}
+
+
+@dataclass(frozen=True)
+class PrecisionMode:
+    """What a ``train.precision`` value is, for everything that must know (the model's and
+    the gradients' dtype at build, the optimizer's master weights, the step's autocast, the
+    loss scale, the peak a run's MFU divides by, the memory estimate, the config's checks and
+    help text): one row per ``Precision``. Dtypes are names ("fp32", "bf16", "fp16"): this
+    module imports no torch."""
+
+    name: str
+    help: str
+    params: str = "fp32"
+    """the model's parameters - and so its gradients and the gradient buffers - in this dtype"""
+    autocast: str | None = None
+    """the step's forward under torch.autocast to this dtype (None: no autocast)"""
+    master: bool = False
+    """the optimizer keeps fp32 master weights (and fp32 state), steps them and writes the
+    model's copy after each update; checkpoints hold the masters"""
+    loss_scale: bool = False
+    """fp16's dynamic loss scale (overflow skips the step, the scale halves)"""
+    needs: tuple[Need, ...] = ()
+
+    @property
+    def compute(self) -> str:
+        """The dtype the GEMMs run in (the peak table's key)."""
+        return self.autocast or self.params
+
+    @property
+    def activation_bytes(self) -> int:
+        return 4 if self.compute == "fp32" else 2
+
+
+_CUDA = Need("system.device", ("auto", "cuda"), "a CUDA device, system.device 'auto' or 'cuda' "
+             "(fp16 and autocast steps are CUDA's; on a CPU train.precision 'fp32' or "
+             "'bf16_master' run)")
+_MASTER_NEEDS = (
+    Need("optim.backend", ("auto", "fused"), "optim.backend 'auto' or 'fused' (the fused flat "
+         "step keeps the fp32 master weights; the per-tensor backends keep none)"),
+    Need("train.grad_sync", ("buckets",), "train.grad_sync='buckets' (its gradient buffer is "
+         "the optimizer's, in the model's dtype; DDP's reducer keeps buckets of its own)"),
+)
+
+PRECISIONS: dict[str, PrecisionMode] = {m.name: m for m in (
+    PrecisionMode("fp32", "fp32 parameters, gradients, activations and optimizer state"),
+    PrecisionMode("bf16", "fp32 parameters under bf16 autocast: every weight cast each step, "
+                  "fp32 gradients", autocast="bf16", needs=(_CUDA,)),
+    PrecisionMode("fp16", "fp32 parameters under fp16 autocast with a dynamic loss scale",
+                  autocast="fp16", loss_scale=True, needs=(_CUDA,)),
+    PrecisionMode("bf16_master", "bf16 parameters, activations and gradients (reduced in "
+                  "bf16 unless train.allreduce_dtype says otherwise), fp32 master weights and "
+                  "state in the optimizer, which writes the bf16 copy after each update; "
+                  "runs on CPU too", params="bf16", master=True, needs=_MASTER_NEEDS),
+    PrecisionMode("fp16_master", "bf16_master's layout in fp16, with the dynamic loss scale",
+                  params="fp16", master=True, loss_scale=True, needs=(_CUDA,) + _MASTER_NEEDS),
+)}
+"""Every ``Precision`` (tests/unit/test_configs.py holds the two to the same names)."""
+
+
+def precision_help() -> str:
+    """``train.precision``'s help text, from the rows."""
+    return "; ".join(f"'{m.name}': {m.help}" for m in PRECISIONS.values())
 
 
 ShardGroup = Literal["rank", "node", "world"]

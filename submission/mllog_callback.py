@@ -13,8 +13,9 @@ What is logged where (docs/MLPERF_LOGGING.md has the full table):
 
     INIT_START   cache_clear, init_start, submission_{benchmark,org,platform,division,status}
                  (+ submission_poc_name/email when given)
-    INIT_STOP    hyperparameters (each exactly once), train_samples/eval_samples when known,
-                 init_stop
+    INIT_STOP    hyperparameters (each exactly once), presto_step_choices (how the step computes:
+                 precision, allreduce dtype - keys the MLPerf rules do not have),
+                 train_samples/eval_samples when known, init_stop
     RUN_START    run_start
     BLOCK_START  block_start {first_epoch_num: samples before the block, epoch_count: samples in it}
     LOG          tracked_stats {loss, mlm_loss, nsp_loss, lr, grad_norm} every N steps (optional),
@@ -229,6 +230,7 @@ class MLPerfLogger:
             return
         for key, value in hyperparameters(state).items():
             self._once(key, value)
+        self._event("presto_step_choices", None, metadata=step_choices(state))
         self._dataset_sizes(state, force=False)
         self._end(C.INIT_STOP)
 
@@ -404,6 +406,13 @@ def hyperparameters(state: RunState) -> dict[str, Any]:
         hp[C.OPT_LAMB_LR_DECAY_POLY_POWER] = float(cfg.schedule.power)
     hp[C.OPT_GRADIENT_CLIP_NORM] = float(cfg.train.max_grad_norm)
     return hp
+
+
+def step_choices(state: RunState) -> dict[str, Any]:
+    """How the run's step computes - what changes its numbers or its kernels but has no MLPerf
+    key: train.precision (with fp32 master weights or not), the allreduce's dtype."""
+    t = state.config.train
+    return {"precision": t.precision, "allreduce_dtype": t.allreduce_dtype}
 
 
 def _num(value: Any) -> float | None:

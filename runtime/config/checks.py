@@ -15,7 +15,7 @@ import difflib
 from typing import Any, Literal, get_args, get_origin
 
 from loaders.shapes import shape_size_problem
-from runtime.choices import GRAPH_MODES, ConfigError, shard_scope
+from runtime.choices import GRAPH_MODES, PRECISIONS, ConfigError, shard_scope
 
 
 def check_choice(key: str, value: Any, hint: Any) -> None:
@@ -33,9 +33,7 @@ def check_run(cfg: Any) -> None:
     if cfg.model.max_position_embeddings < cfg.data.max_seq_length:
         raise ConfigError(f"model.max_position_embeddings ({cfg.model.max_position_embeddings})"
                           f" < data.max_seq_length ({cfg.data.max_seq_length}); raise the former")
-    if cfg.train.precision != "fp32" and cfg.system.device == "cpu":
-        raise ConfigError(f"train.precision={cfg.train.precision} needs CUDA but "
-                          "system.device='cpu'; use precision='fp32' on CPU")
+    _check_needs(cfg, "train.precision", PRECISIONS[cfg.train.precision].needs, "fp32")
     _check_needs(cfg, "train.cuda_graphs", GRAPH_MODES[cfg.train.cuda_graphs].needs)
     d = cfg.data   # static/bucketed sizes within what the data and sequence length allow
     why = shape_size_problem(
@@ -52,13 +50,15 @@ def check_run(cfg: Any) -> None:
                           "0.720 (MLPerf); use division='open' for a proxy target")
 
 
-def _check_needs(cfg: Any, key: str, needs: tuple) -> None:
+def _check_needs(cfg: Any, key: str, needs: tuple, way_out: str = "none") -> None:
     """``key``'s value where its row cannot work (the row's ``Need``s: a train.cuda_graphs
-    mode's in runtime.choices.GRAPH_MODES, a shard scope's in SHARD_SCOPES): refused before
-    anything starts, naming the key, what it needs and the way out ('none')."""
+    mode's in runtime.choices.GRAPH_MODES, a precision's in PRECISIONS, a shard scope's in
+    SHARD_SCOPES): refused before anything starts, naming the key, what it needs and the way
+    out (``way_out``)."""
     section, name = key.split(".")
     value = getattr(getattr(cfg, section), name)
     for need in needs:
         need_section, need_key = need.key.split(".")
         if getattr(getattr(cfg, need_section), need_key) not in need.allowed:
-            raise ConfigError(f"{key}='{value}' needs {need.why}; set it, or {key}='none'")
+            raise ConfigError(f"{key}='{value}' needs {need.why}; set it, or "
+                              f"{key}='{way_out}'")

@@ -24,8 +24,8 @@ from loaders.shapes import STATIC_SEQS_PER_ROW, ShapeMode
 from runtime.choices import (AFTER_MODES, MATCH, RECORD, AttentionMode, CacheClear, ClipMode,
                              ConfigError, CudaGraphs, DeviceKind, Division, GradSyncKind,
                              Launcher, LoaderKind, LrScaling, OptimBackend, OptimizerName,
-                             OptimShard, Precision, ReduceDtype, ScheduleName, SrunMpi,
-                             TiedEmbeddingSync, clip_help, clip_spec, graph_modes_help,
+                             OptimShard, PRECISIONS, Precision, ReduceDtype, ScheduleName,
+                             SrunMpi, TiedEmbeddingSync, clip_help, clip_spec, graph_modes_help,
                              hparam_error, is_number, key_field, shard_help)
 from kernels.fusions import check_fusions
 from runtime.model.config import SHAPE, BertConfig
@@ -305,7 +305,7 @@ class TrainConfig:
                                             resume=MATCH, why=_BATCH)
     seed: int = _doc("seed of init, data order and dropout", 42, resume=MATCH, why=_ORDER)
     precision: Precision = _doc(_one_of(Precision, {
-        "bf16": "autocast, CUDA", "fp16": "dynamic loss scale, CUDA"}), "fp32",
+        m.name: m.help for m in PRECISIONS.values()}), "fp32",
         resume=MATCH, why="the precision the weights and the loss scale were kept in")
     max_grad_norm: float = _doc("clip threshold τ on the gradient norm (0 = off); where it "
                                 "acts: clip_mode", 1.0, resume=RECORD, why="clipping from here on")
@@ -323,10 +323,11 @@ class TrainConfig:
                             "the bucket tuner writes it): explicit buckets, split parameters "
                             "allowed; overrides bucket_cap_mb. '' = cut by bucket_cap_mb", "",
                             resume=RECORD, why="communication buckets")
-    allreduce_dtype: ReduceDtype = _doc("dtype the gradient allreduce runs in (grad_sync "
-                                        f"buckets): {_one_of(ReduceDtype)}; norms stay fp32",
-                                        "fp32", resume=RECORD,
-                                        why="the allreduce's precision from here on")
+    allreduce_dtype: ReduceDtype = _doc(
+        "dtype the gradient allreduce runs in (grad_sync buckets): " + _one_of(ReduceDtype, {
+            "auto": "the gradients' own: fp32, or the model's with train.precision "
+                    "'bf16_master'/'fp16_master'"}) + "; norms and clipping stay fp32",
+        "auto", resume=RECORD, why="the allreduce's precision from here on")
     tied_embedding_sync: TiedEmbeddingSync = _doc(
         "how the tied word embedding's gradient is averaged (grad_sync buckets): "
         + _one_of(TiedEmbeddingSync, {
@@ -505,7 +506,8 @@ class TrainConfig:
             raise ConfigError(f"train.clip_mode={self.clip_mode} clips before the allreduce, "
                               f"which needs train.grad_sync='buckets' (ddp supports "
                               f"{AFTER_MODES})")
-        if self.grad_sync == "ddp" and (self.bucket_plan or self.allreduce_dtype != "fp32"):
+        if self.grad_sync == "ddp" and (self.bucket_plan or
+                                        self.allreduce_dtype not in ("fp32", "auto")):
             raise ConfigError("train.bucket_plan and train.allreduce_dtype need "
                               "train.grad_sync='buckets'")
         if not (is_number(self.bucket_cap_mb) and self.bucket_cap_mb > 0):

@@ -28,12 +28,17 @@ from runtime.grad_sync.protocol import GradSync, SyncReport
 from runtime.grad_sync.shard import Shard
 from runtime.grad_sync.tied import TiedEmbeddingSplit, find_tied_head
 
-__all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "BucketPlan", "DDPSync", "GradLayout",
+__all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "reduce_dtype_of", "BucketPlan", "DDPSync", "GradLayout",
            "GradSync", "GradientBuckets", "Piece", "PlanError", "Shard",
            "SyncReport", "TiedEmbeddingSplit", "alone_bucket", "build_grad_sync", "resolve_tied_sync",
            "reverse_registration_order", "shard_groups", "split_pays"]
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def reduce_dtype_of(name: str, grad_dtype: torch.dtype) -> torch.dtype:
+    """train.allreduce_dtype ``name`` for gradients of ``grad_dtype`` ('auto': their own)."""
+    return grad_dtype if name == "auto" else REDUCE_DTYPES[name]
 
 
 def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
@@ -77,7 +82,8 @@ def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,
         plan = BucketPlan.from_cap([(n, sizes[n]) for n in reverse_registration_order(named)],
                                    cap, source=f"bucket_cap_mb={train_cfg.bucket_cap_mb:g}",
                                    alone=tied_name)
-    reduce_dtype = REDUCE_DTYPES[train_cfg.allreduce_dtype]
+    reduce_dtype = reduce_dtype_of(train_cfg.allreduce_dtype,
+                                   named[0][1].dtype if named else torch.float32)
     tied = None
     if tied_name is not None:
         param = dict(named)[tied_name]

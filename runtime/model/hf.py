@@ -211,11 +211,14 @@ def load_pretrained(model: BertForPreTraining, path: str | Path,
     return load_hf_state_dict(model, read_state_dict(path), strict_body=strict_body)
 
 
-def save_hf_state_dict(model: BertForPreTraining) -> dict[str, torch.Tensor]:
+def save_hf_state_dict(model: BertForPreTraining,
+                       state: dict | None = None) -> dict[str, torch.Tensor]:
     """HF BertForPreTraining keys ('bert.' prefix, both cls bias keys, the tied decoder
     weight) → independent contiguous CPU tensors, so safetensors.save_file and torch.save
-    both accept the dict and HF's from_pretrained loads it."""
-    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+    both accept the dict and HF's from_pretrained loads it. ``state``: the model's state dict
+    to write instead of its own (the fp32 master weights of a '*_master' precision)."""
+    state = model.state_dict() if state is None else state
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
 
 
 def minilm_path() -> Path:

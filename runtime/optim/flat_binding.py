@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.optim_flat import FlatBuffers, FlatLayout
+from kernels.optim_flat import MASTER, FlatBuffers, FlatLayout
 
 __all__ = ["FlatBinding", "SHARD_FORMAT"]
 
@@ -90,10 +90,13 @@ class FlatBinding:
 
     def __init__(self, optimizer: torch.optim.Optimizer, step_class,
                  model_order: Sequence[torch.Tensor] | None = None,
-                 compile: bool = True) -> None:
+                 compile: bool = True, master: bool = False) -> None:
         self.optimizer = optimizer
         self.step_class = step_class
         self.compile = compile
+        # fp32 master weights (train.precision '*_master'): one more state, kept, sharded,
+        # saved and re-sharded like the others, that the passes read x from and write
+        self.state_names = step_class.state_names + ((MASTER,) if master else ())
         params = [p for g in optimizer.param_groups for p in g["params"]]
         if len({id(p) for p in params}) != len(params):
             raise ValueError("fused backend: a parameter appears twice in the groups")
@@ -116,7 +119,7 @@ class FlatBinding:
             "total": shard.padded_total, "window": shard.window,
             "params": shard.alloc_params(shard.padded_total, params[0].dtype)}
         buffers = FlatBuffers(layout, dtype=params[0].dtype, device=params[0].device,
-                              state_names=self.step_class.state_names, grads=grads, **extra)
+                              state_names=self.state_names, grads=grads, **extra)
         buffers.bind(params, grads=grads is None and not self.external_grads)
         steps = torch.zeros(len(params), dtype=torch.float64, device=buffers.device)
         part = _Part(buffers, self.step_class(buffers, compile=self.compile), params, steps,
@@ -136,16 +139,18 @@ class FlatBinding:
         step = state.get("step", 0)
         part.steps[i] = step.to(part.steps) if isinstance(step, torch.Tensor) else float(step)
         state["step"] = part.steps[i]  # a 0-dim view: counted on the device
+        if MASTER in self.state_names and MASTER not in state:  # a new master: the weights
+            state[MASTER] = part.params[i].detach()   # as they are (seed_masters: exact fp32)
         if part.shard is not None:  # the window's piece of each state; nothing per tensor
             seg, (lo, hi) = b.layout.segments[i], b.window
             a, z = max(seg.offset, lo), min(seg.offset + seg.numel, hi)
-            for name in self.step_class.state_names:
+            for name in self.state_names:
                 whole = state.pop(name, None)
                 if whole is not None and z > a:
                     b.state[name][a - lo:z - lo].copy_(
                         whole.reshape(-1)[a - seg.offset:z - seg.offset])
             return
-        for name in self.step_class.state_names:
+        for name in self.state_names:
             view = b.view(b.state[name], i)
             if name in state and state[name] is not view:
                 view.copy_(state[name])
@@ -165,6 +170,28 @@ class FlatBinding:
         for part in self.parts:
             for i in range(len(part.params)):
                 self._adopt(part, i)
+
+    @property
+    def keeps_masters(self) -> bool:
+        return MASTER in self.state_names
+
+    @torch.no_grad()
+    def masters(self) -> dict[int, torch.Tensor]:
+        """{id(param): its fp32 master weight} - views of the buffer, or, sharded, of a whole
+        buffer gathered from every shard (a collective over the shard group: every rank calls
+        it, as a checkpoint does)."""
+        out = {}
+        for part in self.parts:
+            b = part.buffers
+            whole = b.state[MASTER]
+            if part.shard is not None:
+                lo, hi = b.window
+                whole = torch.zeros(b.total, dtype=b.state[MASTER].dtype, device=b.device)
+                whole[lo:hi] = b.state[MASTER]
+                part.shard.gather(whole)
+            for i, p in enumerate(part.params):
+                out[id(p)] = b.view(whole, i)
+        return out
 
     @torch.no_grad()
     def share_gradients(self, grads: torch.Tensor, ordered: Sequence[torch.Tensor],
@@ -234,7 +261,7 @@ class FlatBinding:
         b = part.buffers
         return {"format": SHARD_FORMAT, "shards": part.shard.size,
                 "shard_elements": b.window[1] - b.window[0], "total": b.total,
-                "state_names": list(self.step_class.state_names),
+                "state_names": list(self.state_names),
                 "segments": [[index_of[id(p)], seg.offset, seg.numel]
                              for p, seg in zip(part.params, b.layout.segments)]}
 

@@ -209,7 +209,7 @@ class _PrestoOptimizer(torch.optim.Optimizer):
     name = ""  # registry / backend-table name
 
     def __init__(self, params, defaults: dict[str, Any], backend: str,
-                 param_order=None) -> None:
+                 param_order=None, master_weights: bool = False) -> None:
         _validate(self.name, {**defaults, "backend": backend})
         self._flat: FlatBinding | None = None
         super().__init__(params, defaults)
@@ -217,8 +217,12 @@ class _PrestoOptimizer(torch.optim.Optimizer):
         self.backend = resolve_backend(self.name, backend, self._device())
         self.compile_seconds = 0.0
         row = _BACKENDS[self.name][self.backend]
+        if master_weights and row.flat is None:
+            raise ValueError(f"{self.name}: fp32 master weights (train.precision '*_master') "
+                             f"need the fused backend (optim.backend 'auto' or 'fused'), not "
+                             f"{self.backend!r}")
         if row.flat is not None:
-            self._flat = FlatBinding(self, row.flat, param_order)
+            self._flat = FlatBinding(self, row.flat, param_order, master=master_weights)
             self.compile_seconds = self._flat.warmup()
         else:
             self._step_fn = row.step
@@ -283,6 +287,24 @@ class _PrestoOptimizer(torch.optim.Optimizer):
     def shard(self):
         """The shard this optimizer steps (runtime.grad_sync.shard.Shard), or None."""
         return None if self._flat is None else self._flat.shard
+
+    @property
+    def keeps_masters(self) -> bool:
+        """Whether it keeps fp32 master weights of lower-precision parameters."""
+        return self._flat is not None and self._flat.keeps_masters
+
+    @torch.no_grad()
+    def seed_masters(self, values: dict[int, torch.Tensor]) -> None:
+        """The master weights' exact fp32 values ({id(param): tensor}: the model's before it
+        was cast to its training dtype, runtime.model.precision.to_params_dtype)."""
+        for p in self._params_by_index():
+            self.state[p]["master"] = values[id(p)]
+        self._flat.adopt_state()
+
+    def masters(self) -> dict[int, torch.Tensor]:
+        """{id(param): fp32 master weight}; sharded, gathered from every shard (a collective:
+        every rank of the shard group calls it)."""
+        return self._flat.masters()
 
     def shard_state_dict(self) -> dict[str, Any] | None:
         """This rank's shard of the state ({index, window, state}), None when not sharded."""
@@ -390,12 +412,13 @@ class Lamb(_AdamFamily):
     def __init__(self, params, *, lr: float, beta1: float = 0.9, beta2: float = 0.999,
                  eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
                  trust_clamp: float | None = None, use_nvlamb: bool = False,
-                 backend: str = "reference", param_order=None) -> None:
+                 backend: str = "reference", param_order=None,
+                 master_weights: bool = False) -> None:
         _validate(self.name, {"use_nvlamb": use_nvlamb})
         self.use_nvlamb = use_nvlamb
         defaults = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction, trust_clamp=trust_clamp, adapt=True)
-        super().__init__(params, defaults, backend, param_order)
+        super().__init__(params, defaults, backend, param_order, master_weights)
 
     def _hparams(self, group) -> dict[str, Any]:
         return dict(lr=group["lr"], beta1=group["beta1"], beta2=group["beta2"],
@@ -416,10 +439,11 @@ class AdamW(_AdamFamily):
 
     def __init__(self, params, *, lr: float, beta1: float = 0.9, beta2: float = 0.999,
                  eps: float = 1e-8, weight_decay: float = 0.01, bias_correction: bool = True,
-                 backend: str = "reference", param_order=None) -> None:
+                 backend: str = "reference", param_order=None,
+                 master_weights: bool = False) -> None:
         defaults = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction)
-        super().__init__(params, defaults, backend, param_order)
+        super().__init__(params, defaults, backend, param_order, master_weights)
 
     def _hparams(self, group) -> dict[str, Any]:
         return dict(lr=group["lr"], beta1=group["beta1"], beta2=group["beta2"],
@@ -442,10 +466,10 @@ class Lars(_PrestoOptimizer):
     def __init__(self, params, *, lr: float, momentum: float = 0.9,
                  trust_coefficient: float = 0.001, eps: float = 1e-9,
                  weight_decay: float = 0.01, backend: str = "reference",
-                 param_order=None) -> None:
+                 param_order=None, master_weights: bool = False) -> None:
         defaults = dict(lr=lr, momentum=momentum, trust_coefficient=trust_coefficient,
                         eps=eps, weight_decay=weight_decay, adapt=True)
-        super().__init__(params, defaults, backend, param_order)
+        super().__init__(params, defaults, backend, param_order, master_weights)
 
     def _hparams(self, group) -> dict[str, Any]:
         return dict(lr=group["lr"], momentum=group["momentum"],
@@ -552,26 +576,30 @@ def _groups(named_parameters, weight_decay: float):
 def _build_lamb(named_parameters, *, lr: float, beta1: float = 0.9, beta2: float = 0.999,
                 eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
                 trust_clamp: float | None = None, use_nvlamb: bool = False,
-                backend: str = "reference") -> Lamb:
+                backend: str = "reference", master_weights: bool = False) -> Lamb:
     groups, order = _groups(named_parameters, weight_decay)
     return Lamb(groups, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                 bias_correction=bias_correction, trust_clamp=trust_clamp,
-                use_nvlamb=use_nvlamb, backend=backend, param_order=order)
+                use_nvlamb=use_nvlamb, backend=backend, param_order=order,
+                master_weights=master_weights)
 
 
 @register_optimizer("adamw")
 def _build_adamw(named_parameters, *, lr: float, beta1: float = 0.9, beta2: float = 0.999,
                  eps: float = 1e-8, weight_decay: float = 0.01, bias_correction: bool = True,
-                 backend: str = "reference") -> AdamW:
+                 backend: str = "reference", master_weights: bool = False) -> AdamW:
     groups, order = _groups(named_parameters, weight_decay)
     return AdamW(groups, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-                 bias_correction=bias_correction, backend=backend, param_order=order)
+                 bias_correction=bias_correction, backend=backend, param_order=order,
+                 master_weights=master_weights)
 
 
 @register_optimizer("lars")
 def _build_lars(named_parameters, *, lr: float, momentum: float = 0.9,
                 trust_coefficient: float = 0.001, eps: float = 1e-9,
-                weight_decay: float = 0.01, backend: str = "reference") -> Lars:
+                weight_decay: float = 0.01, backend: str = "reference",
+                master_weights: bool = False) -> Lars:
     groups, order = _groups(named_parameters, weight_decay)
     return Lars(groups, lr=lr, momentum=momentum, trust_coefficient=trust_coefficient,
-                eps=eps, weight_decay=weight_decay, backend=backend, param_order=order)
+                eps=eps, weight_decay=weight_decay, backend=backend, param_order=order,
+                master_weights=master_weights)

@@ -27,12 +27,14 @@ from loaders import length_cost
 from loaders.balance import PACKED_MODES
 from loaders.dataset import TrainLoader, load_eval_batches
 from loaders.shards import Limits
+from runtime.choices import PRECISIONS
 from runtime.config import Config
 from runtime.grad_sync import GradSync, build_grad_sync
 from runtime.launch.dist import DistContext
 from runtime.model.arithmetic import attention_layout
 from runtime.model.bert import BertForPreTraining
 from runtime.model.hf import load_error_reason, load_hf_state_dict, minilm_path, read_state_dict
+from runtime.model.precision import to_params_dtype
 from runtime.observe.timeline import StepTimeline
 from runtime.optim.grad_scale import DynamicLossScale
 from runtime.optim.optimizers import build_optimizer, optimizer_hparam_names
@@ -79,6 +81,9 @@ def build_parts(cfg: Config, dist: DistContext, *, bucket_plan: Optional[Path] =
     limits = Limits(cfg.model.vocab_size, cfg.data.max_seq_length, cfg.model.type_vocab_size)
     torch.manual_seed(t.seed)  # the same initial weights on every rank
     model = build_model(cfg).to(dist.device)
+    # the training dtype (train.precision) before the gradient buffers are laid out in it;
+    # with master weights, their exact fp32 values for the optimizer
+    masters = to_params_dtype(model, t.precision)
     tl = StepTimeline(dist.device) if (t.timeline if timeline is None else timeline) else None
     train_cfg = t
     if bucket_plan is not None and t.grad_sync == "buckets" and not t.bucket_plan:
@@ -90,11 +95,16 @@ def build_parts(cfg: Config, dist: DistContext, *, bucket_plan: Optional[Path] =
         local_world_size=dist.local_world_size)
     base_lr = learning_rate(cfg)
     optimizer = build_optimizer(cfg.optim.name, list(model.named_parameters()),
-                                **optimizer_hparams(cfg, base_lr))
+                                **optimizer_hparams(cfg, base_lr),
+                                master_weights=masters is not None)
+    if masters is not None:
+        optimizer.seed_masters(masters)
+        del masters
     grad_sync.on_layout(optimizer.share_gradients)  # one gradient buffer, the sync's
     parts = Parts(model=model, grad_sync=grad_sync, optimizer=optimizer,
                   schedule=schedule_of(cfg, base_lr), base_lr=base_lr,
-                  loss_scale=DynamicLossScale(t.init_loss_scale, enabled=t.precision == "fp16",
+                  loss_scale=DynamicLossScale(t.init_loss_scale,
+                                              enabled=PRECISIONS[t.precision].loss_scale,
                                               device=dist.device),
                   batch_cost=batch_cost(cfg, dist.device.type), limits=limits, timeline=tl)
     torch.manual_seed(t.seed * 1000 + dist.rank)  # dropout differs per rank
@@ -262,7 +272,7 @@ def build_observers(cfg: Config, dist: DistContext, model, cost, say) -> Observe
                                 t.gradient_accumulation_steps, dist.world_size,
                                 t.noise_scale_horizon_samples)
     name = torch.cuda.get_device_name(dist.device) if dist.device.type == "cuda" else None
-    peak = peak_of(name, t.precision, cfg.system.peak_tflops)
+    peak = peak_of(name, PRECISIONS[t.precision].compute, cfg.system.peak_tflops)
     profiler = StepProfiler(t.profile_steps, t.output_dir, dist.rank, dist.device, say) \
         if t.profile_steps else None
     return Observers(meter, StepLog(dist.world_size, meter, noise, peak,

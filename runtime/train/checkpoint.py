@@ -299,6 +299,21 @@ class Checkpoint:
         return cls(path, manifest)
 
 
+def master_state(model: torch.nn.Module, optimizer: Any) -> dict[str, torch.Tensor]:
+    """``model``'s state dict with each parameter's fp32 master weight (``optimizer.masters``)
+    in its place - its rows cut as the state dict cuts them (pad_vocab's padding rows)."""
+    masters = optimizer.masters()
+    params = dict(model.named_parameters(remove_duplicate=False))
+    out = {}
+    for key, value in model.state_dict().items():
+        p = params.get(key)
+        m = masters.get(id(p)) if p is not None else None
+        if m is not None and m.shape != value.shape:
+            m = m[:value.shape[0]]
+        out[key] = m if m is not None else value
+    return out
+
+
 def list_checkpoints(directory: str | Path) -> list[Path]:
     """Directories named ``step_<N>`` under ``directory``, newest (largest N) first; complete
     or not (``Checkpoint.open`` tells)."""
@@ -359,6 +374,15 @@ class CheckpointManager:
               files: Optional[dict[str, Callable[[], Optional[bytes]]]] = None) -> None:
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.states, self.files = dict(states), dict(files or {})
+
+    def _model_state(self) -> Optional[dict]:
+        """What model.safetensors holds when it is not the model's own state dict: with fp32
+        master weights (train.precision '*_master') the masters in each parameter's place,
+        so checkpoints and the HF files made from them hold fp32 as in every other precision
+        (a collective when the masters are sharded: every rank calls it)."""
+        if not getattr(self.optimizer, "keeps_masters", False):
+            return None
+        return master_state(self.model, self.optimizer)
 
     # -- finding ---------------------------------------------------------------------------
     def claim(self, run_dir: str | Path, adopt: bool) -> Optional[str]:
@@ -468,8 +492,10 @@ class CheckpointManager:
                 _write_bytes(tmp / shard_file(shard.index), _torch_bytes({
                     **_to_cpu(self.optimizer.shard_state_dict()), "index": shard.index,
                     "shards": shard.size, "layout": layout_fingerprint(meta), "step": step}))
+            model_state = self._model_state()
             if self.rank == 0:
-                self._write_shared(tmp)
+                self._write_shared(tmp, model_state)
+            del model_state
             self._barrier()  # every rank's file is on disk
             if self.rank == 0:
                 self._commit(tmp, final, step, samples)
@@ -509,11 +535,12 @@ class CheckpointManager:
                "and the same command starts a new run in a new run directory (if you named "
                "this one with RUN_DIR or train.output_dir, name another)"))
 
-    def _write_shared(self, tmp: Path) -> None:
+    def _write_shared(self, tmp: Path, model_state: Optional[dict] = None) -> None:
         from safetensors.torch import save as safetensors_bytes
 
         from runtime.model.hf import save_hf_state_dict
-        _write_bytes(tmp / MODEL_FILE, safetensors_bytes(save_hf_state_dict(self.model)))
+        _write_bytes(tmp / MODEL_FILE, safetensors_bytes(save_hf_state_dict(self.model,
+                                                                            model_state)))
         config = hf_config_dict(self.model.config)
         _write_bytes(tmp / HF_CONFIG_FILE, (json.dumps(config, indent=2) + "\n").encode())
         _write_bytes(tmp / OPTIMIZER_FILE, _torch_bytes(_to_cpu(self.optimizer.state_dict())))

@@ -5,8 +5,10 @@ node has before any rank starts.
 
 Owns: the estimate - the parameter count of the configured BERT (exact: the same count as the
 built model's, tests/unit/test_memory.py checks it), the bytes per parameter kept on a rank
-(fp32 weights, gradients, the gradient buckets, the optimizer's state: 8 bytes for LAMB and
-AdamW's two moments, 4 for LARS's momentum, divided by the shard count under ``optim.shard`` -
+(weights, gradients and the gradient buckets in the parameters' dtype - fp32, or bf16/fp16
+under a '*_master' train.precision -, the optimizer's state: 8 bytes for LAMB and AdamW's two
+moments, 4 for LARS's momentum, plus 4 for fp32 master weights, divided by the shard count
+under ``optim.shard`` -
 the ranks of a node, or every rank: ``optimizer_shards``; the parameters that one host's sharded
 CPU ranks share are still counted per rank), the activations of one micro-batch (Korthikanti et
 al., "Reducing Activation Recomputation in Large Transformer Models", 2022: s·b·h·(34 + 5·a·s/h)
@@ -38,7 +40,7 @@ from typing import Optional
 
 from kernels.attention_rule import resolve
 from loaders.shapes import STATIC_SEQS_PER_ROW, masked_slots_per_row
-from runtime.choices import shard_scope
+from runtime.choices import PRECISIONS, shard_scope
 from runtime.config import Config, ConfigError, load_config
 from runtime.model import arithmetic
 
@@ -113,8 +115,11 @@ def estimate(cfg: Config, world_size: Optional[int] = None) -> Estimate:
     world = world_size or s.nodes * s.ranks_per_node
     micro = cfg.local_batch_size(world)   # global / (ranks x accumulation): one micro-batch
     p = parameter_count(cfg)
-    state = (4 if cfg.optim.name == "lars" else 8) / optimizer_shards(cfg, world)
-    static = int(p * (4 + 4 + 4 + state))  # weights, gradients, buckets, optimizer state
+    row = PRECISIONS[cfg.train.precision]
+    weight = 4 if row.params == "fp32" else 2   # weights, gradients and buckets in this dtype
+    state = ((4 if cfg.optim.name == "lars" else 8) + (4 if row.master else 0)) \
+        / optimizer_shards(cfg, world)            # moments (and fp32 masters): per shard
+    static = int(p * (3 * weight + state))  # weights, gradients, buckets, optimizer state
     rows = activation_rows(cfg, micro)
     return Estimate(p, static, row_bytes(cfg, rows), micro, rows)
 
@@ -152,7 +157,7 @@ def row_bytes(cfg: Config, rows: ActivationRows) -> int:
     the padded q/k/v/output copies when there are several, the masked-LM logits of its slots
     with their softmax and gradient, the embeddings; static rows add their slot tables."""
     m, w, n = cfg.model, rows.width, rows.segments
-    act_bytes = 1 if cfg.train.precision in ("bf16", "fp16") else 2
+    act_bytes = 2 if PRECISIONS[cfg.train.precision].compute == "fp32" else 1
     per_layer = w * m.hidden_size * 34 + 5 * m.num_attention_heads * w * w * n
     if n > 1:   # repad: q, k, v and the output, each [segments x width, hidden]
         per_layer += 8 * m.hidden_size * w * n

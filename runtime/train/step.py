@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
+from runtime.model import precision
 from runtime.model.bert import run_batch
 from runtime.optim.grad_scale import step_multiplier
 from runtime.optim.optimizers import set_lr
@@ -38,8 +39,6 @@ from runtime.optim.optimizers import set_lr
 DEVICE_KEYS = ("grad_norm", "clip_coef", "skipped", "loss_scale", "grad_sq_mean")
 """What ``StepBody.run`` returns for the step log's device fields (besides ``losses``); the
 rest are the sync's metrics."""
-
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class StepBody:
@@ -69,11 +68,10 @@ class StepBody:
                    max_grad_norm=cfg.train.max_grad_norm, device=device, timeline=parts.timeline)
 
     def autocast(self):
-        """The step's mixed precision (train.precision); nothing for fp32."""
-        if self.precision == "fp32":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=_DTYPES[self.precision],
-                              cache_enabled=not self.captured)
+        """The step's autocast (train.precision's row: bf16 and fp16 over fp32 parameters;
+        nothing for fp32 and for the master-weight precisions, whose parameters are already
+        in the training dtype)."""
+        return precision.autocast(self.precision, self.device, cache=not self.captured)
 
     def set_lr(self, lr) -> None:
         """The learning rate of the next update: a host number, or a device scalar (read

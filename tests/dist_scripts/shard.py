@@ -115,6 +115,10 @@ def train(ctx, cfg, batches, fp16: bool):
         if handle is not None:
             handle.remove()
     params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    if trainer.optimizer.keeps_masters:   # (train.precision *_master: a collective if sharded)
+        masters = trainer.optimizer.masters()
+        params.update({f"{n}#master": masters[id(p)].clone()
+                       for n, p in trainer.model.named_parameters()})
     binding = trainer.optimizer.flat_binding
     facts = {"state_elements": sum(b.numel() for part in binding.parts
                                    for b in part.buffers.state.values()),
@@ -175,6 +179,8 @@ def case_equal(ctx, data_dir, grid=DIAGONAL_2, plain=True):
         runs.append(pair(ctx, data_dir, "lamb/global_after/plain", False))
         runs.append(pair(ctx, data_dir, "lamb/global_after/bf16-reduce", False,
                          "train.allreduce_dtype=bf16"))
+        runs.append(pair(ctx, data_dir, "lamb/global_after/bf16_master", False,
+                         "train.precision=bf16_master"))
     return runs
 
 
@@ -264,7 +270,10 @@ def case_noshm(ctx, data_dir):
 # ---------------------------------------------------------------------------------- resume
 
 def resume_config(data_dir, out, *extra):
-    return tiny_config(data_dir, f'train.output_dir="{out}"', "model.hidden_dropout_prob=0.1",
+    """The resumed runs train in bf16 with fp32 master weights (train.precision bf16_master):
+    the masters are optimizer state, sharded, saved, restored and re-sharded like the rest."""
+    return tiny_config(data_dir, f'train.output_dir="{out}"', "train.precision=bf16_master",
+                       "model.hidden_dropout_prob=0.1",
                        "model.attention_probs_dropout_prob=0.1", "train.max_steps=14",
                        "train.eval_iter_start_samples=100000", "train.log_every_steps=2",
                        "data.eval_batch_size=32", "schedule.warmup_steps=3",
@@ -359,6 +368,12 @@ def case_resume(ctx, data_dir, work):
     names = [by_id[id(p)] for g in t2.optimizer.param_groups for p in g["params"]]
     want, ck = saved_state(Path(cfg.train.checkpoint_path()), names)
     out["checkpoint"] = str(ck.path)
+    # model.safetensors holds the fp32 masters (what HF files and model.init read)
+    model_file = ck.model_state()
+    out["model_file"] = {"dtypes": sorted({str(t.dtype) for t in model_file.values()}),
+                         "masters": sum(bool(torch.equal(model_file[n].reshape(-1),
+                                                         want[f"{n}:master"]))
+                                        for n in names), "params": len(names)}
     plain = Trainer(resume_config(data_dir, work / "cut", "optim.shard=none",
                                   "train.checkpoint_every_samples=64"), ctx, log=lambda m: None)
     plain.setup()

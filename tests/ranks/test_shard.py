@@ -51,7 +51,9 @@ def assert_equal_runs(runs: list, shards: int) -> None:
         # per-tensor norms fp64 partial sums: fp32 results equal to the last bit)
         assert r["max_rel_err_any_rank"] == 0.0, (r["name"], sorted(
             r["rel_err"].items(), key=lambda x: -x[1])[:3])
-        assert r["bitwise_params"] == r["params"] == 30, r["name"]
+        # (with master weights - train.precision bf16_master - the fp32 masters too)
+        assert r["bitwise_params"] == r["params"] == (60 if "master" in r["name"] else 30), \
+            r["name"]
         a, b = r["unsharded"], r["sharded"]
         assert a["grad_norms"] == b["grad_norms"] and a["loss_scales"] == b["loss_scales"]
         # the noise scale's tap sees the same two norms (its local ‖g_r‖² on every rank)
@@ -80,7 +82,8 @@ def test_sharded_equals_unsharded_for_every_optimizer_and_clip_mode_at_two_ranks
     work, _ = two_ranks
     runs = results(work, "equal")
     every_optimizer_and_clip_mode(runs)
-    assert {"lamb/global_after/plain", "lamb/global_after/bf16-reduce"} <= {r["name"] for r in runs}
+    assert {"lamb/global_after/plain", "lamb/global_after/bf16-reduce",
+            "lamb/global_after/bf16_master"} <= {r["name"] for r in runs}
     assert_equal_runs(runs, 2)
     split = {r["name"]: r["sharded"]["split"] for r in runs}
     assert split["lamb/global_after/accum2/fp16"] and not split["adamw/local_before/accum2/fp16"]
@@ -122,12 +125,16 @@ def test_a_sharded_resume_is_exact_and_a_checkpoint_reshards(two_ranks, four_ran
     assert r["params"]["bitwise_params"] == r["params"]["params"], r["params"]
     assert {"optimizer_shard_00000.pt", "optimizer_shard_00001.pt",
             "model.safetensors", "optimizer.pt"} <= set(r["files"])
-    # restored unsharded: the two shards put back together, every tensor's state bit for bit
-    assert r["unsharded_restore"]["bitwise"] == r["unsharded_restore"]["tensors"] == 60
+    # bf16 parameters with fp32 masters: model.safetensors holds the masters, in fp32
+    assert r["model_file"]["dtypes"] == ["torch.float32"]
+    assert r["model_file"]["masters"] == r["model_file"]["params"] == 30
+    # restored unsharded: the two shards put back together, every tensor's state (two moments
+    # and the master weight) bit for bit
+    assert r["unsharded_restore"]["bitwise"] == r["unsharded_restore"]["tensors"] == 90
     assert any("re-sharded from 2 shard(s) to none" in n for n in r["unsharded_notes"])
     four = results(four_ranks, "reshard", 4)
     assert four["from_world"] == 2 and four["shards"] == 4
-    assert four["restore"]["bitwise"] == four["restore"]["tensors"] == 60
+    assert four["restore"]["bitwise"] == four["restore"]["tensors"] == 90
     assert any("re-sharded from 2 shard(s) to 4" in n for n in four["notes"])
 
 

@@ -181,7 +181,8 @@ def profile_only(cfg, info, args) -> int:
 def tune(cfg, info, args) -> int:
     import torch
     from runtime.launch.dist import init_distributed, shutdown
-    from runtime.grad_sync import REDUCE_DTYPES
+    from runtime.grad_sync import reduce_dtype_of
+    from runtime.model.precision import DTYPES, mode
     from runtime.grad_sync.plan import PlanError
     from runtime.calibrate.tune import measure
     from runtime.calibrate.tune.solve import MB
@@ -196,7 +197,8 @@ def tune(cfg, info, args) -> int:
     m = measure.measure_step(cfg, ctx, steps=args.steps, warmup=args.warmup,
                              contention_steps=args.contention_steps)
     profile = m.profile
-    reduce_dtype = REDUCE_DTYPES[cfg.train.allreduce_dtype]
+    reduce_dtype = reduce_dtype_of(cfg.train.allreduce_dtype,
+                                   DTYPES[mode(cfg.train.precision).params])
     rb = torch.empty((), dtype=reduce_dtype).element_size()
     total = profile.total_elements() * rb
     sizes = measure.sweep_sizes(total, args.min_bytes, args.sizes)
