@@ -4,8 +4,8 @@ Owns: the cost model (``LengthCost``: a layout and its coefficients, in seconds)
 each layout computes from a batch's lengths, the least-squares fit of the coefficients from
 measured step times (``fit``), their JSON file (``save`` / ``load``), the default for a model
 shape (``default_cost``: coefficients measured on this machine where ``length_costs.json``
-has the shape, else a FLOP count), the model's FLOP formula (``forward_flops_per_unit``,
-which runtime.model.arithmetic sums too), per-rank costs of a batch (``LengthCost.of_rows``,
+has the shape, else a FLOP count from the model's formula in loaders.model_shape), per-rank
+costs of a batch (``LengthCost.of_rows``,
 ``of_lengths``, ``of_batch``) and the imbalance statistic (``imbalance``). Never: timing a
 model (``python -m runtime.calibrate.length_cost`` measures and calls ``fit``), choosing batches
 (balance.py uses these costs), torch or I/O beyond the coefficients file.
@@ -50,9 +50,11 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence, get_args
+from typing import Literal, Sequence, get_args
 
 import numpy as np
+
+from loaders.model_shape import SHAPE_KEYS, forward_flops_per_unit
 
 Layout = Literal["padded", "unpadded", "repad"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
@@ -62,10 +64,6 @@ FEATURES: dict[str, tuple[str, ...]] = {
     "unpadded": ("real_tokens", "attention", "rows", "step"),
     "repad": ("real_tokens", "repad_tokens", "repad_attention", "rows", "step"),
 }
-
-SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-              "intermediate_size")
-"""The model fields a cost depends on (``max_position_embeddings`` does not)."""
 
 MASKED_FRACTION = 0.15
 """Share of real tokens the MLM head runs on, for the FLOP-count default."""
@@ -244,30 +242,6 @@ def tokens_cost() -> LengthCost:
 
 
 # ------------------------------------------------------------------------------ defaults
-
-def shape_of(config) -> dict:
-    """The cost-relevant fields of a BertConfig-like object or dict."""
-    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k)
-    return {k: int(get(k)) for k in SHAPE_KEYS}
-
-
-def forward_flops_per_unit(shape: Any) -> dict[str, int]:
-    """The model FLOPs of one forward per unit of work, for a BertConfig-like object or a dict
-    of its fields: ``token`` the dense layers 2·layers·(4H² + 2·H·I) per real token, ``score``
-    the attention 4·layers·H per score (QKᵀ and the weighted values; n² of them in a
-    sequence of n tokens), ``masked`` the masked-LM head 2·(H² + H·V) per masked position,
-    ``sequence`` the pooler and NSP head 2·(H² + 2·H) per sequence.
-
-    The one statement of the formula: runtime.model.arithmetic sums it over a batch (the
-    FLOPs the trainer reports, held to torch's FlopCounterMode), ``flops_cost`` lays it on
-    the features. It lives here because loaders is a leaf the runtime imports, never the
-    reverse."""
-    get = shape.get if isinstance(shape, dict) else lambda k: getattr(shape, k)
-    h, i, v = int(get("hidden_size")), int(get("intermediate_size")), int(get("vocab_size"))
-    layers = int(get("num_hidden_layers"))
-    return {"token": 2 * layers * (4 * h * h + 2 * h * i), "score": 4 * layers * h,
-            "masked": 2 * (h * h + h * v), "sequence": 2 * (h * h + 2 * h)}
-
 
 def flops_cost(shape: dict, layout: str) -> LengthCost:
     """Forward+backward FLOPs (3 × forward, ``forward_flops_per_unit``) per feature, at

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from loaders import length_cost as lc
+from loaders import model_shape
 from loaders.collate import best_fit_rows, pad_rows, sample_rows
 from loaders.dataset import DataSetInfo, ShardStore, read_lengths, take
 
@@ -156,7 +157,7 @@ def measure(args) -> dict:
     model, cfg = model_for_layout(args.config, args.set, args.layout, packed=False)
     packed_model = (model_for_layout(args.config, args.set, args.layout, packed=True)[0]
                     if args.layout == "padded" else None)  # what pack/offline_pack train
-    shape = lc.shape_of(cfg)
+    shape = model_shape.shape_of(cfg)
     fit_rows, fit_times = [], []
     fit_set = [("design", sampler.batch(rows)) for rows in designs(args.layout, max_len)]
     packs = [0, max_len] if args.layout == "padded" else [0]

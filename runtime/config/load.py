@@ -120,12 +120,12 @@ REQUIRED_IN_A_FILE = ("model.hidden_size", "model.num_hidden_layers",
 
 
 def _apply_size(cfg: Config, named: set) -> None:
-    """model.size: the named shape's keys (runtime.model.arithmetic.SIZES); one of them set
+    """model.size: the named shape's keys (loaders.model_shape.SIZES); one of them set
     beside it to another value is refused, naming both."""
     m = cfg.model
     if not m.size:
         return
-    from runtime.model.arithmetic import SIZES
+    from loaders.model_shape import SIZES
     if m.size not in SIZES:
         raise ConfigError(f"model.size={m.size!r}: choose one of {' | '.join(SIZES)}, or '' "
                           f"to give the shape keys")

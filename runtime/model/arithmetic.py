@@ -1,20 +1,18 @@
-"""The model's arithmetic: named sizes, the parameter count, the FLOPs of a training step and
-the attention path's cost layout - what the trainer reports (achieved TFLOP/s and MFU), the
-memory check and the balancer's cost model compute from, in one room.
+"""The model's arithmetic over a batch: the FLOPs of a training step and the attention path's
+cost layout - what the trainer reports (achieved TFLOP/s and MFU) and the balancer's cost
+model compute from. The shape, the named sizes (``SIZES``, ``size``), the parameter count and
+the per-unit FLOP formula are loaders.model_shape's (torch-free, one statement), re-exported
+here for the runtime's callers.
 
 Owns:
-  * ``SIZES``: the named shapes (``tiny``: the test suite's; ``base``, ``large``: BERT's,
-    Devlin et al. 2019) that configs, tests and benchmarks name instead of writing sizes out;
-  * ``parameter_count``: BertForPreTraining's parameters, the tied decoder counted once
-    (tests/unit/test_arithmetic.py holds it to the built model's count);
   * ``step_flops`` (``batch_flops`` of a collated batch): the model FLOPs of a training
     step - forward and backward, 3 x the forward (the backward computes the gradients of
     activations and of weights, each a forward's worth) - of the *real* tokens: the dense
     layers 2·(4H² + 2·H·I) per token and layer, the attention 4·H·n² per sequence of n
     tokens and layer (QKᵀ and the weighted values), the masked-LM head 2·(H² + H·V) per
     masked position, the pooler and NSP head 2·(H² + 2·H) per sequence. These per-unit
-    figures are written once, in loaders.length_cost.forward_flops_per_unit (a leaf this room
-    may import), for this sum and the balancer's FLOP-count cost alike. Padding,
+    figures are written once, in loaders.model_shape.forward_flops_per_unit, for this sum and
+    the balancer's FLOP-count cost alike. Padding,
     recomputation and kernels' own overheads are not the model's work: achieved / peak of
     these is the MFU of PaLM (Chowdhery et al. 2022, appendix B), torchtitan's and nanoGPT's
     ``estimate_mfu``. tests/unit/test_arithmetic.py holds the formula to torch's
@@ -30,50 +28,14 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from kernels.attention_rule import cost_layout
-from loaders.length_cost import forward_flops_per_unit
-
-SIZES: dict[str, dict[str, int]] = {
-    "tiny": dict(num_hidden_layers=1, hidden_size=64, num_attention_heads=2,
-                 intermediate_size=128),
-    "base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
-                 intermediate_size=3072),
-    "large": dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,
-                  intermediate_size=4096),
-}
-"""Named model shapes (the vocabulary, positions and dropout are the config's)."""
-
-
-def size(name: str) -> dict[str, int]:
-    """The shape called ``name`` (a copy), or a ValueError naming the sizes there are."""
-    try:
-        return dict(SIZES[name])
-    except KeyError:
-        raise ValueError(f"unknown model size {name!r}; the sizes are "
-                         f"{', '.join(SIZES)}") from None
-
-
-def _get(m: Any, key: str) -> int:
-    return int(m[key] if isinstance(m, dict) else getattr(m, key))
-
-
-def parameter_count(m: Any) -> int:
-    """Parameters of BertForPreTraining with the tied decoder counted once; ``m`` a BertConfig,
-    the config's ``[model]`` section or a dict of their fields."""
-    h, i, v = _get(m, "hidden_size"), _get(m, "intermediate_size"), _get(m, "vocab_size")
-    embeddings = (v + _get(m, "max_position_embeddings") + _get(m, "type_vocab_size")) * h \
-        + 2 * h
-    layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
-    pooler = h * h + h
-    mlm = (h * h + h) + 2 * h + v          # transform, its LayerNorm, the decoder's bias
-    nsp = 2 * h + 2
-    return embeddings + _get(m, "num_hidden_layers") * layer + pooler + mlm + nsp
+from loaders.model_shape import forward_flops_per_unit
 
 
 def forward_flops(m: Any, *, real_tokens: int, squared_lengths: int, masked: int,
                   sequences: int) -> float:
     """The model FLOPs of one forward over sequences holding ``real_tokens`` in all (Σ n),
     ``squared_lengths`` (Σ n²), ``masked`` masked-LM positions and ``sequences`` [CLS]s: the
-    per-unit FLOPs of loaders.length_cost.forward_flops_per_unit (the one statement of the
+    per-unit FLOPs of loaders.model_shape.forward_flops_per_unit (the one statement of the
     formula, which the balancer's FLOP-count default reads too), summed."""
     per = forward_flops_per_unit(m)
     return float(per["token"] * real_tokens + per["score"] * squared_lengths

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from loaders import length_cost
+from loaders import length_cost, model_shape
 from loaders.balance import PACKED_MODES
 from loaders.dataset import TrainLoader, load_eval_batches
 from loaders.shards import Limits
@@ -193,7 +193,7 @@ def batch_cost(cfg: Config, device_type: str) -> length_cost.LengthCost:
     """What one rank's batch costs on this model and device (``data.length_cost``), in the
     layout of the attention path that will run (runtime.model.arithmetic: one rule)."""
     layout = attention_layout(cfg.model.attention, device_type)
-    return length_cost.resolve(cfg.data.length_cost, length_cost.shape_of(cfg.model), layout)
+    return length_cost.resolve(cfg.data.length_cost, model_shape.shape_of(cfg.model), layout)
 
 
 def build_train_loader(cfg: Config, dist: DistContext, cost: length_cost.LengthCost,

@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Optional
 
 from kernels.attention_rule import resolve
+from loaders import model_shape
 from loaders.shapes import STATIC_SEQS_PER_ROW, masked_slots_per_row
 from runtime.choices import PRECISIONS, shard_scope
 from runtime.config import Config, ConfigError, load_config
-from runtime.model import arithmetic
 
 GIB = 1024 ** 3
 OVERHEAD_BYTES = 600 * 1024 ** 2   # torch, the process group, the data reader, per rank
@@ -51,8 +51,8 @@ HEADROOM = 0.9                     # of the memory there is: the OS and the page
 
 def parameter_count(cfg: Config) -> int:
     """Parameters of BertForPreTraining with the tied decoder counted once (the model's
-    arithmetic: runtime.model.arithmetic.parameter_count)."""
-    return arithmetic.parameter_count(cfg.model)
+    arithmetic: loaders.model_shape.parameter_count)."""
+    return model_shape.parameter_count(cfg.model)
 
 
 @dataclass(frozen=True)

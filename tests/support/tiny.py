@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.model.arithmetic import SIZES
+from loaders.model_shape import SIZES
 
 SHAPE = {f"model.{k}": v for k, v in SIZES["tiny"].items()}  # 1 layer, hidden 64, 2 heads
 BACKEND = {"optim.backend": '"foreach"'}   # the default pairing's tests override it: "auto"

@@ -12,6 +12,7 @@ from kernels import attention as attn
 from kernels.attention_rule import COST_LAYOUT, KERNELS, cost_layout, resolve
 from loaders.dataset import TrainLoader
 from runtime.calibrate.length_cost import KERNEL
+from loaders import model_shape
 from runtime.model import arithmetic as ar
 from runtime.model.bert import BertForPreTraining
 from runtime.model.config import BertConfig
@@ -19,7 +20,7 @@ from runtime.observe.mfu import Peak, figures, peak_of
 
 
 def config(name="tiny", **over):
-    return BertConfig(**{**ar.size(name), "vocab_size": 30522, "max_position_embeddings": 128,
+    return BertConfig(**{**model_shape.size(name), "vocab_size": 30522, "max_position_embeddings": 128,
                          "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
                          **over})
 
@@ -30,14 +31,14 @@ def test_the_parameter_count_is_the_built_models(name, over):
     cfg = config(name, **over)
     model = BertForPreTraining(cfg)
     counted = sum(p.numel() for p in model.parameters())  # tied decoder weight once
-    assert ar.parameter_count(cfg) == counted
+    assert model_shape.parameter_count(cfg) == counted
 
 
 def test_named_sizes():
-    assert 330e6 < ar.parameter_count(BertConfig(**ar.size("large"))) < 340e6  # BERT-large
-    assert 105e6 < ar.parameter_count(BertConfig(**ar.size("base"))) < 112e6
+    assert 330e6 < model_shape.parameter_count(BertConfig(**model_shape.size("large"))) < 340e6  # BERT-large
+    assert 105e6 < model_shape.parameter_count(BertConfig(**model_shape.size("base"))) < 112e6
     with pytest.raises(ValueError, match="tiny, base, large"):
-        ar.size("huge")
+        model_shape.size("huge")
 
 
 @pytest.mark.parametrize("attention", ["unpadded", "padded"])

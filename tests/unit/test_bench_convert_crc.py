@@ -7,7 +7,7 @@ import json
 
 from bench import convert_crc
 from runtime.model import convert as cv
-from runtime.model.arithmetic import parameter_count
+from loaders.model_shape import parameter_count
 from runtime.model.tf_bundle import Bundle
 
 

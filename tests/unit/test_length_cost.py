@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from loaders import length_cost as lc
+from loaders import model_shape
 from loaders.collate import collate_packed
 from loaders.shards import Samples
 
@@ -157,8 +158,8 @@ def test_flop_cost_agrees_with_the_step_flops(name):
     MASKED_FRACTION of the tokens, less the pooler and NSP head it leaves out; the padded and
     repad layouts agree with it on a batch without padding and count more with."""
     from runtime.model import arithmetic as ar
-    shape = {**ar.size(name), "vocab_size": 30522}
-    per = lc.forward_flops_per_unit(shape)
+    shape = {**model_shape.size(name), "vocab_size": 30522}
+    per = model_shape.forward_flops_per_unit(shape)
     rng = np.random.default_rng(1)
     lengths = rng.integers(20, 513, size=16)
 
