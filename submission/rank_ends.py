@@ -46,7 +46,7 @@ def ends_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "ranks" / ENDS
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Not ended: a zombie has (its parent has not reaped it yet)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -89,7 +89,7 @@ class _Watch:
                 late.append(pid)
                 continue
             except (AttributeError, OSError):
-                if _alive(pid):
+                if alive(pid):
                     self.plain.add(pid)
                 else:
                     late.append(pid)
@@ -111,7 +111,7 @@ class _Watch:
                 os.close(fd)
         else:
             time.sleep(timeout_s)
-        gone = {pid for pid in self.plain if not _alive(pid)}
+        gone = {pid for pid in self.plain if not alive(pid)}
         self.plain -= gone
         if ended or gone:
             self.record(sorted(set(ended) | gone))
@@ -139,7 +139,7 @@ def watch(run_dir: Path, armed: Path, ranks: int, launcher_pid: int, parent: int
         while os.getppid() == parent:
             if len(w.found) < ranks:
                 w.add(_announced(armed, host))
-            launcher_gone = not _alive(launcher_pid)
+            launcher_gone = not alive(launcher_pid)
             if launcher_gone:
                 w.add(_announced(armed, host))   # the last look: nothing more can come
                 if not w.watching:

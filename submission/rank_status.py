@@ -43,7 +43,7 @@ from typing import Any, Optional
 
 from runtime.events import Event, RunState
 from submission.launchers import LAUNCHERS
-from submission.rank_ends import first_ended
+from submission.rank_ends import alive, first_ended
 
 STATUS_DIR = "ranks"
 EXIT_CODES = (0, 1, 2, 3, 4)
@@ -117,14 +117,6 @@ class RankStatus:
         self._write()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def lost_ranks(run_dir: str | Path, me: int) -> list[str]:
     """Peers of rank ``me`` that are gone or said they stopped, one phrase each."""
     host = socket.gethostname()
@@ -137,7 +129,7 @@ def lost_ranks(run_dir: str | Path, me: int) -> list[str]:
             out.append(f"rank {rank} ({where}) ended with status {rec['exit']} "
                        f"({rec.get('state')}: {rec.get('reason', '')[:200]}) after step "
                        f"{rec.get('step')}")
-        elif rec.get("host") == host and not _alive(int(rec.get("pid", 0))):
+        elif rec.get("host") == host and not alive(int(rec.get("pid", 0))):
             out.append(f"rank {rank} ({where}) is gone without a word after step "
                        f"{rec.get('step')}: killed by a signal (SIGKILL, the OOM killer) or "
                        f"crashed in native code")
