@@ -4,7 +4,10 @@ What this module owns:
   * ``FlatLayout``: where each tensor lives in one flat buffer. Tensors sit in the order
     given (the runtime passes gradient-production order, or the order of its gradient
     buckets' plan), each starting on a row boundary (``row`` = 1024 elements, 4 KiB in fp32)
-    and zero-padded to whole rows, so a per-tensor norm is a sum over that tensor's rows. The
+    and zero-padded to whole rows, so a per-tensor norm is a sum over that tensor's rows. A
+    tensor may be declared as ``blocks`` equal row blocks (a fused QKV weight: Q's, K's and
+    V's rows), each whole rows of the buffer: LAMB and LARS then take their norms and trust
+    ratio per block, exactly as for that many separate tensors (``row_block``). The
     gradient buckets are not cut here: ``runtime/grad_sync/plan.py``'s ``GradLayout`` lays
     the bucket buffer out with the same rows (``align = ROW``), which is what lets the fused
     step run on that buffer without a copy (``FlatLayout.bucket_bounds`` only computes a
@@ -82,12 +85,14 @@ BYTES_PER_ELEMENT = {"lamb": 40, "adamw": 28, "lars": 28}
 
 @dataclass(frozen=True)
 class FlatSegment:
-    """One tensor in a flat buffer: elements [offset, offset + numel), padded to ``rows``."""
+    """One tensor in a flat buffer: elements [offset, offset + numel), padded to ``rows``;
+    ``blocks`` equal runs of its rows are each a tensor for the norms (1: the whole tensor)."""
 
     offset: int
     numel: int
     shape: tuple[int, ...]
     rows: int
+    blocks: int = 1
 
 
 @dataclass(frozen=True)
@@ -98,16 +103,30 @@ class FlatLayout:
     row: int = ROW
 
     @classmethod
-    def build(cls, shapes: Sequence[Sequence[int]], row: int = ROW) -> "FlatLayout":
+    def build(cls, shapes: Sequence[Sequence[int]], row: int = ROW,
+              blocks: Sequence[int] | None = None) -> "FlatLayout":
+        """``blocks``: per tensor, how many equal blocks of whole rows its norms are taken
+        over (None: 1 each); a tensor that cannot be cut so is refused."""
         if row < 1:
             raise ValueError(f"row must be >= 1, got {row}")
+        blocks = [1] * len(shapes) if blocks is None else list(blocks)
+        if len(blocks) != len(shapes):
+            raise ValueError(f"blocks: one count per tensor ({len(shapes)}), got {len(blocks)}")
         segments, offset = [], 0
-        for shape in shapes:
+        for i, (shape, k) in enumerate(zip(shapes, blocks)):
             numel = math.prod(shape)
+            if k < 1 or (k > 1 and (numel % k or (numel // k) % row)):
+                raise ValueError(f"tensor {i} of shape {tuple(shape)}: {k} norm blocks must "
+                                 f"each be whole rows of {row} elements")
             rows = -(-numel // row)
-            segments.append(FlatSegment(offset, numel, tuple(shape), rows))
+            segments.append(FlatSegment(offset, numel, tuple(shape), rows, k))
             offset += rows * row
         return cls(tuple(segments), row)
+
+    @property
+    def has_blocks(self) -> bool:
+        """Whether some tensor's norms are taken per block."""
+        return any(s.blocks > 1 for s in self.segments)
 
     @property
     def rows(self) -> int:
@@ -136,6 +155,22 @@ class FlatLayout:
         ids = torch.repeat_interleave(torch.arange(len(self.segments)),
                                       torch.tensor(counts, dtype=torch.int64))
         return _to_device(ids, torch.device(device), torch.int64)
+
+    def row_block(self, device, rows: int | None = None) -> torch.Tensor:
+        """For each row, the index of the norm block it belongs to (as ``row_segment``, a
+        tensor of k blocks counting as k tensors in a row)."""
+        counts = [s.rows // s.blocks for s in self.segments for _ in range(s.blocks)]
+        if rows is not None and rows > self.rows:
+            counts[-1] += rows - self.rows
+        ids = torch.repeat_interleave(torch.arange(len(counts)),
+                                      torch.tensor(counts, dtype=torch.int64))
+        return _to_device(ids, torch.device(device), torch.int64)
+
+    def block_segment(self, device) -> torch.Tensor:
+        """For each norm block, the index of its tensor (int64)."""
+        ids = [i for i, s in enumerate(self.segments) for _ in range(s.blocks)]
+        return _to_device(torch.tensor(ids, dtype=torch.int64), torch.device(device),
+                          torch.int64)
 
 
 class FlatBuffers:
@@ -185,6 +220,13 @@ class FlatBuffers:
                       for name in state_names}
         self.row_segment = layout.row_segment(self.device, self.total // layout.row)[
             lo // layout.row:hi // layout.row]
+        # The norms' index: each row's block, and each block's tensor (None: one block per
+        # tensor, the blocks are the tensors)
+        self.row_block, self.block_segment = self.row_segment, None
+        if layout.has_blocks:
+            self.row_block = layout.row_block(self.device, self.total // layout.row)[
+                lo // layout.row:hi // layout.row]
+            self.block_segment = layout.block_segment(self.device)
 
     def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
         """Tensor i of ``flat`` (one of this object's buffers) in its own shape."""
@@ -439,18 +481,28 @@ class _FusedStep:
         optimizer's ``found_inf`` into it, so a skipped step needs no host decision)."""
         return self._flags(active, "active")
 
+    def _by_block(self, *per_tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Per-tensor vectors (or tables: one row per tensor) as per-block ones - a tensor of
+        k norm blocks repeated k times -, to go with ``_segment_norms`` and each row's
+        ``buffers.row_block``; as they are when every tensor is one block."""
+        index = self.buffers.block_segment
+        if index is None:
+            return per_tensor
+        return tuple(x.index_select(0, index) for x in per_tensor)
+
     def _segment_norms(self, *row_sums: torch.Tensor) -> list[torch.Tensor]:
-        """Per-tensor norms from per-row sums of squares, one vector per argument: the rows'
-        sums added per tensor in fp64 (in row order), then the square root in the rows'
-        dtype. With ``combine`` (a sharded step: runtime.grad_sync.shard) this rank's
+        """Per-block norms (per tensor, but a tensor of k norm blocks gives k) from per-row
+        sums of squares, one vector per argument: the rows' sums added per block in fp64 (in
+        row order), then the square root in the rows' dtype. With ``combine`` (a sharded step: runtime.grad_sync.shard) this rank's
         partial sums - its rows only - are summed over the shard group in place first, all
         of them in one collective; fp64 makes a tensor split across shards come out as the
         unsharded sum to the last fp32 bit (bar a sum within ~1e-12 of a rounding boundary),
         and a tensor on one shard gets exactly its own sum plus zeros."""
         b = self.buffers
-        sums = torch.zeros(len(row_sums), self.n, dtype=torch.float64, device=b.device)
+        n = self.n if b.block_segment is None else b.block_segment.shape[0]
+        sums = torch.zeros(len(row_sums), n, dtype=torch.float64, device=b.device)
         for i, r in enumerate(row_sums):
-            sums[i].index_add_(0, b.row_segment, r.to(torch.float64))
+            sums[i].index_add_(0, b.row_block, r.to(torch.float64))
         if self.combine is not None:
             self.combine(sums)
         return list(sums.sqrt().to(row_sums[0].dtype).unbind(0))
@@ -532,21 +584,24 @@ class FusedLamb(_FusedStep):
              active=True) -> None:
         t = self._adam_table(steps=steps, beta1=beta1, beta2=beta2, eps=eps,
                              weight_decays=weight_decays, bias_correction=bias_correction)
-        keep, seg = self._keep(active), self.buffers.row_segment
-        P, G = self._rows("params"), self._rows("grads")
-        M, V = self._rows("exp_avg"), self._rows("exp_avg_sq")
-        x2, u2 = self.kernels["lamb_pass1"](P, G, M, V, keep, t, seg,
-                                            self._grad_scale(grad_scale))
-        w, u = self._segment_norms(x2, u2)
         if isinstance(trust_clamp, (list, tuple)):
             clamps = [math.inf if c is None else c
                       for c in _per_tensor(trust_clamp, self.n, "trust_clamp")]
         else:
             clamps = math.inf if trust_clamp is None else trust_clamp
-        phi = torch.minimum(w, self._vector(clamps, "trust_clamp"))
-        ratio = torch.where(self._flags(adapt_flags, "adapt_flags"),
-                            _trust_ratio(w, u, phi, u), torch.ones_like(w))
-        self.kernels["lamb_pass2"](P, M, V, keep, t, seg, self._vector(lr, "lr", per_step=True) * ratio)
+        # per norm block from here on (a block is a tensor unless one was declared in blocks)
+        t, keep, clamp, adapt, lr = self._by_block(
+            t, self._keep(active), self._vector(clamps, "trust_clamp"),
+            self._flags(adapt_flags, "adapt_flags"), self._vector(lr, "lr", per_step=True))
+        seg = self.buffers.row_block
+        P, G = self._rows("params"), self._rows("grads")
+        M, V = self._rows("exp_avg"), self._rows("exp_avg_sq")
+        x2, u2 = self.kernels["lamb_pass1"](P, G, M, V, keep, t, seg,
+                                            self._grad_scale(grad_scale))
+        w, u = self._segment_norms(x2, u2)
+        phi = torch.minimum(w, clamp)
+        ratio = torch.where(adapt, _trust_ratio(w, u, phi, u), torch.ones_like(w))
+        self.kernels["lamb_pass2"](P, M, V, keep, t, seg, lr * ratio)
 
     def _warmup_step(self) -> None:
         self.step(steps=1, lr=0.0, beta1=0.9, beta2=0.999, eps=1e-6, weight_decays=0.0,
@@ -587,19 +642,20 @@ class FusedLars(_FusedStep):
     @torch.no_grad()
     def step(self, *, lr, momentum, trust_coefficient, eps, weight_decays, adapt_flags,
              grad_scale: Scalar = 1.0, active=True) -> None:
-        keep = self._keep(active)
+        v = self._vector
+        # per norm block (a block is a tensor unless one was declared in blocks)
+        keep, wd, momentum, coefficient, eps, adapt, lr = self._by_block(
+            self._keep(active), v(weight_decays, "weight_decays"), v(momentum, "momentum"),
+            v(trust_coefficient, "trust_coefficient"), v(eps, "eps"),
+            self._flags(adapt_flags, "adapt_flags"), v(lr, "lr", per_step=True))
         gs = self._grad_scale(grad_scale)
         P, G, B = self._rows("params"), self._rows("grads"), self._rows("momentum_buffer")
         w2, g2 = self.kernels["lars_pass1"](P, G, gs)
         w, g = self._segment_norms(w2, g2)
-        v = self._vector
-        wd = v(weight_decays, "weight_decays")
-        local = _trust_ratio(w, g, v(trust_coefficient, "trust_coefficient") * w,
-                             g + wd * w + v(eps, "eps"))
-        local = torch.where(self._flags(adapt_flags, "adapt_flags"), local,
-                            torch.ones_like(local))
-        self.kernels["lars_pass2"](P, G, B, keep, self._table(wd, v(momentum, "momentum")),
-                                   self.buffers.row_segment, gs, v(lr, "lr", per_step=True) * local)
+        local = _trust_ratio(w, g, coefficient * w, g + wd * w + eps)
+        local = torch.where(adapt, local, torch.ones_like(local))
+        self.kernels["lars_pass2"](P, G, B, keep, self._table(wd, momentum),
+                                   self.buffers.row_block, gs, lr * local)
 
     def _warmup_step(self) -> None:
         self.step(lr=0.0, momentum=0.9, trust_coefficient=0.001, eps=1e-9, weight_decays=0.0,
