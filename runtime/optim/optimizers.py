@@ -11,8 +11,9 @@ What this module owns:
     model's tensors - fusion qkv's ``Wqkv.weight``, Q's, K's and V's rows - is that many
     tensors for LAMB's and LARS's per-tensor norms and trust ratios in every backend (the
     per-tensor ones step its row blocks as views, ``fused`` declares them in its layout), so
-    fusing the projection changes no update but by the GEMMs' rounding. NVIDIA's fused LAMB
-    takes one ratio for its one Wqkv tensor instead;
+    fusing the projection changes no update but by the GEMMs' rounding (NVIDIA's MLPerf BERT
+    keeps its Wqkv's row blocks as three parameters for the same reason: docs/REFERENCES.md
+    §2);
   * ``torch.optim.Optimizer`` subclasses whose ``step(grad_scale=1.0)`` runs the step of
     the chosen ``backend`` (same optimizer names and hyperparameters for every backend):
       - ``reference``: per-tensor plain torch (``kernels.optim_reference``), the meaning;
@@ -62,6 +63,10 @@ from runtime.optim.flat_binding import FlatBinding
 
 SHARD_KEY = "presto_shards"
 """Where a sharded optimizer's state_dict says how its shards fit together."""
+
+
+class StateOfOtherParameters(ValueError):
+    """``load_state_dict`` of a state dict whose groups name other parameters."""
 
 __all__ = [
     "NO_DECAY_NAME_PARTS",
@@ -386,15 +391,16 @@ class _PrestoOptimizer(torch.optim.Optimizer):
 
 
 def _check_names(groups: list[dict], saved: list[dict]) -> None:
-    """ValueError when a saved group names other parameters than this optimizer's group at
-    the same place (a group or state dict without names is not compared)."""
+    """StateOfOtherParameters when a saved group names other parameters than this
+    optimizer's group at the same place (a group or state dict without names is not
+    compared)."""
     for i, (mine, theirs) in enumerate(zip(groups, saved)):
         ours, its = mine.get("param_names"), theirs.get("param_names")
         if ours is None or its is None or list(ours) == list(its):
             continue
         at = next((j for j, (x, y) in enumerate(zip(ours, its)) if x != y),
                   min(len(ours), len(its)))
-        raise ValueError(
+        raise StateOfOtherParameters(
             f"the optimizer state is for other parameters: its group {i} has {len(its)} "
             f"tensors, {_name_at(its, at)} at place {at}, where this model has {len(ours)}, "
             f"{_name_at(ours, at)} (another model layout - model.fusions 'qkv' makes the "
