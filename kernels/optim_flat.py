@@ -4,10 +4,9 @@ What this module owns:
   * ``FlatLayout``: where each tensor lives in one flat buffer. Tensors sit in the order
     given (the runtime passes gradient-production order, or the order of its gradient
     buckets' plan), each starting on a row boundary (``row`` = 1024 elements, 4 KiB in fp32)
-    and zero-padded to whole rows, so a per-tensor norm is a sum over that tensor's rows. A
-    tensor may be declared as ``blocks`` equal row blocks (a fused QKV weight: Q's, K's and
-    V's rows), each whole rows of the buffer: LAMB and LARS then take their norms and trust
-    ratio per block, exactly as for that many separate tensors (``row_block``). The
+    and zero-padded to whole rows, so a per-tensor norm is a sum over that tensor's rows
+    (of each of its ``blocks``: equal runs of whole rows, e.g. a fused QKV weight's Q, K, V,
+    each normed as a tensor of its own: ``row_block``). The
     gradient buckets are not cut here: ``runtime/grad_sync/plan.py``'s ``GradLayout`` lays
     the bucket buffer out with the same rows (``align = ROW``), which is what lets the fused
     step run on that buffer without a copy (``FlatLayout.bucket_bounds`` only computes a
@@ -85,8 +84,8 @@ BYTES_PER_ELEMENT = {"lamb": 40, "adamw": 28, "lars": 28}
 
 @dataclass(frozen=True)
 class FlatSegment:
-    """One tensor in a flat buffer: elements [offset, offset + numel), padded to ``rows``;
-    ``blocks`` equal runs of its rows are each a tensor for the norms (1: the whole tensor)."""
+    """One tensor in a flat buffer: elements [offset, offset + numel), padded to ``rows``,
+    normed as ``blocks`` equal runs of its rows."""
 
     offset: int
     numel: int
@@ -105,15 +104,12 @@ class FlatLayout:
     @classmethod
     def build(cls, shapes: Sequence[Sequence[int]], row: int = ROW,
               blocks: Sequence[int] | None = None) -> "FlatLayout":
-        """``blocks``: per tensor, how many equal blocks of whole rows its norms are taken
-        over (None: 1 each); a tensor that cannot be cut so is refused."""
+        """``blocks``: per tensor, its norm blocks of whole rows (None: 1 each)."""
         if row < 1:
             raise ValueError(f"row must be >= 1, got {row}")
         blocks = [1] * len(shapes) if blocks is None else list(blocks)
-        if len(blocks) != len(shapes):
-            raise ValueError(f"blocks: one count per tensor ({len(shapes)}), got {len(blocks)}")
         segments, offset = [], 0
-        for i, (shape, k) in enumerate(zip(shapes, blocks)):
+        for i, (shape, k) in enumerate(zip(shapes, blocks, strict=True)):
             numel = math.prod(shape)
             if k < 1 or (k > 1 and (numel % k or (numel // k) % row)):
                 raise ValueError(f"tensor {i} of shape {tuple(shape)}: {k} norm blocks must "
@@ -122,11 +118,6 @@ class FlatLayout:
             segments.append(FlatSegment(offset, numel, tuple(shape), rows, k))
             offset += rows * row
         return cls(tuple(segments), row)
-
-    @property
-    def has_blocks(self) -> bool:
-        """Whether some tensor's norms are taken per block."""
-        return any(s.blocks > 1 for s in self.segments)
 
     @property
     def rows(self) -> int:
@@ -157,8 +148,7 @@ class FlatLayout:
         return _to_device(ids, torch.device(device), torch.int64)
 
     def row_block(self, device, rows: int | None = None) -> torch.Tensor:
-        """For each row, the index of the norm block it belongs to (as ``row_segment``, a
-        tensor of k blocks counting as k tensors in a row)."""
+        """``row_segment`` with each norm block counted as a tensor."""
         counts = [s.rows // s.blocks for s in self.segments for _ in range(s.blocks)]
         if rows is not None and rows > self.rows:
             counts[-1] += rows - self.rows
@@ -168,9 +158,8 @@ class FlatLayout:
 
     def block_segment(self, device) -> torch.Tensor:
         """For each norm block, the index of its tensor (int64)."""
-        ids = [i for i, s in enumerate(self.segments) for _ in range(s.blocks)]
-        return _to_device(torch.tensor(ids, dtype=torch.int64), torch.device(device),
-                          torch.int64)
+        ids = torch.tensor([i for i, s in enumerate(self.segments) for _ in range(s.blocks)])
+        return _to_device(ids, torch.device(device), torch.int64)
 
 
 class FlatBuffers:
@@ -220,10 +209,9 @@ class FlatBuffers:
                       for name in state_names}
         self.row_segment = layout.row_segment(self.device, self.total // layout.row)[
             lo // layout.row:hi // layout.row]
-        # The norms' index: each row's block, and each block's tensor (None: one block per
-        # tensor, the blocks are the tensors)
+        # the norms' index: each row's block, each block's tensor (None: the tensors)
         self.row_block, self.block_segment = self.row_segment, None
-        if layout.has_blocks:
+        if any(s.blocks > 1 for s in layout.segments):
             self.row_block = layout.row_block(self.device, self.total // layout.row)[
                 lo // layout.row:hi // layout.row]
             self.block_segment = layout.block_segment(self.device)
@@ -482,22 +470,21 @@ class _FusedStep:
         return self._flags(active, "active")
 
     def _by_block(self, *per_tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Per-tensor vectors (or tables: one row per tensor) as per-block ones - a tensor of
-        k norm blocks repeated k times -, to go with ``_segment_norms`` and each row's
-        ``buffers.row_block``; as they are when every tensor is one block."""
+        """Per-tensor vectors or tables as per-block ones (a tensor of k norm blocks repeated
+        k times), to index by ``buffers.row_block``; as they are without blocks."""
         index = self.buffers.block_segment
         if index is None:
             return per_tensor
         return tuple(x.index_select(0, index) for x in per_tensor)
 
     def _segment_norms(self, *row_sums: torch.Tensor) -> list[torch.Tensor]:
-        """Per-block norms (per tensor, but a tensor of k norm blocks gives k) from per-row
-        sums of squares, one vector per argument: the rows' sums added per block in fp64 (in
-        row order), then the square root in the rows' dtype. With ``combine`` (a sharded step: runtime.grad_sync.shard) this rank's
-        partial sums - its rows only - are summed over the shard group in place first, all
-        of them in one collective; fp64 makes a tensor split across shards come out as the
-        unsharded sum to the last fp32 bit (bar a sum within ~1e-12 of a rounding boundary),
-        and a tensor on one shard gets exactly its own sum plus zeros."""
+        """Per-block norms (per tensor; a tensor of k norm blocks gives k) from per-row sums
+        of squares, one vector per argument: the rows' sums added per block in fp64 (in row
+        order), then the square root in the rows' dtype. With ``combine`` (a sharded step:
+        runtime.grad_sync.shard) this rank's partial sums - its rows only - are summed over
+        the shard group in place first, in one collective; fp64 makes a tensor split across
+        shards come out as the unsharded sum to the last fp32 bit (bar a sum within ~1e-12 of
+        a rounding boundary), and a tensor on one shard gets its own sum plus zeros."""
         b = self.buffers
         n = self.n if b.block_segment is None else b.block_segment.shape[0]
         sums = torch.zeros(len(row_sums), n, dtype=torch.float64, device=b.device)
@@ -589,7 +576,7 @@ class FusedLamb(_FusedStep):
                       for c in _per_tensor(trust_clamp, self.n, "trust_clamp")]
         else:
             clamps = math.inf if trust_clamp is None else trust_clamp
-        # per norm block from here on (a block is a tensor unless one was declared in blocks)
+        # per norm block from here on (each tensor one, unless the layout declared blocks)
         t, keep, clamp, adapt, lr = self._by_block(
             t, self._keep(active), self._vector(clamps, "trust_clamp"),
             self._flags(adapt_flags, "adapt_flags"), self._vector(lr, "lr", per_step=True))
@@ -643,7 +630,7 @@ class FusedLars(_FusedStep):
     def step(self, *, lr, momentum, trust_coefficient, eps, weight_decays, adapt_flags,
              grad_scale: Scalar = 1.0, active=True) -> None:
         v = self._vector
-        # per norm block (a block is a tensor unless one was declared in blocks)
+        # per norm block (each tensor one, unless the layout declared blocks)
         keep, wd, momentum, coefficient, eps, adapt, lr = self._by_block(
             self._keep(active), v(weight_decays, "weight_decays"), v(momentum, "momentum"),
             v(trust_coefficient, "trust_coefficient"), v(eps, "eps"),

@@ -92,8 +92,8 @@ class ModelConfig(BertConfig):
         "'qkv' (each layer's Q, K and V projections one [3H, H] GEMM with one bias add, "
         "instead of three of each: hidden_size a multiple of 32; HF files unchanged; LAMB and "
         "LARS keep one trust ratio each for Q, K and V, as the reference and NVIDIA's MLPerf "
-        "BERT do); [] = none. The first two compile with torch.compile "
-        "on first use (docs/GPU.md: what each buys)", default_factory=list,
+        "BERT do); [] = none. The first two compile with torch.compile on first use "
+        "(docs/GPU.md: what each buys)", default_factory=list,
         resume=MATCH, why="the tied embedding's rows (pad_vocab) and the attention's "
                           "parameters (qkv: one [3H, H] tensor or three) in the optimizer state")
 

@@ -237,8 +237,8 @@ class BertSelfAttention(nn.Module):
         return context.transpose(1, 2).reshape(x.shape)
 
     def _forward_fused(self, x: torch.Tensor, key_mask, dropout_p: float) -> torch.Tensor:
-        # Q, K, V are strided views of the one [.., 3H] output (no copy): the attention
-        # kernels take any strides with a contiguous head dimension.
+        # Q, K, V are strided views of the one [.., 3H] output, no copy: SDPA and the flash
+        # varlen kernel take them so (kernels.attention.jagged copies them)
         qkv = self.Wqkv(x)
         if isinstance(key_mask, Unpadded):  # [T, 3H] -> 3 x [T, heads, d]
             q, k, v = qkv.view(x.shape[0], 3, self.num_heads, -1).unbind(1)

@@ -64,12 +64,10 @@ from runtime.optim.flat_binding import FlatBinding
 SHARD_KEY = "presto_shards"
 """Where a sharded optimizer's state_dict says how its shards fit together."""
 
-
-class StateOfOtherParameters(ValueError):
-    """``load_state_dict`` of a state dict whose groups name other parameters."""
-
 __all__ = [
     "NO_DECAY_NAME_PARTS",
+    "NORM_BLOCKS",
+    "StateOfOtherParameters",
     "Lamb",
     "AdamW",
     "Lars",
@@ -78,6 +76,7 @@ __all__ = [
     "available_optimizers",
     "build_optimizer",
     "excluded_from_decay",
+    "norm_blocks",
     "optimizer_hparam_names",
     "param_groups_for_bert",
     "register_optimizer",
@@ -301,8 +300,8 @@ class _PrestoOptimizer(torch.optim.Optimizer):
         """torch's; a sharded state dict's ``SHARD_KEY`` is left for ``load_shard_states``
         (the shards are in other files). The state of other parameters - where both name
         them (``param_names``), another name at any place - is refused naming the first
-        that differ (torch would load state of a [3H, H] fused QKV weight onto a query
-        weight's place, or fail on sizes alone)."""
+        that differ: torch compares the groups' sizes alone, so the state of another model
+        with as many tensors would land on the wrong ones."""
         state_dict = {k: v for k, v in state_dict.items() if k != SHARD_KEY}
         _check_names(self.param_groups, state_dict.get("param_groups", []))
         _eager(torch.optim.Optimizer.load_state_dict)(self, state_dict)
@@ -388,6 +387,10 @@ class _PrestoOptimizer(torch.optim.Optimizer):
         the step writes through them)."""
         k = self._blocks.get(id(p), 1)
         return [(t,) if k == 1 else t.chunk(k) for t in (p, *state)]
+
+
+class StateOfOtherParameters(ValueError):
+    """``load_state_dict`` of a state dict whose groups name other parameters."""
 
 
 def _check_names(groups: list[dict], saved: list[dict]) -> None:

@@ -9,8 +9,10 @@ aten level); HF files are byte for byte the split layout's, and either layout lo
 other's weights (HF's keys, a TensorFlow conversion); LAMB and LARS keep one trust ratio per
 Q, K and V in every backend - with the same gradients a fused step equals the split step
 bit for bit, and with one ratio for the whole [3H, H] tensor (a fused tensor handed to the
-optimizer as it is) it would not; a state dict or optimizer state of the other layout is refused naming the keys, and a
-resume that changes the layout is refused naming model.fusions.
+optimizer as it is) it would not; a state dict or optimizer state of the other layout is
+refused naming the keys, and a resume that changes the layout is refused naming
+model.fusions (tests/integration/test_qkv_checkpoints.py: the same on a real run's
+checkpoints).
 """
 from __future__ import annotations
 
@@ -365,7 +367,8 @@ def test_optimizer_state_of_the_other_layout_is_refused_naming_the_parameters():
 
 
 def test_a_flat_layout_refuses_blocks_that_are_not_whole_rows():
-    assert FlatLayout.build([(96, 32), (96,)], blocks=[3, 1]).has_blocks
+    assert [s.blocks for s in FlatLayout.build([(96, 32), (96,)], blocks=[3, 1]).segments] \
+        == [3, 1]
     with pytest.raises(ValueError, match=r"tensor 0 of shape \(48, 16\): 3 norm blocks"):
         FlatLayout.build([(48, 16)], blocks=[3])
 
