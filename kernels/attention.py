@@ -147,8 +147,10 @@ def jagged(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
     The nested tensors get the layout's min/max sequence length: without them jagged SDPA
     reads both back from the offsets (``.item()``) for each of q, k and v in every layer."""
     def jag(t):  # [T, heads, d] → nested [n, j, heads, d] → [n, heads, j, d]
+        # nested SDPA takes contiguous values only: a fused QKV projection's strided views
+        # are copied here (the flash kernel takes them as they are)
         return torch.nested.nested_tensor_from_jagged(
-            t, varlen.offsets, min_seqlen=varlen.min_len,
+            t.contiguous(), varlen.offsets, min_seqlen=varlen.min_len,
             max_seqlen=varlen.max_len).transpose(1, 2)
 
     out = F.scaled_dot_product_attention(jag(q), jag(k), jag(v), dropout_p=dropout_p)
@@ -169,11 +171,20 @@ def flash_varlen(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tenso
     (``__torch_function__``/``__torch_dispatch__``, schema checks, 576 nested-tensor
     constructions a step for BERT-large); on an H100 that host work was ~350 ms a step at
     any local batch (bench.gpu, 2026-11-24), far above the device's time for the step
-    at the small local batches of a 1,024-GPU run."""
+    at the small local batches of a 1,024-GPU run.
+
+    Strided q, k, v go in as they are: the kernel takes each tensor's row and head strides
+    and needs only the head dimension contiguous (PyTorch's flash_api.cpp: ``set_params_fprop``
+    reads ``stride(-3)`` and ``stride(-2)``, ``mha_varlen_fwd`` checks ``stride(-1) == 1``),
+    so the fused QKV projection's Q, K, V - views of one [T, 3H] output - cost no copy."""
     out = _FLASH_OPS._flash_attention_forward(
-        q.contiguous(), k.contiguous(), v.contiguous(), varlen.cu_seqlens, varlen.cu_seqlens,
-        varlen.max_len, varlen.max_len, dropout_p, False, False)
+        _head_contiguous(q), _head_contiguous(k), _head_contiguous(v), varlen.cu_seqlens,
+        varlen.cu_seqlens, varlen.max_len, varlen.max_len, dropout_p, False, False)
     return out[0]
+
+
+def _head_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def flash_varlen_fits(q: torch.Tensor) -> bool:

@@ -1,16 +1,16 @@
 """The fusions a model can use (``model.fusions``), by name: declared here, torch-free, so the
 config checks them without importing torch; the kernels are kernels.fused's, the padded
-vocabulary runtime.model.bert's.
+vocabulary and the one QKV projection runtime.model.bert's.
 
 Owns: ``FUSIONS``, ``check_fusions``. Never: imports torch or implements a kernel.
 """
 from __future__ import annotations
 
-FUSIONS = ("bias_gelu", "dropout_add_norm", "pad_vocab")
+FUSIONS = ("bias_gelu", "dropout_add_norm", "pad_vocab", "qkv")
 """bias_gelu: GELU(y + bias) after the intermediate GEMM, one pass; dropout_add_norm:
 LayerNorm(dropout(y + bias) + residual) after the attention-output and output GEMMs, one
 pass; pad_vocab: the tied embedding and the MLM decoder GEMM on a vocabulary padded to a
-multiple of 64."""
+multiple of 64; qkv: each layer's Q, K and V projections as one [3H, H] GEMM with one bias."""
 
 
 def check_fusions(names) -> None:

@@ -4,7 +4,9 @@ What this module owns:
   * ``FlatLayout``: where each tensor lives in one flat buffer. Tensors sit in the order
     given (the runtime passes gradient-production order, or the order of its gradient
     buckets' plan), each starting on a row boundary (``row`` = 1024 elements, 4 KiB in fp32)
-    and zero-padded to whole rows, so a per-tensor norm is a sum over that tensor's rows. The
+    and zero-padded to whole rows, so a per-tensor norm is a sum over that tensor's rows
+    (of each of its ``blocks``: equal runs of whole rows, e.g. a fused QKV weight's Q, K, V,
+    each normed as a tensor of its own: ``row_block``). The
     gradient buckets are not cut here: ``runtime/grad_sync/plan.py``'s ``GradLayout`` lays
     the bucket buffer out with the same rows (``align = ROW``), which is what lets the fused
     step run on that buffer without a copy (``FlatLayout.bucket_bounds`` only computes a
@@ -14,7 +16,8 @@ What this module owns:
     ``bind`` makes the model's parameters views into the parameter buffer and their
     ``.grad`` views into the gradient buffer, so backward accumulates straight into it.
   * the ``fused`` backend: ``FusedLamb``, ``FusedAdamW``, ``FusedLars``. Each pass is a
-    plain-torch function over the (rows, 1024) views, compiled by ``torch.compile``
+    plain-torch function over the (rows, 1024) views (kernels.optim_passes), compiled by
+    ``torch.compile``
     (``dynamic=False``, ``fullgraph=True``; C++/OpenMP on CPU, Triton on CUDA) the first
     time it runs (``warmup``: a step with every row masked out, which changes nothing):
 
@@ -44,6 +47,11 @@ inductor's in-place moment update inside the loop of pass 1's row reductions (wi
 per-row input the update is flattened to 1-D, fused separately, and m and v are materialised
 as copies and read twice).
 
+With fp32 master weights (``MASTER``, one more state buffer: train.precision '*_master'),
+x is read from the masters and the ``*_master`` passes write the masters and then the
+parameters' bf16/fp16 copy (4 bytes more read and 6 more written per element than the fp32
+step, for parameters and gradients of half the size).
+
 What it never does: group parameters, clip, choose a backend (``runtime.optim`` does), or
 call ``.item()`` (no host sync in a step).
 """
@@ -58,6 +66,9 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.optim_passes import (adamw_pass, adamw_pass_master, lamb_pass1,  # noqa: F401
+                                  lamb_pass2, lamb_pass2_master, lars_pass1, lars_pass2,
+                                  lars_pass2_master)
 from kernels.optim_reference import ROW, Scalar, _trust_ratio, norm_of_rows, row_norms
 
 __all__ = [
@@ -87,12 +98,14 @@ parameters' copy in their dtype (``*_master`` passes)."""
 
 @dataclass(frozen=True)
 class FlatSegment:
-    """One tensor in a flat buffer: elements [offset, offset + numel), padded to ``rows``."""
+    """One tensor in a flat buffer: elements [offset, offset + numel), padded to ``rows``,
+    normed as ``blocks`` equal runs of its rows."""
 
     offset: int
     numel: int
     shape: tuple[int, ...]
     rows: int
+    blocks: int = 1
 
 
 @dataclass(frozen=True)
@@ -103,14 +116,20 @@ class FlatLayout:
     row: int = ROW
 
     @classmethod
-    def build(cls, shapes: Sequence[Sequence[int]], row: int = ROW) -> "FlatLayout":
+    def build(cls, shapes: Sequence[Sequence[int]], row: int = ROW,
+              blocks: Sequence[int] | None = None) -> "FlatLayout":
+        """``blocks``: per tensor, its norm blocks of whole rows (None: 1 each)."""
         if row < 1:
             raise ValueError(f"row must be >= 1, got {row}")
+        blocks = [1] * len(shapes) if blocks is None else list(blocks)
         segments, offset = [], 0
-        for shape in shapes:
+        for i, (shape, k) in enumerate(zip(shapes, blocks, strict=True)):
             numel = math.prod(shape)
+            if k < 1 or (k > 1 and (numel % k or (numel // k) % row)):
+                raise ValueError(f"tensor {i} of shape {tuple(shape)}: {k} norm blocks must "
+                                 f"each be whole rows of {row} elements")
             rows = -(-numel // row)
-            segments.append(FlatSegment(offset, numel, tuple(shape), rows))
+            segments.append(FlatSegment(offset, numel, tuple(shape), rows, k))
             offset += rows * row
         return cls(tuple(segments), row)
 
@@ -140,6 +159,20 @@ class FlatLayout:
             counts[-1] += rows - self.rows
         ids = torch.repeat_interleave(torch.arange(len(self.segments)),
                                       torch.tensor(counts, dtype=torch.int64))
+        return _to_device(ids, torch.device(device), torch.int64)
+
+    def row_block(self, device, rows: int | None = None) -> torch.Tensor:
+        """``row_segment`` with each norm block counted as a tensor."""
+        counts = [s.rows // s.blocks for s in self.segments for _ in range(s.blocks)]
+        if rows is not None and rows > self.rows:
+            counts[-1] += rows - self.rows
+        ids = torch.repeat_interleave(torch.arange(len(counts)),
+                                      torch.tensor(counts, dtype=torch.int64))
+        return _to_device(ids, torch.device(device), torch.int64)
+
+    def block_segment(self, device) -> torch.Tensor:
+        """For each norm block, the index of its tensor (int64)."""
+        ids = torch.tensor([i for i, s in enumerate(self.segments) for _ in range(s.blocks)])
         return _to_device(ids, torch.device(device), torch.int64)
 
 
@@ -190,6 +223,12 @@ class FlatBuffers:
                       for name in state_names}
         self.row_segment = layout.row_segment(self.device, self.total // layout.row)[
             lo // layout.row:hi // layout.row]
+        # the norms' index: each row's block, each block's tensor (None: the tensors)
+        self.row_block, self.block_segment = self.row_segment, None
+        if any(s.blocks > 1 for s in layout.segments):
+            self.row_block = layout.row_block(self.device, self.total // layout.row)[
+                lo // layout.row:hi // layout.row]
+            self.block_segment = layout.block_segment(self.device)
 
     def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
         """Tensor i of ``flat`` (one of this object's buffers) in its own shape."""
@@ -281,109 +320,6 @@ class _Kernel:
                     "'foreach' to silence this.", RuntimeWarning, stacklevel=3)
                 self.compiled = None
         return self.fn(*args)
-
-
-# --------------------------------------------------------------------------- passes
-# Each pass works on (rows, ROW) views. Per-tensor inputs, indexed by `seg` (each row's
-# tensor) inside the kernel: `t` a table (one column per hyperparameter, see the step
-# methods), `keep` the active mask, `lr` the step size; `gs` is the 0-dim grad_scale.
-
-def _col(t: torch.Tensor, i: int) -> torch.Tensor:
-    return t[:, i:i + 1]
-
-
-def _adam_direction(x, m, v, t):
-    """u = (m/bc1)/(√(v/bc2) + ε) + λx with t columns 0 λ, 5 bc1, 6 bc2, 7 ε."""
-    return (m / _col(t, 5)) / ((v / _col(t, 6)).sqrt() + _col(t, 7)) + _col(t, 0) * x
-
-
-def _moments(g, m, v, keep, t, gs):
-    """New (m, v) where keep, old ones elsewhere; t columns 1 β1, 2 1−β1, 3 β2, 4 1−β2."""
-    gg = g.to(m.dtype) * gs
-    m_new = torch.where(keep, m * _col(t, 1) + gg * _col(t, 2), m)
-    v_new = torch.where(keep, v * _col(t, 3) + _col(t, 4) * gg * gg, v)
-    return m_new, v_new
-
-
-def lamb_pass1(p, g, m, v, keep, t, seg, gs):
-    """LAMB pass 1: m, v updated in place; returns per-row (Σx², Σu²)."""
-    keep, t = keep[seg][:, None], t[seg]
-    x = p.to(m.dtype)
-    m_new, v_new = _moments(g, m, v, keep, t, gs)
-    u = _adam_direction(x, m_new, v_new, t)
-    m.copy_(m_new)
-    v.copy_(v_new)
-    return (x * x).sum(1), (u * u).sum(1)
-
-
-def lamb_pass2(p, m, v, keep, t, seg, lr):
-    """LAMB pass 2: p ← x − (lr·ratio)·u, u recomputed from the updated m, v."""
-    x = p.to(m.dtype)
-    u = _adam_direction(x, m, v, t[seg])
-    p.copy_(torch.where(keep[seg][:, None], x - lr[seg][:, None] * u, x).to(p.dtype))
-
-
-def lamb_pass2_master(p, w, m, v, keep, t, seg, lr):
-    """LAMB pass 2 with fp32 master weights ``w``: w ← x − (lr·ratio)·u, then the model's
-    copy p ← w in p's dtype (pass 1 read x from w)."""
-    x = w
-    u = _adam_direction(x, m, v, t[seg])
-    new = torch.where(keep[seg][:, None], x - lr[seg][:, None] * u, x)
-    w.copy_(new)
-    p.copy_(new.to(p.dtype))
-
-
-def adamw_pass(p, g, m, v, keep, t, seg, gs):
-    """AdamW in one pass: m, v, p updated in place; t column 8 is lr."""
-    keep, t = keep[seg][:, None], t[seg]
-    x = p.to(m.dtype)
-    m_new, v_new = _moments(g, m, v, keep, t, gs)
-    u = _adam_direction(x, m_new, v_new, t)
-    m.copy_(m_new)
-    v.copy_(v_new)
-    p.copy_(torch.where(keep, x - _col(t, 8) * u, x).to(p.dtype))
-
-
-def adamw_pass_master(p, w, g, m, v, keep, t, seg, gs):
-    """AdamW in one pass on fp32 master weights ``w``; the model's copy p ← w."""
-    keep, t = keep[seg][:, None], t[seg]
-    x = w
-    m_new, v_new = _moments(g, m, v, keep, t, gs)
-    u = _adam_direction(x, m_new, v_new, t)
-    m.copy_(m_new)
-    v.copy_(v_new)
-    new = torch.where(keep, x - _col(t, 8) * u, x)
-    w.copy_(new)
-    p.copy_(new.to(p.dtype))
-
-
-def lars_pass1(p, g, gs):
-    """LARS pass 1: per-row (Σw², Σ(grad_scale·g)²); nothing written."""
-    x = p.to(torch.promote_types(p.dtype, torch.float32))
-    gg = g.to(x.dtype) * gs
-    return (x * x).sum(1), (gg * gg).sum(1)
-
-
-def lars_pass2(p, g, buf, keep, t, seg, gs, lr):
-    """LARS pass 2: buf ← μ·buf + (lr·local_lr)·(g + λw); w ← w − buf. t: 0 λ, 1 μ."""
-    keep, t = keep[seg][:, None], t[seg]
-    x = p.to(buf.dtype)
-    d = g.to(buf.dtype) * gs + _col(t, 0) * x
-    buf_new = torch.where(keep, buf * _col(t, 1) + lr[seg][:, None] * d, buf)
-    buf.copy_(buf_new)
-    p.copy_(torch.where(keep, x - buf_new, x).to(p.dtype))
-
-
-def lars_pass2_master(p, w, g, buf, keep, t, seg, gs, lr):
-    """LARS pass 2 on fp32 master weights ``w`` (pass 1 read w); the model's copy p ← w."""
-    keep, t = keep[seg][:, None], t[seg]
-    x = w
-    d = g.to(buf.dtype) * gs + _col(t, 0) * x
-    buf_new = torch.where(keep, buf * _col(t, 1) + lr[seg][:, None] * d, buf)
-    buf.copy_(buf_new)
-    new = torch.where(keep, x - buf_new, x)
-    w.copy_(new)
-    p.copy_(new.to(p.dtype))
 
 
 # --------------------------------------------------------------------------- steps
@@ -484,18 +420,27 @@ class _FusedStep:
         optimizer's ``found_inf`` into it, so a skipped step needs no host decision)."""
         return self._flags(active, "active")
 
+    def _by_block(self, *per_tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Per-tensor vectors or tables as per-block ones (a tensor of k norm blocks repeated
+        k times), to index by ``buffers.row_block``; as they are without blocks."""
+        index = self.buffers.block_segment
+        if index is None:
+            return per_tensor
+        return tuple(x.index_select(0, index) for x in per_tensor)
+
     def _segment_norms(self, *row_sums: torch.Tensor) -> list[torch.Tensor]:
-        """Per-tensor norms from per-row sums of squares, one vector per argument: the rows'
-        sums added per tensor in fp64 (in row order), then the square root in the rows'
-        dtype. With ``combine`` (a sharded step: runtime.grad_sync.shard) this rank's
-        partial sums - its rows only - are summed over the shard group in place first, all
-        of them in one collective; fp64 makes a tensor split across shards come out as the
-        unsharded sum to the last fp32 bit (bar a sum within ~1e-12 of a rounding boundary),
-        and a tensor on one shard gets exactly its own sum plus zeros."""
+        """Per-block norms (per tensor; a tensor of k norm blocks gives k) from per-row sums
+        of squares, one vector per argument: the rows' sums added per block in fp64 (in row
+        order), then the square root in the rows' dtype. With ``combine`` (a sharded step:
+        runtime.grad_sync.shard) this rank's partial sums - its rows only - are summed over
+        the shard group in place first, in one collective; fp64 makes a tensor split across
+        shards come out as the unsharded sum to the last fp32 bit (bar a sum within ~1e-12 of
+        a rounding boundary), and a tensor on one shard gets its own sum plus zeros."""
         b = self.buffers
-        sums = torch.zeros(len(row_sums), self.n, dtype=torch.float64, device=b.device)
+        n = self.n if b.block_segment is None else b.block_segment.shape[0]
+        sums = torch.zeros(len(row_sums), n, dtype=torch.float64, device=b.device)
         for i, r in enumerate(row_sums):
-            sums[i].index_add_(0, b.row_segment, r.to(torch.float64))
+            sums[i].index_add_(0, b.row_block, r.to(torch.float64))
         if self.combine is not None:
             self.combine(sums)
         return list(sums.sqrt().to(row_sums[0].dtype).unbind(0))
@@ -577,25 +522,27 @@ class FusedLamb(_FusedStep):
              active=True) -> None:
         t = self._adam_table(steps=steps, beta1=beta1, beta2=beta2, eps=eps,
                              weight_decays=weight_decays, bias_correction=bias_correction)
-        keep, seg = self._keep(active), self.buffers.row_segment
-        P, G, X = self._rows("params"), self._rows("grads"), self._x_rows()
-        M, V = self._rows("exp_avg"), self._rows("exp_avg_sq")
-        x2, u2 = self.kernels["lamb_pass1"](X, G, M, V, keep, t, seg,
-                                            self._grad_scale(grad_scale))
-        w, u = self._segment_norms(x2, u2)
         if isinstance(trust_clamp, (list, tuple)):
             clamps = [math.inf if c is None else c
                       for c in _per_tensor(trust_clamp, self.n, "trust_clamp")]
         else:
             clamps = math.inf if trust_clamp is None else trust_clamp
-        phi = torch.minimum(w, self._vector(clamps, "trust_clamp"))
-        ratio = torch.where(self._flags(adapt_flags, "adapt_flags"),
-                            _trust_ratio(w, u, phi, u), torch.ones_like(w))
-        lr = self._vector(lr, "lr", per_step=True) * ratio
+        # per norm block from here on (each tensor one, unless the layout declared blocks)
+        t, keep, clamp, adapt, lr = self._by_block(
+            t, self._keep(active), self._vector(clamps, "trust_clamp"),
+            self._flags(adapt_flags, "adapt_flags"), self._vector(lr, "lr", per_step=True))
+        seg = self.buffers.row_block
+        P, G, X = self._rows("params"), self._rows("grads"), self._x_rows()
+        M, V = self._rows("exp_avg"), self._rows("exp_avg_sq")
+        x2, u2 = self.kernels["lamb_pass1"](X, G, M, V, keep, t, seg,
+                                            self._grad_scale(grad_scale))
+        w, u = self._segment_norms(x2, u2)
+        phi = torch.minimum(w, clamp)
+        ratio = torch.where(adapt, _trust_ratio(w, u, phi, u), torch.ones_like(w))
         if self.master:
-            self.kernels["lamb_pass2_master"](P, X, M, V, keep, t, seg, lr)
+            self.kernels["lamb_pass2_master"](P, X, M, V, keep, t, seg, lr * ratio)
         else:
-            self.kernels["lamb_pass2"](P, M, V, keep, t, seg, lr)
+            self.kernels["lamb_pass2"](P, M, V, keep, t, seg, lr * ratio)
 
     def _warmup_step(self) -> None:
         self.step(steps=1, lr=0.0, beta1=0.9, beta2=0.999, eps=1e-6, weight_decays=0.0,
@@ -638,24 +585,24 @@ class FusedLars(_FusedStep):
     @torch.no_grad()
     def step(self, *, lr, momentum, trust_coefficient, eps, weight_decays, adapt_flags,
              grad_scale: Scalar = 1.0, active=True) -> None:
-        keep = self._keep(active)
+        v = self._vector
+        # per norm block (each tensor one, unless the layout declared blocks)
+        keep, wd, momentum, coefficient, eps, adapt, lr = self._by_block(
+            self._keep(active), v(weight_decays, "weight_decays"), v(momentum, "momentum"),
+            v(trust_coefficient, "trust_coefficient"), v(eps, "eps"),
+            self._flags(adapt_flags, "adapt_flags"), v(lr, "lr", per_step=True))
         gs = self._grad_scale(grad_scale)
         P, G, B = self._rows("params"), self._rows("grads"), self._rows("momentum_buffer")
         X = self._x_rows()
         w2, g2 = self.kernels["lars_pass1"](X, G, gs)
         w, g = self._segment_norms(w2, g2)
-        v = self._vector
-        wd = v(weight_decays, "weight_decays")
-        local = _trust_ratio(w, g, v(trust_coefficient, "trust_coefficient") * w,
-                             g + wd * w + v(eps, "eps"))
-        local = torch.where(self._flags(adapt_flags, "adapt_flags"), local,
-                            torch.ones_like(local))
-        t, lr = self._table(wd, v(momentum, "momentum")), v(lr, "lr", per_step=True) * local
+        local = _trust_ratio(w, g, coefficient * w, g + wd * w + eps)
+        local = torch.where(adapt, local, torch.ones_like(local))
+        t, seg = self._table(wd, momentum), self.buffers.row_block
         if self.master:
-            self.kernels["lars_pass2_master"](P, X, G, B, keep, t, self.buffers.row_segment,
-                                              gs, lr)
+            self.kernels["lars_pass2_master"](P, X, G, B, keep, t, seg, gs, lr * local)
         else:
-            self.kernels["lars_pass2"](P, G, B, keep, t, self.buffers.row_segment, gs, lr)
+            self.kernels["lars_pass2"](P, G, B, keep, t, seg, gs, lr * local)
 
     def _warmup_step(self) -> None:
         self.step(lr=0.0, momentum=0.9, trust_coefficient=0.001, eps=1e-9, weight_decays=0.0,

@@ -88,10 +88,14 @@ class ModelConfig(BertConfig):
         "'bias_gelu' (GELU of the intermediate GEMM plus its bias, one pass), "
         "'dropout_add_norm' (bias, dropout, residual add and LayerNorm after the attention "
         "output and output GEMMs, one pass), 'pad_vocab' (the tied embedding and MLM decoder "
-        "on a vocabulary padded to a multiple of 64; state dicts and HF files unchanged); "
-        "[] = none. The first two compile with torch.compile on first use (docs/GPU.md: what "
-        "each buys)", default_factory=list,
-        resume=MATCH, why="the tied embedding's rows in the optimizer state (pad_vocab)")
+        "on a vocabulary padded to a multiple of 64; state dicts and HF files unchanged), "
+        "'qkv' (each layer's Q, K and V projections one [3H, H] GEMM with one bias add, "
+        "instead of three of each: hidden_size a multiple of 32; HF files unchanged; LAMB and "
+        "LARS keep one trust ratio each for Q, K and V, as the reference and NVIDIA's MLPerf "
+        "BERT do); [] = none. The first two compile with torch.compile on first use "
+        "(docs/GPU.md: what each buys)", default_factory=list,
+        resume=MATCH, why="the tied embedding's rows (pad_vocab) and the attention's "
+                          "parameters (qkv: one [3H, H] tensor or three) in the optimizer state")
 
     def validate(self, prefix: str = "model.") -> None:
         try:
@@ -100,6 +104,12 @@ class ModelConfig(BertConfig):
         except ValueError as e:
             raise ConfigError(f"{prefix}fusions: {e}" if "fusion" in str(e) else str(e)) \
                 from None
+        if "qkv" in self.fusions and self.hidden_size % 32:
+            raise ConfigError(
+                f"{prefix}fusions 'qkv' needs {prefix}hidden_size a multiple of 32, got "
+                f"{self.hidden_size}: the optimizer's flat buffers take Q's, K's and V's "
+                f"norms over whole rows of 1024 elements (H x H of them each); drop 'qkv' or "
+                f"change the size")
 
     def bert_config(self) -> BertConfig:
         """The model's own fields (what runtime.model.BertForPreTraining is built from)."""

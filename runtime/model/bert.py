@@ -1,8 +1,9 @@
 """BERT for pre-training (masked LM + next-sentence prediction), Hugging Face-compatible.
 
 Owns: the modules of ``BertForPreTraining`` (sized by ``runtime.model.config.BertConfig``)
-with parameter names identical to Hugging Face's (post-LayerNorm, erf GELU, MLM decoder tied to
-the word embeddings) and HF-style initialisation; reading and writing HF-format state dicts
+with parameter names identical to Hugging Face's (post-LayerNorm, erf GELU, MLM decoder tied
+to the word embeddings; fusion ``qkv``'s ``Wqkv`` stands for three) and HF-style
+initialisation; reading and writing HF-format state dicts
 (``load_hf_state_dict``, ``load_pretrained``, ``save_hf_state_dict``, ``minilm_path``) is
 runtime.model.hf's. It exposes no hook slot for communication: distributed wrappers act from outside
 (runtime.grad_sync swaps the MLM decoder for a tapped one when it splits the tied weight).
@@ -18,6 +19,9 @@ The choices that set the cost of a step:
   once (``TokenLayout``), runs every layer on [T, H] with T = Σ lengths, and attends within
   each sequence through ``kernels.attention.varlen_attention`` (cu_seqlens). Both give the
   same outputs on the real tokens (tests/unit/test_model.py holds them equal).
+- ``fusions=("qkv", ...)``: each layer's Q, K and V projections are one [3H, H] GEMM with one
+  bias add (``BertSelfAttention.Wqkv``) instead of three; the state dicts runtime.model.hf
+  writes and reads keep HF's three keys either way, and one seed draws the same weights.
 - Packed rows (several sequences per row, ``attention_mask`` = 1-based sequence index, see
   ``loaders.collate.Batch``): position ids restart per sequence and NSP reads each sequence's
   own [CLS], both derived from the mask (``TokenLayout``); the padded path masks attention
@@ -195,12 +199,23 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    """The Q, K and V projections and the attention over them. Split (HF's layout): three
+    Linears ``query``, ``key``, ``value``, three GEMMs and three bias adds. ``fused_qkv``
+    (fusion ``qkv``): one Linear ``Wqkv`` whose [3H, H] weight holds Q's, K's and V's rows in
+    that order (and its [3H] bias likewise) - one GEMM with its bias, Q, K and V then views of
+    its output (NVIDIA's MLPerf BERT and MosaicBERT keep one Wqkv). Both layouts hold the same
+    numbers: runtime.model.hf reads and writes HF's three keys for either."""
+
+    def __init__(self, cfg: BertConfig, fused_qkv: bool = False):
         super().__init__()
         self.num_heads = cfg.num_attention_heads
-        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.fused_qkv = fused_qkv
+        if fused_qkv:
+            self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
+        else:
+            self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+            self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+            self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -210,12 +225,27 @@ class BertSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, key_mask) -> torch.Tensor:
         """x [b, L, H] with a padded mask, or [T, H] with an ``Unpadded`` layout."""
         dropout_p = self.dropout_p if self.training else 0.0
+        if self.fused_qkv:
+            return self._forward_fused(x, key_mask, dropout_p)
         if isinstance(key_mask, Unpadded):
             heads = (proj(x).view(x.shape[0], self.num_heads, -1)
                      for proj in (self.query, self.key, self.value))
             context = varlen_attention(*heads, key_mask.varlen, dropout_p, key_mask.kernel)
             return context.reshape(x.shape)
         q, k, v = (self._split_heads(proj(x)) for proj in (self.query, self.key, self.value))
+        context = attention(q, k, v, key_mask, dropout_p)
+        return context.transpose(1, 2).reshape(x.shape)
+
+    def _forward_fused(self, x: torch.Tensor, key_mask, dropout_p: float) -> torch.Tensor:
+        # Q, K, V are strided views of the one [.., 3H] output, no copy: SDPA and the flash
+        # varlen kernel take them so (kernels.attention.jagged copies them)
+        qkv = self.Wqkv(x)
+        if isinstance(key_mask, Unpadded):  # [T, 3H] -> 3 x [T, heads, d]
+            q, k, v = qkv.view(x.shape[0], 3, self.num_heads, -1).unbind(1)
+            context = varlen_attention(q, k, v, key_mask.varlen, dropout_p, key_mask.kernel)
+            return context.reshape(x.shape)
+        b, length, _ = x.shape  # [b, L, 3H] -> 3 x [b, heads, L, d]
+        q, k, v = qkv.view(b, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         context = attention(q, k, v, key_mask, dropout_p)
         return context.transpose(1, 2).reshape(x.shape)
 
@@ -249,7 +279,7 @@ class BertSelfOutput(_DenseDropoutAddNorm):
 class BertAttention(nn.Module):
     def __init__(self, cfg: BertConfig, fusions: tuple = ()):
         super().__init__()
-        self.self = BertSelfAttention(cfg)
+        self.self = BertSelfAttention(cfg, "qkv" in fusions)
         self.output = BertSelfOutput(cfg, "dropout_add_norm" in fusions)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
@@ -465,13 +495,18 @@ class BertForPreTraining(nn.Module):
         """HF initialisation: weights ~ N(0, initializer_range), biases 0, LayerNorm 1/0,
         the [PAD] word-embedding row 0. Seed torch beforehand for a reproducible init."""
         std, v = self.config.initializer_range, self.config.vocab_size
+        # a fused Wqkv draws its Q, K and V blocks one after another, as the split layout's
+        # three Linears do: one seed, the same initial weights in either layout
+        fused_qkv = {id(m.Wqkv) for m in self.modules()
+                     if isinstance(m, BertSelfAttention) and m.fused_qkv}
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)) and module is not self.cls.predictions.decoder:
                 # the decoder weight is the word embedding; only the vocabulary's rows are
                 # drawn, so a padded vocabulary (pad_vocab) leaves every weight as without it
                 rows = module.weight[:v] if module is self.bert.embeddings.word_embeddings \
                     else module.weight
-                rows.normal_(0.0, std)
+                for block in rows.chunk(3) if id(module) in fused_qkv else (rows,):
+                    block.normal_(0.0, std)
             if isinstance(module, (nn.Linear, nn.LayerNorm)) and module.bias is not None:
                 module.bias.zero_()
             if isinstance(module, nn.LayerNorm):

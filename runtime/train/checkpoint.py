@@ -78,6 +78,7 @@ from runtime.model.hf import load_error_reason
 from runtime.train.rng import rng_state, set_rng_state  # noqa: F401 (restore's, patchable)
 from runtime.optim.optimizers import SHARD_KEY  # where a sharded optimizer's state dict says
 #                                                 how its shard files fit together
+from runtime.optim.optimizers import StateOfOtherParameters
 
 FORMAT = "presto-checkpoint/1"
 MANIFEST = "checkpoint.json"
@@ -592,6 +593,10 @@ class CheckpointManager:
         state = ckpt.optimizer_state()   # a file that cannot be read: CheckpointError, named
         try:
             self.optimizer.load_state_dict(state)
+        except StateOfOtherParameters as e:  # another model layout: intact, not this run's
+            raise CheckpointError(f"{ckpt.path / OPTIMIZER_FILE}: {e}; resume with the "
+                                  f"config that wrote it, or start afresh from its weights "
+                                  f"with model.init={ckpt.path}") from e
         except Exception as e:  # noqa: BLE001 - the name was checked (resume_rules): damaged
             raise CheckpointError(f"{ckpt.path / OPTIMIZER_FILE}: does not fit this "
                                   f"{type(self.optimizer).__name__} ({type(e).__name__}: {e}); "

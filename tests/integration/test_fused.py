@@ -112,7 +112,7 @@ def test_the_padded_vocabulary_is_invisible_to_state_dicts():
     for (n, p), q in zip(fast.named_parameters(), again.parameters()):
         assert torch.equal(p, q), n
     with pytest.raises(ValueError, match="unknown fusion"):
-        BertForPreTraining(config(), fusions=("qkv",))
+        BertForPreTraining(config(), fusions=("flash_mlp",))
 
 
 def test_no_recompile_over_batches_of_changing_shapes(small_dataset):

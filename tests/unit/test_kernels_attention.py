@@ -115,6 +115,45 @@ def test_flash_varlen_hands_the_layout_to_the_kernel(monkeypatch):
     assert q.grad is not None
 
 
+def _strided_views(lengths=LENGTHS, heads=3, d=8, device="cpu", dtype=torch.float64):
+    """q, k, v as a fused QKV projection hands them over: views of one [T, 3·heads·d]."""
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(sum(lengths), 3 * heads * d, generator=g, dtype=torch.float64)
+    qkv = qkv.to(device, dtype).requires_grad_()
+    return qkv, qkv.view(sum(lengths), 3, heads, d).unbind(1)
+
+
+def test_flash_varlen_hands_strided_views_to_the_kernel_uncopied(monkeypatch):
+    """The kernel reads row and head strides (only the head dimension must be contiguous):
+    the fused projection's Q, K, V reach it as the views they are."""
+    seen = []
+
+    class Spy(_FlashStandIn):
+        def _flash_attention_forward(self, q, k, v, *rest):
+            seen.append((q, k, v))
+            return super()._flash_attention_forward(q, k, v, *rest)
+    monkeypatch.setattr(attention, "_FLASH_OPS", Spy())
+    qkv, (q, k, v) = _strided_views()
+    layout = Varlen.from_lengths(torch.tensor(LENGTHS))
+    got = flash_varlen(q, k, v, layout)
+    (a, b, c), = seen
+    assert (a.data_ptr(), b.data_ptr(), c.data_ptr()) == (q.data_ptr(), k.data_ptr(),
+                                                          v.data_ptr())
+    assert a.stride() == (72, 8, 1)
+    torch.testing.assert_close(got, per_sequence(*(t.contiguous() for t in (q, k, v)), layout))
+
+
+@pytest.mark.parametrize("kernel", ["per_sequence", "repad", "block_diagonal", "jagged"])
+def test_every_cpu_kernel_takes_strided_views(kernel):
+    qkv, views = _strided_views()
+    layout = Varlen.from_lengths(torch.tensor(LENGTHS))
+    got = varlen_attention(*views, layout, kernel=kernel)
+    want = per_sequence(*(t.detach().contiguous() for t in views), layout)
+    torch.testing.assert_close(got, want)
+    got.square().sum().backward()
+    assert qkv.grad is not None and qkv.grad.shape == qkv.shape
+
+
 def test_flash_varlen_takes_half_precision_cuda_tokens_only():
     assert not flash_varlen_fits(torch.zeros(4, 2, 64, dtype=torch.bfloat16))  # CPU
     meta = torch.zeros(4, 2, 64, dtype=torch.bfloat16, device="meta")
@@ -174,6 +213,23 @@ def test_cuda_varlen_runs_on_flash_with_dropout_and_no_host_sync():
         outs.append(out.detach())
         assert all(torch.isfinite(t.grad).all() for t in qkv)
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)  # same seed, same masks
+
+
+@pytest.mark.cuda
+def test_flash_varlen_on_strided_views_equals_it_on_copies():
+    """The fused QKV projection's views, uncopied, in the real kernel: forward and the
+    gradient of the one [T, 3H] tensor equal those of contiguous copies."""
+    qkv, views = _strided_views(lengths=(7, 1, 12, 5, 12, 64), heads=4, d=64, device="cuda",
+                                dtype=torch.bfloat16)
+    layout = Varlen.from_lengths(torch.tensor((7, 1, 12, 5, 12, 64), device="cuda"))
+    copy = qkv.detach().clone().requires_grad_()
+    copies = [t.contiguous() for t in copy.view(qkv.shape[0], 3, 4, 64).unbind(1)]
+    got, want = flash_varlen(*views, layout), flash_varlen(*copies, layout)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    g = torch.randn_like(got)
+    (got * g).sum().backward()
+    (want * g).sum().backward()
+    torch.testing.assert_close(qkv.grad, copy.grad, rtol=0, atol=0)
 
 
 @pytest.mark.cuda

@@ -20,8 +20,10 @@ from bench.gpu.harness import (CPU_CONFIG, DGX_CONFIG, LARGE_SHAPE, PATHS, TINY,
                                world_of_one)
 
 
-FUSED = '["bias_gelu","dropout_add_norm","pad_vocab"]'
+FUSED = '["bias_gelu","dropout_add_norm","pad_vocab","qkv"]'
 """model.fusions of the fused runs (kernels/fused.py, runtime/model/bert.py)."""
+PLAIN = "model.fusions=[]"
+"""The runs beside them: no fusion, whatever the base config sets (the DGX configs: qkv)."""
 
 
 def _gemm_peak(run: Run) -> Optional[float]:
@@ -61,7 +63,7 @@ def stage_throughput(run: Run) -> dict:
     """Unpadded bf16 (fp32 in --smoke) at its largest local batch, fused beside unfused
     (runtime.model.fusions): the fused-kernels goals' figures."""
     prec = run.precisions()[0]
-    cases = [(f"unpadded_{prec}", PATHS["unpadded"], prec)]
+    cases = [(f"unpadded_{prec}", [*PATHS["unpadded"], PLAIN], prec)]
     if not run.smoke:  # (smoke: the harness only - compiling on 2 CPU cores takes a minute;
         #                tests/integration/test_fused.py holds the fusions to their references)
         cases.append((f"unpadded_{prec}_fused", [*PATHS["unpadded"], f"model.fusions={FUSED}"],
@@ -73,7 +75,7 @@ def stage_throughput_paths(run: Run) -> dict:
     """The other paths and precisions at their largest batch: padded and packed in each
     precision, unpadded in the second, and padded and packed fused in the first."""
     first = run.precisions()[0]
-    cases = [(f"{name}_{prec}", extra, prec) for name, extra in PATHS.items()
+    cases = [(f"{name}_{prec}", [*extra, PLAIN], prec) for name, extra in PATHS.items()
              for prec in run.precisions() if (name, prec) != ("unpadded", first)]
     cases += [(f"{name}_{first}_fused", [*extra, f"model.fusions={FUSED}"], first)
               for name, extra in PATHS.items() if name != "unpadded" and not run.smoke]
