@@ -450,6 +450,9 @@ def _count_replay(trainer) -> list[tuple[str, str, str, int]]:
         finally:
             graph.body, trainer.timeline = body, timeline
         counter.add("clone", "copy/fill")  # the replay's copy-out, in phase "output"
+    if count_inductor_kernels():
+        raise RuntimeError("the counted step compiled code (whose kernels went uncounted): "
+                           "raise bench.kernel_count.WARMUP_STEPS until nothing compiles in it")
     return counter.records
 
 
