@@ -15,9 +15,11 @@ changes which ops run, this module makes the CPU take CUDA's route for the durat
                applied as ``autocast_mode.h``'s ``WrapFunction_`` policies do: cast every
                eligible tensor (floating, not float64) to bf16/fp16 (lower_precision_fp) or
                fp32 (fp32); an unset ``dtype`` argument set to fp32 when the first tensor is
-               eligible (fp32_set_opt_dtype); the widest floating type (promote). An op the
-               CPU lists and CUDA does not runs uncast. ``check_autocast_lists`` holds the
-               header's lists equal to the ops torch registered for AutocastCUDA.
+               eligible (fp32_set_opt_dtype); the widest floating type (promote); and the
+               few CUDA registers beside the lists (cuDNN convolutions in lower precision,
+               ``norm`` redispatched with an fp32 dtype, ``binary_cross_entropy`` refused).
+               An op the CPU lists and CUDA does not runs uncast. ``check_autocast_lists``
+               holds the header's lists equal to the ops torch registered for AutocastCUDA.
   dropout      ``aten::dropout`` in training is one ``native_dropout`` on CUDA (mask and output
                in one kernel, ``native_dropout_backward`` in the backward) and
                ``bernoulli_``, ``div_``, ``mul`` on the CPU (ATen/native/Dropout.cpp,
@@ -46,13 +48,11 @@ from typing import Callable, Iterator
 
 import torch
 
-POLICIES = ("lower_precision_fp", "fp32", "fp32_set_opt_dtype", "promote")
 _LISTS = {"AT_FORALL_LOWER_PRECISION_FP": "lower_precision_fp", "AT_FORALL_FP32": "fp32",
           "AT_FORALL_FP32_SET_OPT_DTYPE": "fp32_set_opt_dtype", "AT_FORALL_PROMOTE": "promote"}
 # Registered for AutocastCUDA in autocast_mode.cpp outside the AT_FORALL lists: cuDNN
-# convolutions (lower precision), the norm overloads redispatched with an fp32 dtype
-# (fp32_append_dtype) and binary_cross_entropy (refused under autocast). None is in a BERT
-# step; they keep CUDA's kernel names here so the list check holds.
+# convolutions (lower precision), the norm overloads redispatched to their dtype overload
+# with fp32 (fp32_append_dtype) and binary_cross_entropy (refused under autocast).
 _CUDA_EXTRA = {"cudnn_convolution": "lower_precision_fp",
                "cudnn_convolution_transpose": "lower_precision_fp",
                "norm.Scalar": "fp32_append_dtype", "norm.ScalarOpt_dim": "fp32_append_dtype",
@@ -132,6 +132,10 @@ def _tensors(args, kwargs) -> Iterator[torch.Tensor]:
             yield from (t for t in v if isinstance(t, torch.Tensor))
 
 
+_BANNED = ("torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to "
+           "autocast (CUDA's autocast refuses them): use binary_cross_entropy_with_logits")
+
+
 def _autocast_kernel(op: torch._ops.OpOverload, policy: str) -> Callable:
     """A Python kernel for the CPU autocast key doing what CUDA's ``WrapFunction_<policy>``
     does, then running ``op`` below autocast."""
@@ -141,6 +145,20 @@ def _autocast_kernel(op: torch._ops.OpOverload, policy: str) -> Callable:
 
     def kernel(*args, **kwargs):
         low = torch.get_autocast_dtype("cpu")
+        if policy == "banned":
+            raise RuntimeError(_BANNED)
+        if policy == "fp32_append_dtype":  # norm.Scalar / norm.ScalarOpt_dim
+            # (arguments equal to their default arrive left out: the schema fills them)
+            bound = {a.name: a.default_value for a in op._schema.arguments
+                     if a.has_default_value()}
+            bound.update(zip((a.name for a in op._schema.arguments), args), **kwargs)
+            x = bound["self"]
+            to = torch.float32 if _eligible(x) else x.dtype
+            with torch._C._ExcludeDispatchKeyGuard(below):
+                if "dim" in bound:
+                    return torch.ops.aten.norm.ScalarOpt_dim_dtype(
+                        x, bound["p"], bound["dim"], bound["keepdim"], dtype=to)
+                return torch.ops.aten.norm.ScalarOpt_dtype(x, bound["p"], dtype=to)
         if policy in ("lower_precision_fp", "fp32", "promote"):
             if policy == "promote":
                 types = {t.dtype for t in _tensors(args, kwargs) if _eligible(t)}
@@ -169,6 +187,7 @@ def cuda_autocast_on_cpu() -> Iterator[dict[str, str]]:
     every op it registered ("none": runs uncast, as CUDA leaves it)."""
     lists = cuda_autocast_lists()
     check_autocast_lists(lists)
+    lists.update(_CUDA_EXTRA)
     ops = {n[:-len(".default")] if n.endswith(".default") else n
            for n in _registered("AutocastCPU")} | set(lists)
     lib = torch.library.Library("aten", "IMPL")

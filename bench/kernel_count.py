@@ -1,7 +1,13 @@
 """Kernels one training step launches on a GPU, counted on a CPU: ``python -m bench.kernel_count``.
 
-    python -m bench.kernel_count [--layers 24] [--hidden 128] [--modes NAME,...]
-        [--widths 128,256] [--out bench/results/kernel_count.json]
+    python -m bench.kernel_count [--layers 24] [--hidden 128] [--widths 256]
+        [--small-layers 2] [--modes NAME,...] [--set SECTION.KEY=VALUE ...]
+        [--out bench/results/kernel_count.json]
+
+Each mode is counted at ``--layers`` and ``--hidden``, again at each of ``--widths`` (the
+same ops, or the record says otherwise) and at ``--small-layers`` (kernels per layer from
+the difference); the H200's mode also with the CPU's own autocast lists (what the
+emulation changes). About 13 minutes for the three modes on the 2-core dev machine.
 
 What is counted: the step the trainer runs (runtime.train.trainer ``step_body``: forward,
 backward, the gradient sync, the optimizer with the clip and the loss scale) as the
@@ -45,8 +51,8 @@ world of one launches no collective (NCCL kernels would add one per bucket, over
 
 Why a narrow model: the count does not depend on the hidden size or the vocabulary (every
 op runs once per tensor, whatever its size; ``--widths`` checks it on two widths each run),
-so the bench builds BERT-large's 24 layers at hidden 128 and a 512-token vocabulary in
-seconds. It does depend on the layers (about 96 kernels each), on the shapes' static plan
+so the bench builds BERT-large's 24 layers at hidden 128 and a 512-token vocabulary (a
+count in about a minute). It does depend on the layers (about 96 kernels each), on the shapes' static plan
 (rows, sequence slots) and on every mode key.
 
 Owns: the modes, the step's shape, the counter and its rules, the synthetic data set the

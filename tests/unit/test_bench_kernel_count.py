@@ -103,6 +103,15 @@ def test_cpu_autocast_takes_cudas_policies_inside_and_its_own_after():
     assert _dtypes() == cpu
 
 
+def test_the_policies_cuda_registers_beside_its_lists():
+    x = torch.rand(4, 8, dtype=torch.bfloat16)
+    with cuda_autocast_on_cpu(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.ops.aten.norm.Scalar(x, 2).dtype == torch.float32
+        assert torch.ops.aten.norm.ScalarOpt_dim(x, 2, [1]).shape == (4,)
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            F.binary_cross_entropy(x, x)
+
+
 def test_cudas_fp32_policy_shows_as_a_cast_in_the_count():
     x = torch.randn(4, 8, dtype=torch.bfloat16)
     with cuda_autocast_on_cpu(), counting() as c, torch.autocast("cpu", dtype=torch.bfloat16):
