@@ -7,7 +7,8 @@
 Each mode is counted at ``--layers`` and ``--hidden``, again at each of ``--widths`` (the
 same ops, or the record says otherwise) and at ``--small-layers`` (kernels per layer from
 the difference); the H200's mode also with the CPU's own autocast lists (what the
-emulation changes). About 13 minutes for the three modes on the 2-core dev machine.
+emulation changes). 13 to 40 minutes for the three modes on the 2-core dev machine (by its
+load).
 
 What is counted: the step the trainer runs (runtime.train.trainer ``step_body``: forward,
 backward, the gradient sync, the optimizer with the clip and the loss scale) as the
