@@ -1,0 +1,592 @@
+"""Kernels one training step launches on a GPU, counted on a CPU: ``python -m bench.kernel_count``.
+
+    python -m bench.kernel_count [--layers 24] [--hidden 128] [--widths 256]
+        [--small-layers 2] [--modes NAME,...] [--set SECTION.KEY=VALUE ...]
+        [--out bench/results/kernel_count.json]
+
+Each mode is counted at ``--layers`` and ``--hidden``, again at each of ``--widths`` (the
+same ops, or the record says otherwise) and at ``--small-layers`` (kernels per layer from
+the difference); the H200's mode also with the CPU's own autocast lists (what the
+emulation changes). 13 to 40 minutes for the three modes on the 2-core dev machine (by its
+load).
+
+What is counted: the step the trainer runs (runtime.train.trainer ``step_body``: forward,
+backward, the gradient sync, the optimizer with the clip and the loss scale) as the
+whole-step CUDA graph replays it (train.cuda_graphs='full', runtime.train.graphs
+``FullStepGraph``): the static batch's host-to-device copy before the replay, the captured
+body, the packed step values and the replay's copy-out of them - the device activities
+``python -m bench.gpu``'s graphs stage counts with torch.profiler (kernels, memcpy and
+memset). The shape is that stage's 2-row case: a world of one, local batch 4 in 2 static
+packed rows of 512 tokens (offline_pack), unpadded attention, bf16 autocast over fp32
+parameters, the fused flat LAMB, BERT-large's 24 layers. ``MODES`` holds one row per
+precision and compile mode (config overrides); a new mode is a new row.
+
+How, on a CPU:
+  * the step runs on runtime.observe.hostsync's simulated device (a CPU device the runtime
+    treats as a GPU: the full-graph runner's eager warm-up, with ``warmup_steps`` never
+    ending) under bench.cuda_dispatch's ``as_on_cuda``: CUDA's autocast op lists, CUDA's
+    fused dropout, FlashAttention's varlen ops - the ops CUDA would dispatch where its route
+    differs from the CPU's;
+  * ``KernelCounter`` (a TorchDispatchMode, below autograd: what reaches a backend) records
+    every op of the counted step that would launch device work. Not counted: views and
+    metadata (``OpOverload.is_view``, ``NO_KERNEL``: empty, detach, set_, record_function
+    markers ...), a copy of a tensor onto its own memory (ATen returns early), an op on
+    empty tensors, and host work - ops whose tensors all come from the host batch (collating
+    and flattening it before the copy), as on a GPU they run on the CPU;
+  * each op is one launch except those ``KERNELS_PER_OP`` names, whose CUDA implementation
+    launches more (flash backward 3, LayerNorm backward 2, embedding backward 2, NLL
+    backward 2; the table says why): the "kernels" column. Copies count as the profiler's
+    memcpy, fills as its memset or fill kernel, one each;
+  * compiled regions (the fused optimizer's two passes, ``model.fusions``, later whole
+    layers) run their Inductor code: each generated kernel is wrapped in the loaded wrapper
+    module and counted per call (``count_inductor_kernels``), and what the wrapper hands to
+    ATen (GEMMs, fallbacks) reaches the counter like any op (``ignore_compile_internals``:
+    the mode sees the compiled artifact run, not its tracing).
+
+What is not the GPU's count, and why (docs/benchmarks/kernel_count.md compares with the
+H200 record): Inductor on a CPU emits C++ kernels, grouped by its CPU scheduler - Triton's
+grouping can differ (a large reduction split in two kernels, a reduction and its pointwise
+tail not fused); cuBLAS may launch 2 kernels for a GEMM (a split-K reduction) where this
+counts 1; the multi-kernel table is read from PyTorch's CUDA sources, not measured; a
+world of one launches no collective (NCCL kernels would add one per bucket, overlapping).
+
+Why a narrow model: the count does not depend on the hidden size or the vocabulary (every
+op runs once per tensor, whatever its size; ``--widths`` checks it on two widths each run),
+so the bench builds BERT-large's 24 layers at hidden 128 and a 512-token vocabulary (a
+count in about a minute). It does depend on the layers (about 96 kernels each), on the shapes' static plan
+(rows, sequence slots) and on every mode key.
+
+Owns: the modes, the step's shape, the counter and its rules, the synthetic data set the
+step reads, the table and the record (bench/common.py's header).
+Never: needs a GPU, times anything (the count is deterministic: load does not matter), or
+changes what the step computes (every op runs as it would; the flash stand-in's values are
+not attention's: bench.cuda_dispatch).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from bench.common import finish, record
+
+BASE = ("data.shapes=static", "data.balance=offline_pack", "model.attention=unpadded",
+        "data.bin_edges=[]", "data.static_rows=2", "train.cuda_graphs=full",
+        "train.global_batch_size=4", "system.nodes=1", "system.ranks_per_node=1",
+        'system.device="auto"', "data.max_seq_length=512", "data.max_predictions_per_seq=76",
+        "model.init=scratch", "train.log_every_steps=100000", "train.max_steps=100000",
+        'model.size=""', "model.num_hidden_layers=24", "model.hidden_size=128",
+        "model.num_attention_heads=2", "model.intermediate_size=512", "model.vocab_size=512")
+"""The H200 record's 2-row case (bench/gpu/stages/graphs.py on the DGX config) at a narrow
+width: the overrides every count starts from (later overrides win)."""
+
+FUSED = '["bias_gelu","dropout_add_norm","pad_vocab"]'
+MODES: dict[str, tuple[str, ...]] = {
+    "bf16_autocast": ("train.precision=bf16",),
+    "bf16_autocast_fusions": ("train.precision=bf16", f"model.fusions={FUSED}"),
+    "fp16_autocast": ("train.precision=fp16",),
+}
+"""One row per precision and compile mode: its config overrides (on ``BASE``). Today every
+precision is fp32 parameters under autocast (fp16 with its dynamic loss scale); fp32 itself
+is no row: its attention is SDPA on padded heads, whose CUDA kernel choice is not emulated
+(bench.cuda_dispatch)."""
+
+H200_RECORD = {"kernels": 2643, "file": "bench/results/gpu_nvidia-h200_2026-11-28.json",
+               "key": "stages.graphs.result.rows2.full.kernels",
+               "mode": "bf16_autocast"}
+"""The measured count this bench is compared with (torch.profiler's CUDA events of a replay,
+memcpy and memset included, one H200, torch 2.11)."""
+
+GOAL = 1000
+"""Kernels a step at most, in the best mode (issue 50)."""
+
+WARMUP_STEPS = 2
+"""Steps before the counted one: the bucket engine's first-step re-cut and every compile
+happen in them (runtime.train.graphs runs 3 before a capture; the op sequence is the same
+from the second on - tests/integration/test_graphs_integration.py)."""
+
+# ---------------------------------------------------------------------------- the op rules
+
+NO_KERNEL = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach",
+    "lift_fresh", "alias", "set_", "resize_", "resize_as_", "record_stream", "_unsafe_view",
+    "_reshape_alias", "is_same_size", "_has_compatible_shallow_copy_type", "is_nonzero",
+    "_record_function_enter", "_record_function_enter_new", "_record_function_exit",
+    "_assert_async", "_assert_scalar", "_functional_assert_async", "sym_size", "sym_stride",
+    "sym_numel", "sym_storage_offset", "view_as_real", "view_as_complex"})
+"""Ops that launch nothing on a GPU beside the views (``OpOverload.is_view``): allocation,
+metadata, profiler markers, asserts the step does not make."""
+
+KERNELS_PER_OP = {
+    # PyTorch flash_api.cpp mha_varlen_bwd -> run_mha_bwd: flash_bwd_dot_do_o_kernel (D and
+    # the dq accumulator's clear), flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel,
+    # flash_bwd_convert_dq_kernel. The forward is one flash_fwd_kernel.
+    "_flash_attention_backward": 3,
+    # layer_norm_kernel.cu: the input gradient kernel, then GammaBetaBackward (one kernel
+    # below 64K rows; a partial-sum kernel and a sum above).
+    "native_layer_norm_backward": 2,
+    # Embedding.cu, embedding_dense_backward_cuda with <= 3072 indices: zeros for the
+    # gradient, then embedding_backward_feature_kernel (above 3072: a sort-based path of ~8).
+    "embedding_dense_backward": 2,
+    # Loss.cu: grad_input.zero_(), then the scatter of -1 (times the weight) at the targets.
+    "nll_loss_backward": 2,
+}
+"""CUDA kernels of an op that launches more than one (each other op: one)."""
+
+CATEGORIES = ("gemm", "attention", "cast", "elementwise", "reduction", "norm", "index",
+              "copy/fill", "compiled", "optimizer")
+_BY_NAME = {
+    "gemm": {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot",
+             "_addmm_activation", "_scaled_mm", "_int_mm"},
+    "attention": {"_flash_attention_forward", "_flash_attention_backward",
+                  "_efficient_attention_forward", "_efficient_attention_backward",
+                  "_scaled_dot_product_flash_attention",
+                  "_scaled_dot_product_flash_attention_backward",
+                  "_scaled_dot_product_efficient_attention",
+                  "_scaled_dot_product_efficient_attention_backward",
+                  "_scaled_dot_product_cudnn_attention",
+                  "_scaled_dot_product_cudnn_attention_backward"},
+    "norm": {"native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
+             "_fused_rms_norm_backward", "native_group_norm", "native_group_norm_backward",
+             "native_batch_norm", "native_batch_norm_backward"},
+    "reduction": {"sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "norm",
+                  "linalg_vector_norm", "_foreach_norm", "prod", "any", "all", "_softmax",
+                  "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
+                  "nll_loss_forward", "nll_loss_backward", "logsumexp", "std", "var",
+                  "var_mean", "std_mean", "cumsum", "count_nonzero"},
+    "index": {"index_select", "index", "index_put_", "index_put", "_index_put_impl_",
+              "index_add_", "index_add", "embedding", "embedding_dense_backward", "gather",
+              "scatter", "scatter_", "scatter_add", "scatter_add_", "index_copy",
+              "index_copy_", "take", "masked_select", "index_fill_", "index_fill"},
+    "copy/fill": {"fill_", "zero_", "zeros", "ones", "full", "zeros_like", "ones_like",
+                  "full_like", "new_zeros", "new_ones", "new_full", "scalar_tensor", "clone",
+                  "cat", "stack", "_local_scalar_dense", "copy_", "_to_copy"},
+}
+_CATEGORY = {name: cat for cat, names in _BY_NAME.items() for name in names}
+
+PHASES = ("input", "forward", "backward", "sync", "optimizer", "step", "output")
+"""Where an op runs: the batch's copy before a replay (input), the trainer's spans (forward,
+backward, sync, optimizer: its clip and loss scale included), the rest of the step body
+(step: the learning rate from the device table, the loss sums) and the step values packed
+and copied out after the replay (output)."""
+
+
+def category(name: str, args: tuple, out: Any) -> str:
+    """The op's category: by name (``_BY_NAME``); a copy that changes the dtype is a cast."""
+    cat = _CATEGORY.get(name, "elementwise")
+    if name == "_to_copy" and _dtype(out) != _dtype(args[0] if args else None):
+        return "cast"
+    if name == "copy_" and len(args) > 1 and _dtype(args[0]) != _dtype(args[1]):
+        return "cast"
+    return cat
+
+
+def _dtype(t) -> Any:
+    import torch
+    return t.dtype if isinstance(t, torch.Tensor) else None
+
+
+def _same_data(dst, src) -> bool:
+    """ATen's early exit in copy_ (aten/src/ATen/native/Copy.cpp): the same memory, strides,
+    sizes and dtype - nothing is launched."""
+    import torch
+    return (isinstance(src, torch.Tensor)
+            and dst.untyped_storage().data_ptr() == src.untyped_storage().data_ptr()
+            and dst.storage_offset() == src.storage_offset() and dst.stride() == src.stride()
+            and dst.shape == src.shape and dst.dtype == src.dtype)
+
+
+def _tensors(tree) -> list:
+    import torch
+    from torch.utils._pytree import tree_leaves
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _launches(func, name: str, args: tuple, kwargs: dict, out: Any) -> bool:
+    if func.is_view or name in NO_KERNEL:
+        return False
+    if name == "copy_" and len(args) > 1 and _same_data(args[0], args[1]):
+        return False
+    outs = _tensors(out)
+    return not outs or any(t.numel() > 0 for t in outs)
+
+
+# ------------------------------------------------------------------------------- the counter
+
+def _counter_class():
+    """``KernelCounter``, made on first use: the module imports torch lazily (the record's
+    header and ``--help`` need none)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class KernelCounter(TorchDispatchMode):
+        """Records (phase, category, op, kernels) of every op that would launch device work
+        (module docstring). ``host``: tensors on the host (their storages, and what is
+        computed from them alone, are host work); ``phase``: where the ops run now."""
+
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return True  # compiled artifacts run under the mode; their tracing does not
+
+        def __init__(self, host: Iterable = ()):
+            super().__init__()
+            self.records: list[tuple[str, str, str, int]] = []
+            self.phase = "step"
+            self._host: dict[int, Any] = {}  # storage address -> a tensor keeping it alive
+            for t in host:
+                self._mark_host(t)
+
+        def _mark_host(self, t) -> None:
+            storage = t.untyped_storage()
+            if storage.nbytes():
+                self._host[storage.data_ptr()] = t
+
+        def _on_host(self, t) -> bool:
+            storage = t.untyped_storage()
+            return bool(storage.nbytes()) and storage.data_ptr() in self._host
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            inputs = _tensors((args, kwargs))
+            if self._host and inputs and all(self._on_host(t) for t in inputs):
+                for t in _tensors(out):
+                    self._mark_host(t)
+                return out
+            name = func.overloadpacket.__name__
+            if _launches(func, name, args, kwargs, out):
+                self.add(name, category(name, args, out), KERNELS_PER_OP.get(name, 1))
+            return out
+
+        def add(self, name: str, cat: str, kernels: int = 1) -> None:
+            if self.phase == "optimizer":
+                cat = "optimizer"
+            self.records.append((self.phase, cat, name, kernels))
+
+        def generated_kernel(self, name: str) -> None:
+            """One call of an Inductor-generated kernel."""
+            self.add(name, "compiled")
+
+    return KernelCounter
+
+
+_ACTIVE: list = []
+_KERNEL_DEF = re.compile(r"^(\w+) = async_compile\.\w+\(", re.M)
+
+
+def count_inductor_kernels() -> int:
+    """Every generated kernel of every Inductor wrapper module loaded so far, counted at each
+    call into the innermost active counter: the wrapper's ``call`` looks its kernels up in the
+    module's globals, so a counting function put there is what it calls. Returns how many
+    kernels were newly wrapped (a module is wrapped once)."""
+    from torch._inductor.codecache import PyCodeCache
+    wrapped = 0
+    for mod in list(PyCodeCache.modules):
+        if getattr(mod, "_kernel_count_wrapped", False):
+            continue
+        try:
+            names = _KERNEL_DEF.findall(Path(mod.__file__).read_text())
+        except (OSError, TypeError):
+            names = []
+        for name in names:
+            fn = getattr(mod, name, None)
+            if callable(fn):
+                setattr(mod, name, _counted(fn, name))
+                wrapped += 1
+        mod._kernel_count_wrapped = True
+    return wrapped
+
+
+def _counted(fn, name: str):
+    def kernel(*args, **kwargs):
+        if _ACTIVE:
+            _ACTIVE[-1].generated_kernel(name)
+        return fn(*args, **kwargs)
+    return kernel
+
+
+class _Phases:
+    """The trainer's timeline stand-in during the count: its spans set the counter's phase."""
+
+    def __init__(self, counter):
+        self.counter = counter
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        before, self.counter.phase = self.counter.phase, name
+        try:
+            yield
+        finally:
+            self.counter.phase = before
+
+
+@contextlib.contextmanager
+def counting(host: Iterable = ()):
+    """A KernelCounter active inside the ``with`` (generated kernels included)."""
+    counter = _counter_class()(host)
+    _ACTIVE.append(counter)
+    try:
+        with counter:
+            yield counter
+    finally:
+        _ACTIVE.remove(counter)
+
+
+# ------------------------------------------------------------------------------- the step
+
+def config(*overrides: str, data_dir: str | Path | None = None):
+    """The DGX config with ``BASE``, then ``overrides`` (a mode's, the caller's)."""
+    from bench.gpu.harness import DGX_CONFIG
+    from runtime.config import load_config
+    extra = [f'data.data_dir="{data_dir}"', "data.verify_checksums=false"] if data_dir else []
+    return load_config(DGX_CONFIG, [*BASE, *overrides, *extra])
+
+
+def synthetic_data(root: Path, cfg) -> Path:
+    """A data set the step can read at ``cfg``'s shapes: equal sequences that fill the static
+    rows exactly (each row holds ceil(local batch / rows) of them), random tokens below the
+    vocabulary, 15 % masked. The count reads no value: only the shapes matter."""
+    from loaders.dataset import STATS_FILE
+    from loaders.shards import EVAL_FILE, TRAIN_DIR, Samples, shard_name, write_shard
+    seq, batch = cfg.data.max_seq_length, cfg.train.global_batch_size
+    rows = max(cfg.data.static_rows, 1)
+    length = seq // math.ceil(batch / rows)
+    vocab, rng = cfg.model.vocab_size, np.random.default_rng(0)
+
+    def samples(n: int) -> Samples:
+        cols: dict[str, list] = {"input_ids": [], "segment_ids": [], "masked_lm_positions": [],
+                                 "masked_lm_ids": []}
+        n_masked = min(cfg.data.max_predictions_per_seq, max(1, round(0.15 * length)))
+        for _ in range(n):
+            ids = rng.integers(5, vocab, size=length)
+            ids[0], ids[length // 2], ids[-1] = 2, 3, 3  # [CLS] A [SEP] B [SEP]
+            segments = (np.arange(length) > length // 2).astype(np.int64)
+            positions = np.sort(rng.choice(np.arange(1, length - 1), n_masked, replace=False))
+            for key, col in zip(cols, (ids, segments, positions, ids[positions])):
+                cols[key].append(np.asarray(col, dtype=np.int16))
+        return Samples(**cols, next_sentence_labels=rng.integers(0, 2, n).astype(np.int8))
+
+    (root / TRAIN_DIR).mkdir(parents=True)
+    (root / EVAL_FILE).parent.mkdir(parents=True)
+    shards = []
+    for i in range(2):
+        rel = f"{TRAIN_DIR}/{shard_name(i, 2)}"
+        write_shard(root / rel, samples(8 * batch))
+        shards.append({"file": rel, "samples": 8 * batch})
+    write_shard(root / EVAL_FILE, samples(batch))
+    (root / STATS_FILE).write_text(json.dumps({
+        "train_shards": shards, "eval_samples": batch, "vocab": {"size": vocab},
+        "parameters": {"seq_len": seq, "max_pred": cfg.data.max_predictions_per_seq,
+                       "masked_lm_prob": 0.15}}))
+    return root
+
+
+def count_step_kernels(*overrides: str, cuda_autocast: bool = True) -> dict:
+    """The kernels one step of the config ``BASE`` + ``overrides`` launches (module
+    docstring): totals, and counts by category, phase and op. ``cuda_autocast=False``: the
+    CPU's own autocast lists instead of CUDA's (what the emulation changes)."""
+    import torch
+    from bench.cuda_dispatch import as_on_cuda, attention_as_on_cuda
+    from bench.gpu.harness import world_of_one
+    from runtime.choices import ConfigError
+    from runtime.observe.hostsync import simulated
+    from runtime.train.trainer import Trainer
+
+    cfg = config(*overrides)
+    if cfg.train.cuda_graphs != "full":
+        raise ConfigError(f"train.cuda_graphs={cfg.train.cuda_graphs!r}: the kernel count "
+                          f"counts the whole-step graph's replay; set train.cuda_graphs=full")
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kernel_count_") as tmp:
+        data = synthetic_data(Path(tmp) / "data", cfg)
+        cfg = config(*overrides, f'train.output_dir="{Path(tmp) / "runs"}"', data_dir=data)
+        with as_on_cuda(autocast=cuda_autocast):
+            trainer = Trainer(cfg, simulated(world_of_one("cpu")))
+            trainer.setup()
+            try:
+                with attention_as_on_cuda(trainer.model):
+                    records = _count_replay(trainer)
+            finally:
+                trainer.close()
+    out = summarize(records)
+    m = cfg.model
+    out.update(layers=m.num_hidden_layers, hidden_size=m.hidden_size,
+               vocab_size=m.vocab_size, precision=cfg.train.precision,
+               fusions=list(m.fusions), optimizer_backend=trainer.optimizer.backend,
+               optimizer_compiled=trainer.state.derived.get("optimizer_compiled"),
+               static_shape=str(trainer.train_loader.static), cuda_autocast=cuda_autocast,
+               torch=torch.__version__, seconds=round(time.perf_counter() - t0, 1))
+    return out
+
+
+def _count_replay(trainer) -> list[tuple[str, str, str, int]]:
+    """What one replay of the whole-step graph launches: the warm-up steps first, then a step
+    counted phase by phase (``PHASES``), plus the copy-out a replay makes after it
+    (``FullStepGraph.step``: ``self._out.clone()``; a warm-up step hands the values back
+    without it)."""
+    from runtime.train.graphs import batch_tensors
+    graph = trainer.runner.graph
+    graph.warmup_steps = 10 ** 9  # the simulated device captures nothing: run the body
+    it = iter(trainer.train_loader)
+    for _ in range(WARMUP_STEPS):
+        trainer.train_step(it)
+    trainer.step_log.flush()
+    count_inductor_kernels()
+    batches = [next(it) for _ in range(trainer.accum)]
+    body, timeline = graph.body, trainer.timeline
+    with counting(host=[t for b in batches for t in batch_tensors(b)]) as counter:
+
+        def counted_body(slots):
+            counter.phase = "step"
+            values = body(slots)
+            counter.phase = "output"
+            return values
+        graph.body, trainer.timeline = counted_body, _Phases(counter)
+        try:
+            counter.phase = "input"
+            graph.step(batches)
+        finally:
+            graph.body, trainer.timeline = body, timeline
+        counter.add("clone", "copy/fill")  # the replay's copy-out, in phase "output"
+    if count_inductor_kernels():
+        raise RuntimeError("the counted step compiled code (whose kernels went uncounted): "
+                           "raise bench.kernel_count.WARMUP_STEPS until nothing compiles in it")
+    return counter.records
+
+
+def summarize(records: list[tuple[str, str, str, int]]) -> dict:
+    """Totals (ops: dispatched ops that launch; kernels: with ``KERNELS_PER_OP``) by category,
+    phase and op."""
+    def table(key: int) -> dict:
+        ops, kernels = Counter(), Counter()
+        for r in records:
+            ops[r[key]] += 1
+            kernels[r[key]] += r[3]
+        return {k: {"ops": ops[k], "kernels": kernels[k]} for k in
+                sorted(ops, key=lambda k: -kernels[k])}
+    return {"ops": len(records), "kernels": sum(r[3] for r in records),
+            "by_category": table(1), "by_phase": table(0), "by_op": table(2)}
+
+
+# ------------------------------------------------------------------------------ the bench
+
+def _print_table(counts: dict[str, dict]) -> None:
+    names = list(counts)
+    width = max(14, *(len(n) + 2 for n in names))
+
+    def row(label, cells):
+        print(f"{label:18}" + "".join(f"{c:>{width}}" for c in cells))
+    row("kernels a step", names)
+    for cat in CATEGORIES:
+        cells = [counts[n]["by_category"].get(cat, {}).get("kernels", 0) for n in names]
+        if any(cells):
+            row(cat, cells)
+    row("total kernels", [counts[n]["kernels"] for n in names])
+    row("total ops", [counts[n]["ops"] for n in names])
+    row("per layer", [counts[n].get("per_layer", "-") for n in names])
+    print()
+    row("by phase", names)
+    for phase in PHASES:
+        row(phase, [counts[n]["by_phase"].get(phase, {}).get("kernels", 0) for n in names])
+
+
+def main(argv=None) -> int:
+    from loaders.shards import DataError
+    from runtime.choices import ConfigError
+    ap = argparse.ArgumentParser(prog="python -m bench.kernel_count",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=24, help="encoder layers (BERT-large: 24)")
+    ap.add_argument("--hidden", type=int, default=128,
+                    help="hidden size counted (heads of 64, FFN and vocabulary 4x)")
+    ap.add_argument("--widths", default="256",
+                    help="other hidden sizes each mode is counted at too: the count must not "
+                         "change ('' = none)")
+    ap.add_argument("--small-layers", type=int, default=2,
+                    help="layers of a second count per mode: kernels per layer from the "
+                         "difference (the CPU test's shape; 0 = none)")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help=f"rows of MODES to count (default: all: {', '.join(MODES)})")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="more config overrides for every count")
+    ap.add_argument("--out", type=Path, help="write the JSON record here")
+    args = ap.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        ap.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
+    widths = [int(w) for w in args.widths.split(",") if w]
+    if args.small_layers >= args.layers:
+        ap.error("--small-layers must be below --layers (or 0)")
+
+    def shape(hidden: int, layers: int) -> list[str]:
+        return [f"model.num_hidden_layers={layers}", f"model.hidden_size={hidden}",
+                f"model.num_attention_heads={max(1, hidden // 64)}",
+                f"model.intermediate_size={4 * hidden}", f"model.vocab_size={4 * hidden}"]
+
+    def count(mode: str, hidden: int, layers: int, **kw) -> dict:
+        got = count_step_kernels(*MODES[mode], *shape(hidden, layers), *args.set, **kw)
+        lists = "" if kw.get("cuda_autocast", True) else ", the CPU's autocast lists"
+        print(f"{mode} ({layers} layers, hidden {hidden}{lists}): {got['kernels']} kernels "
+              f"({got['ops']} ops), {got['seconds']} s", flush=True)
+        return got
+
+    rec = record("kernel_count", sys.argv[1:] if argv is None else argv,
+                 step=list(BASE), modes={m: list(MODES[m]) for m in modes},
+                 extra_overrides=args.set, h200_record=H200_RECORD, goal_kernels=GOAL)
+    counts: dict[str, dict] = {}
+    try:
+        for mode in modes:
+            c = counts[mode] = count(mode, args.hidden, args.layers)
+            c["width_checks"] = {}
+            for w in widths:
+                other = count(mode, w, args.layers)
+                c["width_checks"][str(w)] = {"kernels": other["kernels"], "ops": other["ops"],
+                                             "same_ops": other["by_op"] == c["by_op"]}
+            if args.small_layers:
+                small = count(mode, args.hidden, args.small_layers)
+                per = (c["kernels"] - small["kernels"]) / (args.layers - args.small_layers)
+                c["small"] = {"layers": args.small_layers, "kernels": small["kernels"],
+                              "ops": small["ops"], "by_category": small["by_category"]}
+                c["per_layer"] = round(per, 2)
+                c["outside_layers"] = round(c["kernels"] - per * args.layers, 2)
+        base = H200_RECORD["mode"]
+        if base in counts:
+            cpu = count(base, args.hidden, args.layers, cuda_autocast=False)
+            rec["cpu_autocast_lists"] = {"mode": base, "kernels": cpu["kernels"],
+                                         "ops": cpu["ops"], "by_op": cpu["by_op"]}
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if base in counts:
+        got = counts[base]["kernels"]
+        rec["vs_h200"] = {"counted": got, "measured": H200_RECORD["kernels"],
+                          "ratio": round(got / H200_RECORD["kernels"], 3)}
+    best = min(counts, key=lambda m: counts[m]["kernels"])
+    rec.update(counts=counts, best={"mode": best, "kernels": counts[best]["kernels"],
+                                    "goal": GOAL, "met": counts[best]["kernels"] <= GOAL})
+    print()
+    _print_table(counts)
+    if "vs_h200" in rec:
+        v = rec["vs_h200"]
+        print(f"\n{base}: {v['counted']} counted, {v['measured']} measured on the H200 "
+              f"({v['ratio']:.3f}); with the CPU's own autocast lists "
+              f"{rec['cpu_autocast_lists']['kernels']}")
+    print(f"best: {best}, {counts[best]['kernels']} kernels (goal <= {GOAL})")
+    same = all(w["same_ops"] for c in counts.values() for w in c["width_checks"].values())
+    finish(rec, args.out, line={"benchmark": "kernel_count",
+                                 "kernels": {m: c["kernels"] for m, c in counts.items()},
+                                 "width_checks_same": same})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The kernels a training step launches, counted on the CPU (bench.kernel_count), kept from
+growing back: each mode's count of the whole-step graph's replay (forward, backward, the
+gradient sync, the optimizer with its clip and loss scale, the batch's copy in and the
+values' copy out) at or below its ceiling - a count, not a timing, and deterministic. And
+the counter sees the kernels Inductor generates, once per call.
+
+The ceilings are at 2 encoder layers (seconds to count; a layer is ~96 kernels of the 24 of
+BERT-large, docs/benchmarks/kernel_count.md): today's count + 4, about 1 % (a kernel more in
+every layer shows as 2). A change that lowers a count lowers its ceiling with it; a new mode
+(a row of bench.kernel_count.MODES) gets a ceiling here."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench.kernel_count import MODES, count_inductor_kernels, count_step_kernels, counting
+
+LAYERS = 2
+CEILINGS = {  # kernels a step at 2 layers: the count of 2026-11-29 + 4
+    "bf16_autocast": 380 + 4,
+    "bf16_autocast_fusions": 346 + 4,
+    "fp16_autocast": 399 + 4,
+}
+
+
+def test_every_mode_has_a_ceiling():
+    assert set(CEILINGS) == set(MODES), "a mode of bench.kernel_count.MODES without a ceiling"
+
+
+def _report(mode: str, got: dict) -> str:
+    top = dict(list(got["by_op"].items())[:15])
+    return (f"{mode}: {got['kernels']} kernels ({got['ops']} ops) at {LAYERS} layers, "
+            f"ceiling {CEILINGS[mode]}\nby category: "
+            + json.dumps({k: v["kernels"] for k, v in got["by_category"].items()})
+            + "\nby phase: " + json.dumps({k: v["kernels"] for k, v in got["by_phase"].items()})
+            + "\ntop ops: " + json.dumps({k: v["kernels"] for k, v in top.items()}))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_steps_kernels_stay_under_the_modes_ceiling(mode):
+    got = count_step_kernels(*MODES[mode], f"model.num_hidden_layers={LAYERS}")
+    report = _report(mode, got)
+    print(report)
+    assert got["kernels"] <= CEILINGS[mode], report
+    # the count saw the whole replay: every phase, a flash kernel in each layer
+    for phase in ("input", "forward", "backward", "optimizer", "output"):
+        assert got["by_phase"].get(phase, {}).get("kernels", 0) > 0, report
+    assert got["by_category"]["attention"]["kernels"] >= LAYERS, report
+    assert got["optimizer_compiled"] is True, report  # the fused step, as on the GPU
+
+
+def test_generated_kernels_are_counted_at_every_call():
+    def f(x, w):
+        return torch.nn.functional.gelu(x @ w + 1).sum()
+    compiled = torch.compile(f, dynamic=False, fullgraph=True)
+    x, w = (torch.randn(8, 8, requires_grad=True) for _ in range(2))
+    compiled(x, w).backward()  # compiles forward and backward
+    assert count_inductor_kernels() >= 2
+    with counting() as c:
+        for _ in range(2):
+            compiled(x, w).backward()
+    generated = [r[2] for r in c.records if r[1] == "compiled"]
+    kinds = set(generated)
+    assert len(kinds) >= 2 and all(generated.count(k) == 2 for k in kinds), generated
+    # what the wrapper hands to ATen (the GEMMs, here) is counted as any op
+    assert sum(r[1] == "gemm" for r in c.records) == 2 * 3, c.records
+    assert count_inductor_kernels() == 0  # each module is wrapped once
