@@ -10,7 +10,7 @@ the difference); the H200's mode also with the CPU's own autocast lists (what th
 emulation changes). 13 to 40 minutes for the three modes on the 2-core dev machine (by its
 load).
 
-What is counted: the step the trainer runs (runtime.train.trainer ``step_body``: forward,
+What is counted: the step the trainer runs (runtime.train.step ``StepBody.run``: forward,
 backward, the gradient sync, the optimizer with the clip and the loss scale) as the
 whole-step CUDA graph replays it (train.cuda_graphs='full', runtime.train.graphs
 ``FullStepGraph``): the static batch's host-to-device copy before the replay, the captured
@@ -91,15 +91,22 @@ BASE = ("data.shapes=static", "data.balance=offline_pack", "model.attention=unpa
 width: the overrides every count starts from (later overrides win)."""
 
 FUSED = '["bias_gelu","dropout_add_norm","pad_vocab"]'
+FUSED_QKV = '["bias_gelu","dropout_add_norm","pad_vocab","qkv"]'
+
 MODES: dict[str, tuple[str, ...]] = {
-    "bf16_autocast": ("train.precision=bf16",),
+    "bf16_autocast": ("train.precision=bf16", "model.fusions=[]"),
     "bf16_autocast_fusions": ("train.precision=bf16", f"model.fusions={FUSED}"),
-    "fp16_autocast": ("train.precision=fp16",),
+    "fp16_autocast": ("train.precision=fp16", "model.fusions=[]"),
+    "bf16_master": ("train.precision=bf16_master", "model.fusions=[]"),
+    "bf16_master_qkv": ("train.precision=bf16_master", 'model.fusions=["qkv"]'),
+    "bf16_master_fusions": ("train.precision=bf16_master", f"model.fusions={FUSED_QKV}"),
 }
-"""One row per precision and compile mode: its config overrides (on ``BASE``). Today every
-precision is fp32 parameters under autocast (fp16 with its dynamic loss scale); fp32 itself
-is no row: its attention is SDPA on padded heads, whose CUDA kernel choice is not emulated
-(bench.cuda_dispatch)."""
+"""One row per precision and compile mode: its config overrides (on ``BASE``; every row
+names its fusions - the DGX config's own, ``qkv``, would otherwise change a row's meaning): fp32
+parameters under autocast (fp16 with its dynamic loss scale), and bf16 parameters with fp32
+master weights in the optimizer (train.precision bf16_master), with the fusions and the one
+QKV GEMM; fp32 itself is no row: its attention is SDPA on padded heads, whose CUDA kernel
+choice is not emulated (bench.cuda_dispatch)."""
 
 H200_RECORD = {"kernels": 2643, "file": "bench/results/gpu_nvidia-h200_2026-11-28.json",
                "key": "stages.graphs.result.rows2.full.kernels",
@@ -441,8 +448,8 @@ def _count_replay(trainer) -> list[tuple[str, str, str, int]]:
         trainer.train_step(it)
     trainer.step_log.flush()
     count_inductor_kernels()
-    batches = [next(it) for _ in range(trainer.accum)]
-    body, timeline = graph.body, trainer.timeline
+    batches = [next(it) for _ in range(trainer.body.accum)]
+    body, timeline = graph.body, trainer.body.timeline
     with counting(host=[t for b in batches for t in batch_tensors(b)]) as counter:
 
         def counted_body(slots):
@@ -450,12 +457,12 @@ def _count_replay(trainer) -> list[tuple[str, str, str, int]]:
             values = body(slots)
             counter.phase = "output"
             return values
-        graph.body, trainer.timeline = counted_body, _Phases(counter)
+        graph.body, trainer.body.timeline = counted_body, _Phases(counter)
         try:
             counter.phase = "input"
             graph.step(batches)
         finally:
-            graph.body, trainer.timeline = body, timeline
+            graph.body, trainer.body.timeline = body, timeline
         counter.add("clone", "copy/fill")  # the replay's copy-out, in phase "output"
     if count_inductor_kernels():
         raise RuntimeError("the counted step compiled code (whose kernels went uncounted): "

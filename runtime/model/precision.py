@@ -33,15 +33,16 @@ def mode(name: str) -> PrecisionMode:
     return PRECISIONS[name]
 
 
-def autocast(name: str, device: torch.device, cache: bool = True):
+def autocast(name: str, device: torch.device, cache: bool = True, cpu_gemms: bool = True):
     """What the step's forward runs under for precision ``name``: its row's autocast
     (``cache=False`` under CUDA graphs: a graph would replay the weight casts it captured
     once); for 16-bit parameters on a CPU, their GEMMs in a GPU's arithmetic at fp32's speed
-    (kernels.cpu_gemm: bf16 GEMMs are ~10x slower than fp32 on a CPU without bf16 units);
-    else nothing."""
+    (kernels.cpu_gemm: bf16 GEMMs are ~10x slower than fp32 on a CPU without bf16 units;
+    ``cpu_gemms=False`` on a CPU that stands in for a GPU - runtime.observe.hostsync's
+    simulated device -, whose ops must be the GPU's); else nothing."""
     row = PRECISIONS[name]
     if row.autocast is None:
-        if row.params != "fp32" and torch.device(device).type == "cpu":
+        if row.params != "fp32" and torch.device(device).type == "cpu" and cpu_gemms:
             return Fp32Gemms()
         return contextlib.nullcontext()
     return torch.autocast(torch.device(device).type, dtype=DTYPES[row.autocast],

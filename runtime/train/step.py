@@ -54,24 +54,28 @@ class StepBody:
     replay the casts it captured once."""
 
     def __init__(self, net, grad_sync, optimizer, loss_scale, *, accum: int, precision: str,
-                 max_grad_norm: float, device: torch.device, timeline=None):
+                 max_grad_norm: float, device: torch.device, timeline=None,
+                 simulated: bool = False):
         self.net, self.grad_sync, self.optimizer, self.loss_scale = (net, grad_sync, optimizer,
                                                                      loss_scale)
         self.accum, self.precision, self.max_grad_norm = accum, precision, max_grad_norm
         self.device, self.timeline = torch.device(device), timeline
+        self.simulated = simulated  # a CPU standing in for a GPU: the GPU's ops, not the CPU's
 
     @classmethod
-    def of(cls, parts, cfg, device: torch.device) -> "StepBody":
-        """The body of runtime.train.build's ``parts`` under ``cfg``."""
+    def of(cls, parts, cfg, dist) -> "StepBody":
+        """The body of runtime.train.build's ``parts`` under ``cfg`` on ``dist``'s device."""
         return cls(parts.grad_sync.module, parts.grad_sync, parts.optimizer, parts.loss_scale,
                    accum=cfg.train.gradient_accumulation_steps, precision=cfg.train.precision,
-                   max_grad_norm=cfg.train.max_grad_norm, device=device, timeline=parts.timeline)
+                   max_grad_norm=cfg.train.max_grad_norm, device=dist.device,
+                   timeline=parts.timeline, simulated=dist.simulates_cuda)
 
     def autocast(self):
         """The step's autocast (train.precision's row: bf16 and fp16 over fp32 parameters;
         nothing for fp32 and for the master-weight precisions, whose parameters are already
         in the training dtype)."""
-        return precision.autocast(self.precision, self.device, cache=not self.captured)
+        return precision.autocast(self.precision, self.device, cache=not self.captured,
+                                  cpu_gemms=not self.simulated)
 
     def set_lr(self, lr) -> None:
         """The learning rate of the next update: a host number, or a device scalar (read

@@ -121,7 +121,7 @@ class Trainer:
         self.model, self.grad_sync, self.optimizer = parts.model, parts.grad_sync, parts.optimizer
         self.net = self.grad_sync.module  # what forward is called on (DDP's wrapper or model)
         self.schedule, self.base_lr = parts.schedule, parts.base_lr
-        self.body = StepBody.of(parts, cfg, dist.device)
+        self.body = StepBody.of(parts, cfg, dist)
         self.batch_cost, self.limits, self.timeline = parts.batch_cost, parts.limits, parts.timeline
         self.train_loader, self.eval_batches = parts.train_loader, parts.eval_batches
         t = cfg.train
