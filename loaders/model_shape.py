@@ -12,7 +12,8 @@ Owns:
   * ``SHAPE_KEYS``: the fields a shape is (HF config.json's names, runtime.model.config's
     ``BertConfig``), ``shape_of`` (them, from a config object or dict);
   * ``SIZES``: the named shapes (``tiny``: the test suite's; ``base``, ``large``: BERT's,
-    Devlin et al. 2019), ``size(name)``;
+    Devlin et al. 2019), ``size(name)``, and ``sized``: what ``model.size`` beside shape keys
+    means (the run config's rule and the converter's);
   * ``parameter_count``: BertForPreTraining's parameters, the tied decoder counted once
     (tests/unit/test_arithmetic.py holds it to the built model's count);
   * ``forward_flops_per_unit``: the FLOP formula (see its docstring), which
@@ -46,6 +47,22 @@ def size(name: str) -> dict[str, int]:
     except KeyError:
         raise ValueError(f"unknown model size {name!r}; the sizes are "
                          f"{', '.join(SIZES)}") from None
+
+
+def sized(name: str, given: dict[str, int]) -> dict[str, int]:
+    """The shape a ``[model]`` table means with ``size = name`` beside ``given`` (the shape
+    keys it also sets): the size's keys; a key set to another value than the size's is
+    refused (ValueError naming both: set one of them) - the one rule for a run config
+    (runtime.config) and the converter's ``--config`` alike."""
+    if name not in SIZES:
+        raise ValueError(f"model.size={name!r}: choose one of {' | '.join(SIZES)}, or '' to "
+                         f"give the shape keys")
+    shape = size(name)
+    for key, value in shape.items():
+        if key in given and given[key] != value:
+            raise ValueError(f"model.size={name!r} has {key}={value}, but model.{key}="
+                             f"{given[key]} is set too: drop one of them")
+    return shape
 
 
 def _getter(m: Any):

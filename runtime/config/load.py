@@ -125,16 +125,14 @@ def _apply_size(cfg: Config, named: set) -> None:
     m = cfg.model
     if not m.size:
         return
-    from loaders.model_shape import SIZES
-    if m.size not in SIZES:
-        raise ConfigError(f"model.size={m.size!r}: choose one of {' | '.join(SIZES)}, or '' "
-                          f"to give the shape keys")
-    for key, value in SIZES[m.size].items():
-        if f"model.{key}" in named and getattr(m, key) != value:
-            raise ConfigError(f"model.size={m.size!r} has {key}={value}, but model.{key}="
-                              f"{getattr(m, key)} is set too: drop one of them")
+    from loaders.model_shape import SHAPE_KEYS, sized
+    try:
+        shape = sized(m.size, {k: getattr(m, k) for k in SHAPE_KEYS if f"model.{k}" in named})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for key, value in shape.items():
         setattr(m, key, value)
-    named |= {f"model.{k}" for k in SIZES[m.size]}
+    named |= {f"model.{k}" for k in shape}
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:

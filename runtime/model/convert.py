@@ -223,17 +223,18 @@ def load_config(path: Path | None, prefix: Path) -> tuple[BertConfig, str]:
 
 
 def _model_of_run_config(path: Path) -> BertConfig:
-    """The model shape a run config TOML names (its ``[model]`` table: a named ``size``, and
-    the shape keys it sets, which win), read here rather than through runtime.config: the
-    model room never imports the config. The run's other keys (init, attention, fusions) are
-    not the checkpoint's business."""
+    """The model a run config TOML names (its ``[model]`` table: a named ``size`` and the
+    keys it sets, by loaders.model_shape.sized - the run config's own rule: a shape key beside
+    ``size`` that disagrees with it is refused the same way), read here rather than through
+    runtime.config: the model room never imports the config. The run's other keys (init,
+    attention, fusions) are not the checkpoint's business."""
     import tomllib
-    from runtime.model.arithmetic import size
+    from loaders.model_shape import sized
     table = tomllib.loads(path.read_text(encoding="utf-8-sig")).get("model", {})
-    shape = dict(size(table["size"])) if table.get("size") else {}
     known = {f.name for f in dataclasses.fields(BertConfig)}
-    shape.update({k: v for k, v in table.items() if k in known})
-    return BertConfig(**shape)
+    given = {k: v for k, v in table.items() if k in known}
+    shape = sized(table["size"], given) if table.get("size") else {}
+    return BertConfig(**{**given, **shape})
 
 
 FUNCTION_FIELDS = ("num_attention_heads", "layer_norm_eps")
