@@ -72,6 +72,17 @@ def test_only_the_token_dimension_is_symbolic_in_the_generated_code():
     assert all(is_constant(d) for s in sizes if len(s) == 1 for d in s), sizes  # biases
 
 
+def test_inside_a_compiled_region_the_reference_is_traced_instead(monkeypatch):
+    """A model built with the fusions whose layers are compiled whole (runtime.model.compile
+    for a direct caller; the config refuses the pair): the fusion calls its reference - traced
+    into the layer's graph - rather than torch.compile inside a trace."""
+    own = fused._Compiled(fused.bias_gelu_reference)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    y, b = leaves((4, 16), (16,), seed=4)
+    torch.testing.assert_close(own(y, b), fused.bias_gelu_reference(y, b), rtol=0, atol=0)
+    assert own.compiled is None and not own.failed
+
+
 def test_the_fused_dropout_drops_at_its_rate():
     """Ones in, no residual: before the LayerNorm a kept entry is 1/0.9 and a dropped one 0,
     so in each normalised row the dropped entries are the ones below the row's mean."""
