@@ -28,6 +28,9 @@ from tests.support.runs import CPU_CONFIG
 from tests.support.tiny import tiny_config
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32: the generated kernels sum in another order
+LOSS_RTOL = {"fp32": 1e-4}
+"""Losses of 30 steps, compiled against eager: fp32's summation orders; a 16-bit precision
+(where the CPU takes one) rounds differently where Inductor fuses: 2 % (the CUDA tests')."""
 
 
 def config():
@@ -159,7 +162,7 @@ def test_a_compiled_run_follows_the_eager_run_and_compiles_only_at_its_start(
     fast, layers = fit(small_dataset, single_ctx, *extra, "model.compile=layers")
     assert none == 0 and layers == 2
     torch.testing.assert_close(torch.tensor(fast.losses), torch.tensor(eager.losses),
-                               rtol=1e-4, atol=1e-5)
+                               rtol=LOSS_RTOL.get(precision, 2e-2), atol=1e-5)
     assert eager.losses[0] != eager.losses[-1]  # it trained
     after_step_1 = next(c for e, s, c in fast.compiled if e == "step" and s == 1)
     evals = [(s, c) for e, s, c in fast.compiled if e == "eval_stop"]
