@@ -17,7 +17,10 @@ kernels around its GEMMs and attention); the choice of what is dynamic:
     and intermediate widths are constants in the generated code (LayerNorm a persistent
     reduction; tests/integration/test_compile_layers.py reads them there). The token
     dimensions are also marked (``torch._dynamo.mark_dynamic``), so a change that
-    specialised them would fail the compile instead of recompiling every batch.
+    specialised them would fail the compile instead of recompiling every batch; and "duck
+    sizing" is off while a layer compiles (``use_duck_shape``): by default dimensions of
+    equal size share one symbol, so a padded batch 128 wide at hidden size 128 had its width
+    specialised with the hidden size.
 
 Every layer has the same code and parameter shapes, so one graph serves all of them (the
 parameters are graph inputs): compiled once for training and once for evaluation (another
@@ -40,6 +43,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.fx.experimental._config as fx_config
 from torch import nn
 
 from runtime.model.bert import BertForPreTraining, Unpadded
@@ -61,9 +65,15 @@ class CompiledLayer:
     def __call__(self, x: torch.Tensor, key_mask) -> torch.Tensor:
         if isinstance(key_mask, Unpadded):
             key_mask.varlen.offsets  # made here, outside: see the module docstring
-        if not self.static_shapes:
-            _mark_tokens(x, key_mask)
-        return self.compiled(x, key_mask)
+        if self.static_shapes:
+            return self.compiled(x, key_mask)
+        _mark_tokens(x, key_mask)
+        duck = fx_config.use_duck_shape  # (read when a compile makes its shape environment)
+        fx_config.use_duck_shape = False
+        try:
+            return self.compiled(x, key_mask)
+        finally:
+            fx_config.use_duck_shape = duck
 
 
 def _mark_tokens(x: torch.Tensor, key_mask) -> None:

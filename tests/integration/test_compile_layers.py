@@ -52,17 +52,20 @@ def twins(attention: str, static_shapes: bool = False):
 def layouts(attention: str, n: int, seed: int = 0):
     """``n`` random batch layouts of changing sizes: (x, key mask) for the encoder - unpadded:
     2-8 sequences of 2-60 tokens (the tokens, the sequences and the longest one change);
-    padded: 2-6 rows of 3-40 columns."""
+    padded: 2-6 rows of 3-40 columns. The first - the one a layer compiles at - has as many
+    tokens (unpadded) or columns (padded) as the hidden size: torch's duck sizing would give
+    the two one symbol and specialise the batch's with the width."""
     g = torch.Generator().manual_seed(seed)
-    for _ in range(n):
+    for i in range(n):
         if attention == "unpadded":
             lengths = torch.randint(2, 61, (int(torch.randint(2, 9, (1,), generator=g)),),
-                                    generator=g)
+                                    generator=g) if i else torch.tensor([30, 20, 14])
             varlen = Varlen.from_lengths(lengths)
             yield torch.randn(varlen.num_tokens, 64, generator=g), Unpadded(varlen, "auto")
         else:
             b, width = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in
                         ((2, 7), (3, 41)))
+            width = width if i else 64
             lengths = torch.randint(1, width + 1, (b,), generator=g)
             mask = torch.arange(width)[None, :] < lengths[:, None]
             x = torch.randn(b, width, 64, generator=g)
