@@ -144,7 +144,7 @@ def fit(data, single_ctx, *extra):
     return rec, layers
 
 
-@pytest.mark.slow  # two compiles and two 30-step runs a case: 45 s to 2.5 min on 2 cores
+@pytest.mark.slow  # two compiles, two 30-step runs: 2.5-6.5 min a case on the loaded 2 cores
 @pytest.mark.parametrize("precision", get_args(Precision))
 @pytest.mark.parametrize("case", [
     ["model.attention=unpadded"], ["model.attention=padded"],
