@@ -94,7 +94,7 @@ def stage_fusions(run: Run) -> dict:
     fusion alone and with whole layers compiled: which fusion gains or loses, and what a
     compiled layer does instead (--smoke: the harness, with one compiled fusion)."""
     prec = run.precisions()[0]
-    base = PATHS["unpadded"]
+    base = [*PATHS["unpadded"], "model.fusions=[]"]  # whatever fusions the base config sets
     names = FUSIONS if not run.smoke else ("pad_vocab", "bias_gelu")
     cases = [(f"unpadded_{prec}", base, prec)]
     cases += [(f"unpadded_{prec}_fused_{n}", [*base, f"model.fusions={_toml_list([n])}"], prec)
