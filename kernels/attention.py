@@ -196,7 +196,8 @@ def _flash_takes(dtype: torch.dtype, head_dim: int) -> bool:
     return dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256
 
 
-def cuda_varlen_kernel(dtype: torch.dtype, head_dim: int, min_len: int) -> str:
+def cuda_varlen_kernel(dtype: torch.dtype, head_dim: int, min_len: int,
+                       compiling: bool = False) -> str:
     """The kernel ``cuda_varlen`` runs for CUDA tokens of ``dtype`` in heads of ``head_dim``
     over a layout whose shortest sequence has ``min_len`` tokens - host values only, so the
     choice never reads the device:
@@ -209,10 +210,13 @@ def cuda_varlen_kernel(dtype: torch.dtype, head_dim: int, min_len: int) -> str:
       with a host read each - a stall per segment, and no CUDA-graph capture ("operation not
       permitted when stream is capturing"); repad's shapes are the layout's (segments x
       width), read from no device value;
-    * ``jagged`` otherwise (fp32 dynamic batches: SDPA's memory-efficient kernel)."""
+    * ``jagged`` otherwise (fp32 dynamic batches: SDPA's memory-efficient kernel) - except
+      inside a compiled layer (``compiling``: model.compile = 'layers'), where ``repad``
+      runs: Dynamo cannot trace nested tensors into SDPA (on CPU: "unsupported operator
+      aten._nested_tensor_from_tensor_list"), and padding only attention costs little there."""
     if _flash_takes(dtype, head_dim):
         return "flash_varlen"
-    return "repad" if min_len == 0 else "jagged"
+    return "repad" if compiling or min_len == 0 else "jagged"
 
 
 def cuda_varlen(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
@@ -227,7 +231,8 @@ def cuda_varlen(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor
 def cuda_dispatch(q, k, v, varlen: Varlen, dropout_p: float = 0.0) -> torch.Tensor:
     """``cuda_varlen`` without its device check: the CPU tests run the CUDA rule's choice on
     the simulated device (runtime.observe.hostsync) through it."""
-    kernel = cuda_varlen_kernel(q.dtype, q.shape[-1], varlen.min_len)
+    kernel = cuda_varlen_kernel(q.dtype, q.shape[-1], varlen.min_len,
+                                torch.compiler.is_compiling())
     return _BY_NAME[kernel](q, k, v, varlen, dropout_p)
 
 

@@ -10,11 +10,21 @@ Owns:
     ``dropout_add_norm``; ``pad_vocab`` is the model's: the MLM decoder on a vocabulary
     padded to a multiple of 64).
 The fast versions are the references compiled by torch.compile (Inductor: Triton on CUDA,
-C++/OpenMP on CPU) with dynamic shapes - one compile per dtype and training flag, none per
-batch (tests/integration/test_fused.py counts them over an epoch of real batches) - the route
-of NVIDIA's MLPerf BERT (nvFuser-scripted bias-GELU and dropout-add, apex's LayerNorm) and
-MosaicBERT (fused LayerNorm, GELU, dropout-add), without CUDA code of our own. Where compiling
-fails the reference runs, after one warning (the numbers are the same).
+C++/OpenMP on CPU) with only the token dimension dynamic: every tensor of a token's width is
+seen as [tokens, width] and its token dimension marked dynamic (``torch._dynamo.mark_dynamic``)
+under ``dynamic=False``, so the hidden and intermediate widths are constants in the generated
+kernels - LayerNorm's row reduction can be a persistent one, and nothing is recompiled per
+batch (tests/integration/test_fused.py counts compiles over an epoch of real batches and reads
+the widths in the generated code). Compiling with every dimension symbolic
+(``dynamic=True``, before) made the widths symbolic too - looped LayerNorm reductions: the
+likely cause of the fusions' 8.5 % loss on an H200 (docs/benchmarks/gpu.md). Inductor tunes
+its kernels (block sizes, reduction splits) for the token count of the first call: compile
+at a representative batch (a run's batches are alike; bench.gpu re-compiles at the batch it
+measures). The route of NVIDIA's MLPerf BERT (nvFuser-scripted bias-GELU and dropout-add,
+apex's LayerNorm) and MosaicBERT (fused LayerNorm, GELU, dropout-add), without CUDA code of our
+own. Where compiling fails the reference runs, after one warning (the numbers are the same);
+inside another compiled region (model.compile = 'layers' on a model built with the fusions)
+the reference is traced into that region's graph.
 
 Never: owns parameters or decides which fusion a model uses (runtime.model.bert does, from the
 config). Dropout masks of the compiled version come from Inductor's RNG, not eager torch's:
@@ -45,27 +55,42 @@ def bias_dropout_add_layer_norm_reference(y: torch.Tensor, bias: torch.Tensor,
     return F.layer_norm(x, (x.shape[-1],), weight, ln_bias, eps)
 
 
+def _as_token_rows(t):
+    """A tensor of a token's width as [tokens, width], its token dimension marked dynamic;
+    1-D tensors (biases, LayerNorm weights) and non-tensors as they are."""
+    if not isinstance(t, torch.Tensor) or t.dim() < 2:
+        return t
+    rows = t.reshape(-1, t.shape[-1])  # a view: GEMM outputs and the residual are contiguous
+    if rows.shape[0] > 1:  # (torch specialises sizes 0 and 1: such a batch gets its own graph)
+        torch._dynamo.mark_dynamic(rows, 0)
+    return rows
+
+
 class _Compiled:
-    """``fn`` compiled on its first call (dynamic shapes); the reference after a failure."""
+    """``fn`` compiled on its first call, only the token dimension dynamic (see the module
+    docstring); the reference after a failure, and inside another compiled region."""
 
     def __init__(self, fn: Callable):
         self.fn = fn
         self.compiled: Callable | None = None
         self.failed = False
 
-    def __call__(self, *args):
+    def __call__(self, y: torch.Tensor, *args):
+        if torch.compiler.is_compiling():  # traced into a compiled layer: its graph fuses it
+            return self.fn(y, *args)
         if not self.failed:
             if self.compiled is None:
-                self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+                self.compiled = torch.compile(self.fn, dynamic=False, fullgraph=True)
             try:
-                return self.compiled(*args)
+                out = self.compiled(_as_token_rows(y), *map(_as_token_rows, args))
+                return out.view(*y.shape[:-1], out.shape[-1])
             except Exception as e:  # noqa: BLE001 - compile errors come before any output
                 self.failed = True
                 first = (str(e).strip().splitlines() or [""])[0][:300]
                 warnings.warn(f"fused {self.fn.__name__}: torch.compile failed "
                               f"({type(e).__name__}: {first}); running the reference instead "
                               "(same numbers, more kernels)", RuntimeWarning, stacklevel=2)
-        return self.fn(*args)
+        return self.fn(y, *args)
 
 
 bias_gelu = _Compiled(bias_gelu_reference)

@@ -2,7 +2,8 @@
 config checks them without importing torch; the kernels are kernels.fused's, the padded
 vocabulary and the one QKV projection runtime.model.bert's.
 
-Owns: ``FUSIONS``, ``check_fusions``. Never: imports torch or implements a kernel.
+Owns: ``FUSIONS``, ``COMPILED`` (the ones kernels.fused compiles), ``check_fusions``.
+Never: imports torch or implements a kernel.
 """
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ FUSIONS = ("bias_gelu", "dropout_add_norm", "pad_vocab", "qkv")
 LayerNorm(dropout(y + bias) + residual) after the attention-output and output GEMMs, one
 pass; pad_vocab: the tied embedding and the MLM decoder GEMM on a vocabulary padded to a
 multiple of 64; qkv: each layer's Q, K and V projections as one [3H, H] GEMM with one bias."""
+
+COMPILED = ("bias_gelu", "dropout_add_norm")
+"""The fusions that are compiled functions of their own (kernels.fused); what a compiled whole
+layer (model.compile = 'layers') already does, so the config refuses them together."""
 
 
 def check_fusions(names) -> None:

@@ -5,7 +5,8 @@ Owns: the Literal types the config (runtime.config) gives its keys - it checks a
 them and names the key in the error - and that each consumer imports to dispatch on
 (``get_args``); the rows of the choices that have rules of their own, one row per name, read
 by the engine, the config's checks and help text and the tuner: what each CUDA-graph mode is
-(``GRAPH_MODES``), each shard scope (``SHARD_SCOPES``), each clip mode (``CLIP_SPECS``); the
+(``GRAPH_MODES``), each shard scope (``SHARD_SCOPES``), each clip mode (``CLIP_SPECS``), each
+``model.compile`` value (``COMPILE_MODES``); the
 optimizer hyperparameter ranges (``HPARAM_RULES``), checked by the config for ``optim.*`` and
 by ``runtime.optim.build_optimizer`` for direct callers, with one message; the shape of a
 config key's field (``key_field``: docstring and resume rule, ``MATCH`` / ``RECORD``).
@@ -70,6 +71,8 @@ CacheClear = Literal["auto", "required", "off"]
 SrunMpi = Literal["pmi2", "pmix", "none"]
 Division = Literal["open", "closed"]
 CudaGraphs = Literal["none", "encoder", "full"]
+ModelCompile = Literal["none", "layers"]
+"""model.compile: what of the model torch.compile compiles (its rows: ``COMPILE_MODES``)."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,41 @@ PRECISIONS: dict[str, PrecisionMode] = {m.name: m for m in (
 def precision_help() -> str:
     """``train.precision``'s help text, from the rows."""
     return "; ".join(f"'{m.name}': {m.help}" for m in PRECISIONS.values())
+
+
+@dataclass(frozen=True)
+class CompileMode:
+    """What a ``model.compile`` value is, for everything that must know (the builder, the
+    config's check and help text, bench.gpu's cases): one row per ``ModelCompile``. How a
+    layer is compiled - which dimensions are dynamic under which data.shapes - is
+    runtime/model/compile.py's."""
+
+    name: str
+    help: str
+    layers: bool = False
+    """each encoder layer's forward and backward compiled: the fusions that are compiled
+    functions of their own (kernels.fusions.COMPILED) are refused beside it - the layer's
+    graph fuses the same operations, with the bias left in the GEMM"""
+
+
+COMPILE_MODES: dict[str, CompileMode] = {m.name: m for m in (
+    CompileMode("none", "every layer eager"),
+    CompileMode("layers", "each encoder layer's forward and backward compiled with Inductor "
+                "(torch.compile, one graph a layer, the same graph for every layer): static "
+                "shapes under data.shapes='static', the batch's dimensions dynamic otherwise, "
+                "the widths constant; compiled in the first step (a minute on 2 CPU cores, "
+                "more on a GPU) and once more for the first evaluation; composes with "
+                "train.cuda_graphs (compiled in the eager warm-up, then captured)",
+                layers=True),
+)}
+
+
+def compile_help() -> str:
+    """``model.compile``'s help text, from the rows."""
+    return ("what of the model torch.compile compiles (runtime/model/compile.py, docs/GPU.md): "
+            + " | ".join(f"'{m.name}' ({m.help})" for m in COMPILE_MODES.values())
+            + ". 'layers' subsumes model.fusions bias_gelu and dropout_add_norm and is refused "
+            "beside them")
 
 
 ShardGroup = Literal["rank", "node", "world"]

@@ -196,14 +196,18 @@ def fit_largest(measure: Callable[[int], dict], start: int, step: int, total_byt
 
 
 def largest_that_runs(measure: Callable[..., dict], start: int, step: int, total_bytes: int,
-                      smoke: bool, steps: int, warmup: int,
-                      tries: int = 4) -> tuple[int, dict, list[dict]]:
+                      smoke: bool, steps: int, warmup: int, tries: int = 4,
+                      known: Optional[int] = None) -> tuple[int, dict, list[dict]]:
     """(batch, its measurement, the probes): the largest batch that fits (fit_largest),
     measured over ``steps`` after ``warmup``; an out-of-memory steps the batch down by ``step``
     (the cache freed between tries), at most ``tries`` times and never below ``step``. Any
     other error, and the last try's out-of-memory, is raised: the stage records it as this
-    case's error."""
-    batch, probes = fit_largest(measure, start, step, total_bytes, smoke)
+    case's error. ``known``: a batch that fit a sibling case (the same model unfused),
+    measured without probes - a compiled case then compiles at the batch it is measured at
+    (Inductor tunes its kernels for the token count of the first call; a probe's small batch
+    would set them)."""
+    batch, probes = (known, []) if known else fit_largest(measure, start, step, total_bytes,
+                                                          smoke)
     for attempt in range(1, tries + 1):
         try:
             return batch, measure(batch, steps=steps, warmup=warmup), probes

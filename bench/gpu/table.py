@@ -15,7 +15,9 @@ short_runs 76-82 at 300 steps; 2026-11-27 on an H200: cuda_tests 92 s with the g
 graphs past 120 s after 2 of its 6 eager paths (the dynamic padded step takes 1 s),
 throughput 62 s for the unfused case alone at batch 904 - its memory fits a larger batch -,
 optimizer past 25 s with a cold compile cache, env past 10 s installing the bundle) and the
-new cases' estimated share; each plan's budgets sum to at most 1/1.2 of its deadline
+new cases' estimated share (fusions and graphs_compiled, not yet run: five cases at one
+batch without probes, about 30 s each on an H200 by the throughput record, and about 2
+minutes more for each compile of a BERT-large layer); each plan's budgets sum to at most 1/1.2 of its deadline
 (``SLACK``), and ``verdicts`` - what the open goals need - fits in 9 minutes: a lent GPU machine (15 minutes, 10 a call) runs it first,
 then ``rest`` if time is left. The CUDA tests, all passing on their first GPU run
 (2026-11-27), lead ``rest``. The records say how good the estimates were (docs/GPU.md).
@@ -106,6 +108,13 @@ STAGES = (
     Stage("short_runs", short_runs.stage_short_runs, 35, ("cpu128",),
           "the CPU benchmark config on the device in fp32 / bf16 / fp16: losses, fp16 skips, "
           "the MLPerf log through the compliance checker", (short_runs.LOSS_WITHIN,)),
+    Stage("fusions", throughput.stage_fusions, 270, ("seq512",),
+          "BERT-large at sequence 512, unpadded bf16, at the unfused model's largest local "
+          "batch: each fusion of model.fusions alone and whole layers compiled "
+          "(model.compile='layers') beside unfused, each with its 30 longest kernels"),
+    Stage("graphs_compiled", graphs.stage_graphs_compiled, 150, ("seq512",),
+          "graphs' 2-row case with whole layers compiled (model.compile='layers') in the "
+          "three modes: compiled in the eager warm-up, then captured", captures=True),
 )
 
 VERDICTS = ("env", "data", "graphs", "throughput", "optimizer")
@@ -117,6 +126,9 @@ PLANS = (
     Plan("rest", REST, 490, "everything else (the CUDA tests first), in a second call"),
     Plan("all", VERDICTS + REST[2:], 960,
          "both in one call, on a machine that allows 16 minutes"),
+    Plan("fusions", ("env", "data", "fusions", "graphs_compiled"), 560,
+         "each fusion alone and compiled layers at the largest batch and captured at 2 rows "
+         "(their first GPU figures), in a call of its own"),
 )
 
 

@@ -22,12 +22,13 @@ from typing import Any, ClassVar, get_args
 from loaders.balance import BalanceMode, BalanceSpec
 from loaders.shapes import STATIC_SEQS_PER_ROW, ShapeMode
 from runtime.choices import (AFTER_MODES, MATCH, RECORD, AttentionMode, CacheClear, ClipMode,
-                             ConfigError, CudaGraphs, DeviceKind, Division, GradSyncKind,
-                             Launcher, LoaderKind, LrScaling, OptimBackend, OptimizerName,
-                             OptimShard, PRECISIONS, Precision, ReduceDtype, ScheduleName,
-                             SrunMpi, TiedEmbeddingSync, clip_help, clip_spec, graph_modes_help,
-                             hparam_error, is_number, key_field, shard_help)
-from kernels.fusions import check_fusions
+                             COMPILE_MODES, ConfigError, CudaGraphs, DeviceKind, Division,
+                             GradSyncKind, Launcher, LoaderKind, LrScaling, ModelCompile,
+                             OptimBackend, OptimizerName, OptimShard, PRECISIONS, Precision,
+                             ReduceDtype, ScheduleName, SrunMpi, TiedEmbeddingSync, clip_help,
+                             clip_spec, compile_help, graph_modes_help, hparam_error,
+                             is_number, key_field, shard_help)
+from kernels.fusions import COMPILED, check_fusions
 from runtime.model.config import SHAPE, BertConfig
 
 
@@ -96,6 +97,8 @@ class ModelConfig(BertConfig):
         "(docs/GPU.md: what each buys)", default_factory=list,
         resume=MATCH, why="the tied embedding's rows (pad_vocab) and the attention's "
                           "parameters (qkv: one [3H, H] tensor or three) in the optimizer state")
+    compile: ModelCompile = _doc(compile_help(), "none", resume=RECORD,
+                                 why="how each layer is computed, not what")
 
     def validate(self, prefix: str = "model.") -> None:
         try:
@@ -110,6 +113,13 @@ class ModelConfig(BertConfig):
                 f"{self.hidden_size}: the optimizer's flat buffers take Q's, K's and V's "
                 f"norms over whole rows of 1024 elements (H x H of them each); drop 'qkv' or "
                 f"change the size")
+        both = [f for f in self.fusions if f in COMPILED]
+        if COMPILE_MODES[self.compile].layers and both:
+            raise ConfigError(
+                f"{prefix}compile='{self.compile}' with {prefix}fusions "
+                f"{', '.join(map(repr, both))}: a compiled layer already fuses what these "
+                f"do; remove them from {prefix}fusions (pad_vocab may stay), or set "
+                f"{prefix}compile='none'")
 
     def bert_config(self) -> BertConfig:
         """The model's own fields (what runtime.model.BertForPreTraining is built from)."""

@@ -27,12 +27,13 @@ from loaders import length_cost, model_shape
 from loaders.balance import PACKED_MODES
 from loaders.dataset import TrainLoader, load_eval_batches
 from loaders.shards import Limits
-from runtime.choices import PRECISIONS
+from runtime.choices import COMPILE_MODES, PRECISIONS
 from runtime.config import Config
 from runtime.grad_sync import GradSync, build_grad_sync
 from runtime.launch.dist import DistContext
 from runtime.model.arithmetic import attention_layout
 from runtime.model.bert import BertForPreTraining
+from runtime.model.compile import compile_layers
 from runtime.model.hf import load_error_reason, load_hf_state_dict, minilm_path, read_state_dict
 from runtime.model.precision import to_params_dtype
 from runtime.observe.timeline import StepTimeline
@@ -121,7 +122,8 @@ def build_parts(cfg: Config, dist: DistContext, *, bucket_plan: Optional[Path] =
 
 def build_model(cfg: Config) -> BertForPreTraining:
     """The model ``cfg.model`` describes (a ``BertConfig`` with the run's choices), with its
-    initial weights (``model.init``)."""
+    initial weights (``model.init``), its layers compiled when ``model.compile`` says so
+    (runtime.model.compile: static shapes under data.shapes = 'static')."""
     m = cfg.model
     model = BertForPreTraining(m.bert_config(), attention=m.attention,
                                packed=cfg.data.balance in PACKED_MODES,
@@ -148,6 +150,8 @@ def build_model(cfg: Config) -> BertForPreTraining:
         except (ValueError, KeyError, RuntimeError) as e:
             raise InitCheckpointError(f"{where}: does not fit this model ({e}) - set the "
                                       f"[model] keys to the checkpoint's shape") from None
+    if COMPILE_MODES[m.compile].layers:
+        compile_layers(model, static_shapes=cfg.data.shapes == "static")
     return model
 
 

@@ -40,7 +40,10 @@ captured by every rank). Autocast runs with ``cache_enabled=False`` under graphs
 weight-cast cache would be captured once and never refreshed). The whole run uses one
 non-default stream (set by the trainer before the parts are built), so autograd's
 AccumulateGrad nodes, the eager warm-up, the capture and every replay share it (PyTorch warns
-that a mismatch breaks capture).
+that a mismatch breaks capture). Compiled layers (model.compile = 'layers',
+runtime.model.compile) are compiled in the eager warm-up with static shapes - the config
+requires data.shapes='static' here - and their generated kernels captured like any other;
+Inductor's own CUDA graphs stay off (one capture: this one).
 """
 from __future__ import annotations
 
@@ -57,8 +60,8 @@ from runtime.model.bert import run_batch
 
 WARMUP_STEPS = 3
 """Eager steps on the static buffers before the capture: the bucket engine's first-step
-re-cut, torch.compile of the fused optimizer and cuDNN/cuBLAS plans happen in them (PyTorch's
-whole-network example warms up 3 iterations)."""
+re-cut, torch.compile of the fused optimizer and of compiled layers, and cuDNN/cuBLAS plans
+happen in them (PyTorch's whole-network example warms up 3 iterations)."""
 
 
 # ------------------------------------------------------------------------------ static inputs

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config import load_config
+from runtime.config import ConfigError, load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "submission" / "configs").glob("*.toml"))
 NAME = re.compile(r"^config_(?P<system>[A-Za-z0-9-]+)_(?P<n>\d+)x(?P<g>\d+)x(?P<b>\d+)x(?P<a>\d+)\.toml$")
@@ -74,6 +74,32 @@ def test_every_clip_mode_has_one_spec_row():
     assert clip_spec("global_after").after_allreduce and clip_spec("local_before").holds_launches
     with pytest.raises(ValueError, match="clip_mode must be one of global_after"):
         clip_spec("layer_before")
+
+
+def test_model_compile_has_one_row_per_choice_and_refuses_the_compiled_fusions_beside_it():
+    """model.compile: one CompileMode row per name, its help text made from them; 'layers'
+    with a fusion that is a compiled function of its own (kernels.fusions.COMPILED) is
+    refused naming both keys - the layer's graph already fuses it -, pad_vocab (the decoder's
+    width, no compiled kernel) composes."""
+    from dataclasses import fields
+    from typing import get_args
+    from kernels.fusions import COMPILED, FUSIONS
+    from runtime.choices import COMPILE_MODES, ModelCompile
+    from runtime.config import ModelConfig
+    assert tuple(COMPILE_MODES) == get_args(ModelCompile)
+    assert [n for n, m in COMPILE_MODES.items() if m.layers] == ["layers"]
+    doc = next(f for f in fields(ModelConfig) if f.name == "compile").metadata["doc"]
+    assert all(f"'{m.name}' ({m.help})" in doc for m in COMPILE_MODES.values())
+    assert set(COMPILED) < set(FUSIONS) and "pad_vocab" not in COMPILED
+    for name in COMPILED:
+        with pytest.raises(ConfigError) as e:
+            load_config(None, ['model.compile="layers"', f'model.fusions=["{name}"]'])
+        assert "model.compile='layers'" in str(e.value) and "model.fusions" in str(e.value) \
+            and repr(name) in str(e.value)
+    ok = load_config(None, ['model.compile="layers"', 'model.fusions=["pad_vocab"]'])
+    assert ok.model.compile == "layers" and ok.model.fusions == ["pad_vocab"]
+    assert load_config(None, [f'model.fusions={list(COMPILED)}'.replace("'", '"')]).model.compile \
+        == "none"
 
 
 def test_every_shard_scope_has_one_row_that_its_readers_share():

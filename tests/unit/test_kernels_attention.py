@@ -254,6 +254,9 @@ def test_the_cuda_rule_never_sends_zero_length_slots_to_jagged():
     for half in (torch.bfloat16, torch.float16):
         assert rule(half, 64, min_len=0) == rule(half, 64, min_len=3) == "flash_varlen"
     assert rule(torch.bfloat16, 60, min_len=0) == "repad"  # flash takes no odd head size
+    # inside a compiled layer (model.compile='layers') nested tensors cannot be traced
+    assert rule(torch.float32, 64, min_len=3, compiling=True) == "repad"
+    assert rule(torch.bfloat16, 64, min_len=3, compiling=True) == "flash_varlen"
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])

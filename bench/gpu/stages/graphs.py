@@ -25,6 +25,9 @@ case keeps the stage in its budget. Each case is written as it finishes. On CPU
 (``--smoke``) the tiny model runs the eager modes only (no capture without CUDA) and the
 profiler counts CPU ops: the harness is what is tested.
 
+``graphs_compiled`` runs the 2-row case with whole layers compiled (model.compile = 'layers'),
+in a call of its own (the ``fusions`` plan) until it has GPU figures.
+
 Owns: the cases and modes measured, the replay-versus-eager kernel comparison, the stage's
 goals (the thresholds its figures are held to).
 Never: captures a graph itself (runtime/train/graphs.py does, as training would).
@@ -262,6 +265,26 @@ def stage_graphs(run: Run) -> dict:
         out["eager_b4"] = dict(eager)
         out["goals"] = _goals(out, partial=len(eager) < len(paths))
         free_cuda()
+    return dict(out)
+
+
+def stage_graphs_compiled(run: Run) -> dict:
+    """The 2-row case of ``graphs`` with whole layers compiled (model.compile='layers',
+    static shapes: runtime/model/compile.py) in the three modes: compiled in the eager
+    warm-up, then captured with the step. Its figures beside ``graphs``' rows2 (the same
+    batch rule): what the compiled layers save at the local batch where records are set.
+    --smoke: skipped (a compile on 2 CPU cores takes minutes; the CPU tests hold the
+    compiled layers to the eager ones)."""
+    seq = seq_length(run)
+    out = run.result({"seq": seq, "model": "tiny" if run.smoke else "bert-large",
+                      "precision": "bf16" if run.cuda else "fp32"})
+    if run.smoke:
+        out["rows2_compiled"] = {"skipped": "smoke: no compile on the CPU"}
+        return dict(out)
+    b2 = _rows2_batch(run, seq, _per_row(run, seq))
+    out["rows2_local_batch"] = b2
+    _graph_cases(run, out, {"rows2_compiled": (b2, ["data.static_rows=2",
+                                                    "model.compile=layers"])})
     return dict(out)
 
 

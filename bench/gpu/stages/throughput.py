@@ -1,9 +1,16 @@
-"""The ``throughput`` and ``throughput_paths`` stages: Presto's step on BERT-large at sequence
-512, each path and precision at its largest local batch, the fused model beside it:
-sequences/s, real tokens/s, TFLOP/s, MFU, busy time and peak memory. ``throughput`` (the
-verdicts) is unpadded bf16, fused and not; ``throughput_paths`` the padded and packed paths
-and fp16. Time is the device's: steps enqueued back to back between two synchronisations, so
-TFLOP/s and MFU are what the device did (``time_source`` in the record).
+"""The ``throughput``, ``throughput_paths`` and ``fusions`` stages: Presto's step on BERT-large at
+sequence 512, each path and precision at its largest local batch, the fused and compiled
+models beside it: sequences/s, real tokens/s, TFLOP/s, MFU, busy time and peak memory.
+``throughput`` (the verdicts) is unpadded bf16, unfused and with every fusion;
+``throughput_paths`` the padded and packed paths and fp16; ``fusions`` unpadded bf16 with each
+fusion alone (``unpadded_bf16_fused_<name>``) and with whole layers compiled
+(``unpadded_bf16_compiled``, model.compile = 'layers'), beside unfused. Time is the device's:
+steps enqueued back to back between two synchronisations, so TFLOP/s and MFU are what the
+device did (``time_source`` in the record).
+
+A fused or compiled case runs at the batch its unfused sibling found (no probes of its own):
+Inductor tunes its kernels for the token count of the first call, which a probe's small batch
+would otherwise set (the fusions' 8.5 % loss of 2026-11-28 was compiled at the batch-8 probe).
 
 Owns: the cases measured, the GEMM peak they are compared with, the record of each case
 (written as it finishes), the goals on them (against the plain recipe's figures too).
@@ -18,10 +25,19 @@ from bench.gpu.harness import (CPU_CONFIG, DGX_CONFIG, LARGE_SHAPE, PATHS, TINY,
                                Run, free_cuda, largest_that_runs, max_predictions,
                                profile_kernels, seq_length, stage_config, synchronize, timed,
                                world_of_one)
+from kernels.fusions import FUSIONS
+
+TOP_KERNELS = 30
+"""Kernels of a case's profiled step kept in the record, longest first: what a fused or
+compiled case changed, kernel by kernel (the 2026-11-28 record kept only totals)."""
 
 
-FUSED = '["bias_gelu","dropout_add_norm","pad_vocab","qkv"]'
-"""model.fusions of the fused runs (kernels/fused.py, runtime/model/bert.py)."""
+def _toml_list(names) -> str:
+    return "[" + ",".join(f'"{n}"' for n in names) + "]"
+
+
+FUSED = _toml_list(FUSIONS)
+"""model.fusions of the all-fusions cases (kernels/fused.py, runtime/model/bert.py)."""
 PLAIN = "model.fusions=[]"
 """The runs beside them: no fusion, whatever the base config sets (the DGX configs: qkv)."""
 
@@ -46,17 +62,21 @@ def _gemm_peak(run: Run) -> Optional[float]:
 
 
 def _busy(run: Run, trainer, cfg, spec, batch: int) -> dict:
-    """The device's busy time and kernel count of one step at ``batch`` (the profiler)."""
+    """The device's busy time, kernel count and longest kernels of one step at ``batch``
+    (the profiler)."""
     from loaders.dataset import TrainLoader
     loader = TrainLoader(cfg.data.data_dir, 0, 1, batch, 7, verify=False, balance=spec)
     it = iter(loader)
     try:
         trainer.train_step(it)
-        busy, kernels, _ = profile_kernels(run, lambda: trainer.train_step(it), 1)
+        busy, kernels, names = profile_kernels(run, lambda: trainer.train_step(it), 1)
     finally:
         loader.close()
         trainer.step_log.flush()
-    return {"busy_s": busy, "kernels": kernels}
+    top = sorted(names.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
+    return {"busy_s": busy, "kernels": kernels,
+            "top_kernels": [{"name": k, "calls": c, "us": round(us, 1)}
+                            for k, (c, us) in top]}
 
 
 def stage_throughput(run: Run) -> dict:
@@ -71,6 +91,21 @@ def stage_throughput(run: Run) -> dict:
     return _throughput(run, cases)
 
 
+def stage_fusions(run: Run) -> dict:
+    """Unpadded bf16 (fp32 in --smoke) at the unfused model's largest local batch with each
+    fusion alone and with whole layers compiled: which fusion gains or loses, and what a
+    compiled layer does instead (--smoke: the harness, with one compiled fusion)."""
+    prec = run.precisions()[0]
+    base = [*PATHS["unpadded"], "model.fusions=[]"]  # whatever fusions the base config sets
+    names = FUSIONS if not run.smoke else ("pad_vocab", "bias_gelu")
+    cases = [(f"unpadded_{prec}", base, prec)]
+    cases += [(f"unpadded_{prec}_fused_{n}", [*base, f"model.fusions={_toml_list([n])}"], prec)
+              for n in names]
+    if not run.smoke:
+        cases.append((f"unpadded_{prec}_compiled", [*base, "model.compile=layers"], prec))
+    return _throughput(run, cases)
+
+
 def stage_throughput_paths(run: Run) -> dict:
     """The other paths and precisions at their largest batch: padded and packed in each
     precision, unpadded in the second, and padded and packed fused in the first."""
@@ -82,12 +117,18 @@ def stage_throughput_paths(run: Run) -> dict:
     return _throughput(run, cases)
 
 
+def _sibling(key: str) -> str:
+    """The unfused case a fused or compiled case is measured beside (its batch)."""
+    return key.split("_fused")[0].split("_compiled")[0]
+
+
 def _throughput(run: Run, cases: list) -> dict:
     """Presto's step (Trainer.train_step: the bucket engine, the fused optimizer, loss
     scaling) on BERT-large at sequence 512 for each (key, overrides, precision) case at its
-    largest local batch: sequences/s and real tokens/s after warm-up, achieved TFLOP/s and
-    MFU (runtime.observe.mfu) over the device-synchronised time, the busy time and kernels of
-    a step, peak memory; each case written as it finishes."""
+    largest local batch - a fused or compiled case at its unfused sibling's, when that ran
+    (the module docstring) -: sequences/s and real tokens/s after warm-up, achieved TFLOP/s
+    and MFU (runtime.observe.mfu) over the device-synchronised time, the busy time and
+    kernels of a step, peak memory; each case written as it finishes."""
     import torch
     from loaders.dataset import TrainLoader
     from runtime.train.trainer import Trainer
@@ -131,9 +172,11 @@ def _throughput(run: Run, cases: list) -> dict:
                 r["batch"] = batch
                 return r
 
-            batch, r, probes = largest_that_runs(measure, 8, 8, total, run.smoke,
-                                                 steps=10 if not run.smoke else 3,
-                                                 warmup=3 if not run.smoke else 1)
+            sibling = out.get(_sibling(key)) if _sibling(key) != key else None
+            batch, r, probes = largest_that_runs(
+                measure, 8, 8, total, run.smoke, steps=10 if not run.smoke else 3,
+                warmup=3 if not run.smoke else 1,
+                known=sibling.get("local_batch") if isinstance(sibling, dict) else None)
             peak = peak_of(device_name, prec, trainer.cfg.system.peak_tflops)
             tflops = r["flops"] / r["seconds"] / 1e12
             busy = _busy(run, trainer, cfg, spec, batch) if not run.smoke or not any(
