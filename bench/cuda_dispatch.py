@@ -241,8 +241,9 @@ def _flash_forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal,
     tokens, heads = q.shape[0], q.shape[1]
     lse = torch.zeros(heads, tokens, dtype=torch.float32, device=q.device)
     rng = torch.zeros(2, dtype=torch.uint64, device=q.device)
-    empty = torch.empty(0, dtype=q.dtype, device=q.device)
-    return v.clone(), lse, rng, torch.empty(0, device=q.device), empty
+    offset = torch.zeros((), dtype=torch.uint64, device=q.device)   # 0-dim, as flash's meta:
+    empty = torch.empty(0, dtype=q.dtype, device=q.device)          # compiled code checks it
+    return v.clone(), lse, rng, offset, empty
 
 
 def _flash_backward(grad_out, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p,

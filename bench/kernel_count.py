@@ -100,6 +100,8 @@ MODES: dict[str, tuple[str, ...]] = {
     "bf16_master": ("train.precision=bf16_master", "model.fusions=[]"),
     "bf16_master_qkv": ("train.precision=bf16_master", 'model.fusions=["qkv"]'),
     "bf16_master_fusions": ("train.precision=bf16_master", f"model.fusions={FUSED_QKV}"),
+    "bf16_master_layers": ("train.precision=bf16_master", 'model.fusions=["pad_vocab","qkv"]',
+                           "model.compile=layers"),
 }
 """One row per precision and compile mode: its config overrides (on ``BASE``; every row
 names its fusions - the DGX config's own, ``qkv``, would otherwise change a row's meaning): fp32
@@ -405,6 +407,7 @@ def count_step_kernels(*overrides: str, cuda_autocast: bool = True) -> dict:
     from bench.cuda_dispatch import as_on_cuda, attention_as_on_cuda
     from bench.gpu.harness import world_of_one
     from runtime.choices import ConfigError
+    from runtime.launch import dist
     from runtime.observe.hostsync import simulated
     from runtime.train.trainer import Trainer
 
@@ -416,14 +419,17 @@ def count_step_kernels(*overrides: str, cuda_autocast: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix="kernel_count_") as tmp:
         data = synthetic_data(Path(tmp) / "data", cfg)
         cfg = config(*overrides, f'train.output_dir="{Path(tmp) / "runs"}"', data_dir=data)
-        with as_on_cuda(autocast=cuda_autocast):
+        ours = dist.current() is None   # a world of one made here is shut down here (a
+        with as_on_cuda(autocast=cuda_autocast):   # group left behind is forked with a pool)
             trainer = Trainer(cfg, simulated(world_of_one("cpu")))
-            trainer.setup()
             try:
+                trainer.setup()
                 with attention_as_on_cuda(trainer.model):
                     records = _count_replay(trainer)
             finally:
                 trainer.close()
+                if ours:
+                    dist.shutdown()
     out = summarize(records)
     m = cfg.model
     out.update(layers=m.num_hidden_layers, hidden_size=m.hidden_size,
