@@ -4,9 +4,9 @@ largest batch that fits (stepping down on out-of-memory), the profiler's kernel 
 the Goal row, with which a stage module declares what its figures are held to.
 
 These are the stages' public toolbox (``stage_config``, ``world_of_one``, ``seq_length``,
-``max_predictions``, ``timed``, ``profile_kernels``, ``largest_that_runs``, ``fit_largest``,
-``synchronize``, ``free_cuda``, ``is_oom``): a stage imports them by these names; what is
-private to one stage stays in its own module.
+``max_predictions``, ``timed``, ``profile_kernels``, ``profile_step``, ``top_kernels``,
+``largest_that_runs``, ``fit_largest``, ``synchronize``, ``free_cuda``, ``is_oom``): a stage
+imports them by these names; what is private to one stage stays in its own module.
 
 Every stage runs on the device it finds: a CUDA GPU, or the CPU in ``--smoke`` mode (tiny
 shapes, fp32, the simulated device of runtime.observe.hostsync for the sync checks), where it
@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from loaders.model_shape import size
 
@@ -242,9 +242,19 @@ def timed(run: Run, step_fn: Callable[[], Any], warmup: int, steps: int) -> dict
             "peak_bytes": peak}
 
 
-def profile_kernels(run: Run, step, n: int) -> tuple[float, float, dict]:
-    """(busy seconds per step, kernels per step, {kernel name: [calls, µs]}) over ``n``
-    calls of ``step`` under the profiler (CPU ops' self time on CPU)."""
+class Profiled(NamedTuple):
+    """``profile_step``'s answer: per step, the busy seconds and kernels; over all the calls,
+    the kernel table and the profile itself (what else a stage reads from it)."""
+
+    busy_s: float
+    kernels: float
+    names: dict
+    prof: Any
+
+
+def profile_step(run: Run, step, n: int) -> Profiled:
+    """``n`` calls of ``step`` under torch.profiler (CUDA activity on a GPU: the kernels, and
+    the runtime calls on the host side; CPU ops' self time on CPU)."""
     from torch.profiler import ProfilerActivity, profile
     activity = ProfilerActivity.CUDA if run.cuda else ProfilerActivity.CPU
     synchronize()
@@ -256,4 +266,25 @@ def profile_kernels(run: Run, step, n: int) -> tuple[float, float, dict]:
     names = kernel_table(prof, run.cuda)
     busy = sum(t for _, t in names.values()) / n / 1e6
     kernels = sum(c for c, _ in names.values()) / n
-    return busy, kernels, names
+    return Profiled(busy, kernels, names, prof)
+
+
+def profile_kernels(run: Run, step, n: int) -> tuple[float, float, dict]:
+    """(busy seconds per step, kernels per step, {kernel name: [calls, µs]}) over ``n``
+    calls of ``step`` under the profiler (CPU ops' self time on CPU)."""
+    got = profile_step(run, step, n)
+    return got.busy_s, got.kernels, got.names
+
+
+TOP_KERNELS = 30
+"""Kernels of a case's profiled step kept in the record, longest first: what a mode, a fusion
+or a compiled layer changed, kernel by kernel (the 2026-11-28 record kept only totals)."""
+
+
+def top_kernels(names: dict, steps: int = 1, top: int = TOP_KERNELS) -> list[dict]:
+    """A case's kernel table for the record: the ``top`` kernels by total time of ``names``
+    ({name: [calls, µs]} over ``steps`` profiled steps, ``profile_step``), each with its
+    calls and total µs per step and its mean µs per call."""
+    rows = sorted(names.items(), key=lambda kv: (-kv[1][1], kv[0]))[:top]
+    return [{"name": k, "calls": round(c / steps, 2), "us": round(us / steps, 1),
+             "mean_us": round(us / c, 2) if c else None} for k, (c, us) in rows]

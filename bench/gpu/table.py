@@ -17,10 +17,17 @@ throughput 62 s for the unfused case alone at batch 904 - its memory fits a larg
 optimizer past 25 s with a cold compile cache, env past 10 s installing the bundle) and the
 new cases' estimated share (fusions and graphs_compiled, not yet run: five cases at one
 batch without probes, about 30 s each on an H200 by the throughput record, and about 2
-minutes more for each compile of a BERT-large layer); each plan's budgets sum to at most 1/1.2 of its deadline
-(``SLACK``), and ``verdicts`` - what the open goals need - fits in 9 minutes: a lent GPU machine (15 minutes, 10 a call) runs it first,
-then ``rest`` if time is left. The CUDA tests, all passing on their first GPU run
-(2026-11-27), lead ``rest``. The records say how good the estimates were (docs/GPU.md).
+minutes more for each compile of a BERT-large layer; graphs' six mode cases, estimated: about
+25 s each after the first - a trainer's build, the fused optimizer's compile from the cache,
+eager and full graph -, the first about 70 s as the 2-row case with its three modes and the
+data probes of 2026-11-28); each plan's budgets sum to at most 1/1.2 of its deadline
+(``SLACK``), and ``verdicts`` - what the open goals need: the graphed step in each precision and compile mode,
+the largest-batch throughput - fits in 9 minutes: a lent GPU machine (15 minutes, 10 a call)
+runs it first, then ``rest`` if time is left (the mode cases took the place of the eager
+paths, now in ``rest``, and of the optimizer, now in the third call ``fusions`` with the graph
+batches). The CUDA tests, all passing
+on their first GPU run (2026-11-27), lead ``rest``. The records say how good the estimates
+were (docs/GPU.md).
 
 A new stage: its function (and goals) in a module of bench/gpu/stages/, one row here, and its
 name in the plans that run it.
@@ -74,15 +81,20 @@ STAGES = (
     Stage("cuda_tests", setup.stage_cuda_tests, 100, (),
           "the suite's tests marked cuda, pass/fail each (their own data set)",
           setup.CUDA_TESTS_GOALS, captures=True),
-    Stage("graphs", graphs.stage_graphs, 180, ("seq512",),
-          "the small-batch step eager, with encoder graphs and as one whole-step CUDA graph "
-          "(2 packed rows of 512, local batch 4), each beside its busy time, host syncs per "
-          "replay; eager at local batch 4 per path and shape policy", graphs.GOALS,
+    Stage("graphs", graphs.stage_graphs, 150, ("seq512",),
+          "the small-batch step eager and as one whole-step CUDA graph (encoder graphs too in "
+          "bf16 autocast) at 2 full packed rows of 512 and at local batch 4, in each precision "
+          "mode (bf16 autocast, bf16_master, bf16_master with qkv): busy time, kernels and the "
+          "30 longest, host syncs per replay, CUDA events between replays (launch gaps) and "
+          "the host's blocking calls (host waits)", graphs.GOALS, captures=True),
+    Stage("graphs_compiled", graphs.stage_graphs_compiled, 150, ("seq512",),
+          "graphs' cases with whole layers compiled (bf16_master, qkv and pad_vocab, "
+          "model.compile='layers'): compiled in the eager warm-up, then captured",
           captures=True),
-    Stage("throughput", throughput.stage_throughput, 150, ("seq512",),
+    Stage("throughput", throughput.stage_throughput, 110, ("seq512",),
           "BERT-large at sequence 512, unpadded bf16, fused beside unfused, at the largest "
-          "local batch: tokens/s, MFU from device time, share of a measured GEMM peak",
-          throughput.GOALS),
+          "local batch: tokens/s, MFU from the wall time between device synchronisations, "
+          "share of a measured GEMM peak, the 30 longest kernels", throughput.GOALS),
     Stage("optimizer", optimizer.stage_optimizer, 60, (),
           "fused LAMB and AdamW against the device's copy bandwidth, torch's fused AdamW; the "
           "trainer's optimizer phase sharded (a group of 1) against unsharded",
@@ -91,6 +103,10 @@ STAGES = (
           "the three modes at the cluster projection's local batches (3 and 16 sequences, "
           "3 packed rows): the measured profile of runtime.calibrate.tune --simulate",
           captures=True),
+    Stage("eager_paths", graphs.stage_eager_paths, 85, ("seq512",),
+          "eager steps at local batch 4 per path and shape policy (unpadded, padded and "
+          "packed; dynamic, bucketed, static) against unpadded, the unpadded step's host work",
+          graphs.EAGER_GOALS),
     Stage("checks", checks.stage_checks, 25, ("small",),
           "host syncs per ordinary step, the attention kernel that ran, the fused optimizer "
           "compiled (no recompile after the first-step re-cut)", (checks.NO_HOST_SYNC,)),
@@ -112,23 +128,24 @@ STAGES = (
           "BERT-large at sequence 512, unpadded bf16, at the unfused model's largest local "
           "batch: each fusion of model.fusions alone and whole layers compiled "
           "(model.compile='layers') beside unfused, each with its 30 longest kernels"),
-    Stage("graphs_compiled", graphs.stage_graphs_compiled, 150, ("seq512",),
-          "graphs' 2-row case with whole layers compiled (model.compile='layers') in the "
-          "three modes: compiled in the eager warm-up, then captured", captures=True),
 )
 
-VERDICTS = ("env", "data", "graphs", "throughput", "optimizer")
-REST = ("env", "data", "cuda_tests", "graph_batches", "checks", "throughput_paths", "plain",
+VERDICTS = ("env", "data", "graphs", "graphs_compiled", "throughput")
+REST = ("env", "data", "cuda_tests", "eager_paths", "checks", "throughput_paths", "plain",
         "attention", "tune_profile", "short_runs")
+THIRD = ("env", "data", "fusions", "graph_batches", "optimizer")
 PLANS = (
-    Plan("verdicts", VERDICTS, 520,
-         "what the open GPU goals need, first on a lent machine (under 9 minutes)"),
-    Plan("rest", REST, 490, "everything else (the CUDA tests first), in a second call"),
-    Plan("all", VERDICTS + REST[2:], 960,
-         "both in one call, on a machine that allows 16 minutes"),
-    Plan("fusions", ("env", "data", "fusions", "graphs_compiled"), 560,
-         "each fusion alone and compiled layers at the largest batch and captured at 2 rows "
-         "(their first GPU figures), in a call of its own"),
+    Plan("verdicts", VERDICTS, 540,
+         "what the open GPU goals need, first on a lent machine (under 9 minutes): the graphed "
+         "step in each precision and compile mode, the largest-batch throughput"),
+    Plan("rest", REST, 540, "the CUDA tests first, then the other paths and checks, in a "
+         "second call"),
+    Plan("fusions", THIRD, 560,
+         "each fusion alone at the largest batch, the cluster projection's graph batches and "
+         "the optimizer, in a third call"),
+    Plan("all", VERDICTS + REST[2:] + ("graph_batches", "optimizer"), 1160,
+         "every stage but the fusions in one call (--smoke; a machine that allows 20 "
+         "minutes)"),
 )
 
 

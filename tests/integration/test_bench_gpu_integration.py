@@ -27,7 +27,7 @@ def test_smoke_run_records_every_stage_and_isolates_a_failure(tmp_path):
                            "--out", str(out), "--work", str(work), "--fail", "throughput"],
                           cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # a stage failed
-    assert proc.stdout.startswith("bench.gpu plan all: 13 stages, budgets 795 s of the 960 s")
+    assert proc.stdout.startswith("bench.gpu plan all: 15 stages, budgets 960 s of the 1160 s")
     assert "   1. env                 20 s" in proc.stdout  # the plan, printed first
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8 and set(files) <= {"summary.txt", "stages.log", "cuda_tests.xml",
@@ -64,9 +64,21 @@ def test_smoke_run_records_every_stage_and_isolates_a_failure(tmp_path):
     assert graphs["rows2"]["rows"] == 2 and graphs["rows2"]["eager"]["step_s"] > 0
     assert graphs["rows2"]["eager"]["kernels"] > 0 and graphs["rows2"]["eager"]["busy_s"] > 0
     assert "skipped" in graphs["rows2"]["full"] and "skipped" in graphs["rows2"]["encoder"]
-    assert set(graphs["eager_b4"]) == {"unpadded_dynamic", "padded_bucketed", "packed_static"}
-    assert graphs["eager_b4"]["unpadded_dynamic"]["host_top"]  # the host's work, profiled
+    top = graphs["rows2"]["eager"]["top_kernels"]  # the kernel table: its shape, not numbers
+    assert 0 < len(top) <= 30 and set(top[0]) == {"name", "calls", "us", "mean_us"}
+    assert top == sorted(top, key=lambda k: -k["us"])
+    # no CUDA events on a CPU: the replay and host-wait fields are there, and None
+    replays = graphs["rows2"]["eager"]["replays"]
+    assert {"gap_mean_s", "gap_max_s", "launch_gap_s", "replay_s"} <= set(replays)
+    assert set(replays.values()) == {None} and graphs["rows2"]["eager"]["host_wait_s"] is None
+    for mode in ("bf16_master", "bf16_master_qkv"):  # each mode a case; compiles: not on CPU
+        assert "skipped" in graphs[f"rows2_{mode}"], graphs.keys()
+    assert "skipped" in r["graphs_compiled"]["rows2_bf16_master_layers"]
+    eager = r["eager_paths"]["eager_b4"]
+    assert set(eager) == {"unpadded_dynamic", "padded_bucketed", "packed_static"}
+    assert eager["unpadded_dynamic"]["host_top"]  # the host's work, profiled
     assert r["graph_batches"]["b3"]["eager"]["step_s"] > 0
+    assert r["throughput_paths"]["padded_fp32"]["top_kernels"][0]["mean_us"] is not None
     assert goals_of(record, "full_graph_2rows_under_25ms") is None
     assert goals_of(record, "eager_b4_within_1_2x_unpadded") in (True, False)
     att = r["attention"]  # the fastest kernel per path (math / repad on a CPU)

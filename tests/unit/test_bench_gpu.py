@@ -50,29 +50,114 @@ def test_a_stage_with_a_failed_part_is_partial():
 
 
 def test_the_graph_goals_from_the_stage_figures():
-    from bench.gpu.stages.graphs import _goals
+    from bench.gpu.stages.graphs import _eager_goals, _goals
     out = {"rows2": {"full": {"step_s": 0.020, "step_over_busy": 1.1}},
-           "eager_b4": {"unpadded_dynamic": {"step_s": 0.080},
-                        "padded_bucketed": {"step_s": 0.090},
-                        "packed_static": {"step_s": 0.200}, "packed_dynamic": {"error": "x"}}}
-    g = _goals(out)
+           "rows2_bf16_master": {"full": {"step_s": 0.001, "step_over_busy": 9.0}}}
+    g = _goals(out)  # the baseline's 2 rows, not another mode's
     assert g["full_graph_2rows_within_1_15x_busy"]["met"] is True
     assert g["full_graph_2rows_under_25ms"]["met"] is True
     assert g["busy_2rows_under_12ms"]["met"] is None  # no busy time: not measured
     out["rows2"]["full"].update(busy_s=0.0125, syncs_per_step=0.0)
     g = _goals(out)
     assert g["busy_2rows_under_12ms"]["met"] is False and g["no_host_sync_in_a_replay"]["met"]
-    assert g["eager_b4_within_1_2x_unpadded"]["met"] is False  # packed static: 2.5x
-    assert g["eager_b4_within_1_2x_unpadded"]["ratios"]["padded_bucketed"] == pytest.approx(1.125)
     out["rows2"]["full"] = {"error": "capture failed"}
     assert _goals(out)["full_graph_2rows_under_25ms"]["met"] is None  # not measured
+    eager = {"eager_b4": {"unpadded_dynamic": {"step_s": 0.080},
+                          "padded_bucketed": {"step_s": 0.090},
+                          "packed_static": {"step_s": 0.200}, "packed_dynamic": {"error": "x"}}}
+    g = _eager_goals(eager, partial=False)
+    assert g["eager_b4_within_1_2x_unpadded"]["met"] is False  # packed static: 2.5x
+    assert g["eager_b4_within_1_2x_unpadded"]["ratios"]["padded_bucketed"] == pytest.approx(1.125)
     # written after each eager path (a stage ended at its budget keeps them): paths still to
     # come can miss the eager goal, never meet it
-    del out["eager_b4"]["packed_static"]
-    assert _goals(out, partial=True)["eager_b4_within_1_2x_unpadded"]["met"] is None
-    assert _goals(out, partial=False)["eager_b4_within_1_2x_unpadded"]["met"] is True
-    out["eager_b4"]["padded_dynamic"] = {"step_s": 1.0}  # the H200's, 2026-11-28: 7.9x
-    assert _goals(out, partial=True)["eager_b4_within_1_2x_unpadded"]["met"] is False
+    del eager["eager_b4"]["packed_static"]
+    assert _eager_goals(eager, partial=True)["eager_b4_within_1_2x_unpadded"]["met"] is None
+    assert _eager_goals(eager, partial=False)["eager_b4_within_1_2x_unpadded"]["met"] is True
+    eager["eager_b4"]["padded_dynamic"] = {"step_s": 1.0}  # the H200's, 2026-11-28: 7.9x
+    assert _eager_goals(eager, partial=True)["eager_b4_within_1_2x_unpadded"]["met"] is False
+
+
+def test_the_gap_between_replays_from_event_timestamps():
+    """bench.gpu.replays.replay_gaps, the arithmetic of the events around each replay: the
+    device's gaps between replays, and the part of each before the host called the next
+    replay (the device idle while the host launched)."""
+    from bench.gpu.replays import replay_gaps
+    # device (ms after the anchor): replays of 10 ms with gaps of 1, 3 and 0 ms
+    starts, ends = [1.0, 12.0, 25.0, 35.0], [11.0, 22.0, 35.0, 45.0]
+    # host (s): the anchor at 100 s; the calls at 0.5, 10.5 (before replay 0 ended: queued
+    # ahead, no launch gap), 24.0 (2 ms after replay 1 ended, starting 1 ms later: 2 of
+    # the 3 ms gap the device waited for the launch) and 30 ms (ahead again)
+    calls = [100.0005, 100.0105, 100.024, 100.030]
+    g = replay_gaps(starts, ends, calls, 100.0)
+    assert g["replays"] == 4
+    assert g["replay_s"] == pytest.approx(0.010)
+    assert g["device_step_s"] == pytest.approx((35.0 - 1.0) / 3 / 1e3)
+    assert g["gap_mean_s"] == pytest.approx((1 + 3 + 0) / 3 / 1e3)
+    assert g["gap_max_s"] == pytest.approx(0.003)
+    assert g["launch_gap_s"] == pytest.approx((0 + 2 + 0) / 3 / 1e3)
+    assert g["host_behind"] == 1
+    # a host behind: 0.8 ms of the 1 ms gap, and a call 0.2 ms after the start it caused
+    # (the anchor's latency): at most the gap; no gap before replay 3, nothing to wait through
+    late = replay_gaps(starts, ends, [100.0005, 100.0118, 100.0252, 100.035], 100.0)
+    assert late["launch_gap_s"] == pytest.approx((0.8 + 3 + 0) / 3 / 1e3)
+    assert late["host_behind"] == 2
+    no_host = replay_gaps(starts, ends)
+    assert no_host["launch_gap_s"] is None and no_host["gap_mean_s"] == g["gap_mean_s"]
+    with pytest.raises(ValueError, match="at least 2 replays"):
+        replay_gaps([1.0], [2.0])
+    with pytest.raises(ValueError, match="in order"):
+        replay_gaps([1.0, 5.0], [6.0, 8.0])  # the second started before the first ended
+    with pytest.raises(ValueError, match="or neither"):
+        replay_gaps(starts, ends, calls)
+
+
+def test_host_waits_sum_the_blocking_runtime_calls():
+    from types import SimpleNamespace as NS
+
+    from bench.gpu.replays import host_waits
+    ev = lambda name, us: NS(name=name, cpu_time_total=us)  # noqa: E731
+    prof = NS(events=lambda: [ev("cudaStreamSynchronize", 900.0), ev("cudaLaunchKernel", 5.0),
+                              ev("cudaMemcpyAsync", 100.0), ev("cudaStreamSynchronize", 300.0),
+                              ev("aten::mm", 50.0)])
+    got = host_waits(prof, steps=2)
+    assert got["host_wait_s"] == pytest.approx(1300e-6 / 2)
+    assert got["calls"] == {"cudaStreamSynchronize": 600.0, "cudaMemcpyAsync": 50.0}
+
+
+def test_the_top_kernels_table_per_step():
+    from bench.gpu.harness import top_kernels
+    names = {"gemm": [6, 300.0], "gelu": [3, 30.0], "copy": [0, 0.0], "norm": [6, 60.0]}
+    got = top_kernels(names, steps=3, top=2)
+    assert got == [{"name": "gemm", "calls": 2.0, "us": 100.0, "mean_us": 50.0},
+                   {"name": "norm", "calls": 2.0, "us": 20.0, "mean_us": 10.0}]
+
+
+def test_each_precision_and_compile_mode_is_a_graphs_case():
+    """The graphs stages' cases: each mode (a row of bench.kernel_count.MODES) at 2 full rows
+    and at local batch 4, the baseline under the record's names; on a CPU the autocast mode
+    runs fp32."""
+    from bench.gpu.harness import Run
+    from bench.gpu.stages import graphs
+    from bench.kernel_count import MODES
+    gpu_run = Run(work=None, smoke=False)
+    gpu_run.__class__ = type("CudaRun", (Run,), {"cuda": property(lambda self: True)})
+    cases = graphs.graph_cases(gpu_run, graphs.MODES, 8)
+    assert list(cases) == ["rows2", "b4", "rows2_bf16_master", "b4_bf16_master",
+                           "rows2_bf16_master_qkv", "b4_bf16_master_qkv"]
+    assert cases["rows2"][0] == 8 and cases["b4"][0] == 4
+    assert "data.static_rows=2" in cases["rows2"][1]
+    assert f"data.max_seqs_per_row={graphs.FULL_ROW_SEQS}" in cases["rows2"][1]
+    for name, (_, over) in cases.items():
+        mode = name.split("_", 1)[1] if "_" in name else graphs.BASELINE
+        assert set(MODES[mode]) <= set(over), name
+    assert "model.fusions=[]" in cases["b4"][1]  # the baseline is not the fused-QKV model
+    assert list(graphs.graph_cases(gpu_run, graphs.COMPILED_MODES, 4)) == [
+        "rows2_bf16_master_layers"]  # 2 rows holding 4: b4 is rows2
+    assert "model.compile=layers" in graphs.mode_overrides(gpu_run, "bf16_master_layers")
+    cpu = graphs.mode_overrides(Run(work=None, smoke=True), graphs.BASELINE)
+    assert "train.precision=fp32" in cpu and "train.precision=bf16" not in cpu
+    with pytest.raises(ValueError, match="unknown mode 'fp8'"):
+        graphs.mode_overrides(gpu_run, "fp8")
 
 
 def test_the_fused_kernels_goals_read_the_throughput_figures():
@@ -104,8 +189,10 @@ def test_the_stage_list_budgets_help_and_goals_come_from_the_rows(capsys):
         for g in s.goals:
             assert f"goal {g.name}" in text, g.name
     names = [g.name for s in gpu.STAGES for g in s.goals]
-    assert list(gpu.goals({"stages": {"graphs": {"status": "ok", "result": {"goals": {
-        n: {"goal": 0, "met": True} for n in names}}}}})) == names  # every row's goal, in order
+    reported = {"status": "ok", "result": {"goals": {n: {"goal": 0, "met": True}
+                                                     for n in names}}}
+    assert list(gpu.goals({"stages": {"graphs": reported, "eager_paths": reported}})) == \
+        names  # every row's goal, in order
     row = gpu.STAGE["env"]
     with pytest.raises(ValueError, match="stage 'env' has two rows"):
         _by_name((row, row))
@@ -118,25 +205,25 @@ def test_the_stage_list_budgets_help_and_goals_come_from_the_rows(capsys):
 
 
 def test_the_plans_put_the_verdicts_first_and_fit_their_deadlines():
-    """The verdicts (the stages whose figures decide the open goals) run first, in under 6
-    minutes of deadline (a lent machine's 10-minute call holds it and the machine's start);
-    every plan's budgets leave 20 % of its deadline; each stage is in a plan, data
-    comes before every stage that reads it, and 'all' is the verdicts then the rest; the
-    first GPU figures of the fusions one by one and of compiled layers are a call of their
-    own ('fusions')."""
+    """The verdicts (the stages whose figures decide the open goals: the graphed step in each
+    precision and compile mode, the largest-batch throughput) run first, in under 9 minutes
+    of deadline (a lent machine's 10-minute call holds it and the machine's start), and so
+    does the rest; every plan's budgets leave 20 % of its deadline; each stage is in a plan,
+    data comes before every stage that reads it, and 'all' is the verdicts, the rest and the
+    third call's stages but the fusions (which compile for minutes)."""
     verdicts = gpu.PLAN["verdicts"]
-    assert verdicts.stages == ("env", "data", "graphs", "throughput",
-                               "optimizer") and verdicts.deadline_s <= 540
+    assert verdicts.stages == ("env", "data", "graphs", "graphs_compiled",
+                               "throughput") and verdicts.deadline_s <= 540
+    assert gpu.PLAN["rest"].deadline_s <= 540
     for plan in gpu.PLANS:
         total = sum(gpu.BUDGET_S[s] for s in plan.stages)
         assert total * gpu.SLACK <= plan.deadline_s, (plan.name, total, plan.deadline_s)
         assert plan.stages[:2] == ("env", "data")
         assert len(set(plan.stages)) == len(plan.stages)
-    rest = gpu.PLAN["rest"].stages
-    assert gpu.PLAN["all"].stages == verdicts.stages + rest[2:]
-    own = ("fusions", "graphs_compiled")
-    assert set(gpu.PLAN["all"].stages) | set(own) == set(gpu.STAGE_NAMES)
-    assert gpu.PLAN["fusions"].stages == ("env", "data", *own)
+    rest, third = gpu.PLAN["rest"].stages, gpu.PLAN["fusions"].stages
+    assert set(verdicts.stages) | set(rest) | set(third) == set(gpu.STAGE_NAMES)
+    assert gpu.PLAN["all"].stages == verdicts.stages + rest[2:] + tuple(
+        s for s in third[2:] if s != "fusions")
     from bench.gpu.table import data_sets
     assert data_sets(verdicts.stages) == ("seq512",)
     assert data_sets(rest) == ("small", "cpu128", "seq512")

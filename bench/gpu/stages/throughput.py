@@ -24,12 +24,8 @@ from typing import Optional
 from bench.gpu.harness import (CPU_CONFIG, DGX_CONFIG, LARGE_SHAPE, PATHS, TINY, Goal, Results,
                                Run, free_cuda, largest_that_runs, max_predictions,
                                profile_kernels, seq_length, stage_config, synchronize, timed,
-                               world_of_one)
+                               top_kernels, world_of_one)
 from kernels.fusions import FUSIONS
-
-TOP_KERNELS = 30
-"""Kernels of a case's profiled step kept in the record, longest first: what a fused or
-compiled case changed, kernel by kernel (the 2026-11-28 record kept only totals)."""
 
 
 def _toml_list(names) -> str:
@@ -73,10 +69,7 @@ def _busy(run: Run, trainer, cfg, spec, batch: int) -> dict:
     finally:
         loader.close()
         trainer.step_log.flush()
-    top = sorted(names.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
-    return {"busy_s": busy, "kernels": kernels,
-            "top_kernels": [{"name": k, "calls": c, "us": round(us, 1)}
-                            for k, (c, us) in top]}
+    return {"busy_s": busy, "kernels": kernels, "top_kernels": top_kernels(names)}
 
 
 def stage_throughput(run: Run) -> dict:
