@@ -21,13 +21,12 @@ minutes more for each compile of a BERT-large layer; graphs' six mode cases, est
 25 s each after the first - a trainer's build, the fused optimizer's compile from the cache,
 eager and full graph -, the first about 70 s as the 2-row case with its three modes and the
 data probes of 2026-11-28); each plan's budgets sum to at most 1/1.2 of its deadline
-(``SLACK``), and ``verdicts`` - what the open goals need: the graphed step in each precision and compile mode,
-the largest-batch throughput - fits in 9 minutes: a lent GPU machine (15 minutes, 10 a call)
-runs it first, then ``rest`` if time is left (the mode cases took the place of the eager
-paths, now in ``rest``, and of the optimizer, now in the third call ``fusions`` with the graph
-batches). The CUDA tests, all passing
-on their first GPU run (2026-11-27), lead ``rest``. The records say how good the estimates
-were (docs/GPU.md).
+(``SLACK``), and ``verdicts`` - what the open goals need: the graphed step in each precision
+and compile mode, the largest-batch throughput - fits in 9 minutes: a lent GPU machine (15
+minutes, 10 a call) runs it first, then ``rest`` if time is left (the mode cases took the
+place of the eager paths, now in ``rest``, and of the optimizer, now in the third call
+``fusions`` with the graph batches). The CUDA tests, all passing on their first GPU run
+(2026-11-27), lead ``rest``. The records say how good the estimates were (docs/GPU.md).
 
 A new stage: its function (and goals) in a module of bench/gpu/stages/, one row here, and its
 name in the plans that run it.
