@@ -4,7 +4,10 @@ one fails.
 
     python -m bench.gpu --out DIR                    the verdicts plan: what the open goals
                                                      need, under 9 minutes on one GPU
-    python -m bench.gpu --out DIR2 --plan rest       everything else, in a second call
+    python -m bench.gpu --out DIR2 --plan rest       the CUDA tests and the other paths, in
+                                                     a second call
+    python -m bench.gpu --out DIR3 --plan fusions    each fusion alone, the graph batches,
+                                                     the optimizer: a third call
     python -m bench.gpu --out DIR --stages checks    a subset of the plan's stages
     python -m bench.gpu --smoke --out DIR --plan all on CPU: tiny shapes, seconds per stage
                                                      (CI runs it: the harness itself is tested)
