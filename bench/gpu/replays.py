@@ -93,11 +93,17 @@ def replay_gaps(starts_ms: Sequence[float], ends_ms: Sequence[float],
 def host_waits(prof: Any, steps: int) -> dict:
     """{"host_wait_s": host seconds a step in the runtime's blocking calls, "calls": {name:
     µs a step}} of a finished torch.profiler profile over ``steps`` steps (CUDA activity:
-    the runtime's calls are its events on the CPU side)."""
+    the runtime's calls are its events on the CPU side); both None where the profile holds
+    no CUDA runtime call at all (a CPU, or a profiler that did not record them: no figure
+    rather than a wrong 0)."""
     per: dict[str, float] = {}
+    seen = False
     for ev in prof.events():
+        seen = seen or ev.name.startswith("cuda")
         if ev.name in BLOCKING:
             per[ev.name] = per.get(ev.name, 0.0) + ev.cpu_time_total
+    if not seen:
+        return {"host_wait_s": None, "calls": None}
     calls = {k: round(v / steps, 1) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}
     return {"host_wait_s": sum(per.values()) / steps / 1e6, "calls": calls}
 

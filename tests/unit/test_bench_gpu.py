@@ -122,6 +122,10 @@ def test_host_waits_sum_the_blocking_runtime_calls():
     got = host_waits(prof, steps=2)
     assert got["host_wait_s"] == pytest.approx(1300e-6 / 2)
     assert got["calls"] == {"cudaStreamSynchronize": 600.0, "cudaMemcpyAsync": 50.0}
+    launches_only = NS(events=lambda: [ev("cudaLaunchKernel", 5.0), ev("aten::mm", 50.0)])
+    assert host_waits(launches_only, steps=1) == {"host_wait_s": 0.0, "calls": {}}
+    cpu = NS(events=lambda: [ev("aten::mm", 50.0)])  # no runtime call seen: no figure
+    assert host_waits(cpu, steps=1) == {"host_wait_s": None, "calls": None}
 
 
 def test_the_top_kernels_table_per_step():
