@@ -40,7 +40,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from runtime.events import Event, RunState
 from submission.launchers import LAUNCHERS
@@ -112,16 +112,38 @@ class RankStatus:
             self.record.update(state="training", step=state.step, samples=state.samples)
             self._write()
 
-    def finish(self, exit_code: int, state: str, reason: str = "") -> None:
-        """How this rank ended: exit status, "finished" | "stopped" | "failed", and why."""
+    def finish(self, exit_code: int, state: str, reason: str = "",
+               lost: Sequence[int] = ()) -> None:
+        """How this rank ended: exit status, "finished" | "stopped" | "failed", and why;
+        ``lost``: the peers it found gone without a word when it failed (``lost_ranks``)."""
         self.record.update(exit=exit_code, state=state, reason=reason[-2000:])
+        if lost:
+            self.record["lost"] = sorted(lost)
         self._write()
 
 
-def lost_ranks(run_dir: str | Path, me: int) -> list[str]:
-    """Peers of rank ``me`` that are gone or said they stopped, one phrase each."""
+PEER_GRACE_S = 1.0
+"""How long a failing rank looks for a peer that is gone (``lost_ranks(wait_s=...)``): a
+killed peer's sockets close as it exits, a moment before /proc shows it ended, and its
+peers' collectives fail in that moment."""
+
+
+def lost_ranks(run_dir: str | Path, me: int,
+               wait_s: float = 0.0) -> tuple[list[str], list[int]]:
+    """Peers of rank ``me`` that are gone or said they stopped: (one phrase each, the ranks
+    gone without a word). With ``wait_s``, looks again until one is found or that long has
+    passed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        said, gone = _lost_now(run_dir, me)
+        if said or time.monotonic() >= deadline:
+            return said, gone
+        time.sleep(0.05)
+
+
+def _lost_now(run_dir: str | Path, me: int) -> tuple[list[str], list[int]]:
     host = socket.gethostname()
-    out = []
+    out, gone = [], []
     for rank, rec in sorted(read_all(run_dir).items()):
         if rank == me:
             continue
@@ -134,7 +156,8 @@ def lost_ranks(run_dir: str | Path, me: int) -> list[str]:
             out.append(f"rank {rank} ({where}) is gone without a word after step "
                        f"{rec.get('step')}: killed by a signal (SIGKILL, the OOM killer) or "
                        f"crashed in native code")
-    return out
+            gone.append(rank)
+    return out, gone
 
 
 # ------------------------------------------------------------------ after the launch
@@ -281,16 +304,22 @@ def _first_killed(run_dir, records: dict[int, dict], killed: list[int], since, c
 def _killed_before_failure(run_dir, records: dict[int, dict], failed: list[int],
                            unrecorded: list[int], since, culprit,
                            launcher) -> tuple[Optional[int], Optional[str]]:
-    """(the rank of ``unrecorded`` the watch saw end before the first of ``failed`` recorded
-    its failure, or None; the line that says so, else the launcher's own). A rank killed
+    """(the rank of ``unrecorded`` that ended before the first of ``failed`` recorded its
+    failure, or None; the line that says so, else the launcher's own). A rank killed
     outright breaks its peers' next collective: a peer may record that failure (gloo's
     barrier: "Ranks 3 failed to pass monitoredBarrier") before the launcher ends it, and then
-    the failure is the consequence, the killed rank the cause."""
+    the failure is the consequence, the killed rank the cause. Known from the failed ranks'
+    own records (the peers they found gone, ``lost``; several: the watch's order), else
+    from the watch (an end it saw before the first failure was recorded)."""
+    lost = sorted({r for f in failed for r in records.get(f, {}).get("lost", ())
+                   if r in unrecorded})   # found gone by a failing rank: before its failure
+    first = lost[0] if len(lost) == 1 else None
+    if len(lost) > 1:
+        first, _ = first_ended(run_dir, records, lost, since)
     times = [float(records[r]["time"]) for r in failed   # when each recorded its failure
              if "exit" in records.get(r, {}) and "time" in records[r]]
-    if not times:
-        return None, culprit
-    first, _ = first_ended(run_dir, records, unrecorded, since, before=min(times))
+    if first is None and times:
+        first, _ = first_ended(run_dir, records, unrecorded, since, before=min(times))
     if first is None:
         return None, culprit
     rec = records[first]

@@ -137,3 +137,31 @@ def test_a_failure_recorded_before_any_rank_was_killed_stays_the_cause(run_dir):
     assert lines[1].startswith("rank 0 (pid 10 on vm): exit 3, failed after step 10: "
                                "ValueError"), lines
     assert all(" stopped after rank 0 failed" in x for x in lines[2:5]), lines
+
+
+def test_a_peer_the_failing_rank_found_gone_is_named_first_without_a_watch(run_dir):
+    """The failing rank's own word: it looked for its peers (lost_ranks, up to
+    PEER_GRACE_S) before recording its failure and found rank 3 gone - no watch needed."""
+    fail(run_dir, 0, STARTED + 1.5, "RuntimeError: Connection closed by peer")
+    path = run_dir / "ranks" / "rank_00000.json"
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), lost=[3])))
+    lines = summarise(run_dir, hydra(11))
+    assert lines[0].startswith("rank 3 (pid 13 on vm) ended first, without an exit record"), \
+        lines
+    assert lines[1].startswith("rank 3 (pid 13 on vm): no exit record - ended first"), lines
+
+
+def test_lost_ranks_finds_a_peer_gone_without_a_word(run_dir):
+    """Rank 2's PID names no process here: gone (after step 10); the others are this test's
+    own PID (alive) - and the wait ends as soon as one is found."""
+    import os
+    import socket
+    for r in range(4):
+        path = run_dir / "ranks" / f"rank_{r:05d}.json"
+        rec = dict(json.loads(path.read_text()), host=socket.gethostname(),
+                   pid=os.getpid() if r != 2 else 2 ** 22 + 7)
+        path.write_text(json.dumps(rec))
+    said, gone = rank_status.lost_ranks(run_dir, 0, wait_s=30.0)
+    assert gone == [2] and len(said) == 1 and said[0].startswith("rank 2 ") and \
+        "gone without a word after step 10" in said[0], said
+    assert rank_status.lost_ranks(run_dir, 2) == ([], [])
