@@ -62,7 +62,7 @@ ROLE_MODULES: dict[str, tuple[str, ...]] = {
 }
 """Each role's Linears inside a ``BertLayer`` (runtime.model.bert), by their names there
 (tests hold the keys to runtime.choices.FP8_ROLES and every name to a module of the model)."""
-_IN_A_LAYER = re.compile(r"(?:^|\.)bert\.encoder\.layer\.\d+\.(.+)$|^encoder\.layer\.\d+\.(.+)$")
+_IN_A_LAYER = re.compile(r"^(?:(?:bert\.)?encoder\.layer\.\d+\.)?(.+)$")
 
 
 class Fp8Unavailable(ValueError):
@@ -75,12 +75,9 @@ class Fp8Unavailable(ValueError):
 
 
 def role_of(fqn: str) -> Optional[str]:
-    """The model.fp8_layers role of the module named ``fqn`` in a ``BertForPreTraining`` (or
-    its ``BertModel``), or None: not an encoder layer's Linear of any role."""
-    m = _IN_A_LAYER.search(fqn)
-    if m is None:
-        return None
-    inner = m.group(1) or m.group(2)
+    """The model.fp8_layers role of the module named ``fqn`` in a ``BertForPreTraining``, its
+    ``BertModel`` or one ``BertLayer``, or None: not an encoder layer's Linear of any role."""
+    inner = _IN_A_LAYER.match(fqn).group(1)
     return next((role for role, names in ROLE_MODULES.items() if inner in names), None)
 
 
