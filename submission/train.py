@@ -354,7 +354,9 @@ def finish(cfg, state, out: Path) -> None:
                              if k.startswith("optimizer_")},
                # achieved TFLOP/s per device and MFU over the run's steps (runtime.observe.mfu)
                "throughput": state.derived.get("throughput", {}),
-               "attention_layout": state.derived.get("attention_layout")}
+               "attention_layout": state.derived.get("attention_layout"),
+               # model.fp8 as built: recipe, emulated and why, Linears and roles
+               "fp8": state.derived.get("fp8", {"recipe": "none"})}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"mllog log:    {out / LOG_NAME}\nmetrics:      {out / METRICS_NAME}\n"
           f"plot:         {png or 'not drawn (train.plot=false)'}", flush=True)

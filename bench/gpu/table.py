@@ -17,7 +17,8 @@ throughput 62 s for the unfused case alone at batch 904 - its memory fits a larg
 optimizer past 25 s with a cold compile cache, env past 10 s installing the bundle) and the
 new cases' estimated share (fusions and graphs_compiled, not yet run: five cases at one
 batch without probes, about 30 s each on an H200 by the throughput record, and about 2
-minutes more for each compile of a BERT-large layer); each plan's budgets sum to at most 1/1.2 of its deadline
+minutes more for each compile of a BERT-large layer; throughput's three FP8 cases, not yet
+run either, 20 s: one at the largest batch after its sibling's probes, two at 2 rows); each plan's budgets sum to at most 1/1.2 of its deadline
 (``SLACK``), and ``verdicts`` - what the open goals need - fits in 9 minutes: a lent GPU machine (15 minutes, 10 a call) runs it first,
 then ``rest`` if time is left. The CUDA tests, all passing on their first GPU run
 (2026-11-27), lead ``rest``. The records say how good the estimates were (docs/GPU.md).
@@ -79,9 +80,11 @@ STAGES = (
           "(2 packed rows of 512, local batch 4), each beside its busy time, host syncs per "
           "replay; eager at local batch 4 per path and shape policy", graphs.GOALS,
           captures=True),
-    Stage("throughput", throughput.stage_throughput, 150, ("seq512",),
+    Stage("throughput", throughput.stage_throughput, 170, ("seq512",),
           "BERT-large at sequence 512, unpadded bf16, fused beside unfused, at the largest "
-          "local batch: tokens/s, MFU from device time, share of a measured GEMM peak",
+          "local batch: tokens/s, MFU from device time, share of a measured GEMM peak; FP8 "
+          "(model.fp8 = 'tensorwise') beside bf16 at that batch and at 2 rows, with the "
+          "losses of the measured steps",
           throughput.GOALS),
     Stage("optimizer", optimizer.stage_optimizer, 60, (),
           "fused LAMB and AdamW against the device's copy bandwidth, torch's fused AdamW; the "
@@ -121,11 +124,11 @@ VERDICTS = ("env", "data", "graphs", "throughput", "optimizer")
 REST = ("env", "data", "cuda_tests", "graph_batches", "checks", "throughput_paths", "plain",
         "attention", "tune_profile", "short_runs")
 PLANS = (
-    Plan("verdicts", VERDICTS, 520,
+    Plan("verdicts", VERDICTS, 540,
          "what the open GPU goals need, first on a lent machine (under 9 minutes)"),
     Plan("rest", REST, 490, "everything else (the CUDA tests first), in a second call"),
-    Plan("all", VERDICTS + REST[2:], 960,
-         "both in one call, on a machine that allows 16 minutes"),
+    Plan("all", VERDICTS + REST[2:], 980,
+         "both in one call, on a machine that allows 16 1/2 minutes"),
     Plan("fusions", ("env", "data", "fusions", "graphs_compiled"), 560,
          "each fusion alone and compiled layers at the largest batch and captured at 2 rows "
          "(their first GPU figures), in a call of its own"),

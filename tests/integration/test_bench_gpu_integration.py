@@ -27,7 +27,7 @@ def test_smoke_run_records_every_stage_and_isolates_a_failure(tmp_path):
                            "--out", str(out), "--work", str(work), "--fail", "throughput"],
                           cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # a stage failed
-    assert proc.stdout.startswith("bench.gpu plan all: 13 stages, budgets 795 s of the 960 s")
+    assert proc.stdout.startswith("bench.gpu plan all: 13 stages, budgets 815 s of the 980 s")
     assert "   1. env                 20 s" in proc.stdout  # the plan, printed first
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8 and set(files) <= {"summary.txt", "stages.log", "cuda_tests.xml",

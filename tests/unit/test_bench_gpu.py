@@ -165,3 +165,17 @@ def test_only_stages_that_capture_get_the_default_allocator():
     assert _stage_env({}, "graphs") == {} and _stage_env({}, "cuda_tests") == {}
     mine = {"PYTORCH_CUDA_ALLOC_CONF": "backend:native"}
     assert _stage_env(mine, "throughput") == mine
+
+
+def test_the_fp8_cases_sit_beside_their_bf16_siblings_with_their_losses():
+    """throughput's FP8 cases (model.fp8 = 'tensorwise'): each at its bf16 sibling's batch -
+    the largest, or 2 rows -, its measured steps' mean loss beside the sibling's."""
+    from bench.gpu.stages.throughput import _loss_beside, _sibling
+    assert _sibling("unpadded_bf16_fp8") == "unpadded_bf16"
+    assert _sibling("unpadded_bf16_fp8_rows2") == "unpadded_bf16_rows2"
+    assert _sibling("unpadded_bf16_fused_bias_gelu") == "unpadded_bf16"
+    out = {"unpadded_bf16_rows2": {"loss": 10.0}}
+    got = _loss_beside(out, "unpadded_bf16_fp8_rows2", [10.5, 10.0])
+    assert got == {"loss": 10.25, "loss_of_sibling": 10.0, "loss_minus_sibling": 0.25}
+    assert _loss_beside(out, "unpadded_bf16_rows2", [9.0]) == {"loss": 9.0}
+    assert _loss_beside({}, "unpadded_bf16_fp8", []) == {"loss": None}
