@@ -63,10 +63,12 @@ def test_one_layers_fp8_forward_and_backward_are_its_bf16_ones_within_fp8s_error
 
 
 def _tiny(data, out, *extra):
-    """The tiny model in FP8 (fp32 around it: the exact resume is a property of the FP8
-    conversion, checked where the rest of the run resumes exactly), dropout on, 6 steps."""
+    """The tiny model in FP8 around bf16 parameters with fp32 masters (the GPU configs'
+    precision; its resume is exact since the optimizer keeps the saved state's dtype),
+    dropout on, 6 steps."""
     return tiny_config(
-        data, f'train.output_dir="{out}"', "model.fp8=tensorwise", "train.precision=fp32",
+        data, f'train.output_dir="{out}"', "model.fp8=tensorwise",
+        "train.precision=bf16_master", "optim.backend=auto",
         "model.hidden_dropout_prob=0.1", "train.max_steps=6",
         "train.eval_iter_start_samples=48", "train.eval_iter_samples=48",
         "train.target_mlm_accuracy=0.99", "train.log_every_steps=2", "data.eval_batch_size=32",
@@ -113,11 +115,11 @@ def test_a_short_emulated_run_trains_and_says_so_once(uninterrupted):
     f8 = state.derived["fp8"]
     assert f8["recipe"] == "tensorwise" and f8["emulated"] and f8["linears"] == 6
     from submission.mllog_callback import step_choices
-    assert step_choices(state) == {"precision": "fp32", "allreduce_dtype": "auto",
+    assert step_choices(state) == {"precision": "bf16_master", "allreduce_dtype": "auto",
                                    "fp8": "tensorwise", "fp8_layers": list(FP8_ROLES),
                                    "fp8_emulated": True}
     # the parameters stayed the precision's, FP8 lived only in the GEMMs
-    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
 
 
 def test_an_interrupted_and_resumed_fp8_run_equals_the_uninterrupted_one(
