@@ -73,6 +73,12 @@ Division = Literal["open", "closed"]
 CudaGraphs = Literal["none", "encoder", "full"]
 ModelCompile = Literal["none", "layers"]
 """model.compile: what of the model torch.compile compiles (its rows: ``COMPILE_MODES``)."""
+Fp8Recipe = Literal["none", "tensorwise", "rowwise"]
+"""model.fp8: the encoder's GEMMs in FP8 with torchao's recipe of this name (``FP8_RECIPES``)."""
+Fp8Role = Literal["qkv", "attn_out", "ffn_in", "ffn_out"]
+"""model.fp8_layers: an encoder layer's Linears by what they do (``FP8_ROLES``)."""
+Fp8Emulate = Literal["auto", "on", "off"]
+"""model.fp8_emulate: where torchao's emulate mode stands in for FP8 GEMMs."""
 
 
 @dataclass(frozen=True)
@@ -236,6 +242,68 @@ def compile_help() -> str:
             + " | ".join(f"'{m.name}' ({m.help})" for m in COMPILE_MODES.values())
             + ". 'layers' subsumes model.fusions bias_gelu and dropout_add_norm and is refused "
             "beside them")
+
+
+@dataclass(frozen=True)
+class Fp8Mode:
+    """What a ``model.fp8`` value is, for everything that must know (the model's conversion,
+    the config's checks and help text, the logs): one row per ``Fp8Recipe``. ``torchao`` is
+    the name of torchao.float8's ``Float8LinearRecipeName`` it stands for (None: no FP8).
+    How the Linears are converted is runtime/model/fp8.py's."""
+
+    name: str
+    help: str
+    torchao: str | None = None
+    needs: tuple[Need, ...] = ()
+
+
+# What an FP8 recipe needs of the other keys (runtime.config.checks reads them like the
+# precisions' and graph modes' needs; runtime/model/fp8.py's docstring has the reasons at length).
+_FP8_NEEDS = (
+    Need("train.precision", ("fp32", "bf16", "bf16_master"),
+         "train.precision 'bf16_master', 'bf16' or 'fp32' (fp16's loss scale multiplies the "
+         "gradients that torchao casts to e5m2 with a scale of its own, and an overflow skip "
+         "is judged on gradients FP8 already saturated; torchao's float8 training is bf16's)"),
+)
+
+FP8_RECIPES: dict[str, Fp8Mode] = {r.name: r for r in (
+    Fp8Mode("none", "every GEMM in the precision's dtype"),
+    Fp8Mode("tensorwise", "one dynamic scale per tensor: inputs and weights in e4m3, "
+               "gradients in e5m2, cuBLAS's FP8 GEMM (torchao's default and fastest recipe)",
+               "tensorwise", _FP8_NEEDS),
+    Fp8Mode("rowwise", "a dynamic scale per row (per column of the weight), rounded down to "
+               "a power of two, e4m3 throughout: more accurate, a CUTLASS GEMM, slower than "
+               "tensorwise", "rowwise", _FP8_NEEDS),
+)}
+"""Every ``Fp8Recipe`` (tests/unit/test_configs.py holds the two to the same names)."""
+
+FP8_ROLES: dict[str, str] = {
+    "qkv": "the Q, K and V projections (three [H, H] Linears, or fusion qkv's one [3H, H])",
+    "attn_out": "the attention output projection [H, H]",
+    "ffn_in": "the feed-forward intermediate GEMM [I, H] (before GELU)",
+    "ffn_out": "the feed-forward output GEMM [H, I]",
+}
+"""Every ``Fp8Role``, what it is (model.fp8_layers; runtime/model/fp8.py maps each to the
+encoder layer's modules). Never the embeddings, the pooler or the heads."""
+
+
+def fp8_help() -> str:
+    """``model.fp8``'s help text, from the rows."""
+    return ("the encoder's Linear layers (model.fp8_layers) trained in FP8 with torchao "
+            "(torchao.float8, dynamic scaling; runtime/model/fp8.py, docs/GPU.md): "
+            + " | ".join(f"'{r.name}' ({r.help})" for r in FP8_RECIPES.values())
+            + ". Needs " + "; ".join(n.why for n in _FP8_NEEDS) + ". A GPU of compute "
+            "capability 8.9 or more (Ada, Hopper, Blackwell) runs real FP8 GEMMs; elsewhere "
+            "model.fp8_emulate decides. Weights, gradients, optimizer state, checkpoints and "
+            "exported files stay in the precision's dtypes: FP8 lives only inside the GEMMs")
+
+
+def fp8_layers_help() -> str:
+    """``model.fp8_layers``' help text, from the rows."""
+    return ("model.fp8: which Linears of every encoder layer run in FP8, by role: "
+            + " | ".join(f"'{k}' ({v})" for k, v in FP8_ROLES.items())
+            + ". Every selected dimension must be a multiple of 16 (FP8 GEMMs' rule); the "
+            "embeddings, pooler and heads never are")
 
 
 ShardGroup = Literal["rank", "node", "world"]

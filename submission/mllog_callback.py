@@ -14,7 +14,7 @@ What is logged where (docs/MLPERF_LOGGING.md has the full table):
     INIT_START   cache_clear, init_start, submission_{benchmark,org,platform,division,status}
                  (+ submission_poc_name/email when given)
     INIT_STOP    hyperparameters (each exactly once), presto_step_choices (how the step computes:
-                 precision, allreduce dtype - keys the MLPerf rules do not have),
+                 precision, allreduce dtype, model.fp8 - keys the MLPerf rules do not have),
                  train_samples/eval_samples when known, init_stop
     RUN_START    run_start
     BLOCK_START  block_start {first_epoch_num: samples before the block, epoch_count: samples in it}
@@ -410,9 +410,14 @@ def hyperparameters(state: RunState) -> dict[str, Any]:
 
 def step_choices(state: RunState) -> dict[str, Any]:
     """How the run's step computes - what changes its numbers or its kernels but has no MLPerf
-    key: train.precision (with fp32 master weights or not), the allreduce's dtype."""
-    t = state.config.train
-    return {"precision": t.precision, "allreduce_dtype": t.allreduce_dtype}
+    key: train.precision (with fp32 master weights or not), the allreduce's dtype, model.fp8
+    (with its roles and whether it is emulated, as the run built it, when on)."""
+    t, m = state.config.train, state.config.model
+    out = {"precision": t.precision, "allreduce_dtype": t.allreduce_dtype, "fp8": m.fp8}
+    if m.fp8 != "none":
+        built = state.derived.get("fp8", {})
+        out.update(fp8_layers=list(m.fp8_layers), fp8_emulated=built.get("emulated"))
+    return out
 
 
 def _num(value: Any) -> float | None:

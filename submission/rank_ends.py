@@ -165,9 +165,12 @@ def read_ends(run_dir: str | Path, since: Optional[float] = None) -> Optional[di
 
 
 def first_ended(run_dir: str | Path, records: Mapping[int, dict], candidates: Sequence[int],
-                since: Optional[float] = None) -> tuple[Optional[int], str]:
+                since: Optional[float] = None,
+                before: Optional[float] = None) -> tuple[Optional[int], str]:
     """(the rank among ``candidates`` - ranks that recorded no end - that ended first, "") when
-    the watch can tell; else (None, why it cannot)."""
+    the watch can tell; else (None, why it cannot). With ``before`` (seconds since the epoch)
+    only ends the watch saw before then count: a watch's time is never earlier than the end
+    it records, so a rank seen ended before a peer recorded its failure ended before it."""
     ends = read_ends(run_dir, since)
     if ends is None:
         return None, "no watch of this launch's ranks was kept"
@@ -177,6 +180,8 @@ def first_ended(run_dir: str | Path, records: Mapping[int, dict], candidates: Se
                       f"{ends['host']}, where the ranks were watched")
     rank_of = {int(records[r].get("pid", -1)): r for r in candidates}
     for group in ends["groups"]:
+        if before is not None and float(group.get("time", before)) >= before:
+            break
         mine = sorted(rank_of[p] for p in group.get("pids", []) if p in rank_of)
         if not mine:
             continue

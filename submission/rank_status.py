@@ -15,7 +15,8 @@ Owns:
     ranks ended without a record (killed), the order in which they ended
     (submission.rank_ends, watched beside the launcher) says which died first - a launcher
     ends the others itself, and MPICH's banner may name one of those; when nothing can tell,
-    the summary says so instead of naming a rank.
+    the summary says so instead of naming a rank. A rank the watch saw end before a peer
+    recorded its failure is named first: the failure (a broken collective) followed it.
 Never: steers training, talks to other ranks, or reads the environment.
 
 Why a summary after the launch: launchers end the other ranks the moment one dies (MPICH's
@@ -39,7 +40,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from runtime.events import Event, RunState
 from submission.launchers import LAUNCHERS
@@ -111,16 +112,38 @@ class RankStatus:
             self.record.update(state="training", step=state.step, samples=state.samples)
             self._write()
 
-    def finish(self, exit_code: int, state: str, reason: str = "") -> None:
-        """How this rank ended: exit status, "finished" | "stopped" | "failed", and why."""
+    def finish(self, exit_code: int, state: str, reason: str = "",
+               lost: Sequence[int] = ()) -> None:
+        """How this rank ended: exit status, "finished" | "stopped" | "failed", and why;
+        ``lost``: the peers it found gone without a word when it failed (``lost_ranks``)."""
         self.record.update(exit=exit_code, state=state, reason=reason[-2000:])
+        if lost:
+            self.record["lost"] = sorted(lost)
         self._write()
 
 
-def lost_ranks(run_dir: str | Path, me: int) -> list[str]:
-    """Peers of rank ``me`` that are gone or said they stopped, one phrase each."""
+PEER_GRACE_S = 1.0
+"""How long a failing rank looks for a peer that is gone (``lost_ranks(wait_s=...)``): a
+killed peer's sockets close as it exits, a moment before /proc shows it ended, and its
+peers' collectives fail in that moment."""
+
+
+def lost_ranks(run_dir: str | Path, me: int,
+               wait_s: float = 0.0) -> tuple[list[str], list[int]]:
+    """Peers of rank ``me`` that are gone or said they stopped: (one phrase each, the ranks
+    gone without a word). With ``wait_s``, looks again until one is found or that long has
+    passed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        said, gone = _lost_now(run_dir, me)
+        if said or time.monotonic() >= deadline:
+            return said, gone
+        time.sleep(0.05)
+
+
+def _lost_now(run_dir: str | Path, me: int) -> tuple[list[str], list[int]]:
     host = socket.gethostname()
-    out = []
+    out, gone = [], []
     for rank, rec in sorted(read_all(run_dir).items()):
         if rank == me:
             continue
@@ -133,7 +156,8 @@ def lost_ranks(run_dir: str | Path, me: int) -> list[str]:
             out.append(f"rank {rank} ({where}) is gone without a word after step "
                        f"{rec.get('step')}: killed by a signal (SIGKILL, the OOM killer) or "
                        f"crashed in native code")
-    return out
+            gone.append(rank)
+    return out, gone
 
 
 # ------------------------------------------------------------------ after the launch
@@ -205,15 +229,18 @@ def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
     who = (f"rank {failed[0]}" if len(failed) == 1 else
            "ranks " + ", ".join(map(str, failed))) + " failed"
     culprit = launcher_culprit(text, records, launcher)
-    killed = [] if failed else [r for r in sorted(records) if "exit" not in records[r]]
+    unrecorded = [r for r in sorted(records) if "exit" not in records[r] and r not in said]
     first = None
-    if killed:   # ended without a word: which first, the launcher's report checked
-        first, culprit = _first_killed(run_dir, records, killed, since, culprit, launcher)
+    if not failed and unrecorded:   # ended without a word: which first, the launcher's checked
+        first, culprit = _first_killed(run_dir, records, unrecorded, since, culprit, launcher)
+    elif failed and unrecorded:     # a failure recorded: was a rank killed before it?
+        first, culprit = _killed_before_failure(run_dir, records, failed, unrecorded, since,
+                                                culprit, launcher)
     if culprit:
         lines.append(culprit)
-    # the ranks that failed (or ended) first: the others ended because of them
-    for rank, rec in sorted(records.items(),
-                            key=lambda kv: (kv[0] not in failed and kv[0] != first, kv[0])):
+    # the rank that ended first, then those that failed: the others ended because of them
+    for rank, rec in sorted(records.items(), key=lambda kv: (
+            0 if kv[0] == first else 1 if kv[0] in failed else 2, kv[0])):
         where = f"pid {rec.get('pid')} on {rec.get('host')}"
         if "exit" in rec:
             reason = next((x for x in rec.get("reason", "").splitlines() if x.strip()), "")
@@ -222,12 +249,12 @@ def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
         elif rank in said:
             lines.append(f"rank {rank} ({where}): failed after step {rec.get('step')} (its "
                          f"record could not be finished; it printed): {said[rank]}")
-        elif failed:
-            lines.append(f"rank {rank} ({where}): stopped after {who} (the launcher ended it "
-                         f"before it could record its end); last logged step {rec.get('step')}")
         elif rank == first:
             lines.append(f"rank {rank} ({where}): no exit record - ended first; last logged "
                          f"step {rec.get('step')}")
+        elif failed:
+            lines.append(f"rank {rank} ({where}): stopped after {who} (the launcher ended it "
+                         f"before it could record its end); last logged step {rec.get('step')}")
         elif first is not None:
             lines.append(f"rank {rank} ({where}): no exit record - ended after rank {first} "
                          f"(the launcher ends the others); last logged step {rec.get('step')}")
@@ -272,6 +299,40 @@ def _first_killed(run_dir, records: dict[int, dict], killed: list[int], since, c
     elif culprit:
         line += f"; the launcher's report: {culprit}"
     return None, line
+
+
+def _killed_before_failure(run_dir, records: dict[int, dict], failed: list[int],
+                           unrecorded: list[int], since, culprit,
+                           launcher) -> tuple[Optional[int], Optional[str]]:
+    """(the rank of ``unrecorded`` that ended before the first of ``failed`` recorded its
+    failure, or None; the line that says so, else the launcher's own). A rank killed
+    outright breaks its peers' next collective: a peer may record that failure (gloo's
+    barrier: "Ranks 3 failed to pass monitoredBarrier") before the launcher ends it, and then
+    the failure is the consequence, the killed rank the cause. Known from the failed ranks'
+    own records (the peers they found gone, ``lost``; several: the watch's order), else
+    from the watch (an end it saw before the first failure was recorded)."""
+    lost = sorted({r for f in failed for r in records.get(f, {}).get("lost", ())
+                   if r in unrecorded})   # found gone by a failing rank: before its failure
+    first = lost[0] if len(lost) == 1 else None
+    if len(lost) > 1:
+        first, _ = first_ended(run_dir, records, lost, since)
+    times = [float(records[r]["time"]) for r in failed   # when each recorded its failure
+             if "exit" in records.get(r, {}) and "time" in records[r]]
+    if first is None and times:
+        first, _ = first_ended(run_dir, records, unrecorded, since, before=min(times))
+    if first is None:
+        return None, culprit
+    rec = records[first]
+    failed_ones = (f"rank {failed[0]}" if len(failed) == 1 else
+                   "ranks " + ", ".join(map(str, failed)))
+    line = (f"rank {first} (pid {rec.get('pid')} on {rec.get('host')}) ended first, without an "
+            f"exit record: killed (SIGKILL, the OOM killer, a lost node) or crashed in native "
+            f"code; {failed_ones} failed after it")
+    named = _NAMED.match(culprit or "")
+    if named and int(named[1]) != first:
+        line += (f"; {launcher or 'the launcher'}'s report names rank {named[1]}, which it "
+                 f"ended itself after")
+    return first, line
 
 
 def _meaning(code: int) -> str:

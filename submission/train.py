@@ -137,7 +137,7 @@ from runtime.observe.metrics import MetricsWriter, ProgressPrinter, plot_metrics
 from runtime.train.trainer import InitCheckpointError, Trainer  # noqa: E402
 from submission.mllog_callback import MLPerfLogger, _logged_keys  # noqa: E402
 from submission import rank_status, shm  # noqa: E402
-from submission.rank_status import RankStatus, lost_ranks  # noqa: E402
+from submission.rank_status import PEER_GRACE_S, RankStatus, lost_ranks  # noqa: E402
 
 LOG_NAME = "mlperf_bert.log"
 METRICS_NAME = "metrics.jsonl"
@@ -310,12 +310,12 @@ def train(cfg, info, cache_clear: bool | None = None, lock_holder: str = "") -> 
 
     def note(e: BaseException) -> str:
         """Added to this rank's failure message: the last completed step, lost peers."""
-        status.finish(exit_code_of(e), "failed", f"{type(e).__name__}: {e}")
+        said, gone = lost_ranks(out, ctx.rank, PEER_GRACE_S if ctx.world_size > 1 else 0.0)
+        status.finish(exit_code_of(e), "failed", f"{type(e).__name__}: {e}", lost=gone)
         st = trainer.state if trainer is not None else None
         step = f"last completed step {st.step} ({st.samples} samples)" if st else \
             "before training started"
-        gone = lost_ranks(out, ctx.rank)
-        return "; ".join([step] + gone)
+        return "; ".join([step] + said)
 
     on_failure(note)
     callbacks = CallbackList([
@@ -354,7 +354,9 @@ def finish(cfg, state, out: Path) -> None:
                              if k.startswith("optimizer_")},
                # achieved TFLOP/s per device and MFU over the run's steps (runtime.observe.mfu)
                "throughput": state.derived.get("throughput", {}),
-               "attention_layout": state.derived.get("attention_layout")}
+               "attention_layout": state.derived.get("attention_layout"),
+               # model.fp8 as built: recipe, emulated and why, Linears and roles
+               "fp8": state.derived.get("fp8", {"recipe": "none"})}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"mllog log:    {out / LOG_NAME}\nmetrics:      {out / METRICS_NAME}\n"
           f"plot:         {png or 'not drawn (train.plot=false)'}", flush=True)

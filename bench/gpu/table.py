@@ -17,15 +17,20 @@ throughput 62 s for the unfused case alone at batch 904 - its memory fits a larg
 optimizer past 25 s with a cold compile cache, env past 10 s installing the bundle) and the
 new cases' estimated share (fusions and graphs_compiled, not yet run: five cases at one
 batch without probes, about 30 s each on an H200 by the throughput record, and about 2
-minutes more for each compile of a BERT-large layer; graphs' six mode cases, estimated: about
-25 s each after the first - a trainer's build, the fused optimizer's compile from the cache,
-eager and full graph -, the first about 70 s as the 2-row case with its three modes and the
-data probes of 2026-11-28); each plan's budgets sum to at most 1/1.2 of its deadline
-(``SLACK``), and ``verdicts`` - what the open goals need: the graphed step in each precision
-and compile mode, the largest-batch throughput - fits in 9 minutes: a lent GPU machine (15
-minutes, 10 a call) runs it first, then ``rest`` if time is left (the mode cases took the
-place of the eager paths, now in ``rest``, and of the optimizer, now in the third call
-``fusions`` with the graph batches). The CUDA tests, all passing on their first GPU run
+minutes more for each compile of a BERT-large layer; throughput's three FP8 cases, not yet
+run either, 20 s: one at the largest batch after its sibling's probes, two at 2 rows; graphs'
+six mode cases, estimated: the first about 70 s - as the 2-row case with its three graph modes
+and the data probes of 2026-11-28 -, each after it 25 s - a trainer's build, eager and full
+graph - and about 30 s more for each new optimizer layout to compile, bf16_master's and
+qkv's; graphs_compiled's first compile about a minute); each plan's budgets sum to at most
+1/1.2 of its deadline (``SLACK``), and ``verdicts`` - what the open goals need: the graphed
+step in each precision and compile mode, the largest-batch throughput with FP8 - fits in 9
+minutes: a lent GPU machine (15 minutes, 10 a call) runs it first, then ``rest`` if time is
+left (the mode cases took the place of the eager paths, now in ``rest``, and of the
+optimizer, now in the third call ``fusions`` with the graph batches). The estimates leave the
+mode stages short: they run their 2-row cases first and keep every case they finish, so a
+stage ended at its budget keeps the cases that matter most. The CUDA tests, all passing on
+their first GPU run
 (2026-11-27), lead ``rest``. The records say how good the estimates were (docs/GPU.md).
 
 A new stage: its function (and goals) in a module of bench/gpu/stages/, one row here, and its
@@ -80,20 +85,22 @@ STAGES = (
     Stage("cuda_tests", setup.stage_cuda_tests, 100, (),
           "the suite's tests marked cuda, pass/fail each (their own data set)",
           setup.CUDA_TESTS_GOALS, captures=True),
-    Stage("graphs", graphs.stage_graphs, 150, ("seq512",),
+    Stage("graphs", graphs.stage_graphs, 170, ("seq512",),
           "the small-batch step eager and as one whole-step CUDA graph (encoder graphs too in "
           "bf16 autocast) at 2 full packed rows of 512 and at local batch 4, in each precision "
           "mode (bf16 autocast, bf16_master, bf16_master with qkv): busy time, kernels and the "
           "30 longest, host syncs per replay, CUDA events between replays (launch gaps) and "
           "the host's blocking calls (host waits)", graphs.GOALS, captures=True),
-    Stage("graphs_compiled", graphs.stage_graphs_compiled, 150, ("seq512",),
+    Stage("graphs_compiled", graphs.stage_graphs_compiled, 70, ("seq512",),
           "graphs' cases with whole layers compiled (bf16_master, qkv and pad_vocab, "
           "model.compile='layers'): compiled in the eager warm-up, then captured",
           captures=True),
-    Stage("throughput", throughput.stage_throughput, 110, ("seq512",),
+    Stage("throughput", throughput.stage_throughput, 170, ("seq512",),
           "BERT-large at sequence 512, unpadded bf16, fused beside unfused, at the largest "
           "local batch: tokens/s, MFU from the wall time between device synchronisations, "
-          "share of a measured GEMM peak, the 30 longest kernels", throughput.GOALS),
+          "share of a measured GEMM peak, the 30 longest kernels; FP8 (model.fp8 = "
+          "'tensorwise') beside bf16 at that batch and at 2 rows, with the losses of the "
+          "measured steps", throughput.GOALS),
     Stage("optimizer", optimizer.stage_optimizer, 60, (),
           "fused LAMB and AdamW against the device's copy bandwidth, torch's fused AdamW; the "
           "trainer's optimizer phase sharded (a group of 1) against unsharded",
@@ -136,7 +143,7 @@ THIRD = ("env", "data", "fusions", "graph_batches", "optimizer")
 PLANS = (
     Plan("verdicts", VERDICTS, 540,
          "what the open GPU goals need, first on a lent machine (under 9 minutes): the graphed "
-         "step in each precision and compile mode, the largest-batch throughput"),
+         "step in each precision and compile mode, the largest-batch throughput with FP8"),
     Plan("rest", REST, 540, "the CUDA tests first, then the other paths and checks, in a "
          "second call"),
     Plan("fusions", THIRD, 560,

@@ -3,8 +3,8 @@
 Owns: a ``Literal`` key's value against its choices (``check_choice``: the error names the
 key, the choices and the nearest one), and the rules that tie keys of different sections
 together - the model's positions against the sequence length, the precision against the
-device, the static shapes' sizes against the local batch, what a ``train.cuda_graphs`` mode
-and an ``optim.shard`` scope need (their rows' ``Need``s in runtime.choices: one check reads
+device, the static shapes' sizes against the local batch, what a ``train.cuda_graphs`` mode,
+an ``optim.shard`` scope and a ``model.fp8`` recipe need (their rows' ``Need``s in runtime.choices: one check reads
 both), the closed division's target. Each refusal names the keys and what to set.
 Never: reads files or overrides (runtime.config.load), or checks a key that one section's
 ``validate`` can check alone (runtime.config.sections).
@@ -15,7 +15,7 @@ import difflib
 from typing import Any, Literal, get_args, get_origin
 
 from loaders.shapes import shape_size_problem
-from runtime.choices import GRAPH_MODES, PRECISIONS, ConfigError, shard_scope
+from runtime.choices import FP8_RECIPES, GRAPH_MODES, PRECISIONS, ConfigError, shard_scope
 
 
 def check_choice(key: str, value: Any, hint: Any) -> None:
@@ -45,6 +45,13 @@ def check_run(cfg: Any) -> None:
     if why:
         raise ConfigError(why)
     _check_needs(cfg, "optim.shard", shard_scope(cfg.optim.shard).needs)
+    _check_needs(cfg, "model.fp8", FP8_RECIPES[cfg.model.fp8].needs)
+    if cfg.model.fp8 != "none" and cfg.model.fp8_emulate == "off" and \
+            cfg.system.device == "cpu":
+        raise ConfigError(f"model.fp8='{cfg.model.fp8}' with model.fp8_emulate='off' and "
+                          f"system.device='cpu': a CPU has no FP8 GEMMs; set "
+                          f"model.fp8_emulate='auto' (torchao's emulate mode) or "
+                          f"model.fp8='none'")
     if cfg.submission.division == "closed" and cfg.train.target_mlm_accuracy < 0.720:
         raise ConfigError("submission.division='closed' needs train.target_mlm_accuracy >= "
                           "0.720 (MLPerf); use division='open' for a proxy target")

@@ -13,6 +13,7 @@ Never: checks one section against another (runtime.config.checks), reads files o
 """
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass, fields
@@ -23,10 +24,10 @@ from loaders.balance import BalanceMode, BalanceSpec
 from loaders.shapes import STATIC_SEQS_PER_ROW, ShapeMode
 from runtime.choices import (AFTER_MODES, MATCH, RECORD, AttentionMode, CacheClear, ClipMode,
                              COMPILE_MODES, ConfigError, CudaGraphs, DeviceKind, Division,
-                             GradSyncKind, Launcher, LoaderKind, LrScaling, ModelCompile,
+                             FP8_ROLES, Fp8Emulate, Fp8Recipe, GradSyncKind, Launcher, LoaderKind, LrScaling, ModelCompile,
                              OptimBackend, OptimizerName, OptimShard, PRECISIONS, Precision,
                              ReduceDtype, ScheduleName, SrunMpi, TiedEmbeddingSync, clip_help,
-                             clip_spec, compile_help, graph_modes_help, hparam_error,
+                             clip_spec, compile_help, fp8_help, fp8_layers_help, graph_modes_help, hparam_error,
                              is_number, key_field, shard_help)
 from kernels.fusions import COMPILED, check_fusions
 from runtime.model.config import SHAPE, BertConfig
@@ -99,6 +100,19 @@ class ModelConfig(BertConfig):
                           "parameters (qkv: one [3H, H] tensor or three) in the optimizer state")
     compile: ModelCompile = _doc(compile_help(), "none", resume=RECORD,
                                  why="how each layer is computed, not what")
+    fp8: Fp8Recipe = _doc(fp8_help(), "none", resume=RECORD,
+                          why="the GEMMs' arithmetic from here on: the weights, optimizer "
+                              "state and checkpoint are the same with or without FP8")
+    fp8_layers: list[str] = _doc(fp8_layers_help(), default_factory=lambda: list(FP8_ROLES),
+                                 resume=RECORD, why="which GEMMs run in FP8 from here on")
+    fp8_emulate: Fp8Emulate = _doc(
+        "model.fp8 where no FP8 GEMM exists: " + _one_of(Fp8Emulate, {
+            "auto": "real FP8 on a GPU of compute capability >= 8.9; torchao's emulate mode "
+                    "on a CPU (said once in the log); a GPU below 8.9 refused, exit 2",
+            "on": "emulated everywhere, a GPU below 8.9 too (fp32 GEMMs: for checking "
+                  "numbers, not for speed)",
+            "off": "real FP8 only: a CPU or a GPU below 8.9 refused"}), "auto",
+        resume=RECORD, why="whether the FP8 GEMMs are emulated: the same casts and scales")
 
     def validate(self, prefix: str = "model.") -> None:
         try:
@@ -113,6 +127,7 @@ class ModelConfig(BertConfig):
                 f"{self.hidden_size}: the optimizer's flat buffers take Q's, K's and V's "
                 f"norms over whole rows of 1024 elements (H x H of them each); drop 'qkv' or "
                 f"change the size")
+        self._validate_fp8(prefix)
         both = [f for f in self.fusions if f in COMPILED]
         if COMPILE_MODES[self.compile].layers and both:
             raise ConfigError(
@@ -120,6 +135,45 @@ class ModelConfig(BertConfig):
                 f"{', '.join(map(repr, both))}: a compiled layer already fuses what these "
                 f"do; remove them from {prefix}fusions (pad_vocab may stay), or set "
                 f"{prefix}compile='none'")
+
+    # The fusions that compute a role's GEMM with F.linear on its weight, outside the Linear:
+    # an FP8 Linear there would not be used (runtime/model/bert.py).
+    _FP8_BYPASSED: ClassVar[dict[str, tuple[str, ...]]] = {"bias_gelu": ("ffn_in",), "dropout_add_norm": ("attn_out", "ffn_out")}
+
+    def _validate_fp8(self, prefix: str) -> None:
+        """model.fp8_layers names known roles, at least one when model.fp8 is on; the shapes of
+        the chosen roles are multiples of 16; no fusion computes a chosen role's GEMM."""
+        unknown = [r for r in self.fp8_layers if r not in FP8_ROLES]
+        if unknown:
+            near = difflib.get_close_matches(str(unknown[0]), list(FP8_ROLES), 1)
+            raise ConfigError(f"{prefix}fp8_layers: unknown role {unknown[0]!r}"
+                              + (f" (did you mean {near[0]!r}?)" if near else "")
+                              + f"; the roles are {' | '.join(FP8_ROLES)}")
+        if self.fp8 == "none":
+            return
+        if not self.fp8_layers:
+            raise ConfigError(f"{prefix}fp8={self.fp8!r} with {prefix}fp8_layers=[]: name the "
+                              f"roles to run in FP8 ({' | '.join(FP8_ROLES)}), or set "
+                              f"{prefix}fp8='none'")
+        dims = {"qkv": ("hidden_size",), "attn_out": ("hidden_size",),
+                "ffn_in": ("hidden_size", "intermediate_size"),
+                "ffn_out": ("hidden_size", "intermediate_size")}
+        for role in self.fp8_layers:
+            bad = [d for d in dims[role] if getattr(self, d) % 16]
+            if bad:
+                raise ConfigError(
+                    f"{prefix}fp8_layers {role!r} needs {prefix}{bad[0]} a multiple of 16 (an "
+                    f"FP8 GEMM's dimensions are), got {getattr(self, bad[0])}: drop {role!r} "
+                    f"from {prefix}fp8_layers or set {prefix}fp8='none'")
+        for fusion, roles in self._FP8_BYPASSED.items():
+            hit = [r for r in roles if r in self.fp8_layers]
+            if fusion in self.fusions and hit:
+                raise ConfigError(
+                    f"{prefix}fp8={self.fp8!r} with {prefix}fusions {fusion!r}: the fusion "
+                    f"computes the GEMM of {', '.join(map(repr, hit))} itself, outside the "
+                    f"Linear, so FP8 would not run there; remove {fusion!r} from "
+                    f"{prefix}fusions ({prefix}compile='layers' fuses the same), or "
+                    f"{', '.join(map(repr, hit))} from {prefix}fp8_layers")
 
     def bert_config(self) -> BertConfig:
         """The model's own fields (what runtime.model.BertForPreTraining is built from)."""

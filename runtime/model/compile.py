@@ -24,7 +24,9 @@ kernels around its GEMMs and attention); the choice of what is dynamic:
 
 Every layer has the same code and parameter shapes, so one graph serves all of them (the
 parameters are graph inputs): compiled once for training and once for evaluation (another
-``training`` flag, no gradient). The layout's lazily cast offsets are made before the first
+``training`` flag, no gradient). "The same code" is one model's copy of the layer's code
+object (``model_code``): Dynamo keeps graphs per code object, and another model in the same
+process compiles into a list of its own. The layout's lazily cast offsets are made before the first
 layer - made inside it, they would be a side effect that gives the second layer a graph of
 its own.
 
@@ -40,6 +42,7 @@ encoder layers (embeddings, heads and loss stay eager).
 """
 from __future__ import annotations
 
+import types
 from typing import Callable
 
 import torch
@@ -54,10 +57,14 @@ INDUCTOR_OPTIONS = {"triton.cudagraphs": False}
 
 class CompiledLayer:
     """A ``BertLayer``'s forward, compiled (see the module docstring). ``eager`` is the
-    layer's own forward (the reference)."""
+    layer's own forward (the reference), run through ``code``: the model's own copy of its
+    code object (``model_code``)."""
 
-    def __init__(self, layer: nn.Module, static_shapes: bool):
-        self.eager: Callable = layer.forward
+    def __init__(self, layer: nn.Module, static_shapes: bool, code: types.CodeType):
+        f = type(layer).forward
+        own = types.FunctionType(code, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+        own.__kwdefaults__, own.__qualname__ = f.__kwdefaults__, f.__qualname__
+        self.eager: Callable = types.MethodType(own, layer)
         self.static_shapes = static_shapes
         self.compiled = torch.compile(self.eager, fullgraph=True, dynamic=not static_shapes,
                                       options=INDUCTOR_OPTIONS)
@@ -94,11 +101,23 @@ def compile_layers(model: BertForPreTraining, static_shapes: bool) -> int:
     parameters, their names and the state dict stay as they are. Returns the layers
     compiled. Compiling happens at each layer's first call."""
     layers = model.bert.encoder.layer
+    code = model_code(type(layers[0]).forward)
     for i, layer in enumerate(layers):
         if isinstance(layer.forward, CompiledLayer):
             raise ValueError(f"encoder layer {i} is compiled already")
-        layer.forward = CompiledLayer(layer, static_shapes)
+        layer.forward = CompiledLayer(layer, static_shapes, code)
     return len(layers)
+
+
+def model_code(forward: Callable) -> types.CodeType:
+    """A copy of ``forward``'s code object for one model's layers. Dynamo keeps its compiled
+    graphs on the code object it compiles, and fails a ``fullgraph`` compile once one code
+    object holds ``recompile_limit`` (8) graphs: with the class's own code, every model a
+    process builds (a test module, a benchmark of several cases, each static batch shape a
+    graph of its own) would add to one list until the ninth graph failed - CI failed so on
+    a bf16 run after other tests' models. Per model, the list holds that model's graphs
+    (training and evaluation), and goes with the model."""
+    return forward.__code__.replace()
 
 
 def compiled_layers(model: nn.Module) -> list[CompiledLayer]:

@@ -310,8 +310,24 @@ class _PrestoOptimizer(torch.optim.Optimizer):
         state_dict = {k: v for k, v in state_dict.items() if k != SHARD_KEY}
         _check_names(self.param_groups, state_dict.get("param_groups", []))
         _eager(torch.optim.Optimizer.load_state_dict)(self, state_dict)
+        self._keep_state_dtypes(state_dict.get("state", {}))
         if self._flat is not None:
             self._flat.adopt_state()
+
+    @torch.no_grad()
+    def _keep_state_dtypes(self, saved: dict) -> None:
+        """torch's ``load_state_dict`` casts every floating state tensor to its parameter's
+        dtype: a bf16 parameter's fp32 master weight and moments came back in bf16, and a
+        resumed bf16_master run drifted from the one it continues. The state keeps the
+        dtype it was saved in."""
+        params = self._params_by_index()
+        for index, entries in saved.items():
+            p = params[int(index)]
+            for key, value in entries.items():
+                have = self.state[p].get(key)
+                if (torch.is_tensor(value) and torch.is_tensor(have)
+                        and value.is_floating_point() and have.dtype != value.dtype):
+                    self.state[p][key] = value.to(device=have.device, copy=True)
 
     @property
     def shard(self):

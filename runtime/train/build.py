@@ -33,6 +33,7 @@ from runtime.grad_sync import GradSync, build_grad_sync
 from runtime.launch.dist import DistContext
 from runtime.model.arithmetic import attention_layout
 from runtime.model.bert import BertForPreTraining
+from runtime.model import fp8
 from runtime.model.compile import compile_layers
 from runtime.model.hf import load_error_reason, load_hf_state_dict, minilm_path, read_state_dict
 from runtime.model.precision import to_params_dtype
@@ -81,7 +82,7 @@ def build_parts(cfg: Config, dist: DistContext, *, bucket_plan: Optional[Path] =
     t = cfg.train
     limits = Limits(cfg.model.vocab_size, cfg.data.max_seq_length, cfg.model.type_vocab_size)
     torch.manual_seed(t.seed)  # the same initial weights on every rank
-    model = build_model(cfg).to(dist.device)
+    model = build_model(cfg, dist.device).to(dist.device)
     # the training dtype (train.precision) before the gradient buffers are laid out in it;
     # with master weights, their exact fp32 values for the optimizer
     masters = to_params_dtype(model, t.precision)
@@ -120,10 +121,13 @@ def build_parts(cfg: Config, dist: DistContext, *, bucket_plan: Optional[Path] =
     return parts
 
 
-def build_model(cfg: Config) -> BertForPreTraining:
+def build_model(cfg: Config, device: Optional[torch.device] = None) -> BertForPreTraining:
     """The model ``cfg.model`` describes (a ``BertConfig`` with the run's choices), with its
-    initial weights (``model.init``), its layers compiled when ``model.compile`` says so
-    (runtime.model.compile: static shapes under data.shapes = 'static')."""
+    initial weights (``model.init``), its encoder Linears in FP8 when ``model.fp8`` says so
+    (runtime.model.fp8: real or emulated by the ``device`` it will run on - default: the
+    config's system.device, 'auto' being CUDA where present), its layers compiled when
+    ``model.compile`` says so (runtime.model.compile: static shapes under data.shapes =
+    'static')."""
     m = cfg.model
     model = BertForPreTraining(m.bert_config(), attention=m.attention,
                                packed=cfg.data.balance in PACKED_MODES,
@@ -150,6 +154,11 @@ def build_model(cfg: Config) -> BertForPreTraining:
         except (ValueError, KeyError, RuntimeError) as e:
             raise InitCheckpointError(f"{where}: does not fit this model ({e}) - set the "
                                       f"[model] keys to the checkpoint's shape") from None
+    if m.fp8 != "none":  # after the weights are set (the same Parameters), before compiling
+        if device is None:
+            device = torch.device("cuda" if cfg.system.device != "cpu" and
+                                  torch.cuda.is_available() else "cpu")
+        fp8.convert(model, m.fp8, m.fp8_layers, fp8.emulation(m.fp8_emulate, device).emulate)
     if COMPILE_MODES[m.compile].layers:
         compile_layers(model, static_shapes=cfg.data.shapes == "static")
     return model
@@ -233,7 +242,8 @@ def describe(parts: Parts, cfg: Config, dist: DistContext) -> dict:
     s, opt = cfg.schedule, parts.optimizer
     start, every = cfg.train.eval_cadence()
     binding = getattr(opt, "flat_binding", None)
-    return dict(local_batch_size=cfg.local_batch_size(dist.world_size),
+    return dict(fp8=fp8.facts(parts.model, cfg.model.fp8, cfg.model.fp8_emulate, dist.device),
+                local_batch_size=cfg.local_batch_size(dist.world_size),
                 gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
                 world_size=dist.world_size, lr=parts.base_lr,
                 warmup_steps=s.warmup_steps, start_warmup_step=s.start_warmup_step,

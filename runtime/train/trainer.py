@@ -141,6 +141,11 @@ class Trainer:
         self.state.derived.update(attention_layout=self.layout, peak_tflops=self.peak.tflops,
                                   peak_source=self.peak.source,
                                   step_time_source=self.step_log.time_source)
+        f8 = self.state.derived["fp8"]
+        if f8["recipe"] != "none":  # said once, at set-up
+            self._say(f"model.fp8='{f8['recipe']}': {f8['linears']} encoder Linears "
+                      f"({', '.join(f8['roles'])}) in FP8"
+                      + (f", emulated - {f8['why']}" if f8["emulated"] else f" - {f8['why']}"))
         if self.state.derived["optimizer_compiled"] is False:
             self._say(f"warning: the fused {cfg.optim.name} step runs eagerly (torch.compile "
                       f"failed: the rank log has why): same numbers, several times slower, "

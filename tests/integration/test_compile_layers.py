@@ -113,6 +113,28 @@ def test_static_shapes_compile_every_size_as_a_constant():
         torch.testing.assert_close(a, b, **TOL)
 
 
+def test_each_model_compiles_into_a_list_of_graphs_of_its_own():
+    """Dynamo keeps graphs per code object and fails a fullgraph compile past its recompile
+    limit (8): CI's bf16 trainer run failed so, its layer's code already holding the graphs
+    of the models earlier tests had built in that process. Each model compiles its layers'
+    own copy of the code: here, under a limit of one graph, two models of two static
+    layouts compile one graph each (with one shared code object the second would fail)."""
+    name = ("recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit")
+            else "cache_size_limit")
+    codes = []
+    with torch._dynamo.config.patch(**{name: 1}), torch.no_grad():
+        for seed in (1, 2):
+            eager, fast = twins("unpadded", static_shapes=True)
+            x, key_mask = list(layouts("unpadded", 2, seed=seed))[1]
+            torch.testing.assert_close(fast.bert.encoder(x, key_mask),
+                                       eager.bert.encoder(x, key_mask), **TOL)
+            one, two = compiled_layers(fast)
+            assert one.eager.__code__ is two.eager.__code__   # one graph serves both layers
+            codes.append(one.eager.__code__)
+    assert codes[0] is not codes[1] and not {id(c) for c in codes} & {
+        id(type(fast.bert.encoder.layer[0]).forward.__code__)}
+
+
 class Recorder:
     """Each step's loss and the graphs compiled so far at each step and evaluation."""
 

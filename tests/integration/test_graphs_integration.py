@@ -79,8 +79,11 @@ def simulated_trainer(data, *extra):
     ["train.clip_mode=none"],
     ["model.attention=unpadded", "optim.shard=world", "optim.name=lars",
      "train.clip_mode=bucket_before", "fp16"],
+    # model.fp8: torchao's amax, scale and cast (emulated here; the GEMM alone differs on a GPU)
+    ["model.attention=unpadded", "model.fp8=tensorwise"],
 ], ids=["unpadded-packed-global_after", "padded-packed-local_before-accum2",
-        "unpadded-bucket_before-fp16", "padded-none", "sharded-lars-bucket_before-fp16"])
+        "unpadded-bucket_before-fp16", "padded-none", "sharded-lars-bucket_before-fp16",
+        "unpadded-fp8"])
 def test_the_captured_step_is_capture_safe_on_the_simulated_device(small_dataset, single_ctx,
                                                                   case):
     fp16 = "fp16" in case

@@ -435,3 +435,39 @@ def test_fp32_master_weights_step_as_fp32_parameters_would(name, hparams):
     assert any(not torch.equal(q.detach(), init[n]) for n, q in fp32)
     with pytest.raises(ValueError, match="master weights .* need the fused backend"):
         build_optimizer(name, _named(init), backend="foreach", master_weights=True, **hparams)
+
+
+def test_master_state_round_trip_keeps_fp32_and_continues_identically():
+    """An unsharded bf16_master resume: torch's load_state_dict casts floating state to the
+    parameter's dtype, which turned the fp32 masters and moments of bf16 parameters into
+    bf16 and made the resumed run drift. Loaded, they stay fp32 in the flat buffers, and
+    the next steps equal the uninterrupted optimizer's bit for bit."""
+    init, grads = _problem(5)
+    runs = []
+    for _ in range(2):
+        named = [(n, t.to(torch.bfloat16).requires_grad_()) for n, t in init.items()]
+        opt = build_optimizer("lamb", named, backend="fused", master_weights=True,
+                              **dict(LAMB, weight_decay=0.01))
+        opt.seed_masters({id(p): init[n] for n, p in named})
+        runs.append((named, opt))
+    (a, opt_a), (b, opt_b) = runs
+    for g in grads[:3]:
+        for n, p in a:
+            p.grad = g[n].to(torch.bfloat16)
+        opt_a.step()
+    for (_, p), (_, q) in zip(a, b):
+        q.data.copy_(p.data)
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))
+    for _, q in b:
+        assert {k: v.dtype for k, v in opt_b.state[q].items() if k != "step"} == {
+            "master": torch.float32, "exp_avg": torch.float32, "exp_avg_sq": torch.float32}
+    for g in grads[3:6]:
+        for (n, p), (_, q) in zip(a, b):
+            p.grad = g[n].to(torch.bfloat16)
+            q.grad = p.grad.clone()
+        opt_a.step()
+        opt_b.step()
+    masters_a, masters_b = opt_a.masters(), opt_b.masters()
+    for (n, p), (_, q) in zip(a, b):
+        assert torch.equal(masters_a[id(p)], masters_b[id(q)]), n
+        assert torch.equal(p, q), n

@@ -146,8 +146,8 @@ def test_each_precision_and_compile_mode_is_a_graphs_case():
     gpu_run = Run(work=None, smoke=False)
     gpu_run.__class__ = type("CudaRun", (Run,), {"cuda": property(lambda self: True)})
     cases = graphs.graph_cases(gpu_run, graphs.MODES, 8)
-    assert list(cases) == ["rows2", "b4", "rows2_bf16_master", "b4_bf16_master",
-                           "rows2_bf16_master_qkv", "b4_bf16_master_qkv"]
+    assert list(cases) == ["rows2", "rows2_bf16_master", "rows2_bf16_master_qkv",  # first
+                           "b4", "b4_bf16_master", "b4_bf16_master_qkv"]
     assert cases["rows2"][0] == 8 and cases["b4"][0] == 4
     assert "data.static_rows=2" in cases["rows2"][1]
     assert f"data.max_seqs_per_row={graphs.FULL_ROW_SEQS}" in cases["rows2"][1]
@@ -256,3 +256,17 @@ def test_only_stages_that_capture_get_the_default_allocator():
     assert _stage_env({}, "graphs") == {} and _stage_env({}, "cuda_tests") == {}
     mine = {"PYTORCH_CUDA_ALLOC_CONF": "backend:native"}
     assert _stage_env(mine, "throughput") == mine
+
+
+def test_the_fp8_cases_sit_beside_their_bf16_siblings_with_their_losses():
+    """throughput's FP8 cases (model.fp8 = 'tensorwise'): each at its bf16 sibling's batch -
+    the largest, or 2 rows -, its measured steps' mean loss beside the sibling's."""
+    from bench.gpu.stages.throughput import _loss_beside, _sibling
+    assert _sibling("unpadded_bf16_fp8") == "unpadded_bf16"
+    assert _sibling("unpadded_bf16_fp8_rows2") == "unpadded_bf16_rows2"
+    assert _sibling("unpadded_bf16_fused_bias_gelu") == "unpadded_bf16"
+    out = {"unpadded_bf16_rows2": {"loss": 10.0}}
+    got = _loss_beside(out, "unpadded_bf16_fp8_rows2", [10.5, 10.0])
+    assert got == {"loss": 10.25, "loss_of_sibling": 10.0, "loss_minus_sibling": 0.25}
+    assert _loss_beside(out, "unpadded_bf16_rows2", [9.0]) == {"loss": 9.0}
+    assert _loss_beside({}, "unpadded_bf16_fp8", []) == {"loss": None}

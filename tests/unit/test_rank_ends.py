@@ -98,3 +98,70 @@ def test_first_ended_counts_only_the_ranks_without_a_record(run_dir):
     records = rank_status.read_all(run_dir)
     assert first_ended(run_dir, records, [1, 2, 3], STARTED) == (2, "")
     assert first_ended(run_dir, records, [1, 3], STARTED)[0] is None
+
+
+def fail(run_dir, rank: int, at: float, reason: str = "") -> None:
+    """Rank ``rank`` recorded a runtime failure at time ``at`` (submission.rank_status.finish)."""
+    path = run_dir / "ranks" / f"rank_{rank:05d}.json"
+    rec = json.loads(path.read_text())
+    rec.update(exit=3, state="failed", time=at, reason=reason)
+    path.write_text(json.dumps(rec))
+
+
+def test_a_rank_killed_before_a_peer_recorded_its_failure_is_named_first(run_dir):
+    """CI, 4 ranks, rank 3 SIGKILLed: rank 0's next barrier broke at once ("Ranks 3 failed to
+    pass monitoredBarrier") and rank 0 recorded that failure before mpiexec killed the
+    others - the summary named hydra's victim, rank 1, and called rank 3 'stopped after rank 0
+    failed'. The watch saw rank 3 end (time 101) before rank 0's record (101.5)."""
+    watched(run_dir, [13], [10], [11, 12])
+    fail(run_dir, 0, STARTED + 1.5, "RuntimeError: [Rank 0]: Ranks 3 failed to pass "
+                                     "monitoredBarrier in 30000 ms")
+    lines = summarise(run_dir, hydra(11))
+    assert lines[0] == ("rank 3 (pid 13 on vm) ended first, without an exit record: killed "
+                        "(SIGKILL, the OOM killer, a lost node) or crashed in native code; "
+                        "rank 0 failed after it; mpiexec's report names rank 1, which it "
+                        "ended itself after"), lines
+    assert lines[1] == "rank 3 (pid 13 on vm): no exit record - ended first; last logged step 10"
+    assert lines[2].startswith("rank 0 (pid 10 on vm): exit 3, failed after step 10: "
+                               "RuntimeError"), lines
+    assert lines[3].startswith("rank 1 (pid 11 on vm): stopped after rank 0 failed"), lines
+
+
+def test_a_failure_recorded_before_any_rank_was_killed_stays_the_cause(run_dir):
+    """Rank 0 failed on its own (recorded at 100.5), then ended (101) and mpiexec killed the
+    others (102): no rank ended before the failure, so rank 0 leads the summary."""
+    watched(run_dir, [10], [11, 12, 13])
+    fail(run_dir, 0, STARTED + 0.5, "ValueError: a bug")
+    lines = summarise(run_dir, hydra(10))
+    assert lines[0].startswith("rank 0 (pid 10 on vm) ended first: "), lines
+    assert lines[1].startswith("rank 0 (pid 10 on vm): exit 3, failed after step 10: "
+                               "ValueError"), lines
+    assert all(" stopped after rank 0 failed" in x for x in lines[2:5]), lines
+
+
+def test_a_peer_the_failing_rank_found_gone_is_named_first_without_a_watch(run_dir):
+    """The failing rank's own word: it looked for its peers (lost_ranks, up to
+    PEER_GRACE_S) before recording its failure and found rank 3 gone - no watch needed."""
+    fail(run_dir, 0, STARTED + 1.5, "RuntimeError: Connection closed by peer")
+    path = run_dir / "ranks" / "rank_00000.json"
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), lost=[3])))
+    lines = summarise(run_dir, hydra(11))
+    assert lines[0].startswith("rank 3 (pid 13 on vm) ended first, without an exit record"), \
+        lines
+    assert lines[1].startswith("rank 3 (pid 13 on vm): no exit record - ended first"), lines
+
+
+def test_lost_ranks_finds_a_peer_gone_without_a_word(run_dir):
+    """Rank 2's PID names no process here: gone (after step 10); the others are this test's
+    own PID (alive) - and the wait ends as soon as one is found."""
+    import os
+    import socket
+    for r in range(4):
+        path = run_dir / "ranks" / f"rank_{r:05d}.json"
+        rec = dict(json.loads(path.read_text()), host=socket.gethostname(),
+                   pid=os.getpid() if r != 2 else 2 ** 22 + 7)
+        path.write_text(json.dumps(rec))
+    said, gone = rank_status.lost_ranks(run_dir, 0, wait_s=30.0)
+    assert gone == [2] and len(said) == 1 and said[0].startswith("rank 2 ") and \
+        "gone without a word after step 10" in said[0], said
+    assert rank_status.lost_ranks(run_dir, 2) == ([], [])

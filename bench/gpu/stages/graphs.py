@@ -130,13 +130,14 @@ def case_name(batch: str, mode: str) -> str:
 
 def graph_cases(run: Run, modes, b2: int) -> dict:
     """{case name: (local batch, overrides)} for each mode at 2 full rows and at local batch
-    4 (b4 left out where the 2 rows hold 4: it is rows2)."""
+    4 (b4 left out where the 2 rows hold 4: it is rows2), in the order they run: every
+    mode's 2-row case first (a stage ended at its budget keeps the cases it finished)."""
     batches = {"rows2": (b2, ["data.static_rows=2", f"data.max_seqs_per_row={FULL_ROW_SEQS}"]),
                "b4": (4, [])}
     if b2 == 4:
         del batches["b4"]
     return {case_name(b, mode): (batch, [*extra, *mode_overrides(run, mode)])
-            for mode in modes for b, (batch, extra) in batches.items()}
+            for b, (batch, extra) in batches.items() for mode in modes}
 
 
 def _trainer(run: Run, b: int, *extra: str):

@@ -1,14 +1,17 @@
 """The ``throughput``, ``throughput_paths`` and ``fusions`` stages: Presto's step on BERT-large at
 sequence 512, each path and precision at its largest local batch, the fused and compiled
 models beside it: sequences/s, real tokens/s, TFLOP/s, MFU, busy time and peak memory.
-``throughput`` (the verdicts) is unpadded bf16, unfused and with every fusion;
+``throughput`` (the verdicts) is unpadded bf16, unfused and with every fusion, and FP8
+(model.fp8 = 'tensorwise', torchao) beside bf16 at the largest batch and at 2 rows - each FP8
+case with the mean loss of its measured steps beside its bf16 sibling's, trained from the
+same weights on the same batches (the sibling's probes replayed first);
 ``throughput_paths`` the padded and packed paths and fp16; ``fusions`` unpadded bf16 with each
 fusion alone (``unpadded_bf16_fused_<name>``) and with whole layers compiled
 (``unpadded_bf16_compiled``, model.compile = 'layers'), beside unfused. Time is the device's:
 steps enqueued back to back between two synchronisations, so TFLOP/s and MFU are what the
 device did (``time_source`` in the record).
 
-A fused or compiled case runs at the batch its unfused sibling found (no probes of its own):
+A fused, compiled or FP8 case runs at the batch its unfused sibling found (no probes of its own):
 Inductor tunes its kernels for the token count of the first call, which a probe's small batch
 would otherwise set (the fusions' 8.5 % loss of 2026-11-28 was compiled at the batch-8 probe).
 
@@ -72,15 +75,27 @@ def _busy(run: Run, trainer, cfg, spec, batch: int) -> dict:
     return {"busy_s": busy, "kernels": kernels, "top_kernels": top_kernels(names)}
 
 
+FP8 = "model.fp8=tensorwise"
+"""The FP8 cases' key (runtime/model/fp8.py: the encoder's four GEMM roles, torchao's
+tensorwise recipe; emulated on a CPU in --smoke)."""
+ROWS2 = 2
+"""The small case's local batch: 2 sequences, where FP8's casts and scale kernels cost more than
+its GEMMs save (docs/GPU.md)."""
+
+
 def stage_throughput(run: Run) -> dict:
     """Unpadded bf16 (fp32 in --smoke) at its largest local batch, fused beside unfused
-    (runtime.model.fusions): the fused-kernels goals' figures."""
+    (runtime.model.fusions): the fused-kernels goals' figures; FP8 beside it at that batch
+    and both at 2 rows, with their losses."""
     prec = run.precisions()[0]
-    cases = [(f"unpadded_{prec}", [*PATHS["unpadded"], PLAIN], prec)]
+    base = f"unpadded_{prec}"
+    cases = [(base, [*PATHS["unpadded"], PLAIN], prec)]
     if not run.smoke:  # (smoke: the harness only - compiling on 2 CPU cores takes a minute;
         #                tests/integration/test_fused.py holds the fusions to their references)
-        cases.append((f"unpadded_{prec}_fused", [*PATHS["unpadded"], f"model.fusions={FUSED}"],
-                      prec))
+        cases.append((f"{base}_fused", [*PATHS["unpadded"], f"model.fusions={FUSED}"], prec))
+    cases += [(f"{base}_fp8", [*PATHS["unpadded"], PLAIN, FP8], prec),
+              (f"{base}_rows{ROWS2}", [*PATHS["unpadded"], PLAIN], prec, ROWS2),
+              (f"{base}_fp8_rows{ROWS2}", [*PATHS["unpadded"], PLAIN, FP8], prec, ROWS2)]
     return _throughput(run, cases)
 
 
@@ -111,8 +126,20 @@ def stage_throughput_paths(run: Run) -> dict:
 
 
 def _sibling(key: str) -> str:
-    """The unfused case a fused or compiled case is measured beside (its batch)."""
-    return key.split("_fused")[0].split("_compiled")[0]
+    """The unfused case a fused, compiled or FP8 case is measured beside (its batch; an FP8
+    case's loss too)."""
+    return key.split("_fused")[0].split("_compiled")[0].replace("_fp8", "")
+
+
+def _loss_beside(out: dict, key: str, losses: list) -> dict:
+    """The case's mean loss over its measured steps and, for an FP8 case, its sibling's and
+    the difference."""
+    mine = sum(losses) / len(losses) if losses else None
+    got = {"loss": mine}
+    sibling = out.get(_sibling(key)) if "_fp8" in key else None
+    if isinstance(sibling, dict) and sibling.get("loss") is not None and mine is not None:
+        got.update(loss_of_sibling=sibling["loss"], loss_minus_sibling=mine - sibling["loss"])
+    return got
 
 
 def _throughput(run: Run, cases: list) -> dict:
@@ -134,7 +161,7 @@ def _throughput(run: Run, cases: list) -> dict:
                       "time_source": "wall between device synchronisations"})
     from runtime.observe.mfu import peak_of
     device_name = torch.cuda.get_device_name(0) if run.cuda else None
-    for key, extra, prec in cases:
+    for key, extra, prec, *fixed in cases:
         try:
             cfg = stage_config(run, DGX_CONFIG if not run.smoke else CPU_CONFIG,
                                f"data.data_dir={run.data('seq512')}", "model.init=scratch",
@@ -149,27 +176,36 @@ def _throughput(run: Run, cases: list) -> dict:
             trainer.setup()
             spec = cfg.data.balance_spec(1, cost=trainer.batch_cost)
 
+            losses: list = []  # the last measure's steps: read after its timing
+
             def measure(batch: int, steps: int = 3, warmup: int = 2) -> dict:
                 loader = TrainLoader(cfg.data.data_dir, 0, 1, batch, 7, verify=False,
                                      balance=spec)
                 it = iter(loader)
+                step_losses: list = []
 
                 def one() -> tuple:
                     rec = trainer.train_step(it)
+                    step_losses.append(rec.losses[0])  # on the device, read after timing
                     return rec.host["real_tokens"], rec.host["model_flops"]
                 try:
                     r = timed(run, one, warmup, steps)
                 finally:
                     loader.close()
                     trainer.step_log.flush()
+                losses[:] = [float(v) for v in step_losses[warmup:]]
                 r["batch"] = batch
                 return r
 
             sibling = out.get(_sibling(key)) if _sibling(key) != key else None
+            sibling = sibling if isinstance(sibling, dict) else {}
+            if "_fp8" in key:  # the sibling's probes first: the same weights and batches
+                for p in sibling.get("probes", []):
+                    measure(p["batch"])
+            known = fixed[0] if fixed else sibling.get("local_batch")
             batch, r, probes = largest_that_runs(
                 measure, 8, 8, total, run.smoke, steps=10 if not run.smoke else 3,
-                warmup=3 if not run.smoke else 1,
-                known=sibling.get("local_batch") if isinstance(sibling, dict) else None)
+                warmup=3 if not run.smoke else 1, known=known)
             peak = peak_of(device_name, prec, trainer.cfg.system.peak_tflops)
             tflops = r["flops"] / r["seconds"] / 1e12
             busy = _busy(run, trainer, cfg, spec, batch) if not run.smoke or not any(
@@ -182,6 +218,7 @@ def _throughput(run: Run, cases: list) -> dict:
                         "of_gemm_peak": tflops / gemm if gemm else None,
                         "peak_tflops": peak.tflops, **busy,
                         "peak_memory_GiB": round(r["peak_bytes"] / 2**30, 2),
+                        **_loss_beside(out, key, losses),
                         "probes": [{k: p[k] for k in ("batch", "peak_bytes")} for p in probes]}
             trainer.close()
             trainer = None
