@@ -7,9 +7,10 @@ case with the mean loss of its measured steps beside its bf16 sibling's, trained
 same weights on the same batches (the sibling's probes replayed first);
 ``throughput_paths`` the padded and packed paths and fp16; ``fusions`` unpadded bf16 with each
 fusion alone (``unpadded_bf16_fused_<name>``) and with whole layers compiled
-(``unpadded_bf16_compiled``, model.compile = 'layers'), beside unfused. Time is the device's:
-steps enqueued back to back between two synchronisations, so TFLOP/s and MFU are what the
-device did (``time_source`` in the record).
+(``unpadded_bf16_compiled``, model.compile = 'layers'), beside unfused. Time is the wall clock's
+between two device synchronisations, the steps enqueued back to back in between: TFLOP/s and
+MFU count any idle device time inside that window too (``time_source`` in the record); the
+device's own busy time (the profiler's kernel sum) is recorded beside it.
 
 A fused, compiled or FP8 case runs at the batch its unfused sibling found (no probes of its own):
 Inductor tunes its kernels for the token count of the first call, which a probe's small batch
