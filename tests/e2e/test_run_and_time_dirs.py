@@ -62,6 +62,7 @@ def test_the_run_directory_is_held_from_before_the_launch(sandbox, tmp_path):
     try:
         first = start_script(sandbox, dict(env, RUN_DIR=str(run_dir)))
         wait_for(files / "started", first)
+        wait_for(run_dir / "ranks" / "ends.jsonl", first)   # the first run's own watch
         log = run_dir / "launcher.log"
         before = sorted(p.name for p in run_dir.iterdir()), log.read_bytes()
         second = start_script(sandbox, dict(env, RUN_DIR=str(run_dir)))
