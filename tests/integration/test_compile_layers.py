@@ -8,6 +8,7 @@ each precision the CPU takes, and the refusal beside the compiled fusions throug
 entry point. The config's rows and refusals: tests/unit/test_configs.py."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -174,11 +175,15 @@ def fit(data, single_ctx, *extra):
     ("bf16_master", ["model.attention=unpadded", "data.shapes=static"]),
 ], ids=["fp32-unpadded", "fp32-padded", "fp32-unpadded-static", "bf16_master-unpadded-static"])
 def test_a_compiled_run_follows_the_eager_run_and_compiles_only_at_its_start(
-        small_dataset, single_ctx, precision, case):
+        small_dataset, precision, case):
     """30 steps of real batches (their token counts change every step), evaluated every 10:
     the losses of the compiled layers follow the eager run's step by step, and after the
     first step (the training graph) and the first evaluation (the evaluation graph) nothing
-    is compiled again. Dropout is off: Inductor draws its own masks."""
+    is compiled again. Dropout is off: Inductor draws its own masks. The two runs are made
+    in a process of their own, as a user's run is: in a pytest worker after other tests'
+    compiles under dispatcher stand-ins, the compiled layer's forward once came out with a
+    backward of no output gradient inside it (the suite of 2026-12-01, not reproduced in
+    a process of its own)."""
     extra = [f"train.precision={precision}", *case]
     if PRECISIONS[precision].master:   # (the fused optimizer keeps the masters)
         extra.append("optim.backend=auto")
@@ -186,20 +191,44 @@ def test_a_compiled_run_follows_the_eager_run_and_compiles_only_at_its_start(
         tiny_config(small_dataset, *extra, "model.compile=layers")
     except ConfigError as e:
         pytest.skip(f"refused on CPU: {e}")
-    eager, none = fit(small_dataset, single_ctx, *extra)
-    fast, layers = fit(small_dataset, single_ctx, *extra, "model.compile=layers")
-    assert none == 0 and layers == 2
-    torch.testing.assert_close(torch.tensor(fast.losses), torch.tensor(eager.losses),
+    proc = subprocess.run([sys.executable, "-c", TWO_RUNS, str(small_dataset),
+                           json.dumps(extra)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=580)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    eager, fast = got["eager"], got["fast"]
+    assert eager["layers"] == 0 and fast["layers"] == 2
+    torch.testing.assert_close(torch.tensor(fast["losses"]), torch.tensor(eager["losses"]),
                                rtol=LOSS_RTOL.get(precision, 2e-2), atol=1e-5)
-    assert eager.losses[0] != eager.losses[-1]  # it trained
-    after_step_1 = next(c for e, s, c in fast.compiled if e == "step" and s == 1)
-    evals = [(s, c) for e, s, c in fast.compiled if e == "eval_stop"]
+    assert eager["losses"][0] != eager["losses"][-1]  # it trained
+    compiled = fast["compiled"]
+    after_step_1 = next(c for e, s, c in compiled if e == "step" and s == 1)
+    evals = [(s, c) for e, s, c in compiled if e == "eval_stop"]
     assert [s for s, _ in evals] == [10, 20, 30]
-    steps_before_eval = [c for e, s, c in fast.compiled if e == "step" and 1 <= s <= 10]
-    assert set(steps_before_eval) == {after_step_1}, fast.compiled
+    steps_before_eval = [c for e, s, c in compiled if e == "step" and 1 <= s <= 10]
+    assert set(steps_before_eval) == {after_step_1}, compiled
     assert {c for _, c in evals} == {evals[0][1]} and \
-        {c for e, s, c in fast.compiled if e == "step" and s > 10} == {evals[0][1]}, \
-        fast.compiled
+        {c for e, s, c in compiled if e == "step" and s > 10} == {evals[0][1]}, compiled
+
+
+TWO_RUNS = """
+import json, sys
+from pathlib import Path
+from runtime.launch import dist
+from runtime.launch.env import discover
+from tests.integration.test_compile_layers import fit
+data, extra = Path(sys.argv[1]), json.loads(sys.argv[2])
+ctx = dist.init_distributed(discover({}), device="cpu")
+out = {}
+try:
+    for name, more in (("eager", []), ("fast", ["model.compile=layers"])):
+        rec, layers = fit(data, ctx, *extra, *more)
+        out[name] = {"losses": rec.losses, "compiled": rec.compiled, "layers": layers}
+finally:
+    dist.shutdown()
+print(json.dumps(out))
+"""
+"""The eager and the compiled run of one case, in a process of its own (JSON on stdout)."""
 
 
 def test_compiled_layers_beside_the_compiled_fusions_are_refused_before_launch():

@@ -4,7 +4,7 @@ and backward against its bf16 result within FP8's error - and measurably off it,
 what ran -; a short run that says once that it emulates and logs what it converted; an
 interrupted-and-resumed run equal to the uninterrupted one bit for bit; and the state dict and
 Hugging Face export of an FP8 model identical to the same model's without FP8. The config's
-refusals and the conversion's choices: tests/unit/test_fp8.py; the captured step's safety on
+refusals and the conversion's choices: tests/unit/test_fp8_config.py; the captured step's safety on
 the simulated device: tests/integration/test_graphs_integration.py."""
 from __future__ import annotations
 
