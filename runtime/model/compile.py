@@ -36,6 +36,13 @@ graphs stay off (``triton.cudagraphs``: one capture, Presto's). The compiled fus
 kernels.fused are not used beside it (the config refuses them; a model built with them here
 traces their references into the layer's graph).
 
+Known, not fixed (torch 2.13.0+cpu, 2026-12-01): on a CPU at one thread a rank
+(OMP_NUM_THREADS=1), a trainer run of the dynamic-shape fp32 layers failed in the compiled
+forward, which called the CPU flash attention's backward without its output gradient
+("TypeError: expected Tensor() for op _scaled_dot_product_flash_attention_for_cpu_backward");
+at two threads, and with static shapes or bf16 at one, the same runs pass
+(tests/integration/test_compile_layers.py). The GPU path (flash varlen) is not this code.
+
 Never: reads the config, changes parameters, the state dict or what a layer computes (the
 reference is the eager layer: the tests hold the two equal), or compiles anything outside the
 encoder layers (embeddings, heads and loss stay eager).
