@@ -335,6 +335,32 @@ def test_run_sub_requeue_skips_finished_experiments(stubs, tmp_path, srun_config
     assert (tmp_path / "logs" / "run_2.out").read_text().count("run.sub: attempt") == 2
 
 
+def test_run_sub_lost_rank_requeues_even_when_slurm_signals_scontrol(stubs, tmp_path,
+                                                                      srun_config):
+    """A launch that ends 137 (a node lost) requeues the job. Slurm answers the requeue by
+    sending TERM to every process of the batch job, scontrol included when it has not exited
+    yet (seen in CI: the requeue done, but scontrol killed, and run.sub said "requeue
+    refused"). The scontrol stub signals its whole process group as slurmstepd would."""
+    from tests.support.launch import default_stop_signals
+    _, env, calls = stubs
+    bindir = tmp_path / "bin dir"
+    (bindir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path}/scontrol"\n'
+                                     'kill -TERM 0\nsleep 0.2\necho "requeue accepted"\n')
+    (bindir / "scontrol").chmod(0o755)
+    e = dict(env, CONFIG=str(srun_config), NEXP="2", LOGDIR=str(tmp_path / "logs"),
+             PRESTO_ROOT=str(ROOT), SLURM_JOB_ID="77", SCONTROL=str(bindir / "scontrol"),
+             STUB_RC="137")
+    proc = subprocess.run(["bash", str(RUN_SUB)], env=e, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, start_new_session=True,
+                          preexec_fn=default_stop_signals)
+    assert (tmp_path / "scontrol").read_text().split() == ["requeue", "77"]
+    assert "requeued (restart 1 of at most 3)" in proc.stdout, proc.stdout + proc.stderr
+    assert "refused" not in proc.stdout and proc.returncode == 1, proc.stdout + proc.stderr
+    # one experiment launched, not two: Slurm starts the job again
+    assert [c["env"].get("RUN_DIR") for c in calls("srun") if "--mpi=none" in c["argv"]] == \
+        [str(tmp_path / "logs" / "run_1")]
+
+
 def test_run_sub_failed_experiment_fails_the_job_but_not_the_others(stubs, tmp_path, srun_config):
     _, env, calls = stubs
     proc = run_sub(env, tmp_path, srun_config, nexp="2", STUB_RC="1")
