@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.launch import signals
 from runtime.train.checkpoint import (FORMAT, MANIFEST, Checkpoint, CheckpointError, find_latest,
                                       list_checkpoints)
-from runtime.events import CallbackList, Event
+from runtime.events import CallbackList
 from runtime.optim.grad_scale import DynamicLossScale
 from runtime.model.bert import BertForPreTraining
 from runtime.model.hf import load_pretrained
 from runtime.optim.optimizers import build_optimizer
 from runtime.train.trainer import InitCheckpointError, Trainer, build_model
+from tests.support.fit import Recorder, fit
 from tests.support.tiny import tiny_config
 
 
@@ -46,34 +46,6 @@ def tiny(data_dir, out, *extra):
 # The exact resume runs the default pairing (the compiled fused step, whose state lives in flat
 # buffers bound to the bucket layout), not the tiny config's foreach step.
 DEFAULT_PAIRING = "optim.backend=auto"
-
-
-class Recorder:
-    """Every logged step's (step, loss, grad_norm, skipped) and every eval, as numbers; can
-    ask for a stop (a signal) once a logged step reaches ``stop_at``."""
-
-    def __init__(self, stop_at: int = 0):
-        self.steps, self.evals, self.stop_at = [], [], stop_at
-
-    def on_event(self, event, state):
-        if event is Event.LOG:
-            self.steps += [(m.step, m.loss, m.grad_norm, m.skipped) for m in state.logged_steps]
-            if self.stop_at and state.step >= self.stop_at:
-                signals.request()
-        elif event is Event.EVAL_STOP:
-            self.evals.append((state.samples, state.eval_accuracy))
-
-
-def fit(cfg, ctx, stop_at=0):
-    rec = Recorder(stop_at)
-    trainer = Trainer(cfg, ctx, CallbackList([rec]), log=lambda msg: rec.__dict__.setdefault(
-        "said", []).append(msg))
-    try:
-        state = trainer.fit()
-    finally:
-        trainer.close()
-        signals.clear()
-    return state, rec, trainer
 
 
 # ------------------------------------------------------------------------------ exact resume

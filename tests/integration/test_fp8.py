@@ -15,13 +15,12 @@ import torch
 from safetensors.torch import save_file
 
 from runtime.choices import FP8_ROLES
-from runtime.events import CallbackList, Event
-from runtime.launch import signals
 from runtime.model import fp8
 from runtime.model.bert import BertLayer
 from runtime.model.config import BertConfig
 from runtime.model.hf import save_hf_state_dict, read_state_dict
-from runtime.train.trainer import Trainer, build_model
+from runtime.train.trainer import build_model
+from tests.support.fit import fit
 from tests.support.tiny import tiny_config
 
 LAYER = BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -76,39 +75,15 @@ def _tiny(data, out, *extra):
         "optim.lr=0.01", *extra)
 
 
-class _Steps:
-    def __init__(self, stop_at: int = 0):
-        self.steps, self.evals, self.said, self.stop_at = [], [], [], stop_at
-
-    def on_event(self, event, state):
-        if event is Event.LOG:
-            self.steps += [(m.step, m.loss, m.grad_norm) for m in state.logged_steps]
-            if self.stop_at and state.step >= self.stop_at:
-                signals.request()
-        elif event is Event.EVAL_STOP:
-            self.evals.append((state.samples, state.eval_accuracy))
-
-
-def _fit(cfg, ctx, stop_at=0):
-    rec = _Steps(stop_at)
-    trainer = Trainer(cfg, ctx, CallbackList([rec]), log=rec.said.append)
-    try:
-        state = trainer.fit()
-    finally:
-        trainer.close()
-        signals.clear()
-    return state, rec, trainer
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(small_dataset, single_ctx, tmp_path_factory):
-    return _fit(_tiny(small_dataset, tmp_path_factory.mktemp("fp8_full")), single_ctx)
+    return fit(_tiny(small_dataset, tmp_path_factory.mktemp("fp8_full")), single_ctx)
 
 
 def test_a_short_emulated_run_trains_and_says_so_once(uninterrupted):
     state, rec, trainer = uninterrupted
     assert state.step == 6 and len(rec.steps) == 6
-    losses = [loss for _, loss, _ in rec.steps]
+    losses = [loss for _, loss, _, _ in rec.steps]
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
     said = [m for m in rec.said if "model.fp8" in m]
     assert len(said) == 1 and "emulated" in said[0] and "6 encoder Linears" in said[0], rec.said
@@ -129,9 +104,9 @@ def test_an_interrupted_and_resumed_fp8_run_equals_the_uninterrupted_one(
     _, full, _ = uninterrupted
     cfg = _tiny(small_dataset, tmp_path / "b", "train.checkpoint_every_samples=32",
                 "train.checkpoint_keep=1")
-    first_state, first, _ = _fit(cfg, single_ctx, stop_at=2)
+    first_state, first, _ = fit(cfg, single_ctx, stop_at=2)
     assert first_state.status == "interrupted" and 0 < first_state.step < 6
-    second_state, second, t2 = _fit(cfg, single_ctx)
+    second_state, second, t2 = fit(cfg, single_ctx)
     assert t2.resume_from is not None and t2.resume_from.step == first_state.step
     assert first.steps + second.steps == full.steps
     assert first.evals + second.evals == full.evals
