@@ -13,10 +13,11 @@ SOURCES  := .cache/sources
 GENSIM_BZ2 := $(SOURCES)/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2
 PYTEST_ARGS ?=
 # The suite runs in two pytest-xdist workers, a whole test file per worker at a time (module
-# fixtures such as one shared rank launch stay one launch); PYTEST_WORKERS=0 runs it in this
-# process alone.
+# fixtures such as one shared rank launch stay one launch), the files with slow tests first
+# (tests/conftest.py's order, which --no-loadscope-reorder keeps); PYTEST_WORKERS=0 runs it in
+# this process alone.
 PYTEST_WORKERS ?= 2
-XDIST    := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+XDIST    := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 .PHONY: venv run test data sources system-deps clean-data bench-deps
 

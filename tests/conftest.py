@@ -62,6 +62,17 @@ TESTS = Path(__file__).resolve().parent
 SLOW_TIERS, FAST_TIERS = {"ranks", "e2e"}, {"unit"}   # every test slow / none slow
 
 
+def slow_files_first(items: list) -> list:
+    """The files holding a slow test first, each file's tests together and in their order.
+    ``make test`` hands the workers whole files in this order (``--dist loadfile
+    --no-loadscope-reorder``; xdist's own order puts the files with most tests first, which
+    left a file of a few minutes-long tests - the compiled layers, the two-node cluster - to
+    start near the end while the other worker ran out of work): the long files start early
+    and the hundreds of short tests fill both workers to the end."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    return sorted(items, key=lambda item: item.path not in slow_files)   # stable
+
+
 @pytest.hookimpl(tryfirst=True)   # before -m deselects: every collected test is checked
 def pytest_collection_modifyitems(config, items):
     """The ``slow`` marker agrees with the tier directories (a test in tests/ranks/ or
@@ -79,6 +90,7 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             "tests/ranks/ and tests/e2e/ hold only tests marked slow, tests/unit/ none (move "
             "the test or fix its mark):\n  " + "\n  ".join(wrong))
+    items[:] = slow_files_first(items)
     import torch
     if torch.cuda.is_available():
         return

@@ -73,7 +73,8 @@ def counts() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.timeout(900)   # the first mode's test waits for all seven counts (~2-5 min)
+@pytest.mark.slow  # the first mode's test waits for all seven counts (~1.5 min, 2-5 loaded)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_steps_kernels_stay_under_the_modes_ceiling(counts, mode):
     got = counts[mode]
