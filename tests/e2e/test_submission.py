@@ -244,11 +244,16 @@ def test_hostile_override_reaches_the_ranks_verbatim_and_runs_nothing(stubs, tmp
 
 # ------------------------------------------------------------------------------ run.sub
 
-def run_sub(env, tmp_path, config, nexp="2", **extra):
+def run_sub(env, tmp_path, config, nexp="2", own_session=False, **extra):
+    """run.sub as job 77 (``extra``: more environment); ``own_session``: in a session of its
+    own with the stop signals at their defaults, as a batch job is (a test may signal its
+    whole process group)."""
     e = dict(env, CONFIG=str(config), NEXP=nexp, LOGDIR=str(tmp_path / "logs"),
              PRESTO_ROOT=str(ROOT), SLURM_JOB_ID="77", **extra)
+    session = dict(start_new_session=True, preexec_fn=default_stop_signals) if own_session \
+        else {}
     return subprocess.run(["bash", str(RUN_SUB)], env=e, capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+                          timeout=120, cwd=tmp_path, **session)
 
 
 @pytest.fixture
@@ -341,18 +346,12 @@ def test_run_sub_lost_rank_requeues_even_when_slurm_signals_scontrol(stubs, tmp_
     sending TERM to every process of the batch job, scontrol included when it has not exited
     yet (seen in CI: the requeue done, but scontrol killed, and run.sub said "requeue
     refused"). The scontrol stub signals its whole process group as slurmstepd would."""
-    from tests.support.launch import default_stop_signals
-    _, env, calls = stubs
-    bindir = tmp_path / "bin dir"
+    bindir, env, calls = stubs
     (bindir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path}/scontrol"\n'
                                      'kill -TERM 0\nsleep 0.2\necho "requeue accepted"\n')
     (bindir / "scontrol").chmod(0o755)
-    e = dict(env, CONFIG=str(srun_config), NEXP="2", LOGDIR=str(tmp_path / "logs"),
-             PRESTO_ROOT=str(ROOT), SLURM_JOB_ID="77", SCONTROL=str(bindir / "scontrol"),
-             STUB_RC="137")
-    proc = subprocess.run(["bash", str(RUN_SUB)], env=e, capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path, start_new_session=True,
-                          preexec_fn=default_stop_signals)
+    proc = run_sub(env, tmp_path, srun_config, own_session=True,
+                   SCONTROL=str(bindir / "scontrol"), STUB_RC="137")
     assert (tmp_path / "scontrol").read_text().split() == ["requeue", "77"]
     assert "requeued (restart 1 of at most 3)" in proc.stdout, proc.stdout + proc.stderr
     assert "refused" not in proc.stdout and proc.returncode == 1, proc.stdout + proc.stderr

@@ -181,13 +181,10 @@ def test_a_compiled_run_follows_the_eager_run_and_compiles_only_at_its_start(
     the losses of the compiled layers follow the eager run's step by step, and after the
     first step (the training graph) and the first evaluation (the evaluation graph) nothing
     is compiled again. Dropout is off: Inductor draws its own masks. The two runs are made
-    in a process of their own with two threads. KNOWN, NOT FIXED (2026-12-01, torch
-    2.13.0+cpu): with one thread (OMP_NUM_THREADS=1, what conftest gives each of the suite's
-    two workers) the dynamic-shape fp32 cases' compiled forward calls the CPU flash
-    attention's backward with no output gradient ("TypeError: expected Tensor() for op
-    _scaled_dot_product_flash_attention_for_cpu_backward"); the static and bf16 cases and the
-    encoder-only tests above pass at one thread. A CPU run of model.compile='layers' at one
-    thread a rank can hit it: runtime/model/compile.py says so."""
+    in a process of their own with two threads: at one thread (what conftest gives each of
+    the suite's two workers) the dynamic-shape fp32 cases hit the known, unfixed Inductor
+    bug runtime/model/compile.py describes; the static and bf16 cases and the encoder-only
+    tests above pass at one thread."""
     extra = [f"train.precision={precision}", *case]
     if PRECISIONS[precision].master:   # (the fused optimizer keeps the masters)
         extra.append("optim.backend=auto")
