@@ -1,8 +1,9 @@
 """Shared fixtures, and the tiers.
 
-``small_dataset``: a small real-text data set (Wikipedia lead sections, uncased BERT vocab)
-built once per test session with ``loaders.prepare`` - 4 training shards, 64 eval samples,
-seq 128. Built in a second or two; test files that need real shards use it read-only.
+``small_dataset``: a small real-text data set (Wikipedia lead sections, the tiny model's
+vocabulary: the first 8,192 entries of the uncased BERT vocab, tests/support/tiny.py) built
+once per test session with ``loaders.prepare`` - 4 training shards, 64 eval samples, seq 128.
+Built in a second or two; test files that need real shards use it read-only.
 
 Imported from their modules so that every test file sees them: ``slurm_cluster`` (a real
 one-node Slurm cluster, tests/slurm_cluster.py), ``reference_run`` (the session's
@@ -101,13 +102,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def small_dataset_options() -> dict:
-    """The PrepareConfig options of ``small_dataset`` (besides out/sources/workers)."""
-    return dict(SMALL_DATASET_OPTIONS)
+def small_dataset_options(tmp_path_factory) -> dict:
+    """The PrepareConfig options of ``small_dataset`` (besides out/sources/workers): the
+    shared options, and the tiny model's vocabulary."""
+    from tests.support.tiny import write_vocab
+    vocab = write_vocab(tmp_path_factory.mktemp("tiny_vocab") / "vocab.txt")
+    return dict(SMALL_DATASET_OPTIONS, vocab=vocab)
 
 
 @pytest.fixture(scope="session")
-def small_dataset_report(tmp_path_factory):
+def small_dataset_report(tmp_path_factory, small_dataset_options):
     """The BuildReport of the shared small set (doc ids per split, stats, timings)."""
     from loaders.prepare import PrepareConfig, build
     from loaders.corpus import WIKI_XML_NAME
@@ -115,7 +119,7 @@ def small_dataset_report(tmp_path_factory):
     if not (SOURCES / WIKI_XML_NAME).is_file():
         pytest.skip(f"{SOURCES / WIKI_XML_NAME} missing: run `make sources`")
     out = tmp_path_factory.mktemp("small_dataset") / "data"
-    return build(PrepareConfig(out=out, sources=SOURCES, workers=2, **SMALL_DATASET_OPTIONS),
+    return build(PrepareConfig(out=out, sources=SOURCES, workers=2, **small_dataset_options),
                  log=lambda msg: None)
 
 

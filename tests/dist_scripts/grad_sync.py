@@ -2,8 +2,8 @@
 
     python tests/dist_scripts/grad_sync.py CASE[,CASE...] DATA_DIR WORK_DIR
 
-Every rank builds the trainer on a tiny BERT (real tied 30522-row word embedding, so the
-size-cap plan splits it), takes its own batches, and computes its *local* gradient on an
+Every rank builds the trainer on a tiny BERT (a tied 8,192-row word embedding of 2 MiB, so
+the size-cap plan splits it), takes its own batches, and computes its *local* gradient on an
 independent copy of the model with plain autograd (no buckets, no communication). The local
 gradients are all-gathered, and the gradient the optimizer receives (``p.grad`` times the
 ``grad_scale`` passed to ``optimizer.step``) must equal the formula for the
@@ -14,7 +14,7 @@ Several cases run one after the other in one launch (the 2-rank ones of tests/ra
 share one start-up).
 
 CASE:
-  modes        the four clip modes, bucket_cap_mb=1 (the embedding split in 8 pieces), timeline
+  modes        the four clip modes, bucket_cap_mb=0.25 (the embedding split in 8 pieces), timeline
                on: formula, overlap (a bucket launched before backward ended, except
                local_before: none), gradients are views of the bucket buffer
   per-rank     the same for the two modes that clip each rank's gradient before the sum
@@ -58,9 +58,9 @@ EMB = "bert.embeddings.word_embeddings.weight"
 
 def tiny_config(data_dir, *extra):
     """The tiny model of tests/support/tiny.py (dropout off: the reference gradient must be the
-    same computation), clipped at TAU, 1 MB buckets, the timeline on, the tied embedding in the
+    same computation), clipped at TAU, 0.25 MiB buckets (the embedding in 8), the timeline on, the tied embedding in the
     dense buckets unless a case asks for split."""
-    return support_tiny_config(data_dir, f"train.max_grad_norm={TAU}", "train.bucket_cap_mb=1",
+    return support_tiny_config(data_dir, f"train.max_grad_norm={TAU}", "train.bucket_cap_mb=0.25",
                                "train.timeline=true", "train.tied_embedding_sync=dense", *extra)
 
 
@@ -227,7 +227,9 @@ def run_mode(ctx, data_dir, mode, *extra, accum=1, steps=2, counter=False):
     return rec
 
 
-def write_plan(path: Path, model, emb_cuts=(123457, 1000003), shift=0):
+def write_plan(path: Path, model, emb_cuts=(123457, 400009), shift=0):
+    """A plan file: the other parameters in two buckets, the word embedding (524,288
+    elements) cut at odd offsets into three pieces, the first beside the others."""
     names = reverse_registration_order(list(model.named_parameters()))
     assert names[-1] == EMB or EMB in names
     others = [n for n in names if n != EMB]

@@ -32,6 +32,8 @@ CLS, SEP, MASK = tokenization.CLS_ID, tokenization.SEP_ID, tokenization.MASK_ID
 
 
 def _small(out: Path, **over) -> PrepareConfig:
+    """The shared set's options at ``out`` (its vocabulary: ``vocab=`` of the fixture's
+    options, where a test compares bytes with it), ``over`` winning."""
     opts = dict(SMALL, workers=2, sources=SOURCES)
     opts.update(over)
     return PrepareConfig(out=out, **opts)
@@ -101,10 +103,12 @@ def test_eval_set_comes_only_from_held_out_documents(small_dataset_report):
 
 def test_same_seed_same_bytes_any_workers_and_other_seed_differs(small_dataset, tmp_path,
                                                                   small_dataset_options):
-    assert small_dataset_options == SMALL
-    one = build(_small(tmp_path / "w1", workers=1), **QUIET).out
+    opts = dict(small_dataset_options)
+    vocab = opts.pop("vocab")                       # the tiny model's (tests/support/tiny.py)
+    assert opts == SMALL
+    one = build(_small(tmp_path / "w1", workers=1, vocab=vocab), **QUIET).out
     assert _files(one) == _files(small_dataset)               # workers=2 built the fixture
-    other = build(_small(tmp_path / "seed", seed=999), **QUIET).out
+    other = build(_small(tmp_path / "seed", seed=999, vocab=vocab), **QUIET).out
     a = (small_dataset / CHECKSUM_FILE).read_text().splitlines()
     b = (other / CHECKSUM_FILE).read_text().splitlines()
     assert all(x != y for x, y in zip(a, b) if "vocab.txt" not in x)

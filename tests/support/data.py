@@ -22,19 +22,20 @@ from loaders.dataset import STATS_FILE, DataSetInfo
 from loaders.presets import SOURCES  # noqa: F401 - `make sources`: the tests take it from here
 from loaders.shards import (CHECKSUM_FILE, EVAL_FILE, TRAIN_DIR, Samples, read_shard, shard_name,
                             write_checksums, write_shard)
+from tests.support.tiny import VOCAB_ROWS
 
 CLS, SEP, MASK = 101, 102, 103
 SEQ_LEN, MAX_PRED = 128, 20
 
 
 def synthetic_samples(first_id: int, count: int, rng: np.random.Generator) -> Samples:
-    """[CLS] A [SEP] B [SEP] with ~15 % masked; token 1 = 1000 + sample id keeps every sample
-    distinct, and is never masked."""
+    """[CLS] A [SEP] B [SEP] with ~15 % masked, ids below the tiny model's vocabulary; token 1
+    = 1000 + sample id keeps every sample distinct, and is never masked."""
     cols = {k: [] for k in ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids")}
     for sample_id in range(first_id, first_id + count):
         length = int(rng.integers(12, 101))
         len_a = int(rng.integers(3, length - 5))
-        tokens = rng.integers(1000, 30000, size=length)
+        tokens = rng.integers(1000, VOCAB_ROWS, size=length)
         tokens[0], tokens[1], tokens[len_a], tokens[-1] = CLS, 1000 + sample_id, SEP, SEP
         segments = np.zeros(length, dtype=np.int64)
         segments[len_a + 1:] = 1

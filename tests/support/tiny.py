@@ -1,9 +1,15 @@
 """The one tiny BERT of the test suite, as overrides of the built-in defaults (or of the CPU
 benchmark config, for run_and_time.sh runs).
 
-One shape everywhere (1 layer, hidden 64, 2 heads, intermediate 128, the real 30522-row
+One shape everywhere (1 layer, hidden 64, 2 heads, intermediate 128, an 8,192-row
 vocabulary): every test that trains a tiny model builds the same parameter set, so what is
-measured or cached for one holds for all. ``optim.backend = "foreach"``: building a Trainer
+measured or cached for one holds for all. The vocabulary is the first ``VOCAB_ROWS`` entries
+of the uncased BERT vocabulary (``write_vocab``; ``small_dataset`` is tokenised with it and
+the synthetic sets draw their ids below it): at hidden 64 the vocabulary's rows are almost
+the whole model - the MLM decoder, the embedding's gradient, its optimizer update and its
+all-reduce - and a step with the real 30,522 rows took 2.7x one with 8,192 (docs/
+DEVELOPING.md, "Test suite time"). A test on a data set of the real vocabulary (the
+official MLPerf inputs, a set built with the default vocab) sets ``REAL_VOCAB``. ``optim.backend = "foreach"``: building a Trainer
 compiles nothing (``auto`` means the fused step, compiled with torch.compile in every process:
 seconds per Trainer and per rank). The tests of the default, compiled pairing
 (tests/ranks/test_hot_path.py, tests/integration/test_optim_backends.py, the checkpoint round
@@ -16,7 +22,14 @@ from pathlib import Path
 
 from loaders.model_shape import SIZES
 
-SHAPE = {f"model.{k}": v for k, v in SIZES["tiny"].items()}  # 1 layer, hidden 64, 2 heads
+VOCAB_ROWS = 8192
+"""The tiny model's vocabulary: every special token, every character and every '##' letter
+and digit piece of the uncased BERT vocabulary lie below it (the last, '##q', at 4,160), so
+real text still tokenises into word pieces, not [UNK]."""
+REAL_VOCAB = {"model.vocab_size": 30522}   # BertConfig's default: the uncased BERT vocabulary
+
+SHAPE = {**{f"model.{k}": v for k, v in SIZES["tiny"].items()},  # 1 layer, hidden 64, 2 heads
+         "model.vocab_size": VOCAB_ROWS}
 BACKEND = {"optim.backend": '"foreach"'}   # the default pairing's tests override it: "auto"
 TINY = {**SHAPE, **BACKEND, "train.global_batch_size": 16}
 
@@ -26,6 +39,15 @@ RUN = {**TINY, "train.eval_iter_start_samples": 160, "train.eval_iter_samples": 
        "train.max_steps": 80, "train.log_every_steps": 10, "data.eval_batch_size": 32,
        "schedule.warmup_steps": 5, "schedule.total_steps": 200,
        "train.target_mlm_accuracy": 0.03, "train.plot": "false"}
+
+
+def write_vocab(path: Path) -> Path:
+    """The tiny vocabulary's vocab.txt at ``path``: the first ``VOCAB_ROWS`` lines of the
+    uncased BERT vocabulary (loaders.tokenization's default, from its PyPI package)."""
+    from loaders import tokenization
+    lines = tokenization.default_vocab_path().read_text(encoding="utf-8").splitlines(True)
+    path.write_text("".join(lines[:VOCAB_ROWS]), encoding="utf-8")
+    return path
 
 
 def as_overrides(values: dict) -> list[str]:

@@ -21,7 +21,7 @@ from runtime.config import ConfigError, load_config
 from submission.train import exit_code_of
 from tests.support.data import copy_dataset, rewrite_shard, train_shards
 from tests.support.runs import CPU_CONFIG
-from tests.support.tiny import run_overrides
+from tests.support.tiny import VOCAB_ROWS, run_overrides
 
 LIMITS = Limits(vocab_size=30522, max_seq_length=128)
 
@@ -92,7 +92,7 @@ def test_the_data_set_must_agree_with_the_config(small_dataset):
         check_data_set(info, max_seq_length=128, max_predictions_per_seq=19, vocab_size=30522)
     with pytest.raises(DataError, match="seq_len = 128, longer than data.max_seq_length = 64"):
         check_data_set(info, max_seq_length=64, max_predictions_per_seq=20, vocab_size=30522)
-    with pytest.raises(DataError, match="model.vocab_size >= 30522"):
+    with pytest.raises(DataError, match=f"model.vocab_size >= {VOCAB_ROWS}"):
         check_data_set(info, max_seq_length=128, max_predictions_per_seq=20, vocab_size=1000)
 
 
