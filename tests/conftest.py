@@ -44,6 +44,13 @@ import pytest
 # core, and OpenMP's spinning waits make oversubscribed threads cost far more than their
 # share (tests/integration on 2 workers: 240 s -> 148 s wall, 7.3 -> 4.0 min CPU; docs/
 # DEVELOPING.md). Rank launches set their own (runtime's threads_per_rank rule).
+# Waiting: OpenMP's threads spin between parallel regions (libgomp's active wait policy).
+# Beside another busy worker, a child with two threads - the compiled-vs-eager runs, a
+# one-rank run, a benchmark's smoke - spun on a core the other process needed: the 30-step
+# eager run of tests/integration/test_compile_layers.py took 92-130 s that way and 11-13 s
+# with passive waiting (the same machine, loaded alike, 2026-12-02; docs/DEVELOPING.md).
+# Every process the suite starts inherits it; set OMP_WAIT_POLICY to choose otherwise.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))

@@ -8,9 +8,10 @@ of the uncased BERT vocabulary (``write_vocab``; ``small_dataset`` is tokenised 
 the synthetic sets draw their ids below it): at hidden 64 the vocabulary's rows are almost
 the whole model - the MLM decoder, the embedding's gradient, its optimizer update and its
 all-reduce - and a step with the real 30,522 rows took 2.7x one with 8,192 (docs/
-DEVELOPING.md, "Test suite time"). A test on a data set of the real vocabulary (the
-official MLPerf inputs, a set built with the default vocab) sets ``REAL_VOCAB``. ``optim.backend = "foreach"``: building a Trainer
-compiles nothing (``auto`` means the fused step, compiled with torch.compile in every process:
+DEVELOPING.md, "Test suite time"). A test on a data set of a larger vocabulary sets
+``model.vocab_size`` itself (a run refuses a data set whose vocabulary is larger).
+
+``optim.backend = "foreach"``: building a Trainer compiles nothing (``auto`` means the fused step, compiled with torch.compile in every process:
 seconds per Trainer and per rank). The tests of the default, compiled pairing
 (tests/ranks/test_hot_path.py, tests/integration/test_optim_backends.py, the checkpoint round
 trip per backend) ask for it explicitly. Runs draw no loss_accuracy.png (``train.plot =
@@ -26,7 +27,6 @@ VOCAB_ROWS = 8192
 """The tiny model's vocabulary: every special token, every character and every '##' letter
 and digit piece of the uncased BERT vocabulary lie below it (the last, '##q', at 4,160), so
 real text still tokenises into word pieces, not [UNK]."""
-REAL_VOCAB = {"model.vocab_size": 30522}   # BertConfig's default: the uncased BERT vocabulary
 
 SHAPE = {**{f"model.{k}": v for k, v in SIZES["tiny"].items()},  # 1 layer, hidden 64, 2 heads
          "model.vocab_size": VOCAB_ROWS}
