@@ -146,7 +146,7 @@ def _load_timm_lamb():
 
 
 def _peer_groups(named, weight_decay):
-    from runtime.optim.optimizers import param_groups_for_bert
+    from runtime.optim.groups import param_groups_for_bert
     return [{"params": g["params"], "weight_decay": g["weight_decay"]}
             for g in param_groups_for_bert(named, weight_decay)]
 

@@ -9,7 +9,8 @@ import torch
 
 from kernels import optim_reference as ref
 from runtime.optim import optimizers as optim
-from runtime.optim.optimizers import build_optimizer, param_groups_for_bert
+from runtime.optim.groups import excluded_from_decay, param_groups_for_bert
+from runtime.optim.optimizers import build_optimizer
 
 B1, B2, EPS = 0.9, 0.999, 1e-6
 
@@ -170,9 +171,9 @@ def test_adamw_matches_torch_adamw_over_10_steps(dtype, atol):
     theirs = [(n, t.clone().requires_grad_()) for n, t in init.items()]
     opt = build_optimizer("adamw", ours, lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8,
                           weight_decay=0.05)
-    groups = [{"params": [p for n, p in theirs if not optim.excluded_from_decay(n)],
+    groups = [{"params": [p for n, p in theirs if not excluded_from_decay(n)],
                "weight_decay": 0.05},
-              {"params": [p for n, p in theirs if optim.excluded_from_decay(n)],
+              {"params": [p for n, p in theirs if excluded_from_decay(n)],
                "weight_decay": 0.0}]
     torch_opt = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.99), eps=1e-8,
                                   foreach=False)

@@ -27,7 +27,8 @@ from runtime.config import ConfigError, load_config
 from runtime.model.bert import BertForPreTraining
 from runtime.model.config import BertConfig
 from runtime.model.hf import hf_layout, load_hf_state_dict, load_pretrained, save_hf_state_dict
-from runtime.optim.optimizers import build_optimizer, norm_blocks
+from runtime.optim.groups import norm_blocks
+from runtime.optim.optimizers import build_optimizer
 from runtime.train import resume_rules as rr
 from tests.support.runs import CPU_CONFIG
 
@@ -281,7 +282,7 @@ def _steps(name, backend, split, fused, steps=3, combined=False, **hp):
     its [3H, H] weight included (what a fused tensor handed over as it is would get)."""
     fused_params = list(fused.named_parameters())
     if combined:
-        from runtime.optim.optimizers import param_groups_for_bert
+        from runtime.optim.groups import param_groups_for_bert
         fused_params = [{k: v for k, v in g.items() if k != "param_names"}
                         for g in param_groups_for_bert(fused_params, hp["weight_decay"])]
     opts = [build_optimizer(name, params, backend=backend, **hp)
