@@ -38,7 +38,7 @@ def key_field(doc: str, default: Any = dataclasses.MISSING, *, resume: str | Non
     """A config key's dataclass field: its default, its docstring (the ``--help-keys`` text)
     and its resume rule (``resume`` MATCH or RECORD, and ``why``: what a change would alter),
     each declared on the field. A section whose keys share one rule declares it once as its
-    ``RESUME`` (runtime.config.sections.SystemConfig)."""
+    ``RESUME`` (runtime.config.system.SystemConfig)."""
     if resume is not None and (resume not in (MATCH, RECORD) or not why):
         raise ValueError(f"a key's resume rule is {MATCH!r} or {RECORD!r} with why, got "
                          f"{resume!r}, {why!r}")
@@ -463,6 +463,18 @@ def clip_spec(mode: str) -> ClipSpec:
     except KeyError:
         raise ValueError(f"clip_mode must be one of {' | '.join(CLIP_SPECS)}, got {mode!r}") \
             from None
+
+
+def one_of(choices: Any, helps: dict[str, str] | None = None) -> str:
+    """A ``Literal`` key's choices in words, in their declared order: "'a' (what a does) |
+    'b'". The names come from the type, never typed again; ``helps`` may describe only
+    declared ones (checked when the section is defined)."""
+    names = [str(c) for c in get_args(choices)]
+    helps = helps or {}
+    stray = sorted(set(helps) - set(names))
+    if stray:
+        raise ValueError(f"help text for {stray}, which are not among the choices {names}")
+    return " | ".join(f"'{n}'" + (f" ({helps[n]})" if n in helps else "") for n in names)
 
 
 def is_number(x: Any) -> bool:

@@ -5,8 +5,10 @@ Owns, in its modules: every hyperparameter and system knob, its default, its doc
 one meaning everywhere: in the config file, in ``section.key=value`` overrides and in the
 logs.
 
-  sections.py  one dataclass per ``[section]``: the keys, their types, defaults, docstrings
-               and resume rules, and the checks that read one section alone
+  sections.py  one dataclass per training ``[section]`` (model, data, optim, schedule,
+               train): the keys, their types, defaults, docstrings and resume rules, and
+               the checks that read one section alone
+  system.py    the same for ``[system]`` (where and how the ranks run) and ``[submission]``
   checks.py    the checks that tie sections together, and a key against its choices
   run.py       ``Config``: a whole run, validated; the values derived from several sections
   load.py      ``load_config``: the TOML file, overrides, ``key_type``
@@ -27,8 +29,8 @@ from runtime.config.load import (REQUIRED_IN_A_FILE, key_type, load_config, pars
                                  read_toml_text)
 from runtime.config.run import SECTIONS, Config, section_class, section_types
 from runtime.config.sections import (MAX_PROFILED_STEPS, SEED_MAX, DataConfig, ModelConfig,
-                                     OptimConfig, ScheduleConfig, SubmissionConfig,
-                                     SystemConfig, TrainConfig)
+                                     OptimConfig, ScheduleConfig, TrainConfig)
+from runtime.config.system import SubmissionConfig, SystemConfig
 
 __all__ = ["Config", "ConfigError", "DataConfig", "MAX_PROFILED_STEPS", "ModelConfig",
            "OptimConfig", "REQUIRED_IN_A_FILE", "SECTIONS", "SEED_MAX", "ScheduleConfig",

@@ -18,7 +18,8 @@ from typing import Any, get_type_hints
 from runtime.choices import ConfigError
 from runtime.config.checks import check_choice, check_run
 from runtime.config.sections import (DataConfig, ModelConfig, OptimConfig, ScheduleConfig,
-                                     SubmissionConfig, SystemConfig, TrainConfig)
+                                     TrainConfig)
+from runtime.config.system import SubmissionConfig, SystemConfig
 
 
 @dataclass

@@ -1,12 +1,14 @@
-"""The config's sections: one dataclass per TOML ``[section]``, its keys and their rules.
+"""The config's training sections: one dataclass per TOML ``[section]`` - ``[model]``,
+``[data]``, ``[optim]``, ``[schedule]``, ``[train]`` -, its keys and their rules (``[system]``
+and ``[submission]``: runtime.config.system).
 
 Owns: every key's type, default, docstring (the ``--help`` text of ``python -m
 runtime.config --help-keys``) and resume rule (MATCH the checkpoint's value, or RECORD a
 change, and why: runtime.train.resume_rules derives its table from the fields), and the
-checks that read one section alone (each section's ``validate``). The ``[model]`` section *is* the model's ``BertConfig`` plus the run's choices;
-each choice list is a ``typing.Literal`` declared once (runtime.choices, or the leaf package that
-consumes it: loaders.balance.BalanceMode, loaders.shapes.ShapeMode) and checked from the
-field's type; optimizer ranges come from runtime.choices.HPARAM_RULES, which runtime.optim
+checks that read one section alone (each section's ``validate``). The ``[model]`` section
+*is* the model's ``BertConfig`` plus the run's choices; each choice list is a
+``typing.Literal`` declared once (runtime.choices, or the leaf package that consumes it:
+loaders.balance.BalanceMode, loaders.shapes.ShapeMode) and checked from the field's type; optimizer ranges come from runtime.choices.HPARAM_RULES, which runtime.optim
 checks too.
 Never: checks one section against another (runtime.config.checks), reads files or overrides
 (runtime.config.load), reads the launcher's environment or imports torch.
@@ -15,28 +17,21 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar, get_args
+from typing import ClassVar
 
 from loaders.balance import BalanceMode, BalanceSpec
 from loaders.shapes import STATIC_SEQS_PER_ROW, ShapeMode
-from runtime.choices import (AFTER_MODES, MATCH, RECORD, AttentionMode, CacheClear, ClipMode,
-                             COMPILE_MODES, ConfigError, CudaGraphs, DeviceKind, Division,
-                             FP8_ROLES, Fp8Emulate, Fp8Recipe, GradSyncKind, Launcher, LoaderKind, LrScaling, ModelCompile,
-                             OptimBackend, OptimizerName, OptimShard, PRECISIONS, Precision,
-                             ReduceDtype, ScheduleName, SrunMpi, TiedEmbeddingSync, clip_help,
-                             clip_spec, compile_help, fp8_help, fp8_layers_help, graph_modes_help, hparam_error,
-                             is_number, key_field, shard_help)
+from runtime.choices import (AFTER_MODES, COMPILE_MODES, FP8_ROLES, MATCH, PRECISIONS, RECORD,
+                             AttentionMode, ClipMode, ConfigError, CudaGraphs, Fp8Emulate,
+                             Fp8Recipe, GradSyncKind, LoaderKind, LrScaling, ModelCompile,
+                             OptimBackend, OptimizerName, OptimShard, Precision, ReduceDtype,
+                             ScheduleName, TiedEmbeddingSync, clip_help, clip_spec, compile_help,
+                             fp8_help, fp8_layers_help, graph_modes_help, hparam_error,
+                             is_number, key_field, one_of, shard_help)
 from kernels.fusions import COMPILED, check_fusions
 from runtime.model.config import SHAPE, BertConfig
-
-
-# Values that reach Slurm or file names (system.*): no whitespace, quotes or shell characters.
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-_SAFE_IMAGE = re.compile(r"[A-Za-z0-9_.:/#@+-]+")
-_SAFE_MOUNTS = re.compile(r"[A-Za-z0-9_.:/,+-]+")
 
 
 _doc = key_field   # a key: its docstring (--help-keys) and its resume rule, on the field
@@ -54,18 +49,6 @@ _BUDGET = "the budget"
 _EVAL = "the evaluation cadence"
 
 
-def _one_of(choices: Any, helps: dict[str, str] | None = None) -> str:
-    """A ``Literal`` key's choices in words, in their declared order: "'a' (what a does) |
-    'b'". The names come from the type, never typed again; ``helps`` may describe only
-    declared ones (checked when the section is defined)."""
-    names = [str(c) for c in get_args(choices)]
-    helps = helps or {}
-    stray = sorted(set(helps) - set(names))
-    if stray:
-        raise ValueError(f"help text for {stray}, which are not among the choices {names}")
-    return " | ".join(f"'{n}'" + (f" ({helps[n]})" if n in helps else "") for n in names)
-
-
 @dataclass
 class ModelConfig(BertConfig):
     """BERT size (runtime.model.config.BertConfig: HF's config.json fields), initialisation
@@ -76,7 +59,7 @@ class ModelConfig(BertConfig):
                      "state dict (.safetensors/.bin/dir)", "scratch",
                      resume=RECORD, why="used only on a fresh start: a resume loads the "
                                         "checkpoint")
-    attention: AttentionMode = _doc(_one_of(AttentionMode, {
+    attention: AttentionMode = _doc(one_of(AttentionMode, {
         "padded": "each batch padded to its longest row",
         "unpadded": "every layer on the concatenated real tokens, attention per sequence via "
                     "cu_seqlens: no compute on padding"}), "padded",
@@ -106,7 +89,7 @@ class ModelConfig(BertConfig):
     fp8_layers: list[str] = _doc(fp8_layers_help(), default_factory=lambda: list(FP8_ROLES),
                                  resume=RECORD, why="which GEMMs run in FP8 from here on")
     fp8_emulate: Fp8Emulate = _doc(
-        "model.fp8 where no FP8 GEMM exists: " + _one_of(Fp8Emulate, {
+        "model.fp8 where no FP8 GEMM exists: " + one_of(Fp8Emulate, {
             "auto": "real FP8 on a GPU of compute capability >= 8.9; torchao's emulate mode "
                     "on a CPU (said once in the log); a GPU below 8.9 refused, exit 2",
             "on": "emulated everywhere, a GPU below 8.9 too (fp32 GEMMs: for checking "
@@ -198,7 +181,7 @@ class DataConfig:
                           resume=RECORD, why="when shards are read, not which")
     balance: BalanceMode = _doc(
         "which samples form each rank's batch (loaders/balance.py), dealt so the largest rank "
-        "cost (data.length_cost) is smallest: " + _one_of(BalanceMode, {
+        "cost (data.length_cost) is smallest: " + one_of(BalanceMode, {
             "global": "NVIDIA exchange: the global batch dealt by cost",
             "local": "Samsung: strata with equal counts per rank, dealt in node groups",
             "pack": "local, then each rank's batch packed into rows, block-diagonal attention",
@@ -221,12 +204,12 @@ class DataConfig:
                             "and the imbalance metrics; '' = the default for the model shape "
                             "and layout (measured in loaders/length_costs.json, else a FLOP "
                             "count)", "", resume=MATCH, why=_ORDER)
-    loader: LoaderKind = _doc(_one_of(LoaderKind, {
+    loader: LoaderKind = _doc(one_of(LoaderKind, {
         "torch": "collation in Python",
         "dali": "NVIDIA DALI pipeline: padding and prefetch; GPU pipeline where CUDA exists"}),
         "torch", resume=MATCH, why=_ORDER)
     shapes: ShapeMode = _doc(
-        "the batches' shapes (loaders/shapes.py, docs/GPU.md): " + _one_of(ShapeMode, {
+        "the batches' shapes (loaders/shapes.py, docs/GPU.md): " + one_of(ShapeMode, {
             "dynamic": "each padded to its own longest row",
             "bucketed": "the width rounded up to a multiple of data.shape_bucket: a GPU kernel "
                         "that plans per shape - cuDNN attention - meets a few shapes, not one "
@@ -292,9 +275,9 @@ class DataConfig:
 class OptimConfig:
     """Optimizer (by registry name) and its hyperparameters."""
 
-    name: OptimizerName = _doc("optimizer registry name: " + _one_of(OptimizerName), "lamb",
+    name: OptimizerName = _doc("optimizer registry name: " + one_of(OptimizerName), "lamb",
                                resume=MATCH, why=_STATE)
-    backend: OptimBackend = _doc("optimizer step implementation: " + _one_of(OptimBackend, {
+    backend: OptimBackend = _doc("optimizer step implementation: " + one_of(OptimBackend, {
         "auto": "fused on CPU and CUDA, foreach elsewhere",
         "reference": "plain torch, per tensor", "foreach": "torch._foreach_*",
         "fused": "flat buffers, compiled",
@@ -322,7 +305,7 @@ class OptimConfig:
     shard: OptimShard = _doc(shard_help(), "none", resume=RECORD,
                              why="which ranks share the update: the same update; the saved "
                                  "optimizer state is re-sharded on resume")
-    lr_scaling: LrScaling = _doc("scale lr with batch: " + _one_of(LrScaling, {"sqrt": "LEGW"}),
+    lr_scaling: LrScaling = _doc("scale lr with batch: " + one_of(LrScaling, {"sqrt": "LEGW"}),
                                  "none", resume=RECORD, why=_LR)
     base_global_batch_size: int = _doc("batch the base lr was tuned for (lr_scaling)", 0,
                                        resume=RECORD, why=_LR)
@@ -342,7 +325,7 @@ class OptimConfig:
 class ScheduleConfig:
     """Learning-rate schedule (MLPerf poly warm-up/decay by default)."""
 
-    name: ScheduleName = _doc(_one_of(ScheduleName, {
+    name: ScheduleName = _doc(one_of(ScheduleName, {
         "poly": "MLPerf warm-up + polynomial decay"}), "poly", resume=RECORD, why=_SCHEDULE)
     warmup_steps: int = _doc("warm-up steps W (opt_learning_rate_warmup_steps)", 0,
                              resume=RECORD, why=_SCHEDULE)
@@ -378,14 +361,14 @@ class TrainConfig:
     gradient_accumulation_steps: int = _doc("micro-batches per optimizer step on each rank", 1,
                                             resume=MATCH, why=_BATCH)
     seed: int = _doc("seed of init, data order and dropout", 42, resume=MATCH, why=_ORDER)
-    precision: Precision = _doc(_one_of(Precision, {
+    precision: Precision = _doc(one_of(Precision, {
         m.name: m.help for m in PRECISIONS.values()}), "fp32",
         resume=MATCH, why="the precision the weights and the loss scale were kept in")
     max_grad_norm: float = _doc("clip threshold τ on the gradient norm (0 = off); where it "
                                 "acts: clip_mode", 1.0, resume=RECORD, why="clipping from here on")
     clip_mode: ClipMode = _doc(clip_help(), "global_after",
                                resume=RECORD, why="where clipping happens, from here on")
-    grad_sync: GradSyncKind = _doc("how ranks average gradients: " + _one_of(GradSyncKind, {
+    grad_sync: GradSyncKind = _doc("how ranks average gradients: " + one_of(GradSyncKind, {
         "buckets": "the runtime's buckets, runtime/grad_sync; every clip_mode",
         "ddp": f"torch DDP with its default buckets; clip_mode {AFTER_MODES}"}), "buckets",
         resume=RECORD, why="how gradients are averaged: the same mean")
@@ -398,13 +381,13 @@ class TrainConfig:
                             "allowed; overrides bucket_cap_mb. '' = cut by bucket_cap_mb", "",
                             resume=RECORD, why="communication buckets")
     allreduce_dtype: ReduceDtype = _doc(
-        "dtype the gradient allreduce runs in (grad_sync buckets): " + _one_of(ReduceDtype, {
+        "dtype the gradient allreduce runs in (grad_sync buckets): " + one_of(ReduceDtype, {
             "auto": "the gradients' own: fp32, or the model's with train.precision "
                     "'bf16_master'/'fp16_master'"}) + "; norms and clipping stay fp32",
         "auto", resume=RECORD, why="the allreduce's precision from here on")
     tied_embedding_sync: TiedEmbeddingSync = _doc(
         "how the tied word embedding's gradient is averaged (grad_sync buckets): "
-        + _one_of(TiedEmbeddingSync, {
+        + one_of(TiedEmbeddingSync, {
             "dense": "one allreduce of all of it when its gradient is final, at the end of "
                      "backward",
             "split": "the MLM decoder's share reduced as soon as backward produces it, "
@@ -604,90 +587,3 @@ class TrainConfig:
         if every <= 0:
             raise ConfigError("train.eval_iter_samples must be > 0")
         return start, every
-
-
-@dataclass
-class SystemConfig:
-    """The machine the config is for: used by run_and_time.sh and slurm submission."""
-
-    RESUME: ClassVar[tuple[str, str]] = (RECORD, "where and how the ranks run")
-    """Every key's resume rule (a section rule: no key here declares its own)."""
-
-    name: str = _doc("system name, as in config_<SYSTEM>_...", "CPU")
-    nodes: int = _doc("nodes", 1)
-    ranks_per_node: int = _doc("ranks per node (GPUs per node; CPU slots on CPU nodes)", 2)
-    device: DeviceKind = _doc(_one_of(DeviceKind, {"auto": "CUDA when present"}), "auto")
-    launcher: Launcher = _doc(f"how run_and_time.sh starts ranks: {_one_of(Launcher)} (one row "
-                              "each in submission/launchers.py; ./run_and_time.sh --help lists "
-                              "them)", "mpiexec")
-    walltime_minutes: int = _doc("walltime for one experiment (slurm)", 30)
-    dist_timeout_s: float = _doc("collective timeout: a dead rank stops the others after this", 60.0)
-    threads_per_rank: int = _doc("torch intra-op threads per rank (0 = cores / ranks)", 0)
-    peak_tflops: float = _doc("the device's dense peak TFLOP/s in the run's precision, for the "
-                              "MFU the logs report (runtime/observe/mfu.py); 0 = the "
-                              "datasheet's, by GPU name (none on a CPU or an unknown GPU: "
-                              "TFLOP/s only)", 0.0)
-    device_memory_gb: float = _doc("memory of one GPU in GiB: run_and_time.sh refuses a CUDA "
-                                   "run whose estimated memory per rank exceeds it "
-                                   "(runtime/train/memory.py); 0 = not checked. CPU runs are "
-                                   "checked against the node's available memory", 0.0)
-    cache_clear: CacheClear = _doc(
-        "page-cache drop before each experiment of submission/run.sub: " + _one_of(CacheClear, {
-            "auto": "every node, where permitted; else skipped with a note and logged "
-                    "cache_clear=false",
-            "required": "an experiment whose nodes cannot drop caches is not run"}), "auto")
-    srun_mpi: SrunMpi = _doc(
-        "srun --mpi plugin when system.launcher='srun': " + _one_of(SrunMpi, {
-            "pmi2": "only for an MPI library that must join the step", "pmix": "likewise",
-            "none": "default: ranks and rendezvous from srun's own variables, no MPI wire-up - "
-                    "the runtime needs none, NCCL/gloo carry the traffic"}) + ". "
-        "Not pmi2 by default: Slurm's pmi2 plugin reads a PMI-1 request with one 1024-byte "
-        "read() (src/plugins/mpi/pmi2/pmi1.c, handle_pmi1_cmd), so MPICH's multi-KB UCX "
-        "address allgather at MPI_Init is now and then split and refused ('value not "
-        "properly terminated in client request') and the step dies at start", "none")
-    container_image: str = _doc("pyxis/enroot image for srun --container-image (launcher srun; "
-                                "'' = no container); it must hold the requirements", "")
-    container_mounts: str = _doc("extra srun --container-mounts, 'SRC:DST[,SRC:DST]'; the "
-                                 "repository, data.data_dir and LOGDIR are always mounted at "
-                                 "their own paths", "")
-
-    def validate(self) -> None:
-        # system.name names files and Slurm jobs: keep it to characters no shell or Slurm reads.
-        if not _SAFE_NAME.fullmatch(self.name):
-            raise ConfigError(f"system.name = {self.name!r}: use letters, digits, '_', '-', '.' "
-                              "(it names the Slurm job and the submission's files)")
-        if self.nodes < 1 or self.ranks_per_node < 1:
-            raise ConfigError("system.nodes and system.ranks_per_node must be >= 1")
-        if self.walltime_minutes < 1:
-            raise ConfigError(f"system.walltime_minutes must be >= 1, got {self.walltime_minutes}")
-        if not (is_number(self.dist_timeout_s) and self.dist_timeout_s > 0):
-            raise ConfigError(f"system.dist_timeout_s must be a finite number of seconds > 0, "
-                              f"got {self.dist_timeout_s}")
-        if self.threads_per_rank < 0:
-            raise ConfigError("system.threads_per_rank must be >= 0 (0 = cores / ranks)")
-        if not (is_number(self.peak_tflops) and self.peak_tflops >= 0):
-            raise ConfigError(f"system.peak_tflops must be a finite number >= 0 (0 = from the "
-                              f"GPU's name), got {self.peak_tflops}")
-        if self.container_image and not _SAFE_IMAGE.fullmatch(self.container_image):
-            raise ConfigError(f"system.container_image = {self.container_image!r}: an image name "
-                              "or path without spaces, quotes or shell characters "
-                              "(e.g. nvcr.io#nvidia/pytorch:24.04-py3 or /images/presto.sqsh)")
-        if self.container_mounts and not _SAFE_MOUNTS.fullmatch(self.container_mounts):
-            raise ConfigError(f"system.container_mounts = {self.container_mounts!r}: use "
-                              "'SRC:DST[:ro]' items separated by commas, paths without spaces, "
-                              "quotes or shell characters")
-
-
-@dataclass
-class SubmissionConfig:
-    """MLPerf submission metadata written into the log."""
-
-    RESUME: ClassVar[tuple[str, str]] = (RECORD, "the MLPerf log's labels")
-    """Every key's resume rule (a section rule: no key here declares its own)."""
-
-    org: str = _doc("submission_org", "Presto")
-    platform: str = _doc("submission_platform", "CPU-2core")
-    division: Division = _doc(_one_of(Division, {"closed": "needs train.target_mlm_accuracy "
-                                                           ">= 0.720"}), "open")
-    status: str = _doc("submission_status: onprem | cloud | preview | research", "research")
-    benchmark: str = _doc("submission_benchmark", "bert")
