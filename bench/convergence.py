@@ -12,7 +12,7 @@ every run's loss against samples (one colour per variant) and its eval accuracy.
 
     python -m bench.convergence --config submission/configs/config_CPU_1x2x32x1.toml \\
         --seeds 1,2,3 --variant fp32= --variant bf16_master=train.precision=bf16_master \\
-        --out bench/results/convergence_bf16_master.json --plot docs/benchmarks/bf16_master.png
+        --out bench/results/convergence_bf16_master.json --plot docs/benchmarks/convergence_bf16_master.png
 
 The samples are deterministic for a seed (they do not depend on the machine's load); the
 seconds do, so only the samples make the verdict. A benchmark, not a test.
