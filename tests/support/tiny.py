@@ -12,9 +12,10 @@ DEVELOPING.md, "Test suite time"). A test on a data set of a larger vocabulary s
 ``model.vocab_size`` itself (a run refuses a data set whose vocabulary is larger).
 
 ``optim.backend = "foreach"``: building a Trainer compiles nothing (``auto`` means the fused
-step, compiled with torch.compile in every process: seconds per Trainer and per rank). The tests of the default, compiled pairing
-(tests/ranks/test_hot_path.py, tests/integration/test_optim_backends.py, the checkpoint round
-trip per backend) ask for it explicitly. Runs draw no loss_accuracy.png (``train.plot =
+step, compiled with torch.compile in every process: seconds per Trainer and per rank). The
+tests of the default, compiled pairing (tests/ranks/test_hot_path.py,
+tests/integration/test_optim_backends.py, the checkpoint round trip per backend) ask for it
+explicitly. Runs draw no loss_accuracy.png (``train.plot =
 false``: 1 s each); tests/e2e/test_train_e2e.py draws one.
 """
 from __future__ import annotations
