@@ -170,8 +170,13 @@ class Workers:
                 self.workers, mp_context=ctx, initializer=_worker_start,
                 initargs=(os.getpid(), self._table, counter, self.setup))
             # The workers' Process objects, for their exit status and for killing them at a
-            # stop: the pool's one internal read here (the same dict for the pool's life).
+            # stop (the same dict for the pool's life). One of the pool's three internals
+            # touched here; the others: whether it broke (imap), and that it starts every
+            # worker at the first task, before any task runs - started one per task instead, a
+            # worker dying while the next starts has its status read by two threads at once
+            # (Process.start polls the children; see _died).
             self._processes = getattr(self.pool, "_processes", None)
+            self.pool._safe_to_dynamically_spawn_children = False
         except BaseException:
             _STOP["waiting"] -= 1
             raise
@@ -216,6 +221,11 @@ class Workers:
             futures = [self.pool.submit(_run, fn, i, t) for i, t in enumerate(tasks)]
         except BrokenProcessPool:   # a worker died while the tasks were handed out
             raise self._died(fn, tasks, describe) from None
+        except OSError:
+            # ... and the pool, broken, closed its queues while it started a worker for them
+            if not getattr(self.pool, "_broken", False):
+                raise
+            raise self._died(fn, tasks, describe) from None
         for future in futures:
             while not future.done():  # polled: a stop request is raised here, not in a lock
                 _stop_point()
@@ -229,7 +239,14 @@ class Workers:
     def _died(self, fn, tasks: list, describe) -> WorkerDied:
         """The error for a broken pool: which worker ended, how, and the task it held. When the
         pool breaks it terminates the other workers (SIGTERM), so a worker that ended otherwise
-        is the one that died first."""
+        is the one that died first.
+
+        The exit codes are read after the pool's own thread has ended the workers: a forkserver
+        child's status is one message on its sentinel pipe, and two threads polling it at once
+        (ours and the pool's, joining its workers) leave one of them an EOF that multiprocessing
+        records as exit status 255 - a SIGKILLed worker was once named "ended with exit status
+        255" so."""
+        self.pool.shutdown(wait=True)   # broken: its thread has only to terminate and join
         procs = self._processes or {}
         held = {}
         for s in range(self.workers):

@@ -29,6 +29,33 @@ def test_a_dead_worker_fails_the_wait_naming_the_task_it_held(kind):
     assert time.monotonic() - started < 30
 
 
+def test_a_dead_workers_status_is_read_by_one_thread_at_a_time(monkeypatch):
+    """A forkserver child's exit status is one message on its sentinel pipe: when the pool's
+    thread (joining its workers after the break) and ours (naming the dead one) polled it at
+    once, one read an EOF, recorded as "exit status 255", and the SIGKILLed worker was named
+    so (a suite run of 2026-12-02). Each poll is slowed here so that two threads' reads would
+    overlap: none may, and the worker is named by its signal."""
+    import threading
+    from multiprocessing import popen_forkserver
+    real_poll, reads, lock = popen_forkserver.Popen.poll, [], threading.Lock()
+
+    def slow_poll(self, flag=os.WNOHANG):
+        start = time.monotonic()
+        time.sleep(0.05)
+        code = real_poll(self, flag)
+        with lock:
+            reads.append((id(self), threading.get_ident(), start, time.monotonic()))
+        return code
+
+    monkeypatch.setattr(popen_forkserver.Popen, "poll", slow_poll)
+    with pytest.raises(WorkerDied, match=r"killed by signal 9 \(SIGKILL\) while number 5\)"):
+        with Workers(2) as pool:
+            pool.map(tasks.square_or_die, [5, 5, 5, 5], describe=lambda x: f"number {x}")
+    overlaps = [(a, b) for a in reads for b in reads if a[0] == b[0] and a[1] != b[1]
+                and a[2] < b[3] and b[2] < a[3]]
+    assert not overlaps and reads, reads
+
+
 def test_results_come_in_task_order_and_setup_reaches_every_worker():
     with Workers(2, setup=(tasks.set_state, ({"factor": 3},))) as pool:
         assert pool.map(tasks.scaled, list(range(40))) == [3 * x for x in range(40)]
