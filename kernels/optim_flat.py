@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 import time
+import types
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -293,19 +294,35 @@ def _one_minus(beta, n: int):
 
 # --------------------------------------------------------------------------- compile
 
-_COMPILED: dict[Callable, Callable] = {}
+_COMPILED: dict[tuple, Callable] = {}
+"""One torch.compile wrapper per (pass function, buffer layout), shared by the steps of that
+layout. Dynamo keeps a function's graphs on its code object and, past ``recompile_limit``
+(8) graphs, runs the function eagerly without a word: with one wrapper per function, the
+ninth layout a process built (a test worker, bench.gpu's stages in one process) stepped
+eagerly - other numbers, model-sized temporaries. Each layout compiles its own copy of the
+function's code (``_own_copy``), so no number of layouts reaches that limit."""
+
+
+def _own_copy(fn: Callable) -> Callable:
+    """``fn`` with a code object of its own (Dynamo's graphs of it kept apart from ``fn``'s)."""
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                             fn.__defaults__, fn.__closure__)
+    own.__kwdefaults__, own.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+    return own
 
 
 class _Kernel:
-    """A pass function compiled on its first call; run eagerly once compiling has failed."""
+    """A pass function compiled on its first call; run eagerly once compiling has failed.
+    ``layout``: what the graph's guards depend on (the buffers' shapes, dtypes, device)."""
 
-    def __init__(self, fn: Callable, compile: bool) -> None:
+    def __init__(self, fn: Callable, compile: bool, layout: tuple = ()) -> None:
         self.fn = fn
         self.compiled = None
         if compile:
-            if fn not in _COMPILED:  # one torch.compile wrapper per function, shared
-                _COMPILED[fn] = torch.compile(fn, dynamic=False, fullgraph=True)
-            self.compiled = _COMPILED[fn]
+            key = (fn, layout)
+            if key not in _COMPILED:
+                _COMPILED[key] = torch.compile(_own_copy(fn), dynamic=False, fullgraph=True)
+            self.compiled = _COMPILED[key]
 
     def __call__(self, *args):
         if self.compiled is not None:
@@ -338,7 +355,10 @@ class _FusedStep:
             raise ValueError(f"{self.name}: buffers lack state {sorted(missing)}")
         self.buffers = buffers
         self.master = MASTER in buffers.state   # fp32 master weights: read and written here
-        self.kernels = {fn.__name__: _Kernel(fn, compile) for fn in self.pass_functions}
+        layout = (buffers.dtype, buffers.device, buffers.total, buffers.window,
+                  buffers.layout.row, len(buffers.layout.segments),
+                  buffers.block_segment is not None, self.master)
+        self.kernels = {fn.__name__: _Kernel(fn, compile, layout) for fn in self.pass_functions}
         self.compile_seconds: float | None = None
         self._constants: dict[tuple, torch.Tensor] = {}  # host values already on the device
         # A sharded step: sums this rank's per-tensor partial sums over the shard group, in

@@ -246,8 +246,8 @@ def test_compile_failure_warns_and_falls_back_to_the_same_numbers(monkeypatch):
     def broken(*args):
         raise RuntimeError("simulated inductor failure\nsecond line")
 
-    monkeypatch.setattr(optim_flat, "_COMPILED", {fn: broken for fn in (
-        optim_flat.lamb_pass1, optim_flat.lamb_pass2)})
+    monkeypatch.setattr(optim_flat, "_COMPILED", {})   # nothing compiled yet in this process
+    monkeypatch.setattr(optim_flat.torch, "compile", lambda fn, **options: broken)
     init, grads = _problem(5)
     with pytest.warns(RuntimeWarning) as caught:
         named = _named(init)
@@ -267,6 +267,24 @@ def test_compile_failure_warns_and_falls_back_to_the_same_numbers(monkeypatch):
         ref_opt.step()
     for (n, p), (_, q) in zip(named, ref):
         _assert_rel(p.detach(), q.detach(), 1e-6, n)
+
+
+def test_every_layout_a_process_builds_steps_compiled():
+    """Dynamo runs a function eagerly, without a word, once it holds ``recompile_limit``
+    graphs of it: with one compiled wrapper per pass function, a test worker's ninth layout
+    stepped eagerly (other numbers: a tolerance test failed by order). Here the limit is 1 and
+    three layouts each compile their own graph, the third too."""
+    from tests.support.inductor import frames_compiled
+    name = ("recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit")
+            else "cache_size_limit")
+    with torch._dynamo.config.patch(**{name: 1}):
+        for rows in (3, 4, 5):   # 3-5 rows of 1024: three shapes of every flat buffer
+            named = [("w", torch.randn(rows * 1024 - 7, requires_grad=True))]
+            before = frames_compiled()
+            opt = build_optimizer("adamw", named, lr=1e-3, backend="fused")  # compiles here
+            named[0][1].grad = torch.randn_like(named[0][1])
+            opt.step()
+            assert opt.flat_binding.compiled and frames_compiled() > before, rows
 
 
 # ----------------------------------------------------------------------------- dispatch
