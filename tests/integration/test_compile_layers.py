@@ -193,9 +193,10 @@ def compiled_runs(small_dataset) -> dict:
     its own graphs, so the cases share nothing compiled): {case id: result or refusal}."""
     cases, refused = {}, {}
     for name, (precision, case) in CASES.items():
+        extra = case_overrides(precision, case)
         try:
-            tiny_config(small_dataset, *case_overrides(precision, case), "model.compile=layers")
-            cases[name] = case_overrides(precision, case)
+            tiny_config(small_dataset, *extra, "model.compile=layers")
+            cases[name] = extra
         except ConfigError as e:
             refused[name] = str(e)
     proc = subprocess.run([sys.executable, "-c", TWO_RUNS, str(small_dataset),
