@@ -18,16 +18,20 @@ called once in each worker - and in the caller itself when it runs the tasks inl
 
 The pool is ``concurrent.futures.ProcessPoolExecutor``: a worker that dies (the OOM killer, a
 stray SIGKILL, a crash) breaks it and every wait fails at once (``BrokenProcessPool``), where
-CPython's ``multiprocessing.Pool`` replaced the worker and waited forever for its task. Each
-worker notes in shared memory which task it runs, so the error names the task (``describe``:
-"tokenizing part-00001-of-00500") and how the worker ended.
+CPython's ``multiprocessing.Pool`` replaced the worker and waited forever for its task. One
+case the pool cannot see: a worker killed while it sends a result leaves half a message in the
+pipe every worker writes to, and the pool's thread waits for the rest for ever; so the wait here
+also watches the workers' sentinels and, seeing one ended, kills the rest and closes the pipe
+(``_unblock``). Each worker notes in shared memory which task it runs, so the error names the
+task (``describe``: "tokenizing part-00001-of-00500") and how the worker ended.
 
 Stopping: (1) a builder's SIGTERM handler asks ``defer_stop()`` first - while a pool exists the
 stop is noted, and a wait on the pool raises KeyboardInterrupt at its next poll (a tenth of a
 second), never while the parent holds one of the pool's locks; (2) a pool left by an exception
-or a stop is ended at once: pending tasks cancelled, workers killed; (3) a worker whose parent
-is killed (SIGKILL: no clean-up runs) ends at once (a thread waits for the builder's end),
-instead of working on to the end of its task or waiting forever for the next.
+or a stop is ended at once: pending tasks cancelled, workers killed, the result pipe closed (a
+worker killed halfway through a result would otherwise keep the builder from exiting); (3) a
+worker whose parent is killed (SIGKILL: no clean-up runs) ends at once (a thread waits for the
+builder's end), instead of working on to the end of its task or waiting forever for the next.
 
 Never: what the tasks do, or any ordering but the tasks' own: results come back in task order
 whatever finishes first, which is what makes every builder's output independent of
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import multiprocessing.connection
 import os
 import select
 import signal
@@ -169,13 +174,15 @@ class Workers:
             self.pool = cf.ProcessPoolExecutor(
                 self.workers, mp_context=ctx, initializer=_worker_start,
                 initargs=(os.getpid(), self._table, counter, self.setup))
-            # The workers' Process objects, for their exit status and for killing them at a
-            # stop (the same dict for the pool's life). One of the pool's three internals
-            # touched here; the others: whether it broke (imap), and that it starts every
-            # worker at the first task, before any task runs - started one per task instead, a
-            # worker dying while the next starts has its status read by two threads at once
-            # (Process.start polls the children; see _died).
+            # The pool's internals touched here and nowhere else: (1) the workers' Process
+            # objects, for their exit status and for killing them (the same dict for the
+            # pool's life); (2) this process's end of the workers' result pipe, closed once
+            # they are killed (see _unblock); (3) every worker started at the first task,
+            # before any task runs - started one per task instead, a worker dying while the
+            # next starts has its status read by two threads at once (Process.start polls the
+            # children; see _died); (4) whether it broke (imap).
             self._processes = getattr(self.pool, "_processes", None)
+            self._result_writer = self.pool._result_queue._writer
             self.pool._safe_to_dynamically_spawn_children = False
         except BaseException:
             _STOP["waiting"] -= 1
@@ -197,12 +204,37 @@ class Workers:
     def _end_now(self) -> None:
         """Cancel what is pending and kill the workers: their results are not wanted."""
         self.pool.shutdown(wait=False, cancel_futures=True)
-        procs = list((self._processes or {}).values())
-        for p in procs:
-            if p.exitcode is None:
-                p.kill()
-        for p in procs:
+        self._unblock()
+        for p in list((self._processes or {}).values()):
             p.join(5)
+
+    def _unblock(self) -> None:
+        """Kill every worker, then close this process's end of the pool's result pipe (only
+        workers write there). A worker killed while it sends a result - a stop, the OOM killer
+        - leaves half a message in the pipe, and the pool's thread waits for the rest for ever:
+        the process could not exit (its exit joins that thread; CI hung so after a SIGTERM,
+        2026-12-02), and the pool never learnt it was broken. With every writer gone the wait
+        ends (EOF), the pool breaks and its thread ends. Only signals are sent here: no exit
+        status is read (see _died)."""
+        for p in list((self._processes or {}).values()):
+            try:
+                p.kill()
+            except (ValueError, OSError):   # closed, or already gone
+                pass
+        self._result_writer.close()
+
+    def _ended(self) -> list[int]:
+        """The workers that have ended, told by their sentinels alone (readable once a
+        process has ended; nothing is read from them, see _died). A worker never ends on its
+        own while the pool lives."""
+        ended = []
+        for pid, p in list((self._processes or {}).items()):
+            try:
+                if multiprocessing.connection.wait([p.sentinel], 0):
+                    ended.append(pid)
+            except (ValueError, OSError):
+                ended.append(pid)
+        return ended
 
     def map(self, fn, tasks: Iterable, describe: Optional[Callable[[Any], str]] = None,
             chunksize: int = 1) -> list:
@@ -230,22 +262,29 @@ class Workers:
             while not future.done():  # polled: a stop request is raised here, not in a lock
                 _stop_point()
                 cf.wait([future], timeout=POLL_S)
+                ended = [] if future.done() else self._ended()
+                if ended:   # the pool may never learn it (see _unblock): not waited for
+                    raise self._died(fn, tasks, describe, ended=ended) from None
             _stop_point()
             try:
                 yield future.result()
             except BrokenProcessPool:
                 raise self._died(fn, tasks, describe) from None
 
-    def _died(self, fn, tasks: list, describe) -> WorkerDied:
-        """The error for a broken pool: which worker ended, how, and the task it held. When the
-        pool breaks it terminates the other workers (SIGTERM), so a worker that ended otherwise
-        is the one that died first.
+    def _died(self, fn, tasks: list, describe, ended: Optional[list[int]] = None
+              ) -> WorkerDied:
+        """The error for a dead worker: which worker ended, how, and the task it held. Seen by
+        imap's poll first (``ended``: those that had ended then), the others are killed here;
+        seen by the pool first, it has terminated the others (SIGTERM), so a worker that ended
+        otherwise is the one that died first.
 
         The exit codes are read after the pool's own thread has ended the workers: a forkserver
         child's status is one message on its sentinel pipe, and two threads polling it at once
         (ours and the pool's, joining its workers) leave one of them an EOF that multiprocessing
         records as exit status 255 - a SIGKILLed worker was once named "ended with exit status
         255" so."""
+        if ended:
+            self._unblock()   # the pool may not know: its thread may wait for half a result
         self.pool.shutdown(wait=True)   # broken: its thread has only to terminate and join
         procs = self._processes or {}
         held = {}
@@ -254,8 +293,9 @@ class Workers:
             if pid > 0 and index >= 0:
                 held[pid] = index
         codes = {pid: p.exitcode for pid, p in procs.items()}
-        first = [pid for pid, c in codes.items() if c is not None and c != -signal.SIGTERM]
-        suspects = first or [pid for pid in codes if pid in held] or list(held)
+        first = [pid for pid in (ended or codes)
+                 if codes.get(pid) is not None and codes[pid] != -signal.SIGTERM]
+        suspects = first or ended or [pid for pid in codes if pid in held] or list(held)
 
         def name(index: int) -> str:
             task = tasks[index]
