@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import math
 import time
-import types
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -71,6 +70,7 @@ from kernels.optim_passes import (adamw_pass, adamw_pass_master, lamb_pass1,  # 
                                   lamb_pass2, lamb_pass2_master, lars_pass1, lars_pass2,
                                   lars_pass2_master)
 from kernels.optim_reference import ROW, Scalar, _trust_ratio, norm_of_rows, row_norms
+from kernels.own_code import with_own_code
 
 __all__ = [
     "BYTES_PER_ELEMENT",
@@ -300,15 +300,7 @@ layout. Dynamo keeps a function's graphs on its code object and, past ``recompil
 (8) graphs, runs the function eagerly without a word: with one wrapper per function, the
 ninth layout a process built (a test worker, bench.gpu's stages in one process) stepped
 eagerly - other numbers, model-sized temporaries. Each layout compiles its own copy of the
-function's code (``_own_copy``), so no number of layouts reaches that limit."""
-
-
-def _own_copy(fn: Callable) -> Callable:
-    """``fn`` with a code object of its own (Dynamo's graphs of it kept apart from ``fn``'s)."""
-    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
-                             fn.__defaults__, fn.__closure__)
-    own.__kwdefaults__, own.__qualname__ = fn.__kwdefaults__, fn.__qualname__
-    return own
+function's code (kernels.own_code), so no number of layouts reaches that limit."""
 
 
 class _Kernel:
@@ -321,7 +313,7 @@ class _Kernel:
         if compile:
             key = (fn, layout)
             if key not in _COMPILED:
-                _COMPILED[key] = torch.compile(_own_copy(fn), dynamic=False, fullgraph=True)
+                _COMPILED[key] = torch.compile(with_own_code(fn), dynamic=False, fullgraph=True)
             self.compiled = _COMPILED[key]
 
     def __call__(self, *args):

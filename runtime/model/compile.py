@@ -56,6 +56,7 @@ import torch
 import torch.fx.experimental._config as fx_config
 from torch import nn
 
+from kernels.own_code import with_own_code
 from runtime.model.bert import BertForPreTraining, Unpadded
 
 INDUCTOR_OPTIONS = {"triton.cudagraphs": False}
@@ -69,9 +70,7 @@ class CompiledLayer:
 
     def __init__(self, layer: nn.Module, static_shapes: bool, code: types.CodeType):
         f = type(layer).forward
-        own = types.FunctionType(code, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
-        own.__kwdefaults__, own.__qualname__ = f.__kwdefaults__, f.__qualname__
-        self.eager: Callable = types.MethodType(own, layer)
+        self.eager: Callable = types.MethodType(with_own_code(f, code), layer)
         self.static_shapes = static_shapes
         self.compiled = torch.compile(self.eager, fullgraph=True, dynamic=not static_shapes,
                                       options=INDUCTOR_OPTIONS)
