@@ -130,7 +130,7 @@ def test_a_process_group_in_the_caller_does_not_deadlock_the_pool():
 
 
 _HALF_A_RESULT = textwrap.dedent("""
-    import signal, sys, tempfile
+    import signal, sys
     from loaders.workers import WorkerDied, Workers, defer_stop
     from tests.support import workers as tasks
 
