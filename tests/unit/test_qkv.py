@@ -332,12 +332,15 @@ def test_a_few_lamb_training_steps_fused_and_split_differ_by_rounding_only():
     split, fused = pair(cfg=config(hidden=32, heads=2, layers=2))
     opts = [build_optimizer("lamb", list(m.named_parameters()), lr=0.01, backend="fused")
             for m in (split, fused)]
+    peak: dict = {}   # each tensor's largest magnitude over the run: the scale of its rounding
     for step in range(4):
         b = batch(seed=step)
         for model, opt in zip((split, fused), opts):
             opt.zero_grad()
             run(model, b)
             opt.step()
+        for k, v in save_hf_state_dict(split).items():
+            peak[k] = max(peak.get(k, 0.0), float(v.abs().max()))
     a, f = save_hf_state_dict(split), save_hf_state_dict(fused)
     # The key bias adds one number per query row to all its scores: softmax takes no
     # notice, its exact gradient is 0. What backward leaves there is rounding noise, which
@@ -345,9 +348,16 @@ def test_a_few_lamb_training_steps_fused_and_split_differ_by_rounding_only():
     noise = [k for k in a if k.endswith(".key.bias")]
     assert len(noise) == 2 and all(float(split.get_parameter(k).grad.abs().max()) < 1e-6
                                    for k in noise)
-    worst = max(float((a[k] - f[k]).abs().max() / a[k].abs().max().clamp(min=1e-12))
+    # Each difference is measured against the largest value its tensor held, not its last
+    # one: cls.seq_relationship.bias goes to -0.01 and back to 9e-4, a last value far below
+    # its rounding's scale. The bound: the fourth batch's NSP gradient nearly cancels (2.3e-4
+    # per entry after 3.4e-3), so its rounding - 6.5e-5 of it between the layouts - reaches
+    # the pooler through Adam's normalised step: 9.2e-6 of the pooler bias's peak at one
+    # thread on a Xeon (2026-12-02), 8e-7 at two. A layout bug moves a tensor by a good part
+    # of its step (> 0.1 of it: test_one_ratio_for_the_whole_fused_tensor_would_differ).
+    worst = max(float((a[k] - f[k]).abs().max()) / max(peak[k], 1e-12)
                 for k in a if k not in noise)
-    assert worst < 1e-5
+    assert worst < 1e-4
     moved = save_hf_state_dict(pair(cfg=config(hidden=32, heads=2, layers=2))[0])
     assert max(float((a[k] - moved[k]).abs().max()) for k in a) > 1e-3  # it trained
 
