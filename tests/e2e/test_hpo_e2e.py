@@ -39,6 +39,14 @@ TRIAL = {"train.max_steps": 10, "train.eval_iter_start_samples": 80,
          "train.target_mlm_accuracy": 0.5}
 
 
+# The pruned trial must still be running when its pruning signal lands: the worker reads the
+# evaluation within its 0.5 s poll and the ranks stop at their next logging point, and the
+# 5 steps after it took 0.25 s (2026-12-02): that trial finished first and was "complete".
+# Now 35 steps follow the evaluation the pruner reads (at 80 samples; then 368, 640), and
+# --prune-warmup 0.125 ends the pruner's warm-up at 80 samples (1/8 of 640).
+LONG = {"train.max_steps": 40, "train.eval_iter_samples": 280}
+
+
 def _sets(data_dir, **extra) -> list[str]:
     over = [o for o in run_overrides(data_dir, **{**TRIAL, **extra})]
     return [a for o in over for a in ("--set", o)]
@@ -83,8 +91,9 @@ def test_a_local_study_prunes_survives_a_killed_worker_and_resumes(small_dataset
     (tmp_path / "space.toml").write_text(SPACE)
     cmd = [sys.executable, "-m", "submission", "hpo", "--config", str(CPU_CONFIG),
            "--space", str(tmp_path / "space.toml"), "--trials", "3", "--dir", str(d),
-           "--prune-after", "1", "--enqueue", "optim.lr=0.0001", "--heartbeat", "1",
-           "--heartbeat-grace", "4", *_sets(small_dataset, **{"optim.lr": 0.02})]
+           "--prune-after", "1", "--prune-warmup", "0.125", "--enqueue", "optim.lr=0.0001",
+           "--heartbeat", "1", "--heartbeat-grace", "4",
+           *_sets(small_dataset, **{"optim.lr": 0.02}, **LONG)]
     first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
     lines = []
@@ -121,7 +130,7 @@ def test_a_local_study_prunes_survives_a_killed_worker_and_resumes(small_dataset
     assert trials[3]["state"] in ("COMPLETE", "PRUNED") and trials[3]["attrs"]["exit_code"] in (1, 4)
     assert trials[3]["params"] == trials[2]["params"]
     assert trials[1]["attrs"]["exit_code"] == 4 and trials[1]["attrs"]["pruned_at_samples"] == 80
-    assert trials[0]["attrs"]["censored"] and trials[0]["attrs"]["samples_trained"] == 160
+    assert trials[0]["attrs"]["censored"] and trials[0]["attrs"]["samples_trained"] == 640
     # The pruned trial's run stopped through the runtime's stop path and left nothing behind.
     pruned = (d / "trials" / "trial_1.out").read_text()
     assert "stopped after step" in pruned and "signal SIGUSR1" in pruned, pruned[-2000:]
