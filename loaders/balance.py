@@ -1,13 +1,14 @@
 """Load balancing by sequence length: which samples form each rank's batch at each step.
 
-Owns: the balancing modes ``random | global | local | pack | offline_pack`` (``BalanceMode``,
-declared once here; the config imports it) as plans — pure arithmetic on the shard sizes, the
-per-sample lengths index (``dataset.read_lengths``), the world size, the seed and a cost model
-(``length_cost.LengthCost``), so every rank derives every rank's batches alone — their
-configuration (``BalanceSpec``), the strata and length bins of ``local``/``pack``, and the
-errors for specifications that cannot work. Never: I/O, collation (collate.py), the deal and
-packing algorithms themselves (partition.py, packing.py), communication, or reading the
-launcher's environment (world and group sizes are passed in).
+Owns: the balancing modes ``random | global | local | pack | offline_pack`` as plans — pure
+arithmetic on the shard sizes, the per-sample lengths index (``dataset.read_lengths``), the
+world size, the seed and a cost model (``length_cost.LengthCost``), so every rank derives
+every rank's batches alone —, the strata and length bins of ``local``/``pack``, what a saved
+data position records of a spec (``describe``), and the errors for specifications that cannot
+work. The modes' names and their configuration (``BalanceMode``, ``BalanceSpec``) are
+balance_spec.py's, which the config imports without numpy. Never: I/O, collation
+(collate.py), the deal and packing algorithms themselves (partition.py, packing.py),
+communication, or reading the launcher's environment (world and group sizes are passed in).
 
 Every balanced mode deals by the **cost model**, not by token counts: a rank's step time is
 its forward+backward, which grows with Σ len² (attention), has a per-row cost, and for a
@@ -66,73 +67,36 @@ trained exactly once across ranks.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, get_args
-
 import numpy as np
 
+from loaders.balance_spec import MODES, PACKED_MODES, BalanceMode, BalanceSpec  # noqa: F401
 from loaders.length_cost import LengthCost, tokens_cost
 from loaders.packing import PACK_WINDOW, pack_window, best_fit_decreasing, row_steps
 from loaders.partition import balanced_deal, sort_desc
 from loaders.shards import DataError
 
-BalanceMode = Literal["random", "global", "local", "pack", "offline_pack"]
-MODES: tuple[str, ...] = get_args(BalanceMode)
-PACKED_MODES: tuple[str, ...] = ("pack", "offline_pack")
-"""Modes whose rows may hold several sequences: the model must be built with packed=True."""
+
+def spec_cost(spec: BalanceSpec) -> LengthCost:
+    """What a rank's batch costs under ``spec``: its cost model, else real tokens."""
+    return spec.cost or tokens_cost()
 
 
-@dataclass(frozen=True)
-class BalanceSpec:
-    """How to balance; the field names are the ``data.*`` config keys (``cost`` is
-    ``data.length_cost`` resolved by the trainer)."""
+def describe(spec: BalanceSpec) -> dict:
+    """What a saved data position must agree on."""
+    d = {"mode": spec.mode}
+    if spec.mode != "random":
+        d["cost"] = spec_cost(spec).digest()
+    if spec.mode in ("local", "pack"):
+        d.update(bin_edges=list(spec.bin_edges), num_bins=spec.num_bins,
+                 group_size=spec.group_size)
+    if spec.mode in PACKED_MODES:
+        d["pack_length"] = spec.pack_length
+    if spec.mode == "offline_pack" and spec.max_seqs_per_row:
+        d["max_seqs_per_row"] = spec.max_seqs_per_row
+    if spec.mode == "offline_pack" and spec.static_rows >= 0:
+        d["static_rows"] = spec.static_rows
+    return d
 
-    mode: str = "random"
-    bin_edges: tuple[int, ...] = ()  # upper edges of length bins; () = num_bins / strata
-    num_bins: int = 0                # quantile bins; 0 = G·b strata of the sorted lengths
-    group_size: int = 1              # G: ranks per node group (local, pack)
-    pack_length: int = 128           # tokens per packed row (pack, offline_pack)
-    cost: LengthCost | None = None   # what a rank's batch costs; None = real tokens
-    max_seqs_per_row: int = 0        # offline_pack: sequences a row holds at most (0 = any)
-    static_rows: int = -1            # offline_pack, static shapes: rows per rank and step
-    #                                  (0 = from the data; -1 = not static: rows may vary)
-
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"data.balance={self.mode!r}: choose one of {' | '.join(MODES)}")
-        edges = list(self.bin_edges)
-        if any(e < 1 for e in edges) or edges != sorted(set(edges)):
-            raise ValueError(f"data.bin_edges={edges}: give strictly increasing positive upper "
-                             "edges, e.g. [64, 96, 127, 128]")
-        if self.num_bins < 0:
-            raise ValueError(f"data.num_bins={self.num_bins} must be >= 0 (0 = strata from "
-                             "the data)")
-        for key in ("group_size", "pack_length"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"data.{key}={getattr(self, key)} must be >= 1")
-        if self.max_seqs_per_row < 0:
-            raise ValueError(f"data.max_seqs_per_row={self.max_seqs_per_row} must be >= 0 "
-                             "(0 = no limit)")
-
-    @property
-    def length_cost(self) -> LengthCost:
-        return self.cost or tokens_cost()
-
-    def describe(self) -> dict:
-        """What a saved data position must agree on."""
-        d = {"mode": self.mode}
-        if self.mode != "random":
-            d["cost"] = self.length_cost.digest()
-        if self.mode in ("local", "pack"):
-            d.update(bin_edges=list(self.bin_edges), num_bins=self.num_bins,
-                     group_size=self.group_size)
-        if self.mode in PACKED_MODES:
-            d["pack_length"] = self.pack_length
-        if self.mode == "offline_pack" and self.max_seqs_per_row:
-            d["max_seqs_per_row"] = self.max_seqs_per_row
-        if self.mode == "offline_pack" and self.static_rows >= 0:
-            d["static_rows"] = self.static_rows
-        return d
 
 
 def make_plan(spec: BalanceSpec, base, lengths):
@@ -173,7 +137,7 @@ class _PlanBase:
     def __init__(self, base, lengths, spec: BalanceSpec):
         self.base = base
         self.spec = spec
-        self.cost = spec.length_cost
+        self.cost = spec_cost(spec)
         self.lengths = [np.asarray(c, dtype=np.int64) for c in lengths]
         if [len(c) for c in self.lengths] != list(base.shard_samples):
             raise DataError("the lengths index does not match the shard sizes in stats.json")

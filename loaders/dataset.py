@@ -65,6 +65,7 @@ import numpy as np
 
 from loaders.build_record import STATS_FILE
 from loaders.balance import BalanceSpec, make_plan
+from loaders.balance import describe as describe_balance
 from loaders.collate import (Batch, Rows, StaticShape, best_fit_rows, bucket_width, collate,
                              masked_slots_per_row, pad_rows, pad_rows_static, sample_rows)
 from loaders.shard_plan import PLAN_NAME, ShardPlan  # noqa: F401 (re-exported)
@@ -355,7 +356,7 @@ class TrainLoader:
         return {"epoch": self._epoch, "step_in_epoch": self._step, "seed": self.seed,
                 "world_size": self.world_size, "local_batch_size": self.local_batch_size,
                 "num_shards": self.info.num_shards, "data_set": self.info.digest,
-                "plan": self.plan.name, "balance": self.balance.describe()}
+                "plan": self.plan.name, "balance": describe_balance(self.balance)}
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()

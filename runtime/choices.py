@@ -10,7 +10,7 @@ by the engine, the config's checks and help text and the tuner: what each CUDA-g
 optimizer hyperparameter ranges (``HPARAM_RULES``), checked by the config for ``optim.*`` and
 by ``runtime.optim.build_optimizer`` for direct callers, with one message; the shape of a
 config key's field (``key_field``: docstring and resume rule, ``MATCH`` / ``RECORD``).
-Choices owned by a leaf package are declared there (``loaders.balance.BalanceMode``).
+Choices owned by a leaf package are declared there (``loaders.balance_spec.BalanceMode``).
 Never: imports torch or reads files - ``python -m runtime.config`` (run_and_time.sh) stays fast.
 """
 from __future__ import annotations

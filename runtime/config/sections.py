@@ -8,7 +8,7 @@ change, and why: runtime.train.resume_rules derives its table from the fields), 
 checks that read one section alone (each section's ``validate``). The ``[model]`` section
 *is* the model's ``BertConfig`` plus the run's choices; each choice list is a
 ``typing.Literal`` declared once (runtime.choices, or the leaf package that consumes it:
-loaders.balance.BalanceMode, loaders.shapes.ShapeMode) and checked from the field's type; optimizer ranges come from runtime.choices.HPARAM_RULES, which runtime.optim
+loaders.balance_spec.BalanceMode, loaders.shapes.ShapeMode) and checked from the field's type; optimizer ranges come from runtime.choices.HPARAM_RULES, which runtime.optim
 checks too.
 Never: checks one section against another (runtime.config.checks), reads files or overrides
 (runtime.config.load), reads the launcher's environment or imports torch.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar
 
-from loaders.balance import BalanceMode, BalanceSpec
+from loaders.balance_spec import BalanceMode, BalanceSpec
 from loaders.shapes import STATIC_SEQS_PER_ROW, ShapeMode
 from runtime.choices import (AFTER_MODES, COMPILE_MODES, FP8_ROLES, MATCH, PRECISIONS, RECORD,
                              AttentionMode, ClipMode, ConfigError, CudaGraphs, Fp8Emulate,
