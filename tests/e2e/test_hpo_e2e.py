@@ -43,7 +43,8 @@ TRIAL = {"train.max_steps": 10, "train.eval_iter_start_samples": 80,
 # evaluation within its 0.5 s poll and the ranks stop at their next logging point, and the
 # 5 steps after it took 0.25 s (2026-12-02): that trial finished first and was "complete".
 # Now 35 steps follow the evaluation the pruner reads (at 80 samples; then 368, 640), and
-# --prune-warmup 0.125 ends the pruner's warm-up at 80 samples (1/8 of 640).
+# --prune-warmup 0.125 ends the pruner's warm-up at 80 samples (1/8 of 640). The same for the
+# trial a test cancels once its first metrics are written (step 5).
 LONG = {"train.max_steps": 40, "train.eval_iter_samples": 280}
 
 
@@ -155,7 +156,7 @@ def test_a_slurm_array_retries_the_trial_of_a_cancelled_task(slurm_cluster, smal
          "--space", str(tmp_path / "space.toml"), "--trials", "1", "--workers", "2",
          "--dir", str(d), "--slurm", "--no-baseline", "--pruner", "none",
          *_sets(small_dataset, **{"system.launcher": '"srun"',
-                                  "system.walltime_minutes": 3})],
+                                  "system.walltime_minutes": 3}, **LONG)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = proc.stdout.strip().splitlines()[-1]
