@@ -233,8 +233,10 @@ def test_a_checkpoint_dir_belongs_to_one_run_and_the_rerun_finds_it(small_datase
     its new log says whose they were. Once that run is finished, the refusal says so and
     offers no way to continue it, and the refused run leaves no run directory."""
     logdir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    # 25 steps: the SIGTERM follows the first checkpoint (step 5) and must land before the
+    # ranks' last logging point, not race the run's end (15 left 10 steps: 0.5 s, 2026-12-02)
     extra = overrides(small_dataset, **{"train.checkpoint_dir": f'"{ckpt}"',
-                                        "train.max_steps": 15})
+                                        "train.max_steps": 25})
     env = dict(os.environ, CONFIG=str(CPU_CONFIG), SEED=SEED, LOGDIR=str(logdir))
     cmd = ["bash", str(ROOT / "run_and_time.sh"), "--", *extra]
     first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -254,7 +256,7 @@ def test_a_checkpoint_dir_belongs_to_one_run_and_the_rerun_finds_it(small_datase
     assert list(logdir.iterdir()) == [run_a]
     keys = [e["key"] for e in mllog_events(run_a / "mlperf_bert.log")]
     assert keys.count("run_start") == 1 and keys.count("run_stop") == 1
-    assert max(steps(run_a)) == 15
+    assert max(steps(run_a)) == 25
 
     # run_a is finished now: the same command starts a new run, whose ranks refuse the
     # checkpoints (exit 2) - without advice to continue the finished run, and without leaving
