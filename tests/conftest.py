@@ -70,24 +70,15 @@ TESTS = Path(__file__).resolve().parent
 SLOW_TIERS, FAST_TIERS = {"ranks", "e2e"}, {"unit"}   # every test slow / none slow
 
 
-HEAVY_FIRST = ("integration/test_compile_layers.py",)
-"""Files that start before every other: the longest (~2.5 min, cold), whose child compiles
-and trains on two threads. Beside it the other worker runs the e2e files, whose waits - on
-Slurm's daemons, a signal's effect, a launcher's timeout - left a core idle while both
-workers ran them (10-50 % idle in their first two minutes, vmstat, 2026-12-02)."""
-
-
 def slow_files_first(items: list) -> list:
-    """The files holding a slow test first, each file's tests together and in their order;
-    HEAVY_FIRST's before them. ``make test`` hands the workers whole files in this order
-    (``--dist loadfile --no-loadscope-reorder``; xdist's own order puts the files with most
-    tests first, which left a file of a few minutes-long tests - the compiled layers, the
-    two-node cluster - to start near the end while the other worker ran out of work): the long
-    files start early and the hundreds of short tests fill both workers to the end."""
+    """The files holding a slow test first, each file's tests together and in their order.
+    ``make test`` hands the workers whole files in this order (``--dist loadfile
+    --no-loadscope-reorder``; xdist's own order puts the files with most tests first, which
+    left a file of a few minutes-long tests - the compiled layers, the two-node cluster - to
+    start near the end while the other worker ran out of work): the long files start early
+    and the hundreds of short tests fill both workers to the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    first = {TESTS / name for name in HEAVY_FIRST}
-    return sorted(items, key=lambda item: (item.path not in first,
-                                           item.path not in slow_files))   # stable
+    return sorted(items, key=lambda item: item.path not in slow_files)   # stable
 
 
 @pytest.hookimpl(tryfirst=True)   # before -m deselects: every collected test is checked
