@@ -98,7 +98,6 @@ def describe(spec: BalanceSpec) -> dict:
     return d
 
 
-
 def make_plan(spec: BalanceSpec, base, lengths):
     """The plan for ``spec`` on top of ``base`` (a ShardPlan: pools per rank). ``lengths``:
     per shard, int array of sample lengths (unused, may be None, for ``random``)."""

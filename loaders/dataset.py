@@ -64,8 +64,7 @@ import h5py
 import numpy as np
 
 from loaders.build_record import STATS_FILE
-from loaders.balance import BalanceSpec, make_plan
-from loaders.balance import describe as describe_balance
+from loaders.balance import BalanceSpec, make_plan, describe as describe_balance
 from loaders.collate import (Batch, Rows, StaticShape, best_fit_rows, bucket_width, collate,
                              masked_slots_per_row, pad_rows, pad_rows_static, sample_rows)
 from loaders.shard_plan import PLAN_NAME, ShardPlan  # noqa: F401 (re-exported)
