@@ -57,6 +57,9 @@
 # this script alone, and gets the stop request by itself if this script is killed (its
 # parent-death signal). Every rank checkpoints (train.checkpoint_every_samples > 0) at its
 # next logging point and exits 4; the script waits for the launcher; nothing is left running.
+# Once the launcher has ended there is nothing left to stop: later signals are ignored, by the
+# script and the helpers that write its summary (a helper killed by a Ctrl-C meant for the run
+# once made the script exit 129 instead of the ranks' 4).
 # Rerun the same command to resume. To end a run at once, without a checkpoint, SIGKILL its
 # ranks (their PIDs are in RUN_DIR/ranks/rank_*.json).
 #
@@ -104,6 +107,16 @@ die() {
     forget_run_dir
     exit 2
 }
+# A stop request that reaches the script's process group kills the command running in the
+# foreground (a date, a config helper), and set -e ends the script with that command's status:
+# before the launch that is a stop like any other (exit 4, nothing ran).
+on_exit() {
+    local rc=$?
+    if ((rc != 0 && rc != 4)) && [[ -n "$GOT_SIGNAL" && -z "$LAUNCH_PID" ]]; then
+        stopped_before_launch
+    fi
+}
+trap on_exit EXIT
 usage() {
     sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
     local py="${PYTHON:-$HERE/.venv/bin/python}"
@@ -183,7 +196,8 @@ CKPT_EVERY="${V[5]-0}"
 : "${SEED:?train.seed missing from the config output}"
 NP=$((NODES * RANKS))
 if [[ "${MODE:-train}" == train ]]; then   # will it fit? (an estimate; exit 2 with what would)
-    "$PYTHON" -m runtime.train.memory "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" || exit 2
+    "$PYTHON" -m runtime.train.memory "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" \
+        || { [[ -z "$GOT_SIGNAL" ]] || stopped_before_launch; exit 2; }
 fi
 
 MODE="${MODE:-train}"
@@ -412,6 +426,10 @@ while :; do
     wait "$LAUNCH_PID" 2>/dev/null; R2=$?; ((R2 == 127)) || RC=$R2   # its own status
     break
 done
+# The launcher has ended: nothing is left to stop. Signals from here on are ignored, by this
+# script and by every helper it starts (a date, rank_status, shm clean), which inherit it -
+# one killed by a Ctrl-C meant for the run ended the script with 129 instead of the ranks' 4.
+trap '' TERM INT HUP USR1
 if ((${#TEES[@]})); then   # every line of the launcher in launcher.log, and the tees reaped
     exec {TO_OUT}>&- {TO_ERR}>&-
     for pid in "${TEES[@]}"; do   # at most 10 s: a process the launcher left may hold a pipe

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.launch import default_stop_signals
-from tests.support.run_and_time import (SCRIPT, end_stubs, run, sandbox,  # noqa: F401
-                                        signal_stub, start_script, stub_pids, wait_for,
-                                        write_config)
+from tests.support.run_and_time import (SCRIPT, end_stubs, hup_at_date, run,  # noqa: F401
+                                        sandbox, signal_stub, start_script, stub_pids,
+                                        wait_for, write_config)
 
 pytestmark = pytest.mark.slow   # tests/e2e: every test here is slow
 
@@ -178,6 +178,42 @@ def test_a_signal_before_the_launch_stops_the_script_with_4_and_leaves_nothing(s
     assert "stopped by SIGTERM before the launch" in err, err[-3000:]
     assert not stub_pids(files) and "STARTING TIMING RUN" not in out
     assert not (root / "log dir").exists() or not list((root / "log dir").iterdir())
+
+
+def test_a_signal_that_kills_a_helper_before_the_launch_still_stops_with_4(sandbox):
+    """A closed terminal's SIGHUP to the whole process group while run_and_time.sh runs a
+    command of its own before the launch (each date here): that command dies of it, and set -e
+    once ended the script with its 129, unsaid. A stop before the launch like any other: 4,
+    said, nothing launched, no run directory left."""
+    root, _ = sandbox
+    env, files = signal_stub(sandbox)
+    env = hup_at_date(sandbox, env, when=root)   # every date
+    proc = start_script(sandbox, env)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, err[-3000:]
+    assert "stopped by SIGHUP before the launch" in err, err[-3000:]
+    assert not stub_pids(files) and "STARTING TIMING RUN" not in out
+    assert not (root / "log dir").exists() or not list((root / "log dir").iterdir())
+
+
+def test_a_signal_after_the_launcher_ended_leaves_the_runs_status(sandbox):
+    """Ctrl-C stops the run, and the terminal is closed while run_and_time.sh writes its
+    summary (its END date here; CI caught it under srun, whose step ended 0.6 s after the
+    first Ctrl-C): the launcher has ended, nothing is left to stop, and the script and its
+    helpers ignore it - it exits with the ranks' 4 and its summary, not the 129 of a killed
+    date."""
+    env, files = signal_stub(sandbox)
+    env = hup_at_date(sandbox, env, when=files / "got")   # written as the launcher ends
+    try:
+        proc = start_script(sandbox, env)
+        wait_for(files / "ready", proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 4, err[-3000:]
+        assert (files / "got").read_text().split() == ["SIGUSR1"], err[-3000:]
+        assert "ENDING TIMING RUN" in out and "stopped by a signal: " in err, err[-3000:]
+    finally:
+        end_stubs(files)
 
 
 def test_sigkill_to_the_script_stops_its_launcher(sandbox):

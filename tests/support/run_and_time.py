@@ -162,6 +162,30 @@ def signal_stub(sandbox, launcher: str = "mpiexec", **extra) -> tuple[dict, Path
     return env, files
 
 
+DATE_STUB = f"""#!{sys.executable}
+# date(1) as the script's process group sees it when a terminal sends a stop signal at the
+# wrong moment: once $STUB_DATE_HUP_WHEN exists, SIGHUP to its own process group (the script's)
+# - which kills this date too unless the script has it ignored - then the real date.
+import os, shutil, signal, sys
+if os.path.exists(os.environ["STUB_DATE_HUP_WHEN"]):
+    os.killpg(0, signal.SIGHUP)
+here = os.path.dirname(os.path.abspath(sys.argv[0]))
+path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if os.path.abspath(d) != here)
+real = shutil.which("date", path=path)
+os.execv(real, [real] + sys.argv[1:])
+"""
+
+
+def hup_at_date(sandbox, env: dict, when: Path) -> dict:
+    """``env`` with DATE_STUB first on PATH: every date the script runs once ``when`` exists
+    sends SIGHUP to the script's process group first (a terminal closed at that moment)."""
+    bindir = sandbox[0] / "date dir"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "date").write_text(DATE_STUB)
+    (bindir / "date").chmod(0o755)
+    return dict(env, PATH=f"{bindir}{os.pathsep}{env['PATH']}", STUB_DATE_HUP_WHEN=str(when))
+
+
 def start_script(sandbox, env: dict, *args: str) -> subprocess.Popen:
     """run_and_time.sh in the background, leading its own process group (as a job in a
     terminal), the stop signals at their defaults."""
