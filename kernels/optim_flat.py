@@ -18,7 +18,8 @@ What this module owns:
   * the ``fused`` backend: ``FusedLamb``, ``FusedAdamW``, ``FusedLars``. Each pass is a
     plain-torch function over the (rows, 1024) views (kernels.optim_passes), compiled by
     ``torch.compile``
-    (``dynamic=False``, ``fullgraph=True``; C++/OpenMP on CPU, Triton on CUDA) the first
+    (``dynamic=False``, ``fullgraph=True``; C++/OpenMP on CPU, Triton on CUDA; on CPU the
+    numbers of rows and tensors are symbols, so every layout shares one kernel) the first
     time it runs (``warmup``: a step with every row masked out, which changes nothing):
 
         LAMB   pass 1, one loop: read p, g, m, v; write m, v; per-row Σx², Σu²
@@ -305,19 +306,33 @@ function's code (kernels.own_code), so no number of layouts reaches that limit."
 
 class _Kernel:
     """A pass function compiled on its first call; run eagerly once compiling has failed.
-    ``layout``: what the graph's guards depend on (the buffers' shapes, dtypes, device)."""
+    ``layout``: what the graph's guards depend on (the buffers' shapes, dtypes, device).
 
-    def __init__(self, fn: Callable, compile: bool, layout: tuple = ()) -> None:
+    ``counts_symbolic`` (the CPU's steps): the first dimension of every tensor argument - the
+    rows, the tensors - is a symbol of the graph, the row width (1024) and everything else
+    constants, so one generated kernel serves every layout of a (pass, dtype, variant) and
+    Inductor's cache gives a new layout the compiled code of the first: a model, a shard or a
+    test of another size costs a trace (~0.2 s) instead of a compile (~1.7 s of CPU, most of
+    it g++). The rows are independent there (a row's sums and updates do not depend on how
+    many rows there are). CUDA's steps stay static: every size a constant, as measured."""
+
+    def __init__(self, fn: Callable, compile: bool, layout: tuple = (),
+                 counts_symbolic: bool = False) -> None:
         self.fn = fn
         self.compiled = None
+        self.counts_symbolic = counts_symbolic
         if compile:
-            key = (fn, layout)
+            key = (fn, layout, counts_symbolic)
             if key not in _COMPILED:
                 _COMPILED[key] = torch.compile(with_own_code(fn), dynamic=False, fullgraph=True)
             self.compiled = _COMPILED[key]
 
     def __call__(self, *args):
         if self.compiled is not None:
+            if self.counts_symbolic:
+                for a in args:
+                    if isinstance(a, torch.Tensor) and a.dim():
+                        torch._dynamo.maybe_mark_dynamic(a, 0)
             try:
                 return self.compiled(*args)
             except Exception as e:  # compile errors come before any buffer is written
@@ -350,7 +365,9 @@ class _FusedStep:
         layout = (buffers.dtype, buffers.device, buffers.total, buffers.window,
                   buffers.layout.row, len(buffers.layout.segments),
                   buffers.block_segment is not None, self.master)
-        self.kernels = {fn.__name__: _Kernel(fn, compile, layout) for fn in self.pass_functions}
+        self.kernels = {fn.__name__: _Kernel(fn, compile, layout,
+                                             counts_symbolic=buffers.device.type == "cpu")
+                        for fn in self.pass_functions}
         self.compile_seconds: float | None = None
         self._constants: dict[tuple, torch.Tensor] = {}  # host values already on the device
         # A sharded step: sums this rank's per-tensor partial sums over the shard group, in
