@@ -18,9 +18,9 @@ What this module owns:
   * the ``fused`` backend: ``FusedLamb``, ``FusedAdamW``, ``FusedLars``. Each pass is a
     plain-torch function over the (rows, 1024) views (kernels.optim_passes), compiled by
     ``torch.compile``
-    (``dynamic=False``, ``fullgraph=True``; C++/OpenMP on CPU, Triton on CUDA; on CPU the
-    numbers of rows and tensors are symbols, so every layout shares one kernel) the first
-    time it runs (``warmup``: a step with every row masked out, which changes nothing):
+    (``dynamic=False``, ``fullgraph=True``; C++/OpenMP on CPU, Triton on CUDA; on CPU a
+    process's second layout and later ones compile with the numbers of rows and tensors as
+    symbols and share one kernel: ``_Kernel``) the first time it runs (``warmup``: a step with every row masked out, which changes nothing):
 
         LAMB   pass 1, one loop: read p, g, m, v; write m, v; per-row Σx², Σu²
                per tensor: norms = index_add of row sums; trust ratio; lr·ratio per row
@@ -295,37 +295,48 @@ def _one_minus(beta, n: int):
 
 # --------------------------------------------------------------------------- compile
 
-_COMPILED: dict[tuple, Callable] = {}
+_COMPILED: dict[tuple, tuple[Callable, bool]] = {}
 """One torch.compile wrapper per (pass function, buffer layout), shared by the steps of that
-layout. Dynamo keeps a function's graphs on its code object and, past ``recompile_limit``
-(8) graphs, runs the function eagerly without a word: with one wrapper per function, the
-ninth layout a process built (a test worker, bench.gpu's stages in one process) stepped
-eagerly - other numbers, model-sized temporaries. Each layout compiles its own copy of the
-function's code (kernels.own_code), so no number of layouts reaches that limit."""
+layout, and whether its counts are symbols. Dynamo keeps a function's graphs on its code object
+and, past ``recompile_limit`` (8) graphs, runs the function eagerly without a word: with one
+wrapper per function, the ninth layout a process built (a test worker, bench.gpu's stages in one
+process) stepped eagerly - other numbers, model-sized temporaries. Each layout compiles its own
+copy of the function's code (kernels.own_code), so no number of layouts reaches that limit."""
+
+_SIZES_SEEN: dict[tuple, set] = {}
+"""(pass function, variant) -> the sizes of the layouts this process compiled it for."""
 
 
 class _Kernel:
     """A pass function compiled on its first call; run eagerly once compiling has failed.
-    ``layout``: what the graph's guards depend on (the buffers' shapes, dtypes, device).
+    ``variant`` and ``sizes``: what the graph's guards depend on (dtype, device and the like;
+    the buffers' sizes).
 
-    ``counts_symbolic`` (the CPU's steps): the first dimension of every tensor argument - the
-    rows, the tensors - is a symbol of the graph, the row width (1024) and everything else
-    constants, so one generated kernel serves every layout of a (pass, dtype, variant) and
-    Inductor's cache gives a new layout the compiled code of the first: a model, a shard or a
-    test of another size costs a trace (~0.2 s) instead of a compile (~1.7 s of CPU, most of
-    it g++). The rows are independent there (a row's sums and updates do not depend on how
-    many rows there are). CUDA's steps stay static: every size a constant, as measured."""
+    ``symbolic_after_first`` (the CPU's steps): the first layout of a (pass, variant) a
+    process builds compiles with every size a constant, as CUDA's always do (as measured);
+    a second one with the first dimension of every tensor argument - the rows, the tensors -
+    a symbol, the row width (1024) still a constant. That graph is the same for every later
+    layout, so Inductor's cache gives each the compiled code of the first: a test worker or
+    a tool building models, shards and tests of many sizes pays a trace (~0.2 s) a layout
+    instead of a compile (~1.7 s of CPU, most of it g++), while a run of one model pays no
+    symbolic trace (~0.4 s more a process). The rows are independent (a row's sums and
+    updates do not depend on how many rows there are): the numbers are the same bit for
+    bit. Dynamo's automatic dynamic shapes, by layout copy."""
 
-    def __init__(self, fn: Callable, compile: bool, layout: tuple = (),
-                 counts_symbolic: bool = False) -> None:
+    def __init__(self, fn: Callable, compile: bool, variant: tuple = (), sizes: tuple = (),
+                 symbolic_after_first: bool = False) -> None:
         self.fn = fn
         self.compiled = None
-        self.counts_symbolic = counts_symbolic
+        self.counts_symbolic = False
         if compile:
-            key = (fn, layout, counts_symbolic)
+            key = (fn, variant, sizes)
             if key not in _COMPILED:
-                _COMPILED[key] = torch.compile(with_own_code(fn), dynamic=False, fullgraph=True)
-            self.compiled = _COMPILED[key]
+                seen = _SIZES_SEEN.setdefault((fn, variant), set())
+                symbolic = symbolic_after_first and bool(seen - {sizes})
+                seen.add(sizes)
+                _COMPILED[key] = (torch.compile(with_own_code(fn), dynamic=False,
+                                                fullgraph=True), symbolic)
+            self.compiled, self.counts_symbolic = _COMPILED[key]
 
     def __call__(self, *args):
         if self.compiled is not None:
@@ -362,11 +373,11 @@ class _FusedStep:
             raise ValueError(f"{self.name}: buffers lack state {sorted(missing)}")
         self.buffers = buffers
         self.master = MASTER in buffers.state   # fp32 master weights: read and written here
-        layout = (buffers.dtype, buffers.device, buffers.total, buffers.window,
-                  buffers.layout.row, len(buffers.layout.segments),
-                  buffers.block_segment is not None, self.master)
-        self.kernels = {fn.__name__: _Kernel(fn, compile, layout,
-                                             counts_symbolic=buffers.device.type == "cpu")
+        variant = (buffers.dtype, buffers.device, buffers.layout.row,
+                   buffers.block_segment is not None, self.master)
+        sizes = (buffers.total, buffers.window, len(buffers.layout.segments))
+        self.kernels = {fn.__name__: _Kernel(fn, compile, variant, sizes,
+                                             symbolic_after_first=buffers.device.type == "cpu")
                         for fn in self.pass_functions}
         self.compile_seconds: float | None = None
         self._constants: dict[tuple, torch.Tensor] = {}  # host values already on the device

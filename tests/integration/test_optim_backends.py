@@ -287,6 +287,45 @@ def test_every_layout_a_process_builds_steps_compiled():
             assert opt.flat_binding.compiled and frames_compiled() > before, rows
 
 
+def test_a_second_cpu_layout_compiles_symbolic_counts_that_serve_every_later_one(monkeypatch):
+    """On CPU a process's first layout of a pass compiles with every size a constant (as CUDA's
+    always do); its second with the numbers of rows and tensors as symbols, the row width
+    (1024) a constant; and that graph is every later layout's: a third generates no code
+    (Inductor's cache). The symbolic steps give the static step's numbers bit for bit."""
+    from torch._dynamo.utils import counters
+    from tests.support.inductor import generated_code, input_sizes, is_constant
+
+    def fresh_process():
+        monkeypatch.setattr(optim_flat, "_COMPILED", {})
+        monkeypatch.setattr(optim_flat, "_SIZES_SEEN", {})
+
+    def steps(rows: int) -> list[torch.Tensor]:   # a layout of its own: 3 AdamW steps
+        gen = torch.Generator().manual_seed(rows)
+        named = [("w", torch.randn(rows * 1024 - 7, generator=gen).requires_grad_()),
+                 ("b", torch.randn(3 * rows, generator=gen).requires_grad_())]
+        opt = build_optimizer("adamw", named, lr=1e-2, weight_decay=0.1, backend="fused")
+        for _ in range(3):
+            for _, p in named:
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+        assert opt.flat_binding.compiled
+        return [p.detach().clone() for _, p in named]
+
+    fresh_process()
+    first = input_sizes(generated_code(lambda: steps(3)))
+    assert first and all(is_constant(d) for s in first for d in s), first
+    second = input_sizes(generated_code(lambda: steps(4)))
+    tables = [s for s in second if len(s) == 2]   # (rows, 1024) views, (tensors, k) tables
+    assert ("1024" in {s[1] for s in tables} and
+            all(not is_constant(s[0]) and is_constant(s[1]) for s in tables)), second
+    missed = counters["inductor"]["fxgraph_cache_miss"]
+    symbolic = steps(5)
+    assert counters["inductor"]["fxgraph_cache_miss"] == missed   # nothing new compiled
+    fresh_process()
+    static = steps(5)   # the same layout as a process's first: every size a constant
+    assert all(torch.equal(a, b) for a, b in zip(symbolic, static))
+
+
 # ----------------------------------------------------------------------------- dispatch
 
 def test_backend_dispatch():
