@@ -3,6 +3,7 @@ hold threads or a process group), a dead worker named with the task it held inst
 forever, and workers that end with their parent."""
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -90,6 +91,7 @@ _SCENARIO = textwrap.dedent("""
         if pid == 0:
             tasks.collect_garbage(0)
             os._exit(0)
+        print("forked", flush=True)
         os.waitpid(pid, 0)
     else:
         from loaders.workers import Workers
@@ -121,9 +123,30 @@ def _scenario(how: str, timeout: float, script: str = _SCENARIO,
         return None
 
 
+def _forked_child_hangs(grace_s: float = 3.0) -> bool:
+    """The scenario's forked child still runs ``grace_s`` after the fork (one that does not
+    hang collects its garbage in milliseconds)."""
+    proc = subprocess.Popen([sys.executable, "-c", _SCENARIO, "fork"], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 120)   # torch's import, the group
+        line = proc.stdout.readline() if ready else ""
+        assert line.strip() == "forked", f"no fork: {line!r}"
+        try:
+            proc.wait(timeout=grace_s)
+            return False
+        except subprocess.TimeoutExpired:
+            return True
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
 def test_a_process_group_in_the_caller_does_not_deadlock_the_pool():
     # The scenario has teeth: a forked child collecting the inherited group hangs.
-    assert _scenario("fork", timeout=10) is None, "the forked child did not hang"
+    assert _forked_child_hangs(), "the forked child did not hang"
     done = _scenario("workers", timeout=120)
     assert done is not None, "the pool hung with a process group in the caller"
     assert done.returncode == 0 and "done" in done.stdout, done.stdout
