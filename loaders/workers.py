@@ -180,7 +180,8 @@ class Workers:
             # they are killed (see _unblock); (3) every worker started at the first task,
             # before any task runs - started one per task instead, a worker dying while the
             # next starts has its status read by two threads at once (Process.start polls the
-            # children; see _died); (4) whether it broke (imap).
+            # children; see _died); (4) whether it broke (imap); (5) its thread, waited for
+            # when the pool is ended at once (_end_now).
             self._processes = getattr(self.pool, "_processes", None)
             self._result_writer = self.pool._result_queue._writer
             self.pool._safe_to_dynamically_spawn_children = False
@@ -202,11 +203,19 @@ class Workers:
         return False
 
     def _end_now(self) -> None:
-        """Cancel what is pending and kill the workers: their results are not wanted."""
+        """Cancel what is pending and kill the workers: their results are not wanted. Then
+        wait (at most 5 s) for the pool's thread to end: broken by the killed workers, it
+        closes the pool's wake-up pipe, and CPython 3.11's exit handler, which wakes every
+        pool's thread without the pool's lock, raced that close - "Exception ignored ...
+        OSError: [Errno 9] Bad file descriptor" and a traceback after a stop (seen in 1 of
+        ~10 suite runs)."""
+        manager = getattr(self.pool, "_executor_manager_thread", None)   # shutdown forgets it
         self.pool.shutdown(wait=False, cancel_futures=True)
         self._unblock()
         for p in list((self._processes or {}).values()):
             p.join(5)
+        if manager is not None:
+            manager.join(5)
 
     def _unblock(self) -> None:
         """Kill every worker, then close this process's end of the pool's result pipe (only
