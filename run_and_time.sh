@@ -196,8 +196,7 @@ CKPT_EVERY="${V[5]-0}"
 : "${SEED:?train.seed missing from the config output}"
 NP=$((NODES * RANKS))
 if [[ "${MODE:-train}" == train ]]; then   # will it fit? (an estimate; exit 2 with what would)
-    "$PYTHON" -m runtime.train.memory "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" \
-        || { [[ -z "$GOT_SIGNAL" ]] || stopped_before_launch; exit 2; }
+    "$PYTHON" -m runtime.train.memory "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" || exit 2
 fi
 
 MODE="${MODE:-train}"

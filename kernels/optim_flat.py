@@ -20,7 +20,8 @@ What this module owns:
     ``torch.compile``
     (``dynamic=False``, ``fullgraph=True``; C++/OpenMP on CPU, Triton on CUDA; on CPU a
     process's second layout and later ones compile with the numbers of rows and tensors as
-    symbols and share one kernel: ``_Kernel``) the first time it runs (``warmup``: a step with every row masked out, which changes nothing):
+    symbols and share one kernel: ``_Kernel``) the first time it runs (``warmup``: a step
+    with every row masked out, which changes nothing):
 
         LAMB   pass 1, one loop: read p, g, m, v; write m, v; per-row Σx², Σu²
                per tensor: norms = index_add of row sums; trust ratio; lr·ratio per row
@@ -303,8 +304,8 @@ wrapper per function, the ninth layout a process built (a test worker, bench.gpu
 process) stepped eagerly - other numbers, model-sized temporaries. Each layout compiles its own
 copy of the function's code (kernels.own_code), so no number of layouts reaches that limit."""
 
-_SIZES_SEEN: dict[tuple, set] = {}
-"""(pass function, variant) -> the sizes of the layouts this process compiled it for."""
+_FIRST_SIZES: dict[tuple, tuple] = {}
+"""(pass function, variant) -> the sizes of the first layout this process compiled it for."""
 
 
 class _Kernel:
@@ -328,24 +329,27 @@ class _Kernel:
         self.fn = fn
         self.compiled = None
         self.counts_symbolic = False
+        self._mark = False   # the counts still to be marked symbolic: at the first call alone
         if compile:
             key = (fn, variant, sizes)
             if key not in _COMPILED:
-                seen = _SIZES_SEEN.setdefault((fn, variant), set())
-                symbolic = symbolic_after_first and bool(seen - {sizes})
-                seen.add(sizes)
+                first = _FIRST_SIZES.setdefault((fn, variant), sizes)
                 _COMPILED[key] = (torch.compile(with_own_code(fn), dynamic=False,
-                                                fullgraph=True), symbolic)
+                                                fullgraph=True),
+                                  symbolic_after_first and first != sizes)
             self.compiled, self.counts_symbolic = _COMPILED[key]
+            self._mark = self.counts_symbolic
 
     def __call__(self, *args):
         if self.compiled is not None:
-            if self.counts_symbolic:
+            if self._mark:   # the trace reads the marks; the graph then takes any count
                 for a in args:
                     if isinstance(a, torch.Tensor) and a.dim():
                         torch._dynamo.maybe_mark_dynamic(a, 0)
             try:
-                return self.compiled(*args)
+                out = self.compiled(*args)
+                self._mark = False   # ~0.1 ms a call: not every step
+                return out
             except Exception as e:  # compile errors come before any buffer is written
                 first = (str(e).strip().splitlines() or [""])[0][:300]
                 warnings.warn(

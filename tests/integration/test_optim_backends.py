@@ -298,7 +298,7 @@ def test_a_second_cpu_layout_compiles_symbolic_counts_that_serve_every_later_one
 
     def fresh_process():
         monkeypatch.setattr(optim_flat, "_COMPILED", {})
-        monkeypatch.setattr(optim_flat, "_SIZES_SEEN", {})
+        monkeypatch.setattr(optim_flat, "_FIRST_SIZES", {})
 
     def steps(rows: int) -> list[torch.Tensor]:   # a layout of its own: 3 AdamW steps
         gen = torch.Generator().manual_seed(rows)
