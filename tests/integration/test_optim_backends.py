@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import optim_apex, optim_flat
+from kernels import compiled_pass, optim_apex, optim_flat
 from kernels.optim_flat import FlatLayout
 from runtime.optim import optimizers as optim
 from runtime.optim.optimizers import build_optimizer
@@ -246,8 +246,8 @@ def test_compile_failure_warns_and_falls_back_to_the_same_numbers(monkeypatch):
     def broken(*args):
         raise RuntimeError("simulated inductor failure\nsecond line")
 
-    monkeypatch.setattr(optim_flat, "_COMPILED", {})   # nothing compiled yet in this process
-    monkeypatch.setattr(optim_flat.torch, "compile", lambda fn, **options: broken)
+    monkeypatch.setattr(compiled_pass, "_COMPILED", {})   # nothing compiled yet in this process
+    monkeypatch.setattr(compiled_pass.torch, "compile", lambda fn, **options: broken)
     init, grads = _problem(5)
     with pytest.warns(RuntimeWarning) as caught:
         named = _named(init)
@@ -297,8 +297,8 @@ def test_a_second_cpu_layout_compiles_symbolic_counts_that_serve_every_later_one
     from tests.support.inductor import generated_code, input_sizes, is_constant
 
     def fresh_process():
-        monkeypatch.setattr(optim_flat, "_COMPILED", {})
-        monkeypatch.setattr(optim_flat, "_FIRST_SIZES", {})
+        monkeypatch.setattr(compiled_pass, "_COMPILED", {})
+        monkeypatch.setattr(compiled_pass, "_FIRST_SIZES", {})
 
     def steps(rows: int) -> list[torch.Tensor]:   # a layout of its own: 3 AdamW steps
         gen = torch.Generator().manual_seed(rows)
