@@ -312,8 +312,9 @@ class _FusedStep:
         variant = (buffers.dtype, buffers.device, buffers.layout.row,
                    buffers.block_segment is not None, self.master)
         sizes = (buffers.total, buffers.window, len(buffers.layout.segments))
+        on_cpu = buffers.device.type == "cpu"
         self.kernels = {fn.__name__: CompiledPass(fn, compile, variant, sizes,
-                                             symbolic_after_first=buffers.device.type == "cpu")
+                                                  symbolic_after_first=on_cpu)
                         for fn in self.pass_functions}
         self.compile_seconds: float | None = None
         self._constants: dict[tuple, torch.Tensor] = {}  # host values already on the device
