@@ -35,8 +35,10 @@ How, on a CPU:
     and flattening it before the copy), as on a GPU they run on the CPU;
   * each op is one launch except those ``KERNELS_PER_OP`` names, whose CUDA implementation
     launches more (flash backward 3, LayerNorm backward 2, embedding backward 2, NLL
-    backward 2; the table says why): the "kernels" column. Copies count as the profiler's
-    memcpy, fills as its memset or fill kernel, one each;
+    backward 2; the table says why), and the multi-tensor ops (``MULTI_TENSOR_DEPTH``: the
+    buckets' gradient adds), counted as ATen's multi_tensor_apply splits them into launches:
+    the "kernels" column. Copies count as the profiler's memcpy, fills as its memset or fill
+    kernel, one each;
   * compiled regions (the fused optimizer's two passes, ``model.fusions``, later whole
     layers) run their Inductor code: each generated kernel is wrapped in the loaded wrapper
     module and counted per call (``count_inductor_kernels``), and what the wrapper hands to
@@ -54,7 +56,9 @@ Why a narrow model: the count does not depend on the hidden size or the vocabula
 op runs once per tensor, whatever its size; ``--widths`` checks it on two widths each run),
 so the bench builds BERT-large's 24 layers at hidden 128 and a 512-token vocabulary (a
 count in about a minute). It does depend on the layers (about 96 kernels each), on the shapes' static plan
-(rows, sequence slots) and on every mode key.
+(rows, sequence slots), on every mode key and on the number of gradient buckets (one
+multi-tensor add each): the narrow model's bucket cap is scaled by its share of the wide
+model's parameters (``scaled_bucket_cap``), so it has about as many buckets as BERT-large.
 
 Owns: the modes, the step's shape, the counter and its rules, the synthetic data set the
 step reads, the table and the record (bench/common.py's header).
@@ -151,6 +155,47 @@ KERNELS_PER_OP = {
     "nll_loss_backward": 2,
 }
 """CUDA kernels of an op that launches more than one (each other op: one)."""
+
+MULTI_TENSOR_DEPTH = {"_foreach_add_": 2, "_foreach_copy_": 2}
+"""Multi-tensor ops counted by ATen's ``multi_tensor_apply``
+(aten/src/ATen/native/cuda/MultiTensorApply.cuh), with their depth (the tensor lists a
+launch reads and writes): one kernel for many tensors, a new one when a launch's tensors or
+its chunks of 65,536 elements are full (``multi_tensor_launches``). Other ``_foreach_`` ops:
+one launch each (``_foreach_norm`` adds a clean-up kernel; none is in the step)."""
+
+MTA_CHUNK = 65536
+MTA_MAX_TENSORS = (770, 448, 336, 252, 210)
+MTA_MAX_CHUNKS = 2240
+"""multi_tensor_apply's limits a launch with 32 KB kernel arguments (CUDA >= 12.1 with a
+driver that allows them, compute capability >= 7: the H100 and H200 machines), by depth 1-5;
+with 4 KB arguments 110/64/48/36/30 tensors and 320 chunks."""
+
+
+def multi_tensor_launches(depth: int, numels: Iterable[int]) -> int:
+    """Kernels ``multi_tensor_apply`` launches for tensors of ``numels`` elements at ``depth``:
+    its loop - a launch when the tensors (the last one whole) or the chunks are full, and one
+    for what is left; empty tensors are skipped."""
+    launches = tensors = chunks_in = 0
+    for n in numels:
+        if n == 0:
+            continue
+        tensors += 1
+        chunks = -(-n // MTA_CHUNK)
+        for c in range(chunks):
+            chunks_in += 1
+            if (tensors == MTA_MAX_TENSORS[depth - 1] and c == chunks - 1) \
+                    or chunks_in == MTA_MAX_CHUNKS:
+                launches, chunks_in = launches + 1, 0
+                tensors = 0 if c == chunks - 1 else 1
+    return launches + (chunks_in > 0)
+
+
+def kernels_of(name: str, args: tuple) -> int:
+    """The CUDA kernels one call of op ``name`` launches (``KERNELS_PER_OP``,
+    ``MULTI_TENSOR_DEPTH``; else 1)."""
+    if name in MULTI_TENSOR_DEPTH:
+        return multi_tensor_launches(MULTI_TENSOR_DEPTH[name], (t.numel() for t in args[0]))
+    return KERNELS_PER_OP.get(name, 1)
 
 CATEGORIES = ("gemm", "attention", "cast", "elementwise", "reduction", "norm", "index",
               "copy/fill", "compiled", "optimizer")
@@ -273,7 +318,7 @@ def _counter_class():
                 return out
             name = func.overloadpacket.__name__
             if _launches(func, name, args, kwargs, out):
-                self.add(name, category(name, args, out), KERNELS_PER_OP.get(name, 1))
+                self.add(name, category(name, args, out), kernels_of(name, args))
             return out
 
         def add(self, name: str, cat: str, kernels: int = 1) -> None:
@@ -353,11 +398,28 @@ def counting(host: Iterable = ()):
 # ------------------------------------------------------------------------------- the step
 
 def config(*overrides: str, data_dir: str | Path | None = None):
-    """The DGX config with ``BASE``, then ``overrides`` (a mode's, the caller's)."""
+    """The DGX config with ``BASE``, its bucket cap scaled to the narrow model
+    (``scaled_bucket_cap``), then ``overrides`` (a mode's, the caller's: a cap there wins)."""
     from bench.gpu.harness import DGX_CONFIG
     from runtime.config import load_config
     extra = [f'data.data_dir="{data_dir}"', "data.verify_checksums=false"] if data_dir else []
-    return load_config(DGX_CONFIG, [*BASE, *overrides, *extra])
+    cap = scaled_bucket_cap(load_config(DGX_CONFIG, [*BASE, *overrides]))
+    return load_config(DGX_CONFIG, [*BASE, f"train.bucket_cap_mb={cap!r}", *overrides, *extra])
+
+
+def scaled_bucket_cap(narrow) -> float:
+    """The bucket cap (MiB) that gives the narrow model about as many gradient buckets as
+    the DGX config's own widths at the same depth: the DGX cap times the narrow model's share
+    of that model's parameters. Each bucket adds its gradients into the buffer in one
+    multi-tensor kernel (runtime.grad_sync.buckets), so the count depends on how many there
+    are - on the GPU, BERT-large's: ~27 of 25 MiB in bf16."""
+    import dataclasses
+    from bench.gpu.harness import DGX_CONFIG
+    from loaders.model_shape import parameter_count
+    from runtime.config import load_config
+    wide = load_config(DGX_CONFIG, [])
+    shape = {**dataclasses.asdict(wide.model), "num_hidden_layers": narrow.model.num_hidden_layers}
+    return wide.train.bucket_cap_mb * parameter_count(narrow.model) / parameter_count(shape)
 
 
 def synthetic_data(root: Path, cfg) -> Path:
@@ -477,7 +539,7 @@ def _count_replay(trainer) -> list[tuple[str, str, str, int]]:
 
 
 def summarize(records: list[tuple[str, str, str, int]]) -> dict:
-    """Totals (ops: dispatched ops that launch; kernels: with ``KERNELS_PER_OP``) by category,
+    """Totals (ops: dispatched ops that launch; kernels: ``kernels_of`` them) by category,
     phase and op."""
     def table(key: int) -> dict:
         ops, kernels = Counter(), Counter()

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from bench import cuda_dispatch
 from bench.cuda_dispatch import as_on_cuda, cuda_autocast_lists, cuda_autocast_on_cpu
-from bench.kernel_count import counting, summarize
+from bench.kernel_count import (MTA_CHUNK, MTA_MAX_CHUNKS, config, counting,
+                                multi_tensor_launches, scaled_bucket_cap, summarize)
 
 
 def names(counter) -> list[str]:
@@ -56,6 +57,37 @@ def test_multi_kernel_ops_count_cudas_launches_and_backward_is_counted():
     assert by["native_layer_norm"][1:] == ("norm", "native_layer_norm", 1)
     assert by["native_layer_norm_backward"][1:] == ("norm", "native_layer_norm_backward", 2)
     assert summarize(c.records)["kernels"] == summarize(c.records)["ops"] + 1
+
+
+def test_multi_tensor_ops_count_the_launches_multi_tensor_apply_makes():
+    """ATen's loop: a launch when 448 tensors (depth 2) or 2,240 chunks of 65,536 elements
+    are full, one for the rest; a tensor cut by a full launch goes on in the next."""
+    assert multi_tensor_launches(2, [16384] * 305) == 1        # a narrow model's bucket
+    assert multi_tensor_launches(2, [16384] * 448) == 1
+    assert multi_tensor_launches(2, [16384] * 449) == 2
+    assert multi_tensor_launches(1, [1] * 770) == 1 and multi_tensor_launches(1, [1] * 771) == 2
+    assert multi_tensor_launches(2, [MTA_CHUNK * MTA_MAX_CHUNKS]) == 1
+    assert multi_tensor_launches(2, [MTA_CHUNK * MTA_MAX_CHUNKS + 1]) == 2
+    assert multi_tensor_launches(2, [0, 0]) == 0
+    assert multi_tensor_launches(2, [13_107_200] * 2) == 1     # two BERT-large buckets
+    xs, ys = [torch.zeros(4) for _ in range(3)], [torch.ones(4) for _ in range(3)]
+    with counting() as c:
+        torch._foreach_add_(xs, ys)
+    assert [(r[1], r[2], r[3]) for r in c.records] == [("elementwise", "_foreach_add_", 1)]
+
+
+def test_the_narrow_model_has_about_as_many_buckets_as_the_wide_one():
+    """The bucket cap is scaled by the narrow model's share of the DGX model's parameters at
+    the same depth (each bucket is one multi-tensor add in the count)."""
+    from bench.gpu.harness import DGX_CONFIG
+    from loaders.model_shape import parameter_count
+    from runtime.config import load_config
+    assert scaled_bucket_cap(load_config(DGX_CONFIG, [])) == pytest.approx(25.0)
+    narrow = config()
+    wide = load_config(DGX_CONFIG, [])
+    share = parameter_count(narrow.model) / parameter_count(wide.model)
+    assert narrow.train.bucket_cap_mb == pytest.approx(25.0 * share) and share < 0.05
+    assert config("train.bucket_cap_mb=3").train.bucket_cap_mb == 3  # a caller's cap wins
 
 
 def test_the_optimizer_phase_is_one_category():
