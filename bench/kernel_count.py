@@ -57,8 +57,8 @@ op runs once per tensor, whatever its size; ``--widths`` checks it on two widths
 so the bench builds BERT-large's 24 layers at hidden 128 and a 512-token vocabulary (a
 count in about a minute). It does depend on the layers (about 96 kernels each), on the shapes' static plan
 (rows, sequence slots), on every mode key and on the number of gradient buckets (one
-multi-tensor add each): the narrow model's bucket cap is scaled by its share of the wide
-model's parameters (``scaled_bucket_cap``), so it has about as many buckets as BERT-large.
+multi-tensor add each): the narrow model's bucket cap is chosen so that it has as many
+buckets as BERT-large (``matched_bucket_cap``).
 
 Owns: the modes, the step's shape, the counter and its rules, the synthetic data set the
 step reads, the table and the record (bench/common.py's header).
@@ -398,28 +398,73 @@ def counting(host: Iterable = ()):
 # ------------------------------------------------------------------------------- the step
 
 def config(*overrides: str, data_dir: str | Path | None = None):
-    """The DGX config with ``BASE``, its bucket cap scaled to the narrow model
-    (``scaled_bucket_cap``), then ``overrides`` (a mode's, the caller's: a cap there wins)."""
+    """The DGX config with ``BASE``, its bucket cap matched to the narrow model
+    (``matched_bucket_cap``), then ``overrides`` (a mode's, the caller's: a cap there wins)."""
     from bench.gpu.harness import DGX_CONFIG
     from runtime.config import load_config
     extra = [f'data.data_dir="{data_dir}"', "data.verify_checksums=false"] if data_dir else []
-    cap = scaled_bucket_cap(load_config(DGX_CONFIG, [*BASE, *overrides]))
+    cap = matched_bucket_cap(load_config(DGX_CONFIG, [*BASE, *overrides]))
     return load_config(DGX_CONFIG, [*BASE, f"train.bucket_cap_mb={cap!r}", *overrides, *extra])
 
 
-def scaled_bucket_cap(narrow) -> float:
-    """The bucket cap (MiB) that gives the narrow model about as many gradient buckets as
-    the DGX config's own widths at the same depth: the DGX cap times the narrow model's share
-    of that model's parameters. Each bucket adds its gradients into the buffer in one
-    multi-tensor kernel (runtime.grad_sync.buckets), so the count depends on how many there
-    are - on the GPU, BERT-large's: ~27 of 25 MiB in bf16."""
+def matched_bucket_cap(narrow) -> float:
+    """The bucket cap (MiB) at which the narrow model's gradients are cut into as many
+    buckets as the DGX config's own widths at the same depth and mode keys, with that config's
+    cap (``train.bucket_cap_mb``), both in reverse registration order (the first step's cut).
+    Each bucket adds its gradients into the buffer in one multi-tensor kernel
+    (runtime.grad_sync.buckets), so the count depends on how many there are - on the GPU,
+    BERT-large's (28 in bf16, 54 in fp32 at 25 MiB). The count of buckets falls as the cap
+    grows: bisection finds where it passes BERT-large's (on the meta device: no memory, no
+    weights), and the side nearer to it is taken - the narrow layers have few parameter
+    sizes, so some counts no cap gives (fp32 at 24 layers: 51 or 63, not 54; 51 is taken)."""
     import dataclasses
     from bench.gpu.harness import DGX_CONFIG
-    from loaders.model_shape import parameter_count
     from runtime.config import load_config
-    wide = load_config(DGX_CONFIG, [])
-    shape = {**dataclasses.asdict(wide.model), "num_hidden_layers": narrow.model.num_hidden_layers}
-    return wide.train.bucket_cap_mb * parameter_count(narrow.model) / parameter_count(shape)
+    from runtime.grad_sync.plan import MB
+    dgx = load_config(DGX_CONFIG, [])
+    wide = dataclasses.replace(narrow, model=dataclasses.replace(
+        narrow.model, **{k: getattr(dgx.model, k) for k in (
+            "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")}))
+    element = _grad_element_size(narrow)
+    want = _bucket_count(wide, int(dgx.train.bucket_cap_mb * MB) // element)
+    sizes = _grad_sizes(narrow)
+    lo, hi = 1, sum(sizes)  # bucket counts at lo >= want; at hi: 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _bucket_count(narrow, mid, sizes) >= want:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo < sum(sizes) and abs(_bucket_count(narrow, lo + 1, sizes) - want) \
+            < abs(_bucket_count(narrow, lo, sizes) - want):
+        lo += 1  # the narrow layers' few sizes may allow no cap with exactly as many
+    return (lo * element + element / 2) / MB  # build_grad_sync's int(cap * MB) // element = lo
+
+
+def _grad_element_size(cfg) -> int:
+    from runtime.choices import PRECISIONS
+    return {"fp32": 4, "bf16": 2, "fp16": 2}[PRECISIONS[cfg.train.precision].params]
+
+
+def _grad_sizes(cfg) -> list[int]:
+    """The trainable parameters' sizes in reverse registration order (the model built on the
+    meta device)."""
+    import torch
+    from loaders.balance_spec import PACKED_MODES
+    from runtime.model.bert import BertForPreTraining
+    m = cfg.model
+    with torch.device("meta"):
+        model = BertForPreTraining(m.bert_config(), attention=m.attention,
+                                   packed=cfg.data.balance in PACKED_MODES,
+                                   fusions=tuple(m.fusions))
+    return [p.numel() for p in model.parameters() if p.requires_grad][::-1]
+
+
+def _bucket_count(cfg, cap_elements: int, sizes: list[int] | None = None) -> int:
+    from runtime.grad_sync.plan import BucketPlan
+    sizes = _grad_sizes(cfg) if sizes is None else sizes
+    return len(BucketPlan.from_cap([(str(i), n) for i, n in enumerate(sizes)],
+                                   cap_elements).buckets)
 
 
 def synthetic_data(root: Path, cfg) -> Path:
