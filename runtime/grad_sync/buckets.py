@@ -277,6 +277,7 @@ class GradientBuckets:
             p.grad = None
         k = self.num_buckets
         self._to_add = list(self._bucket_sizes)  # per bucket: gradients of this micro-step to come
+        # per parameter: its buckets that have not taken this micro-step's gradient yet
         self._parts_left = {n: len(self._buckets_of[id(p)]) for n, p in self.params.items()}
         self._loss_scale = loss_scale
         self._pending = list(self._bucket_sizes)
@@ -346,10 +347,13 @@ class GradientBuckets:
 
     def _add_arrived(self) -> None:
         """The end of a micro-step's backward: add what arrived in the buckets still
-        incomplete (a parameter without a gradient in it leaves its bucket short)."""
+        incomplete (a parameter without a gradient in it leaves its bucket short). Every
+        gradient is then in the buffer, and every parameter's count of buckets starts afresh
+        (one without a gradient counted down only in the buckets that others completed)."""
         for k in range(self.num_buckets):
             if self._to_add[k] != self._bucket_sizes[k]:
                 self._add_in(k)
+        self._parts_left = {n: len(self._buckets_of[id(p)]) for n, p in self.params.items()}
 
     def _launch_ready(self) -> None:
         while self._next < self.num_buckets and self._pending[self._next] == 0:

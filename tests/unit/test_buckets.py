@@ -252,6 +252,25 @@ def test_a_parameter_without_a_gradient_in_a_micro_step_leaves_its_bucket_short_
     torch.testing.assert_close(model.early.weight.grad, full["early.weight"])
 
 
+def test_a_split_parameter_unused_in_one_micro_step_gets_all_of_its_next_gradient():
+    """``x`` is cut over two buckets and unused in the first micro-step, while ``a`` shares its
+    first bucket: that bucket is added short at the micro-step's end, the second not at all -
+    the next micro-step's gradient of ``x`` must still reach both."""
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.a, model.x = nn.Parameter(torch.randn(4)), nn.Parameter(torch.randn(10))
+    plan = BucketPlan.from_json({"buckets": [["a", "x[0:5]"], ["x[5:]"]]},
+                                {"a": 4, "x": 10})
+    buckets = GradientBuckets(model, plan, world_size=1)
+    buckets.begin_step()
+    with buckets.no_sync():
+        model.a.pow(2).sum().backward()
+    (model.a.pow(2).sum() + (3 * model.x).sum()).backward()
+    buckets.finish()
+    torch.testing.assert_close(model.a.grad, 4 * model.a.detach())
+    torch.testing.assert_close(model.x.grad, torch.full((10,), 3.0))
+
+
 def test_first_step_recuts_the_plan_in_measured_order():
     model = LateFirst()
     buckets = toy_buckets(model)
