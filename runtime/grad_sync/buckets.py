@@ -184,16 +184,22 @@ class GradientBuckets:
         self._bucket_sizes = [len(m) for m in members]
         self._buckets_of = {id(self.params[n]): [b for b, m in enumerate(members) if n in m]
                             for n in self.params}
-        self._parts = [[(n, max(lo, self.layout.offsets[n]),
-                         min(hi, self.layout.offsets[n] + self.sizes[n])) for n in sorted(
-                            m, key=self.layout.offsets.__getitem__)]
-                       for m, (lo, hi) in zip(members, self.layout.bounds)]
+        self._n_buckets_of = {n: len(self._buckets_of[id(p)]) for n, p in self.params.items()}
         total = self.layout.total
         if self._shard_groups is not None:
             self.shard = Shard(total, self._shard_groups, backend=self._backend,
                                align=self.align, shared=self._shared_params)
             total = self.shard.padded_total  # a zero tail: equal shards of whole rows
         self.flat = torch.zeros(total, dtype=self.dtype, device=self.device)
+        self._views = {n: self._view(n) for n in self.params}  # each .grad outside a step
+        offsets = self.layout.offsets
+        self._parts = []  # per bucket: (name, its part of the bucket, where that lies in name)
+        for m, (lo, hi) in zip(members, self.layout.bounds):
+            parts = []
+            for n in sorted(m, key=offsets.get):
+                a, b = max(lo, offsets[n]), min(hi, offsets[n] + self.sizes[n])
+                parts.append((n, self.flat[a:b], a - offsets[n], b - offsets[n]))
+            self._parts.append(parts)
         self._sparse_k = (alone_bucket(plan, self._tied_name, self.sizes[self._tied_name])
                           if self.tied is not None else None)
         if self.tied is not None:
@@ -209,7 +215,7 @@ class GradientBuckets:
 
     def _attach(self) -> None:
         for name, p in self.params.items():
-            p.grad = self._view(name)
+            p.grad = self._views[name]
 
     def _views_attached(self) -> bool:
         base, size = self.flat.data_ptr(), self.flat.element_size()
@@ -278,7 +284,7 @@ class GradientBuckets:
         k = self.num_buckets
         self._to_add = list(self._bucket_sizes)  # per bucket: gradients of this micro-step to come
         # per parameter: its buckets that have not taken this micro-step's gradient yet
-        self._parts_left = {n: len(self._buckets_of[id(p)]) for n, p in self.params.items()}
+        self._parts_left = dict(self._n_buckets_of)
         self._loss_scale = loss_scale
         self._pending = list(self._bucket_sizes)
         self._ready: set[int] = set()
@@ -330,19 +336,18 @@ class GradientBuckets:
         ``.grad`` of each parameter whose every bucket has taken it: the next micro-step's
         gradient lands apart again."""
         dst, src = [], []
-        for name, lo, hi in self._parts[k]:
+        for name, part, a, b in self._parts[k]:
             g = self.params[name].grad
             if g is not None:
-                o = self.layout.offsets[name]
-                dst.append(self.flat[lo:hi])
-                src.append(g.reshape(-1)[lo - o:hi - o])
+                dst.append(part)
+                src.append(g.reshape(-1)[a:b])
         if dst:
             torch._foreach_add_(dst, src)
         self._to_add[k] = self._bucket_sizes[k]
-        for name, _, _ in self._parts[k]:
+        for name, *_ in self._parts[k]:
             self._parts_left[name] -= 1
             if self._parts_left[name] == 0:
-                self._parts_left[name] = len(self._buckets_of[id(self.params[name])])
+                self._parts_left[name] = self._n_buckets_of[name]
                 self.params[name].grad = None
 
     def _add_arrived(self) -> None:
@@ -353,7 +358,7 @@ class GradientBuckets:
         for k in range(self.num_buckets):
             if self._to_add[k] != self._bucket_sizes[k]:
                 self._add_in(k)
-        self._parts_left = {n: len(self._buckets_of[id(p)]) for n, p in self.params.items()}
+        self._parts_left = dict(self._n_buckets_of)
 
     def _launch_ready(self) -> None:
         while self._next < self.num_buckets and self._pending[self._next] == 0:
@@ -361,7 +366,7 @@ class GradientBuckets:
             self._next += 1
 
     def _tied_rows(self) -> torch.Tensor:
-        return self._view(self._tied_name).view(self.params[self._tied_name].shape[0], -1)
+        return self._views[self._tied_name].view(self.params[self._tied_name].shape[0], -1)
 
     def _launch(self, k: int) -> None:
         if k == self._sparse_k:
