@@ -17,7 +17,8 @@ import sys
 import pytest
 import torch
 
-from bench.kernel_count import MODES, count_inductor_kernels, counting
+from bench.kernel_count import MODES
+from bench.kernel_counter import count_inductor_kernels, counting
 from tests.support.launch import ROOT
 
 LAYERS = 2

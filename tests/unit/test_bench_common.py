@@ -13,7 +13,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 NO_RECORD = {"__init__.py", "common.py", "baseline_ddp.py", "fault_rank.py", "netns.py",
              "same_metrics.py",      # a check of two runs' records: it measures nothing
              "tf_bundle_writer.py",  # bench.convert_crc's input writer
-             "cuda_dispatch.py"}     # bench.kernel_count's CUDA dispatch on a CPU
+             "cuda_dispatch.py",     # bench.kernel_count's CUDA dispatch on a CPU
+             "kernel_counter.py"}    # bench.kernel_count's counter and its rules
 
 
 def test_record_header_and_finish(tmp_path, capsys):

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 
 from bench import cuda_dispatch
 from bench.cuda_dispatch import as_on_cuda, cuda_autocast_lists, cuda_autocast_on_cpu
-from bench.kernel_count import (MODES, MTA_CHUNK, MTA_MAX_CHUNKS, config, counting,
-                                multi_tensor_launches, summarize)
+from bench.kernel_count import MODES, config
+from bench.kernel_counter import (MTA_CHUNK, MTA_MAX_CHUNKS, counting, multi_tensor_launches,
+                                  summarize)
 
 
 def names(counter) -> list[str]:
