@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections import Counter
 
 import pytest
 import torch
 from torch import nn
 
+from bench.kernel_counter import counting
 from kernels.optim_reference import global_grad_norm
 from runtime.grad_sync import (BucketPlan, GradientBuckets, GradLayout, Piece, PlanError,
                                alone_bucket, resolve_tied_sync)
@@ -150,19 +152,6 @@ def test_gradients_are_added_into_the_bucket_buffer_and_are_its_views_after_the_
         assert buckets.params[name].grad.data_ptr() == buckets.flat[offset:offset + numel].data_ptr()
 
 
-class OpCount(torch.utils._python_dispatch.TorchDispatchMode):
-    """The ops dispatched below autograd, by name (what would launch on a device)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        self.ops[name] = self.ops.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("micro_steps", [1, 3])
 def test_each_bucket_takes_its_gradients_in_one_add_with_the_bits_of_accumulating(micro_steps):
     """AccumulateGrad keeps each gradient where the backward made it (the .grad are unset in a
@@ -179,13 +168,14 @@ def test_each_bucket_takes_its_gradients_in_one_add_with_the_bits_of_accumulatin
         for n, g in autograd_grads(model, x).items():
             want[n] += g
     buckets.begin_step()
-    with OpCount() as count:
+    with counting() as count:  # the ops below autograd (bench.kernel_counter)
         for i, x in enumerate(xs):
             with buckets.no_sync() if i < micro_steps - 1 else contextlib.nullcontext():
                 model(x).pow(2).sum().backward()
     buckets.finish()
-    assert count.ops.get("add_", 0) == 0, count.ops
-    assert count.ops["_foreach_add_"] == buckets.num_buckets * micro_steps, count.ops
+    ops = Counter(r[2] for r in count.records)
+    assert ops["add_"] == 0, ops
+    assert ops["_foreach_add_"] == buckets.num_buckets * micro_steps, ops
     assert torch.equal(buckets.flat, in_layout(want, buckets.layout))
     assert buckets._views_attached()
 
