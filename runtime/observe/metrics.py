@@ -169,7 +169,8 @@ class ProgressPrinter:
         if not state.is_main:
             return
         if event is Event.RUN_START:
-            self.t0 = time.perf_counter()
+            # This process's start: a resumed run's earlier samples are not its throughput.
+            self.t0, self.samples0 = time.perf_counter(), state.samples
             self.tokens = [0, 0]
             self.imbalance: list[tuple[float, float]] = []
             self.flops = [0.0, 0.0]  # model FLOPs of every rank, step seconds: since the line
@@ -196,8 +197,10 @@ class ProgressPrinter:
                   flush=True)
 
     def _print(self, state: RunState, eval_line: bool = False) -> None:
+        # samples/s and elapsed: this process's (after a resume, since the resume), as the
+        # step records' ``samples_per_s`` (the trainer's) and TensorBoard's throughput.
         elapsed = time.perf_counter() - self.t0
-        rate = state.samples / elapsed if elapsed > 0 else 0.0
+        rate = (state.samples - self.samples0) / elapsed if elapsed > 0 else 0.0
         parts = [f"step {state.step}", f"samples {state.samples}", f"{rate:.1f} samples/s"]
         m = state.last_step
         if m is not None:

@@ -131,7 +131,8 @@ class Trainer:
         self.balance_meter, self.step_log, self.profiler = obs.balance_meter, obs.step_log, \
             obs.profiler
         self.layout, self.peak, self.noise = obs.layout, obs.peak, self.step_log.noise
-        self._run_t0: float | None = None
+        self._run_t0: float | None = None  # this process's RUN_START, and the samples then
+        self._run_samples0 = self.state.samples
         if self.train_loader is not None:
             self.state.train_samples = (self.train_loader.steps_per_epoch * self.local_batch
                                         * dist.world_size)  # samples one epoch trains
@@ -224,8 +225,11 @@ class Trainer:
         if self.timeline:
             extra.update(self.timeline.summary())
         now = time.perf_counter()
+        elapsed = None if self._run_t0 is None else now - self._run_t0
+        if elapsed:  # this process's samples over its time: a resume's earlier ones not counted
+            extra["samples_per_s"] = (self.state.samples - self._run_samples0) / elapsed
         host = dict(step=step + 1, samples=self.state.samples, lr=lr, step_time_s=now - t0,
-                    elapsed_s=None if self._run_t0 is None else now - self._run_t0,
+                    elapsed_s=elapsed,
                     real_tokens=real, computed_tokens=computed, model_flops=flops,
                     marks=(mark, self.step_log.mark()))
         return self.step_log.record(StepRecord(host, losses, device, extra))
@@ -264,7 +268,7 @@ class Trainer:
         if self.dist.world_size > 1:
             torch_dist.barrier()  # run_start on every rank together
         fire(Event.RUN_START, st)
-        self._run_t0 = time.perf_counter()
+        self._run_t0, self._run_samples0 = time.perf_counter(), st.samples
         try:
             if t.eval_before_training and self.resume_from is None:
                 self._eval_and_log()

@@ -87,6 +87,10 @@ def test_interrupted_and_resumed_equals_uninterrupted(small_dataset, single_ctx,
     assert first.evals + second.evals == full.evals and len(full.evals) >= 2
     # The resumed half started with the bucket plan the first half ended with (no re-cut).
     assert t2.grad_sync.plan.digest() == t1.grad_sync.plan.digest()
+    # Its throughput counts its own samples only: the 8 steps before the resume are not in it.
+    resumed_at = 8 * 16
+    for samples, elapsed, rate in second.rates:
+        assert rate * elapsed == pytest.approx(samples - resumed_at)
     assert t2.grad_sync.layout_version == 1
 
 
