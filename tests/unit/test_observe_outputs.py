@@ -64,3 +64,53 @@ def test_tensorboard_gets_throughput_tflops_and_mfu_from_the_step_records(tmp_pa
     assert got["throughput/tflops_per_device"] == [(16, 1.5), (32, 1.75)]
     assert got["throughput/mfu"] == [(16, 0.25)]
     assert got["loss/total"] == [(16, 7.0), (32, 7.0)]
+
+
+def test_every_field_of_the_metrics_writer_is_on_the_schema_page(tmp_path):
+    """docs/METRICS.md lists the fields MetricsWriter writes of itself (the step record's
+    fixed fields, eval, resume, run_stop); the fields a run's parts add are held to it by the
+    runs' own tests (tests/support/run_docs.py)."""
+    from runtime.observe.metrics import MetricsWriter, read_records
+    from tests.support.run_docs import documented, undocumented
+    state = RunState(config=load_config(None), rank=0, world_size=1,
+                     resume={"checkpoint": "c", "step": 1, "samples": 16, "world_size": 1,
+                             "time": "t", "adopted_from_run": None, "notes": [],
+                             "config_changes": [], "world_size_now": 1})
+    writer = MetricsWriter(tmp_path / "metrics.jsonl")
+    writer.on_event(Event.RUN_START, state)
+    state.logged_steps = [_step(2, 32, samples_per_s=1.0)]
+    writer.on_event(Event.LOG, state)
+    writer.on_event(Event.EVAL_STOP, state)
+    writer.on_event(Event.RUN_STOP, state)
+    records = read_records(tmp_path / "metrics.jsonl")
+    assert [r["kind"] for r in records] == ["resume", "step", "eval", "run_stop"]
+    assert undocumented(records) == []
+    assert undocumented([{"kind": "step", "pad_eff": 1.0}]) == ["step.pad_eff"]
+    assert {"step", "eval", "resume", "run_stop"} <= set(documented())
+
+
+def test_what_compiles_on_first_use_is_named_in_the_configs_words():
+    """The trainer says it before the first step (runtime.train.trainer), so that a compile of
+    tens of seconds is not silence; nothing compiles lazily by default."""
+    from runtime.train.trainer import compiled_on_first_use
+    assert compiled_on_first_use(load_config(None)) == []
+    layers = compiled_on_first_use(load_config(None, ["model.compile=layers"]))
+    assert layers == ["model.compile='layers' (each encoder layer's forward and backward)"]
+    fused = compiled_on_first_use(load_config(None, ['model.fusions=["bias_gelu", "qkv"]']))
+    assert fused == ["model.fusions bias_gelu"]
+
+
+def test_the_readme_names_every_entry_of_a_run_directory(tmp_path):
+    """tests/support/run_docs.unlisted, which the runs' tests call on their real run
+    directories: what the README's table of a run's outputs names, and what it would not."""
+    from tests.support.run_docs import unlisted
+    for name in ("mlperf_bert.log", "metrics.jsonl", "summary.json", "launcher.log", ".lock"):
+        (tmp_path / name).write_text("")
+    for name in ("ranks", "checkpoints", "tensorboard", "profile", ".armed"):
+        (tmp_path / name).mkdir()
+    for name in ("rank_00000.json", "rank_00001.log", "ends.jsonl"):
+        (tmp_path / "ranks" / name).write_text("")
+    assert unlisted(tmp_path) == []
+    (tmp_path / "stray.txt").write_text("")
+    (tmp_path / "ranks" / "other.json").write_text("")
+    assert unlisted(tmp_path) == ["ranks/other.json", "stray.txt"]
