@@ -1,7 +1,9 @@
-# Presto quick start:   make run    (CPU benchmark, end to end, real data)
+# Presto quick start:   make run    (CPU benchmark, end to end, real data;
+#                                    ARGS="train.max_steps=20 ..." passes config overrides)
 #                       make test   (the test suite)
 #                       make check  (the unit tier: the edit loop)
-# Each creates .venv when missing and install the pinned requirements once;
+#                       make mlperf-demo  (docs/MLPERF.md's commands at fixture scale)
+# Each creates .venv when missing and installs the pinned requirements once;
 # a second run installs nothing (the stamp file .venv/.stamp tracks the inputs).
 
 PY       ?= python3
@@ -20,7 +22,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST    := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: venv run test check data sources system-deps clean-data bench-deps
+.PHONY: venv run test check data sources system-deps clean-data bench-deps mlperf-demo
 
 venv: $(STAMP)
 
@@ -62,9 +64,21 @@ $(DATA)/stats.json: | $(STAMP) $(GENSIM_BZ2)
 	$(VPY) -m loaders.prepare --out $(DATA)
 
 CONFIG   ?= submission/configs/config_CPU_1x2x32x1.toml
+# Config overrides for `make run`, as after run_and_time.sh's `--`: a short smoke run is
+# make run ARGS="train.max_steps=20"
+ARGS     ?=
 
 run: venv sources data
-	CONFIG=$(CONFIG) ./run_and_time.sh
+	CONFIG=$(CONFIG) ./run_and_time.sh$(if $(strip $(ARGS)), -- $(ARGS))
+
+# docs/MLPERF.md at fixture scale: the page's fixture commands, in order, as written there
+# (python -m tests.support.walkthrough reads them from the page), into results/mlperf_demo/
+# (emptied first: the runs of an earlier demo would be refused their finished directories).
+DEMO     ?= results/mlperf_demo
+
+mlperf-demo: venv
+	rm -rf -- $(DEMO)
+	$(VPY) -m tests.support.walkthrough --dir $(DEMO)
 
 # Bytecode on: the suite starts a few hundred Python processes (ranks, launchers, stages), and
 # an environment that sets PYTHONDONTWRITEBYTECODE makes each compile the repository's modules
