@@ -1,8 +1,9 @@
 # Presto quick start:   make run    (CPU benchmark, end to end, real data;
 #                                    ARGS="train.max_steps=20 ..." passes config overrides)
 #                       make test   (the test suite)
+#                       make check  (the unit tier: the edit loop)
 #                       make mlperf-demo  (docs/MLPERF.md's commands at fixture scale)
-# Both create .venv when missing and install the pinned requirements once;
+# Each creates .venv when missing and installs the pinned requirements once;
 # a second run installs nothing (the stamp file .venv/.stamp tracks the inputs).
 
 PY       ?= python3
@@ -21,7 +22,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST    := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: venv run test data sources system-deps clean-data bench-deps mlperf-demo
+.PHONY: venv run test check data sources system-deps clean-data bench-deps mlperf-demo
 
 venv: $(STAMP)
 
@@ -84,6 +85,12 @@ mlperf-demo: venv
 # anew (~10 % of a rank's start-up CPU; __pycache__/ is ignored by git).
 test: venv sources system-deps
 	env -u PYTHONDONTWRITEBYTECODE $(VPY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The edit loop: the unit tier alone (no child process, no compile, a CPU budget a test, held
+# by tests/conftest.py), in the same two workers. A room's tests across the tiers:
+# make test PYTEST_ARGS="-m grad_sync" (python -m tests.support.rooms lists the rooms).
+check: venv sources
+	env -u PYTHONDONTWRITEBYTECODE $(VPY) -m pytest $(XDIST) tests/unit $(PYTEST_ARGS)
 
 # Debian packages some tests launch for real (Open MPI's mpirun; iproute2's ip and tc for the
 # slow-network test bed). Installed when missing and when we are root; otherwise those tests
