@@ -175,3 +175,22 @@ def test_every_shard_scope_has_one_row_that_its_readers_share():
     for s in SHARD_SCOPES.values():
         assert f"'{s.name}' ({s.help})" in doc
         assert all(n.key in doc for n in s.needs)
+
+
+def test_the_gpu_quick_starts_first_run_loads_as_written():
+    """docs/GPU_QUICKSTART.md's one-GPU first run: its config and overrides, read from the
+    page, load; on this CPU machine the pre-launch check refuses it for the device alone."""
+    import re
+    import shlex
+    from submission import preflight
+    page = (Path(__file__).resolve().parents[2] / "docs" / "GPU_QUICKSTART.md").read_text()
+    block = next(b for b in re.findall(r"```\n(.*?)```", page, re.S)
+                 if "./run_and_time.sh --" in b and "make sources data" in b)
+    words = shlex.split(block.split("make sources data\n", 1)[1].replace("\\\n", " "))
+    config = words[0].removeprefix("CONFIG=")
+    overrides = words[words.index("--") + 1:]
+    cfg = load_config(config, overrides)
+    assert cfg.system.ranks_per_node == 1 and cfg.local_batch_size(1) == 56
+    assert cfg.train.cuda_graphs == "full" and cfg.model.compile == "layers"
+    found = preflight.problems(config, overrides)
+    assert len(found) == 1 and "system.device='cuda'" in found[0], found
