@@ -176,12 +176,15 @@ if [[ -n "${SEED:-}" ]]; then   # numpy's and torch's generators take 0 .. 2^32-
         || die "SEED='$SEED' is not a whole number from 0 to 4294967295 (it sets train.seed; unset SEED for the config's)"
     SEED_SET=(--set "train.seed=$SEED")
 fi
-if ! VALUES="$("$PYTHON" -m runtime.config "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" \
+# (an array that may be empty is expanded as ${A[@]+"${A[@]}"}: bash before 4.4 - RHEL 7's
+# 4.2 - takes an empty "${A[@]}" for an unbound variable under set -u)
+if ! VALUES="$("$PYTHON" -m runtime.config "$CONFIG" ${SEED_SET[@]+"${SEED_SET[@]}"} \
+        ${OVERRIDES[@]+"${OVERRIDES[@]}"} \
         --get system.nodes --get system.ranks_per_node --get system.launcher --get train.seed \
         --get train.checkpoint_dir --get train.checkpoint_every_samples)"; then
     # The headline says which input was refused: the file, or what came after `--` (the file
     # checked alone, again, only on this path).
-    if ((${#OVERRIDES[@]})) && "$PYTHON" -m runtime.config "$CONFIG" "${SEED_SET[@]}" \
+    if ((${#OVERRIDES[@]})) && "$PYTHON" -m runtime.config "$CONFIG" ${SEED_SET[@]+"${SEED_SET[@]}"} \
             --get train.seed >/dev/null 2>&1; then
         die "an override after -- was refused (the config error above names it); CONFIG '$CONFIG' alone is valid"
     fi
@@ -195,12 +198,13 @@ CKPT_EVERY="${V[5]-0}"
 : "${LAUNCHER:?system.launcher missing from the config output}"
 : "${SEED:?train.seed missing from the config output}"
 NP=$((NODES * RANKS))
-if [[ "${MODE:-train}" == train ]]; then   # will it fit? (an estimate; exit 2 with what would)
-    "$PYTHON" -m runtime.train.memory "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" || exit 2
-fi
-
 MODE="${MODE:-train}"
 [[ "$MODE" == train || "$MODE" == tune ]] || die "MODE='$MODE' is not train | tune"
+# Can it start here? The launcher's checks (found, srun inside an allocation, HOSTFILE...), will
+# it fit (an estimate), and where the ranks run on this host the device and a writable Inductor
+# cache: each a sentence and exit 2, before anything is written (python -m submission.preflight)
+"$PYTHON" -m submission.preflight "$CONFIG" ${SEED_SET[@]+"${SEED_SET[@]}"} \
+    ${OVERRIDES[@]+"${OVERRIDES[@]}"} --mode "$MODE" --python "$PYTHON" || exit 2
 resumable() {   # the newest LOGDIR/$1_* holding an interrupted run with a checkpoint, if any
     local d dirs
     dirs="$(ls -1dt "$LOGDIR/$1"_* 2>/dev/null)" || true
@@ -275,10 +279,10 @@ ARMED_DIR="$RUN_DIR/.armed/$(hostname).$$"   # where this launch's ranks say the
 SHM_NOTES="$ARMED_DIR.shm"   # where its ranks note MPICH's /dev/shm files (submission.shm)
 TRAIN=("$PYTHON" -m submission.train --config "$CONFIG" --set "train.seed=$SEED"
        --set "train.output_dir=$RUN_DIR" --lock-holder "$HOLDER" --signals-ready "$ARMED_DIR"
-       --shm-notes "$SHM_NOTES" "${OVERRIDES[@]}")
+       --shm-notes "$SHM_NOTES" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
 if [[ "$MODE" == tune ]]; then   # the bucket tuner, launched exactly as training would be
     TRAIN=("$PYTHON" -m runtime.calibrate.tune --config "$CONFIG" --set "train.seed=$SEED"
-           --out "$RUN_DIR" "${OVERRIDES[@]}")
+           --out "$RUN_DIR" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
 fi
 
 # -- the launch command ----------------------------------------------------------------------

@@ -274,6 +274,12 @@ def variant_overrides(variant: str) -> list[str]:
     return [f"data.balance={mode}", f"model.attention={'unpadded' if extra else 'padded'}"]
 
 
+def padding_efficiency(rec: dict):
+    """A training record's padding efficiency: ``padding_efficiency``, or ``pad_eff`` in the
+    records written before the metrics had one name per quantity (docs/METRICS.md)."""
+    return rec.get("padding_efficiency", rec.get("pad_eff"))
+
+
 def parse_balance(path: Path) -> dict:
     """Median step time and the run's balance metrics from a metrics.jsonl."""
     steps = [r for r in map(json.loads, path.read_text().splitlines())
@@ -284,7 +290,7 @@ def parse_balance(path: Path) -> dict:
     computed = sum(r.get("computed_tokens_all", r["computed_tokens"]) for r in steps)
     mean = lambda key: statistics.fmean(r[key] for r in steps if key in r)  # noqa: E731
     return {"median_step_time_s": statistics.median(r["step_time_s"] for r in steps[5:] or steps),
-            "pad_eff": real / computed, "imbalance_tokens": mean("imbalance_tokens"),
+            "padding_efficiency": real / computed, "imbalance_tokens": mean("imbalance_tokens"),
             "imbalance_compute": mean("imbalance_compute"), "steps_measured": len(steps)}
 
 
@@ -359,7 +365,7 @@ def print_tables(rec: dict) -> None:
         for r in rec["training"]:
             print(f"| {r['variant']} | {r['seed']} | {r['status']} | "
                   f"{fmt(r['time_to_target_s'], '.1f')} | {fmt(r.get('samples'), 'd')} | "
-                  f"{fmt(r.get('median_step_time_s'), '.4f')} | {fmt(r.get('pad_eff'), '.3f')} | "
+                  f"{fmt(r.get('median_step_time_s'), '.4f')} | {fmt(padding_efficiency(r), '.3f')} | "
                   f"{fmt(r.get('imbalance_tokens'), '.3f')} | "
                   f"{fmt(r.get('imbalance_compute'), '.3f')} |")
 

@@ -360,12 +360,28 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="write the JSON record here")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
+    if not modes:
+        ap.error(f"--modes names no mode; give one or more of {', '.join(MODES)} "
+                 f"(comma-separated), or leave it out for all")
     unknown = [m for m in modes if m not in MODES]
     if unknown:
-        ap.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
-    widths = [int(w) for w in args.widths.split(",") if w]
-    if args.small_layers >= args.layers:
-        ap.error("--small-layers must be below --layers (or 0)")
+        ap.error(f"--modes: unknown mode(s) {', '.join(unknown)}; choose from "
+                 f"{', '.join(MODES)}")
+    if args.layers < 1:
+        ap.error(f"--layers {args.layers}: count at least 1 encoder layer (BERT-large: 24)")
+    if args.hidden < 1:
+        ap.error(f"--hidden {args.hidden}: the hidden size must be a positive number "
+                 f"(heads of 64; 128 is the default)")
+    try:
+        widths = [int(w) for w in args.widths.split(",") if w]
+    except ValueError:
+        ap.error(f"--widths {args.widths!r}: give hidden sizes as comma-separated numbers "
+                 f"('' for none)")
+    if any(w < 1 for w in widths):
+        ap.error(f"--widths {args.widths!r}: every hidden size must be a positive number")
+    if args.small_layers < 0 or args.small_layers >= args.layers:
+        ap.error(f"--small-layers {args.small_layers}: must be 0 (none) or from 1 to "
+                 f"--layers - 1 ({args.layers - 1})")
 
     def shape(hidden: int, layers: int) -> list[str]:
         return [f"model.num_hidden_layers={layers}", f"model.hidden_size={hidden}",

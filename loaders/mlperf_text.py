@@ -47,12 +47,11 @@ from loaders import build_record, pretraining, tokenization
 from loaders.build_record import VOCAB_FILE, BuildReport, length_stats, select_rows
 from loaders.shards import (EVAL_FILE, PUBLISHED_EVAL_MD5, TRAIN_DIR, DataError, input_ids_md5,
                             shard_name, write_shard)
+from loaders.presets import MLPERF_DEFAULTS
 from loaders.workers import Workers
 
 PART = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 EVAL_NAME = "eval.txt"
-MLPERF_DEFAULTS = {"seq_len": 512, "max_pred": 76, "dupe_factor": 10, "eval_samples": 10000}
-"""The reference's flags: what --mlperf-text builds when those options are not given."""
 OFFICIAL = {**MLPERF_DEFAULTS, "masked_lm_prob": 0.15, "short_seq_prob": 0.1, "seed": 12345,
             "source": "mlperf-text"}
 """Every recorded option of the official eval set (whose hash NVIDIA publishes)."""

@@ -43,6 +43,7 @@ import numpy as np
 
 from loaders import build_record, corpus, mlperf_text, pretraining, tokenization
 from loaders.build_record import STATS_FILE, VOCAB_FILE, BuildReport
+from loaders.presets import PREPARE_DEFAULTS
 from loaders.workers import WorkerDied, Workers, defer_stop
 from loaders.shards import EVAL_FILE, TRAIN_DIR, DataError, sha256_file, shard_name, write_shard
 
@@ -57,8 +58,8 @@ class PrepareConfig:
     """Options of one build; field names are the CLI options with ``-`` -> ``_``."""
 
     out: Path
-    seq_len: int = 128
-    max_pred: int = 20
+    seq_len: int = PREPARE_DEFAULTS["seq_len"]
+    max_pred: int = PREPARE_DEFAULTS["max_pred"]
     dupe_factor: int = DEFAULT_DUPE_FACTOR
     masked_lm_prob: float = 0.15
     short_seq_prob: float = 0.1

@@ -194,6 +194,12 @@ def _srun_argv(launch: Launch) -> list[str]:
     if _srun_self_rank(launch.env) is not None:
         return list(launch.command)
     srun = _found(launch.env.get("SRUN") or "srun", "SRUN", ": launcher srun needs Slurm")
+    if not launch.env.get("SLURM_JOB_ID"):   # (srun would ask slurmctld for one, or fail)
+        raise LauncherError(
+            "system.launcher='srun' starts its ranks inside a Slurm allocation, and this shell "
+            "is in none (SLURM_JOB_ID is unset): run it inside one (salloc, sbatch - python -m "
+            "submission submit does both), or set system.launcher to mpiexec, mpirun or "
+            "torchrun")
     # --kill-on-bad-exit: a task that dies (even before the runtime's guard) ends the step
     return [srun, f"--nodes={launch.nodes}", f"--ntasks-per-node={launch.ranks_per_node}",
             "--kill-on-bad-exit=1", *launch.command]
@@ -210,7 +216,8 @@ def _torchrun_argv(launch: Launch) -> list[str]:
     torchrun = launch.env.get("TORCHRUN", "")
     # the default: torchrun's own main, whose stop (SIGTERM passed on to its workers) ends
     # in one line, not its agent's SignalException traceback (submission/torchrun.py)
-    argv = [torchrun] if torchrun else [launch.command[0], "-m", "submission.torchrun"]
+    argv = [_found(torchrun, "TORCHRUN")] if torchrun else \
+        [launch.command[0], "-m", "submission.torchrun"]
     argv += [f"--nnodes={launch.nodes}", f"--nproc_per_node={launch.ranks_per_node}"]
     if launch.nodes > 1:
         addr = _require(launch.env, "MASTER_ADDR", f"system.nodes={launch.nodes} needs "
@@ -260,7 +267,8 @@ LAUNCHERS: dict[str, LauncherSpec] = {spec.name: spec for spec in (
         "srun",
         "inside a job step (SLURM_PROCID and SLURM_STEP_ID set, e.g. run.sub's "
         "`srun ... run_and_time.sh`; not an sbatch script's own shell) this task *is* one "
-        "rank and runs $PYTHON -m submission.train ARGS directly; otherwise "
+        "rank and runs $PYTHON -m submission.train ARGS directly; otherwise, inside a "
+        "Slurm allocation (salloc, sbatch: SLURM_JOB_ID set), "
         "$SRUN --nodes=NODES --ntasks-per-node=RANKS --kill-on-bad-exit=1 "
         "$PYTHON -m submission.train ARGS",
         (("SRUN", "default srun"),),
@@ -326,6 +334,16 @@ def ranks_started(spec: LauncherSpec, launch: Launch) -> int:
     if spec.self_rank(launch.env) is not None:
         return 1
     return launch.world_size if spec.starts_every_node else launch.ranks_per_node
+
+
+def ranks_run_here(spec: LauncherSpec, launch: Launch) -> bool:
+    """Whether this launch runs ranks on this host, so that what they need of it (a CUDA
+    device, a writable Inductor cache) can be checked here first: a task that is a rank, a
+    launcher that starts only its own node's ranks, a launch of one node by mpiexec or mpirun
+    - not srun starting a step (salloc's shell may be a login node) nor a hostfile's hosts."""
+    if spec.self_rank(launch.env) is not None or not spec.starts_every_node:
+        return True
+    return spec.name != "srun" and launch.nodes == 1
 
 
 def launch_items(launcher: str, launch: Launch) -> list[str]:

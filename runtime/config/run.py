@@ -3,7 +3,8 @@
 Owns: the sections a run has (``SECTIONS``, in file order) and each key's declared type
 (``section_types``), validating a whole config (each key against its choices, each section
 alone, then the cross-section checks), the quantities derived from several sections (the
-local batch, tokens per step) and the fingerprint ranks compare at start.
+local batch, tokens per step, what the run compiles) and the fingerprint ranks compare at
+start.
 Never: reads files or overrides (runtime.config.load); a rule of its own (sections.py and
 checks.py hold them).
 """
@@ -15,6 +16,7 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
+from kernels.fusions import COMPILED
 from runtime.choices import ConfigError
 from runtime.config.checks import check_choice, check_run
 from runtime.config.sections import (DataConfig, ModelConfig, OptimConfig, ScheduleConfig,
@@ -61,6 +63,19 @@ class Config:
         accumulation x sequence length (what the tied sync's row buffer is sized by)."""
         return self.local_batch_size(world_size) * self.train.gradient_accumulation_steps \
             * self.data.max_seq_length
+
+    def compiles(self) -> list[str]:
+        """What of this run torch.compile builds with Inductor, in words (empty: nothing) - a
+        run that compiles writes Inductor's cache (runtime.model.inductor_cache)."""
+        out = []
+        if self.model.compile != "none":
+            out.append(f"model.compile='{self.model.compile}'")
+        fused = [f for f in self.model.fusions if f in COMPILED]
+        if fused:
+            out.append(f"model.fusions {fused}")
+        if self.optim.backend in ("auto", "fused"):   # auto is fused on CPU and CUDA
+            out.append(f"optim.backend='{self.optim.backend}', whose fused step is compiled")
+        return out
 
     def to_dict(self) -> dict:
         return {s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS}

@@ -39,6 +39,8 @@ import time
 import pytest
 
 from tests.support.launch import ROOT, needs_mpiexec
+from runtime.observe.metrics import read_records
+from tests.support.run_docs import undocumented, unlisted
 from tests.support.mllog import compliance, mllog_events
 from tests.support.runs import (CPU_CONFIG, SEED, STEPS, evals, finish, ranks_left, run,
                                 run_and_time, start, steps, wait_for_step)
@@ -88,6 +90,7 @@ def test_sigterm_checkpoints_every_rank_and_the_rerun_continues_exactly(small_da
     assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
     assert got == want                                    # every step, bit for bit
     assert evals(run_dir) == evals(reference_run.dir)
+    assert (run_dir / "checkpoints").is_dir() and unlisted(run_dir) == []   # the README's table
     keys = [e["key"] for e in mllog_events(run_dir / "mlperf_bert.log")]
     assert keys.count("run_start") == keys.count("run_stop") == keys.count("init_start") == 1
     assert keys.index("presto_interrupted") < keys.index("presto_resumed")
@@ -96,6 +99,9 @@ def test_sigterm_checkpoints_every_rank_and_the_rerun_continues_exactly(small_da
     assert resumed["metadata"]["step"] == stopped_at and resumed["metadata"]["log_continued"]
     check = compliance(run_dir / "mlperf_bert.log")
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    # Every field of 2 ranks' records, the resume record's too, is on docs/METRICS.md.
+    records = read_records(run_dir / "metrics.jsonl")
+    assert "resume" in {r["kind"] for r in records} and undocumented(records) == []
 
 
 @pytest.mark.slow

@@ -196,3 +196,19 @@ def test_only_the_whole_step_graph_is_counted():
     from runtime.choices import ConfigError
     with pytest.raises(ConfigError, match="train.cuda_graphs=full"):
         count_step_kernels("train.cuda_graphs=none")
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--modes", ""], "--modes"), (["--modes", ",,"], "--modes"),
+    (["--modes", "bf16_nothing"], "--modes"), (["--hidden", "0"], "--hidden"),
+    (["--hidden", "-64"], "--hidden"), (["--layers", "-1"], "--layers"),
+    (["--layers", "0"], "--layers"), (["--widths", "0"], "--widths"),
+    (["--widths", "abc"], "--widths"), (["--small-layers", "-1"], "--small-layers"),
+    (["--layers", "2", "--small-layers", "2"], "--small-layers")])
+def test_a_bad_flag_is_refused_with_exit_2_naming_it(argv, flag, capsys):
+    from bench.kernel_count import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert f"error: {flag}" in err, err  # the flag itself, not a config key it turns into

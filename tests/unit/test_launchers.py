@@ -75,13 +75,25 @@ def test_mpirun_errors(bindir):
 
 def test_srun(bindir):
     srun = str(bindir / "srun")
+    job = {"SLURM_JOB_ID": "77"}   # inside an allocation (salloc's shell, an sbatch script)
     # --kill-on-bad-exit: a task that dies (even before the runtime's guard) ends the step
-    assert argv("srun", nodes=2, ranks=4, SRUN=srun) == \
+    assert argv("srun", nodes=2, ranks=4, SRUN=srun, **job) == \
         [srun, "--nodes=2", "--ntasks-per-node=4", "--kill-on-bad-exit=1", *RANK]
-    assert argv("srun", ranks=2, SRUN=srun)[1:3] == ["--nodes=1", "--ntasks-per-node=2"]
+    assert argv("srun", ranks=2, SRUN=srun, **job)[1:3] == ["--nodes=1", "--ntasks-per-node=2"]
     with pytest.raises(LauncherError) as e:
-        argv("srun", SRUN="/no/srun")
+        argv("srun", SRUN="/no/srun", **job)
     assert str(e.value) == "SRUN '/no/srun' not found: launcher srun needs Slurm"
+
+
+def test_srun_outside_an_allocation_is_refused_in_one_sentence(bindir):
+    """srun outside an allocation used to start and fail in srun's own words ("Could not
+    establish a configuration source") with exit 1, "target not reached" in the exit table."""
+    with pytest.raises(LauncherError) as e:
+        argv("srun", SRUN=str(bindir / "srun"))
+    assert str(e.value) == (
+        "system.launcher='srun' starts its ranks inside a Slurm allocation, and this shell is "
+        "in none (SLURM_JOB_ID is unset): run it inside one (salloc, sbatch - python -m "
+        "submission submit does both), or set system.launcher to mpiexec, mpirun or torchrun")
 
 
 def test_srun_inside_a_job_step_is_the_rank():
@@ -112,6 +124,22 @@ def test_torchrun(bindir):
         argv("torchrun", nodes=2, MASTER_PORT="1234")
     assert str(e.value) == ("system.nodes=2 needs MASTER_ADDR (the rendezvous host) for "
                             "torchrun")
+    with pytest.raises(LauncherError) as e:   # a TORCHRUN that is not there: said, not run
+        argv("torchrun", TORCHRUN="/no/such/torchrun")
+    assert str(e.value) == "TORCHRUN '/no/such/torchrun' not found (set TORCHRUN)"
+
+
+def test_where_the_ranks_run():
+    """Whether a launch runs ranks on this host: what they need of it is checked here first
+    (submission.preflight)."""
+    cases = (("mpiexec", 1, {}, True), ("mpirun", 1, {}, True), ("mpiexec", 2, {}, False),
+             ("torchrun", 2, {}, True),   # each node's agent starts that node's ranks
+             ("srun", 1, {"SLURM_JOB_ID": "7"}, False))   # salloc's shell: a login node
+    for name, nodes, env, expect in cases:
+        assert launchers.ranks_run_here(LAUNCHERS[name], Launch(nodes, 2, RANK, env)) == \
+            expect, (name, nodes)
+    step = {"SLURM_PROCID": "1", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}
+    assert launchers.ranks_run_here(LAUNCHERS["srun"], Launch(2, 4, RANK, step))
 
 
 def test_signal_fold_and_node_rules():
