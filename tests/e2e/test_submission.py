@@ -53,9 +53,26 @@ if prog == "srun" and any("drop_caches" in a for a in argv):
     sys.exit(int(os.environ.get("STUB_CACHE_RC", "0")))
 if prog == "srun" and os.environ.get("STUB_WRITE_LOG") == "1":
     os.makedirs(os.environ["RUN_DIR"], exist_ok=True)
+    status = os.environ.get("STUB_LOG_STATUS", "success")
     with open(os.path.join(os.environ["RUN_DIR"], "mlperf_bert.log"), "w") as f:
-        f.write(':::MLLOG {{"key": "run_stop", "value": null, "metadata": {{"status": "success"}}}}\\n')
+        f.write(':::MLLOG {{"key": "run_stop", "value": null, "metadata": {{"status": "%s"}}}}\\n'
+                % status)
+if os.environ.get("STUB_TAKES_S"):   # the experiment took that long: the date stub says so
+    with open(os.environ["STUB_CLOCK"], "w") as f:
+        f.write(os.environ["STUB_TAKES_S"])
 sys.exit(int(os.environ.get("STUB_RC", "0")))
+"""
+
+DATE_STUB = f"""#!{sys.executable}
+# date(1), but `date +%s` adds the seconds in $STUB_CLOCK (an experiment that took that long)
+import os, shutil, sys, time
+if sys.argv[1:] == ["+%s"] and os.path.exists(os.environ.get("STUB_CLOCK", "")):
+    print(int(time.time()) + int(open(os.environ["STUB_CLOCK"]).read()))
+    sys.exit(0)
+here = os.path.dirname(os.path.abspath(sys.argv[0]))
+path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if os.path.abspath(d) != here)
+real = shutil.which("date", path=path)
+os.execv(real, [real] + sys.argv[1:])
 """
 
 
@@ -249,7 +266,8 @@ def run_sub(env, tmp_path, config, nexp="2", own_session=False, **extra):
     own with the stop signals at their defaults, as a batch job is (a test may signal its
     whole process group)."""
     e = dict(env, CONFIG=str(config), NEXP=nexp, LOGDIR=str(tmp_path / "logs"),
-             PRESTO_ROOT=str(ROOT), SLURM_JOB_ID="77", **extra)
+             PRESTO_ROOT=str(ROOT), SLURM_JOB_ID="77")
+    e.update(extra)
     session = dict(start_new_session=True, preexec_fn=default_stop_signals) if own_session \
         else {}
     return subprocess.run(["bash", str(RUN_SUB)], env=e, capture_output=True, text=True,
@@ -358,6 +376,155 @@ def test_run_sub_lost_rank_requeues_even_when_slurm_signals_scontrol(stubs, tmp_
     # one experiment launched, not two: Slurm starts the job again
     assert [c["env"].get("RUN_DIR") for c in calls("srun") if "--mpi=none" in c["argv"]] == \
         [str(tmp_path / "logs" / "run_1")]
+
+
+def scontrol_stub(bindir, tmp_path) -> dict:
+    (bindir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path}/scontrol"\n')
+    (bindir / "scontrol").chmod(0o755)
+    return {"SCONTROL": str(bindir / "scontrol")}
+
+
+def test_run_sub_never_reports_a_failed_experiment_as_succeeded_after_a_requeue(
+        stubs, tmp_path, srun_config):
+    """The probe's sequence (R1): an attempt fails with exit 3 after writing an aborted
+    run_stop (a rank's failure before the first checkpoint), run.sub requeues the job; the
+    requeued job skipped the experiment as "already done" and said "all 1 experiment(s)
+    succeeded", exit 0. Now the experiment the job was requeued for runs again (its failed
+    attempt kept aside): it succeeds, or it is said failed and the job exits 1."""
+    bindir, env, calls = stubs
+    env = dict(env, **scontrol_stub(bindir, tmp_path))
+    logs = tmp_path / "logs"
+    failing = dict(STUB_WRITE_LOG="1", STUB_LOG_STATUS="aborted", STUB_RC="3")
+    proc = run_sub(env, tmp_path, srun_config, nexp="1", **failing)
+    assert proc.returncode == 1 and "job 77 requeued (restart 1 of at most 3)" in proc.stdout, \
+        proc.stdout + proc.stderr
+    assert (tmp_path / "scontrol").read_text().split() == ["requeue", "77"]
+    # the requeued job: the experiment runs again, from scratch, and fails again: said so
+    proc = run_sub(env, tmp_path, srun_config, nexp="1", SLURM_RESTART_COUNT="3", **failing)
+    assert "already done" not in proc.stdout and "succeeded" not in proc.stdout, proc.stdout
+    assert "experiment 1/1: the job was requeued for it: running it again" in proc.stdout
+    assert "the earlier attempt ended (run_stop, exit 3) before a checkpoint it could resume " \
+           f"from: kept as {logs}/run_1.attempt1, starting anew" in proc.stdout
+    assert proc.returncode == 1 and proc.stdout.splitlines()[-1] == (
+        f"run.sub: done: 1 of 1 experiment(s) failed: 1 (see {logs}/run_<i>.out)"), proc.stdout
+    assert len([c for c in calls("srun") if "--mpi=none" in c["argv"]]) == 2
+    # a job restarted after that (by hand): the ended, failed experiment stays failed
+    proc = run_sub(env, tmp_path, srun_config, nexp="1", SLURM_RESTART_COUNT="4")
+    assert proc.returncode == 1, proc.stdout
+    assert f"experiment 1/1: already ended, failed (exit 3 in {logs}/run_1.exit" in proc.stdout
+    assert len([c for c in calls("srun") if "--mpi=none" in c["argv"]]) == 2   # not rerun
+    # and one the requeue lets succeed is a success
+    (logs / "run_1.requeue").write_text("")
+    proc = run_sub(env, tmp_path, srun_config, nexp="1", SLURM_RESTART_COUNT="1",
+                   STUB_WRITE_LOG="1")
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == \
+        "run.sub: done: all 1 experiment(s) succeeded", proc.stdout
+    assert not (logs / "run_1.requeue").exists() and (logs / "run_1.attempt2").is_dir()
+
+
+def test_run_sub_counts_experiments_an_earlier_attempt_ended_as_they_ended(stubs, tmp_path,
+                                                                           srun_config):
+    """A restarted job skips experiments that ended (run_stop) - and counts each as its exit
+    file says: one that did not reach its target is no success in the job's last line."""
+    _, env, calls = stubs
+    proc = run_sub(env, tmp_path, srun_config, nexp="2", STUB_WRITE_LOG="1", STUB_RC="1",
+                   STUB_LOG_STATUS="aborted")
+    assert proc.returncode == 1 and "2 of 2 experiment(s) failed: 1 2" in proc.stdout
+    (tmp_path / "logs" / "run_2.exit").write_text("0\n")   # say the second one succeeded
+    proc = run_sub(env, tmp_path, srun_config, nexp="2", SLURM_RESTART_COUNT="1")
+    assert "experiment 1/2: already ended, failed (exit 1" in proc.stdout, proc.stdout
+    assert "experiment 2/2: already done" in proc.stdout
+    assert proc.returncode == 1 and "done: 1 of 2 experiment(s) failed: 1 " in proc.stdout
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
+def test_run_sub_a_walltime_kill_is_no_lost_rank_and_is_not_requeued(stubs, tmp_path, launcher):
+    """Exit 137 after system.walltime_minutes (timeout's KILL 30 s after its TERM; srun
+    --time's) was reported as "a rank or node was lost" and requeued: a requeue gives it no
+    more time. The same exit early in the experiment is a lost rank, and requeues."""
+    bindir, env, calls = stubs
+    (bindir / "date").write_text(DATE_STUB)
+    (bindir / "date").chmod(0o755)
+    env = dict(env, **scontrol_stub(bindir, tmp_path), STUB_CLOCK=str(tmp_path / "clock"))
+    root = tmp_path / "root"   # mpiexec: PRESTO_ROOT's run_and_time.sh is the stub, under timeout
+    root.mkdir()
+    (root / "run_and_time.sh").symlink_to(bindir / "srun")
+    config = write_config(tmp_path, f'[system]\nlauncher = "{launcher}"\nranks_per_node = 2\n'
+                                    'walltime_minutes = 7\n[train]\nseed = 100\n'
+                                    'global_batch_size = 16\n' + TINY_MODEL)
+    extra = {"PRESTO_ROOT": str(root), "PYTHONPATH": str(ROOT)} if launcher == "mpiexec" \
+        else {}
+    proc = run_sub(env, tmp_path, config, nexp="1", STUB_RC="137", STUB_TAKES_S="450", **extra)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "experiment 1/1: exit 137: it ran past its limit, system.walltime_minutes=7" in \
+        proc.stdout and "lost" not in proc.stdout, proc.stdout
+    assert not (tmp_path / "scontrol").exists()
+    (tmp_path / "clock").unlink()
+    proc = run_sub(env, tmp_path, config, nexp="1", STUB_RC="137", **extra)
+    assert "exit 137 (a rank or node was lost): job 77 requeued" in proc.stdout, proc.stdout
+
+
+def test_run_sub_shell_pitfalls(stubs, tmp_path, srun_config):
+    """Read in the probe (R2): under set -u, bash before 4.4 takes an empty "${A[@]}" for an
+    unbound variable (no overrides, one node) - every array that may be empty is expanded
+    guarded; scontrol is $SCONTROL; several nodes under mpiexec without SLURM_JOB_NODELIST
+    (a run by hand) are one sentence, not set -u's "unbound variable"."""
+    import re
+    for script in (RUN_SUB, ROOT / "run_and_time.sh"):
+        text = "\n".join(line for line in script.read_text().splitlines()
+                         if not line.lstrip().startswith("#"))
+        bare = [m.group(0) for m in re.finditer(r'(?<!\+)"\$\{(\w+)\[@\]\}"', text)
+                if m.group(1) not in ("TRAIN", "CMD", "SESSION", "TEES", "step")]
+        assert not bare, (script.name, bare)
+    assert not re.search(r"^[^#]*(?<![\w$/\"])scontrol ", RUN_SUB.read_text(), re.M)
+    bindir, env, calls = stubs
+    config = write_config(tmp_path, '[system]\nlauncher = "mpiexec"\nnodes = 2\n'
+                                    'ranks_per_node = 2\n[train]\nseed = 100\n'
+                                    'global_batch_size = 16\n' + TINY_MODEL)
+    proc = run_sub(env, tmp_path, config, nexp="1")
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "run.sub: error: system.nodes=2 with launcher mpiexec needs the allocation's nodes, "
+        "and SLURM_JOB_NODELIST is unset: submit it with sbatch (python -m submission submit), "
+        "or run it inside salloc"), proc.stderr
+    (bindir / "scontrol").write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames n[1-2]" ] && '
+                                     'printf "n1\\nn2\\n"\n')
+    (bindir / "scontrol").chmod(0o755)
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "run_and_time.sh").symlink_to(bindir / "srun")   # records its environment
+    proc = run_sub(env, tmp_path, config, nexp="1", SLURM_JOB_NODELIST="n[1-2]",
+                   SCONTROL=str(bindir / "scontrol"), PRESTO_ROOT=str(root),
+                   PYTHONPATH=str(ROOT))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "logs" / "hostfile").read_text() == "n1\nn2\n"
+
+
+def test_run_sub_a_stop_during_the_cache_clearing_launches_nothing(stubs, tmp_path, srun_config):
+    """A TERM that lands while the page caches are dropped (an srun over every node): the
+    trap runs once that srun ends, with no launch to pass the stop to - the experiment was
+    launched anyway and ran its whole walltime. Now nothing is launched, exit 4."""
+    import signal
+    import time
+    bindir, env, calls = stubs
+    slow = bindir / "srun"
+    slow.write_text(STUB.replace('if prog == "srun" and any("drop_caches" in a for a in argv):',
+                                 'if prog == "srun" and any("drop_caches" in a for a in argv):\n'
+                                 '    open(os.environ["STUB_CLEARING"], "w").close()\n'
+                                 '    import time; time.sleep(1.5)'))
+    clearing = tmp_path / "clearing"
+    e = dict(env, CONFIG=str(srun_config), NEXP="2", LOGDIR=str(tmp_path / "logs"),
+             PRESTO_ROOT=str(ROOT), SLURM_JOB_ID="77", STUB_CLEARING=str(clearing))
+    proc = subprocess.Popen(["bash", str(RUN_SUB)], env=e, cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_stop_signals)
+    deadline = time.time() + 60
+    while not clearing.exists() and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, out + err
+    assert not [c for c in calls("srun") if "--mpi=none" in c["argv"]], out   # nothing launched
+    assert "stopped by SIGTERM between experiments" in out
 
 
 def test_run_sub_failed_experiment_fails_the_job_but_not_the_others(stubs, tmp_path, srun_config):
