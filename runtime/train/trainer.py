@@ -134,12 +134,10 @@ class Trainer:
                 plan = self.resume_from.path / "bucket_plan.json" if self.resume_from else None
                 parts = build_parts(cfg, dist,
                                     bucket_plan=plan if plan and plan.is_file() else None)
-        self.parts = parts
         self.model, self.grad_sync, self.optimizer = parts.model, parts.grad_sync, parts.optimizer
-        self.net = self.grad_sync.module  # what forward is called on (DDP's wrapper or model)
         self.schedule, self.base_lr = parts.schedule, parts.base_lr
         self.body = StepBody.of(parts, cfg, dist)
-        self.batch_cost, self.limits, self.timeline = parts.batch_cost, parts.limits, parts.timeline
+        self.batch_cost, self.timeline = parts.batch_cost, parts.timeline
         self.train_loader, self.eval_batches = parts.train_loader, parts.eval_batches
         t = cfg.train
         self.local_batch = cfg.local_batch_size(dist.world_size)
