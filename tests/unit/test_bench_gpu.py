@@ -236,6 +236,8 @@ def test_a_graphs_case_writes_each_graph_mode_as_it_ends(tmp_path, monkeypatch):
                 "kernel_calls": {"gemm": 2.0, "memset": 1.0}, "_names": {"gemm": [2, 5.0]}}
     monkeypatch.setattr(graphs, "_trainer", lambda *a, **kw: Trainer())
     monkeypatch.setattr(graphs, "_measure", measure)
+    from kernels import fused  # a fused kernel that fell back: said in the case (F6)
+    monkeypatch.setattr(fused, "fallbacks", lambda: {"bias_gelu": "RuntimeError: no Triton"})
     monkeypatch.setattr(graphs, "iter", lambda x: None, raising=False)
     cuda = _cuda_run()
     run = Run(work=tmp_path, smoke=False, stage="graphs_compiled", out=tmp_path)
@@ -246,6 +248,7 @@ def test_a_graphs_case_writes_each_graph_mode_as_it_ends(tmp_path, monkeypatch):
     kept = json.loads(run.partial_path().read_text())["rows2_bf16_master_layers"]
     assert kept["full"]["kernel_calls"] == {"gemm": 2.0, "memset": 1.0} and "eager" not in kept
     assert "_names" not in kept["full"] and kept["local_batch"] == 8
+    assert kept["fusion_fallbacks"] == {"bias_gelu": "RuntimeError: no Triton"}
     assert graphs.kernel_calls({"b": [6, 1.0], "a": [3, 2.0]}, 3) == {"a": 1.0, "b": 2.0}
 
 
