@@ -110,7 +110,7 @@ def test_the_captured_step_is_capture_safe_on_the_simulated_device(small_dataset
             batches = [next(it) for _ in range(trainer.body.accum)]
             graph.inputs.load(batches)  # outside the region, as before a replay
             n, e = len(syncs.trace), len(syncs.events)
-            values = trainer.runner.body(graph.inputs.slots)  # the region the graph captures
+            values = trainer.runner.captured_step(graph.inputs.slots)  # the region the graph captures
             assert syncs.events[e:] == [], HostSyncs.report(syncs)
             traces.append(syncs.trace[n:])
             _Packed(values).pack(values)  # what the graph copies out

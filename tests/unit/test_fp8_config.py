@@ -57,9 +57,10 @@ def _refused(capsys, *sets: str) -> str:
     (["model.fp8=tensorwise", "model.fp8_emulate=off"],
      ["model.fp8_emulate='off'", "system.device='cpu'"]),
     (["model.fp8=tensorwise", "system.device=cuda", "train.precision=fp16"],
-     ["model.fp8='tensorwise' needs train.precision", "fp16's loss scale", "model.fp8='none'"]),
+     ["model.fp8='tensorwise' with train.precision='fp16'", "fp16's loss scale",
+      "'bf16_master'", "model.fp8='none'"]),
     (["model.fp8=rowwise", "system.device=cuda", "train.precision=fp16_master"],
-     ["model.fp8='rowwise' needs train.precision"]),
+     ["model.fp8='rowwise' with train.precision='fp16_master'"]),
 ])
 def test_the_config_refuses_what_cannot_work_naming_the_keys(capsys, sets, words):
     err = _refused(capsys, *sets)

@@ -11,6 +11,7 @@ from kernels import cpu_gemm
 from runtime.choices import PRECISIONS, ConfigError, Precision
 from runtime.config import load_config
 from runtime.model import precision
+from runtime.numerics import resolve
 
 CPU_CONFIG = "submission/configs/config_CPU_1x2x32x1.toml"
 
@@ -55,9 +56,9 @@ def test_master_weights_keep_the_bytes_per_parameter_and_halve_activations():
 
 def test_the_step_runs_its_rows_forward():
     cpu = torch.device("cpu")
-    assert isinstance(precision.autocast("bf16_master", cpu), cpu_gemm.Fp32Gemms)
-    assert not isinstance(precision.autocast("fp32", cpu), cpu_gemm.Fp32Gemms)
-    assert isinstance(precision.autocast("bf16", cpu), torch.autocast)
+    assert isinstance(precision.autocast(resolve("bf16_master"), cpu), cpu_gemm.Fp32Gemms)
+    assert not isinstance(precision.autocast(resolve("fp32"), cpu), cpu_gemm.Fp32Gemms)
+    assert isinstance(precision.autocast(resolve("bf16"), cpu), torch.autocast)
 
 
 def test_the_cpus_16_bit_gemms_equal_their_reference_forward_and_backward():
