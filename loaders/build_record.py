@@ -1,14 +1,16 @@
 """The build record of a prepared data set: ``stats.json`` and the fingerprint that makes a
-build "up to date", written the same way by both text builders - ``loaders.prepare``'s own
-sources and its MLPerf text source (``loaders.mlperf_text``) - and read back by the next build.
+build "up to date", written by the one stage runner (``loaders.builder``) for every source -
+the corpus (``loaders.corpus_source``) and the MLPerf reference's text
+(``loaders.mlperf_text``) - and read back by the next build.
 
 Owns: the record's file names, the fingerprint (the options that shape the content, the
 vocabulary's and every source's hash, the library versions that shape the bytes), the check
 of an existing ``--out`` against it, the length statistics of a split, the order of the
 record's keys and its JSON layout, the rows of packed instances as shard samples, and writing
 the record with the checksums as the build's last step. Never: how instances are made
-(pretraining.py), the HDF5 schema or checksum format (shards.py), the builders' pipelines or
-command line (prepare.py, mlperf_text.py), where and how ``--out`` is written (basis.staging).
+(pretraining.py), the HDF5 schema or checksum format (shards.py), the order of a build
+(builder.py), the command line (prepare.py), where and how ``--out`` is written
+(basis.staging).
 """
 from __future__ import annotations
 
