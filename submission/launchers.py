@@ -194,12 +194,6 @@ def _srun_argv(launch: Launch) -> list[str]:
     if _srun_self_rank(launch.env) is not None:
         return list(launch.command)
     srun = _found(launch.env.get("SRUN") or "srun", "SRUN", ": launcher srun needs Slurm")
-    if not launch.env.get("SLURM_JOB_ID"):   # (srun would ask slurmctld for one, or fail)
-        raise LauncherError(
-            "system.launcher='srun' starts its ranks inside a Slurm allocation, and this shell "
-            "is in none (SLURM_JOB_ID is unset): run it inside one (salloc, sbatch - python -m "
-            "submission submit does both), or set system.launcher to mpiexec, mpirun or "
-            "torchrun")
     # --kill-on-bad-exit: a task that dies (even before the runtime's guard) ends the step
     return [srun, f"--nodes={launch.nodes}", f"--ntasks-per-node={launch.ranks_per_node}",
             "--kill-on-bad-exit=1", *launch.command]
@@ -267,8 +261,7 @@ LAUNCHERS: dict[str, LauncherSpec] = {spec.name: spec for spec in (
         "srun",
         "inside a job step (SLURM_PROCID and SLURM_STEP_ID set, e.g. run.sub's "
         "`srun ... run_and_time.sh`; not an sbatch script's own shell) this task *is* one "
-        "rank and runs $PYTHON -m submission.train ARGS directly; otherwise, inside a "
-        "Slurm allocation (salloc, sbatch: SLURM_JOB_ID set), "
+        "rank and runs $PYTHON -m submission.train ARGS directly; otherwise "
         "$SRUN --nodes=NODES --ntasks-per-node=RANKS --kill-on-bad-exit=1 "
         "$PYTHON -m submission.train ARGS",
         (("SRUN", "default srun"),),

@@ -6,8 +6,11 @@ after it has read the config, before it makes a run directory or starts a launch
 Each check that fails prints one sentence, prefixed ``run_and_time.sh:`` as the script's own
 errors, and the command exits 2 (bad input: the README's exit table) - the first that fails:
   * the launcher (system.launcher): its row's fail-fast checks in submission.launchers - the
-    program found (MPIEXEC, MPIRUN, TORCHRUN, SRUN), srun inside a Slurm allocation, HOSTFILE
-    or MASTER_ADDR for several nodes;
+    program found (MPIEXEC, MPIRUN, TORCHRUN, SRUN), HOSTFILE or MASTER_ADDR for several
+    nodes - and, for srun outside an allocation (no SLURM_JOB_ID: a login shell, where srun
+    asks Slurm for one itself), that Slurm answers: ``srun --test-only`` (no job is made);
+    without Slurm srun failed after the launch, in its own words ("Could not establish a
+    configuration source") and with exit 1, the exit table's "target not reached";
   * the memory (train mode): runtime.train.memory's estimate against this node;
   * where the launch runs ranks on this host (submission.launchers.ranks_run_here: not srun
     starting a step, whose tasks run on the allocation's nodes, nor a hostfile's hosts):
@@ -15,9 +18,10 @@ errors, and the command exits 2 (bad input: the README's exit table) - the first
         'auto', which falls back to the CPU, needs a config the CPU can run;
       - Inductor's cache, when the run compiles (``Config.compiles``): a directory Inductor
         can write (runtime.model.inductor_cache).
-Never: writes anything (the cache check's probe file aside, removed at once), starts a rank,
-or imports torch - except to count the CUDA devices, for a config that asks for CUDA on a
-torch built with it (torch's build is read from its version.py).
+Never: writes anything (the cache check's probe file aside, removed at once), starts a rank
+(``srun --test-only`` starts nothing), or imports torch - except to count the CUDA devices, for
+a config that asks for CUDA on a torch built with it (torch's build is read from its
+version.py).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import importlib.util
 import os
 import re
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -84,6 +89,36 @@ def device_problem(cfg, config: str, sets: Sequence[str]) -> Optional[str]:
             f"where a CUDA build of torch sees a GPU")
 
 
+SLURM_ASK_S = 30   # how long srun --test-only may take to answer
+
+
+def slurm_problem(launch: Launch, spec) -> Optional[str]:
+    """Why srun cannot start this launch's ranks from here (None: it can, or needs no
+    asking - inside an allocation, or a task that is itself a rank)."""
+    if spec.name != "srun" or spec.self_rank(launch.env) is not None \
+            or launch.env.get("SLURM_JOB_ID"):
+        return None
+    srun = launch.env.get("SRUN") or "srun"
+    ask = [srun, "--test-only", f"--nodes={launch.nodes}",
+           f"--ntasks-per-node={launch.ranks_per_node}", "true"]
+    try:
+        done = subprocess.run(ask, env=dict(launch.env), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=SLURM_ASK_S)
+    except subprocess.TimeoutExpired:
+        said = f"no answer in {SLURM_ASK_S} s"
+    except OSError as e:
+        said = e.strerror or str(e)
+    else:
+        if done.returncode == 0:
+            return None
+        lines = [x.strip() for x in (done.stderr + done.stdout).splitlines() if x.strip()]
+        said = f'"{lines[-1]}"' if lines else f"exit status {done.returncode}"
+    return (f"system.launcher='srun', outside a Slurm allocation (SLURM_JOB_ID is unset), and "
+            f"Slurm does not answer here ({' '.join(ask[:2])}: {said}): run it inside an "
+            f"allocation (salloc, sbatch - python -m submission submit), or set "
+            f"system.launcher to mpiexec, mpirun or torchrun")
+
+
 def problems(config: str, sets: Sequence[str], mode: str = "train",
              environ: Mapping[str, str] = os.environ,
              python: str = sys.executable) -> list[str]:
@@ -100,6 +135,10 @@ def problems(config: str, sets: Sequence[str], mode: str = "train",
         launch_items(s.launcher, launch)
     except LauncherError as e:
         out.append(str(e))
+    else:
+        why = slurm_problem(launch, spec)
+        if why:
+            out.append(why)
     if mode == "train":
         why = memory.problem(cfg)
         if why:

@@ -113,13 +113,17 @@ def test_srun_inside_a_job_step_runs_the_rank_directly(sandbox):
 
 @pytest.mark.parametrize("batch_shell", [False, True])
 def test_srun_outside_a_job_step_launches_tasks(sandbox, batch_shell):
-    """From salloc's shell, and from an sbatch script's own shell, which has SLURM_PROCID=0
-    but is no task."""
+    """From a login shell (srun asks Slurm for an allocation: the stub says it can), and from
+    an sbatch script's own shell, which has SLURM_PROCID=0 but is no task."""
     root, stubs = sandbox
     cfg = write_config(root, "srun", nodes=2, ranks=4, name="config_TEST_2x4x2x1.toml")
-    env = {"SLURM_PROCID": "0", "SLURM_JOB_ID": "77"} if batch_shell else {"SLURM_JOB_ID": "77"}
+    env = {"SLURM_PROCID": "0", "SLURM_JOB_ID": "77"} if batch_shell else {}
     proc, calls = run(sandbox, cfg, **env)
     assert proc.returncode == 0, proc.stderr
+    if not batch_shell:   # first asked whether Slurm can give the launch an allocation
+        asked = calls.pop(0)
+        assert asked["prog"] == "srun" and asked["argv"] == [
+            "--test-only", "--nodes=2", "--ntasks-per-node=4", "true"], asked
     assert [c["prog"] for c in calls] == ["srun"]
     argv = calls[0]["argv"]
     # --kill-on-bad-exit: a task that dies (even before the runtime's guard) ends the step
@@ -129,10 +133,12 @@ def test_srun_outside_a_job_step_launches_tasks(sandbox, batch_shell):
 
 
 LAUNCH_ROWS = {   # the launch and device rows of the README's exit table, each exit 2
-    "srun outside an allocation": (
-        "srun", {}, [], "run_and_time.sh: system.launcher='srun' starts its ranks inside a "
-        "Slurm allocation, and this shell is in none (SLURM_JOB_ID is unset): run it inside "
-        "one"),
+    "srun without Slurm": (   # (srun as a machine without Slurm has it)
+        "srun", {"SRUN": "{nosrun}"}, [], "run_and_time.sh: system.launcher='srun', outside a "
+        "Slurm allocation (SLURM_JOB_ID is unset), and Slurm does not answer here ({nosrun} "
+        "--test-only: \"srun: fatal: Could not establish a configuration source\"): run it "
+        "inside an allocation (salloc, sbatch - python -m submission submit), or set "
+        "system.launcher to mpiexec, mpirun or torchrun"),
     "mpiexec missing": ("mpiexec", {"MPIEXEC": "/no/mpiexec"}, [],
                         "run_and_time.sh: MPIEXEC '/no/mpiexec' not found (set MPIEXEC)"),
     "mpirun missing": ("mpirun", {"MPIRUN": "no-mpirun"}, [],
@@ -166,11 +172,17 @@ def test_what_cannot_launch_here_is_refused_before_anything_starts(sandbox, tmp_
             pytest.skip("torch sees a CUDA device here")
     afile = tmp_path / "not_a_directory"   # (no blank in its path: another refusal)
     afile.write_text("")
-    env = {k: v.format(file=afile) for k, v in env.items()}
+    nosrun = tmp_path / "srun"
+    nosrun.write_text('#!/bin/sh\necho "srun: error: _establish_config_source: failed to fetch '
+                      'config" >&2\necho "srun: fatal: Could not establish a configuration '
+                      'source" >&2\nexit 1\n')
+    nosrun.chmod(0o755)
+    env = {k: v.format(file=afile, nosrun=nosrun) for k, v in env.items()}
     proc, calls = run(sandbox, cfg, *(["--", *args] if args else []), **env)
     assert proc.returncode == 2 and not calls, proc.stderr
     lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(said.format(file=afile)), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(said.format(file=afile, nosrun=nosrun)), \
+        proc.stderr
     assert "Traceback" not in proc.stderr and "RESULT" not in proc.stdout
     assert not (root / "log dir").exists() or not list((root / "log dir").iterdir())
 

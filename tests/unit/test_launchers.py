@@ -75,25 +75,13 @@ def test_mpirun_errors(bindir):
 
 def test_srun(bindir):
     srun = str(bindir / "srun")
-    job = {"SLURM_JOB_ID": "77"}   # inside an allocation (salloc's shell, an sbatch script)
     # --kill-on-bad-exit: a task that dies (even before the runtime's guard) ends the step
-    assert argv("srun", nodes=2, ranks=4, SRUN=srun, **job) == \
+    assert argv("srun", nodes=2, ranks=4, SRUN=srun) == \
         [srun, "--nodes=2", "--ntasks-per-node=4", "--kill-on-bad-exit=1", *RANK]
-    assert argv("srun", ranks=2, SRUN=srun, **job)[1:3] == ["--nodes=1", "--ntasks-per-node=2"]
+    assert argv("srun", ranks=2, SRUN=srun)[1:3] == ["--nodes=1", "--ntasks-per-node=2"]
     with pytest.raises(LauncherError) as e:
-        argv("srun", SRUN="/no/srun", **job)
+        argv("srun", SRUN="/no/srun")
     assert str(e.value) == "SRUN '/no/srun' not found: launcher srun needs Slurm"
-
-
-def test_srun_outside_an_allocation_is_refused_in_one_sentence(bindir):
-    """srun outside an allocation used to start and fail in srun's own words ("Could not
-    establish a configuration source") with exit 1, "target not reached" in the exit table."""
-    with pytest.raises(LauncherError) as e:
-        argv("srun", SRUN=str(bindir / "srun"))
-    assert str(e.value) == (
-        "system.launcher='srun' starts its ranks inside a Slurm allocation, and this shell is "
-        "in none (SLURM_JOB_ID is unset): run it inside one (salloc, sbatch - python -m "
-        "submission submit does both), or set system.launcher to mpiexec, mpirun or torchrun")
 
 
 def test_srun_inside_a_job_step_is_the_rank():
@@ -327,6 +315,60 @@ def test_a_torchrun_stop_ends_in_one_line_with_the_signals_status(monkeypatch, c
     monkeypatch.setattr(torchrun_module, "main", lambda args: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         torchrun.main([])
+
+
+def test_torchrun_ends_a_budget_run_quietly_and_a_failure_without_its_traceback(
+        monkeypatch, capsys):
+    """Every worker ending 1 - the budget spent, "target not reached" - made the agent raise
+    ChildFailedError, a traceback after every short torchrun run (newcomer walkthrough): now
+    no output (run_and_time.sh says "stopped at the step budget"), status 1. Another failure
+    is torchrun's own report - which worker, its exit code, the root cause that rank_status
+    reads - without the traceback."""
+    import torch.distributed.run as torchrun_module
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    from submission import torchrun
+
+    def failing(codes):
+        def main(args):
+            raise ChildFailedError("/repo/submission/train.py", {
+                rank: ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=code,
+                                     error_file="<N/A>") for rank, code in enumerate(codes)})
+        return main
+    monkeypatch.setattr(torchrun_module, "main", failing([1, 1]))
+    assert torchrun.main(["--standalone", "-m", "submission.train"]) == 1
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(torchrun_module, "main", failing([1, -9]))
+    assert torchrun.main(["--standalone", "-m", "submission.train"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ")
+    assert "Traceback" not in err and "/repo/submission/train.py FAILED" in err, err
+    assert LAUNCHERS["torchrun"].culprit(err, {}) in (
+        "rank 1 (pid 101) ended first: killed by SIGKILL (kill -9, the OOM killer or a lost "
+        "node)", "rank 0 (pid 100) ended first: exit status 1")
+
+
+def test_a_run_its_budget_ended_is_said_so(tmp_path):
+    """Exit 1 - the budget spent, the target not reached - is a normal end (a smoke, profile
+    or tuning run): one line that says which budget, the steps and samples and the last
+    evaluation against the target, instead of a failure's summary."""
+    import json
+    from submission.rank_status import summary
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    for r in (0, 1):
+        (ranks / f"rank_0000{r}.json").write_text(json.dumps({
+            "rank": r, "world_size": 2, "pid": 10 + r, "host": "vm", "step": 25,
+            "samples": 400, "exit": 1, "state": "finished", "reason": "budget",
+            "started": 0.0}))
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 25, "samples": 400,
+                                                       "eval_accuracy": 0.03125}))
+    assert summary(tmp_path, 1, None, launcher="torchrun", budget=(25, 0, 0.72)) == (1, [
+        "stopped at the step budget: 25 steps (train.max_steps), 400 samples, no target: the "
+        "last evaluation's accuracy 0.0312 is short of train.target_mlm_accuracy 0.72 (exit 1, "
+        "target not reached - not a failure; no RESULT line)"])
+    code, (line,) = summary(tmp_path, 1, None, budget=(1000, 400, 0.72))
+    assert line.startswith("stopped at the sample budget: 400 samples "
+                           "(train.max_samples_termination), 25 steps, no target"), line
 
 
 def test_a_folding_launchers_failure_is_never_target_not_reached():

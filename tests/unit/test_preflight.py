@@ -93,19 +93,20 @@ def test_a_cuda_device_on_a_torch_without_cuda_is_refused_naming_the_key(monkeyp
 def test_the_first_problem_is_said_with_run_and_time_sh_s_prefix(tmp_path, monkeypatch,
                                                                  capsys):
     config = tmp_path / "config_T_1x2x8x1.toml"
-    config.write_text('[system]\nlauncher = "srun"\ndevice = "cpu"\n[train]\n'
+    config.write_text('[system]\nlauncher = "torchrun"\ndevice = "cpu"\n[train]\n'
                       'global_batch_size = 16\n[model]\nhidden_size = 64\n'
                       'num_hidden_layers = 1\nnum_attention_heads = 2\n'
                       'intermediate_size = 128\n')
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    monkeypatch.setenv("SRUN", "true")   # found: the allocation is what is missing
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(config / "x"))
     assert preflight.main([str(config)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("run_and_time.sh: system.launcher='srun' starts its ranks inside a "
-                          "Slurm allocation") and err.count("\n") == 1, err
+    assert err.startswith(f"run_and_time.sh: TORCHINDUCTOR_CACHE_DIR={config / 'x'}: ") and \
+        err.count("\n") == 1, err
+    monkeypatch.setenv("TORCHRUN", "/no/torchrun")   # the launcher's is said first
+    assert preflight.main([str(config)]) == 2
+    assert capsys.readouterr().err == ("run_and_time.sh: TORCHRUN '/no/torchrun' not found (set "
+                                       "TORCHRUN)\n")
+    # srun: its ranks run on the allocation's nodes, whose cache is not this host's
     monkeypatch.setenv("SLURM_JOB_ID", "5")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(config / "x"))
-    assert preflight.main([str(config)]) == 0   # srun's ranks run elsewhere: not checked here
-    assert preflight.main([str(config), "--set", "system.launcher='torchrun'"]) == 2
-    assert capsys.readouterr().err.startswith(f"run_and_time.sh: TORCHINDUCTOR_CACHE_DIR="
-                                              f"{config / 'x'}: ")
+    monkeypatch.setenv("SRUN", "true")
+    assert preflight.main([str(config), "--set", "system.launcher='srun'"]) == 0
