@@ -20,6 +20,9 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 NOT_BENCHMARKS = {"__init__.py", "common.py", "harness.py", "baseline_ddp.py", "fault_rank.py",
                   "netns.py", "same_metrics.py", "compare_commits.py", "tf_bundle_writer.py",
                   "cuda_dispatch.py", "kernel_counter.py"}
+# Benchmarks another change owns right now; each becomes a row there or after it lands.
+PENDING: dict[str, str] = {"kernel_count": "issue 64's device-time model is being added "
+                                           "beside it"}
 
 
 def toy(**over) -> Benchmark:
@@ -146,7 +149,9 @@ def test_the_benchmarks_are_found():
     assert len(found) >= 15, found
 
 
-@pytest.mark.parametrize("name", benchmark_modules())
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(reason=PENDING[n], strict=True)) if n in PENDING
+    else n for n in benchmark_modules()])
 def test_every_benchmark_is_a_harness_row_and_answers_help(name, capsys):
     module = importlib.import_module(f"bench.{name}")
     row = getattr(module, "BENCHMARK", None)
@@ -156,3 +161,21 @@ def test_every_benchmark_is_a_harness_row_and_answers_help(name, capsys):
     assert re.match(rf"usage: python -m {re.escape(row.command)}\b", text), text[:200]
     for g in row.goals:
         assert g.name in text
+
+
+def bench_entry_points() -> list[str]:
+    from tests.unit.test_cli_help import entry_points
+    return [m for m in entry_points() if m.split(".")[0] == "bench"]
+
+
+@pytest.mark.parametrize("module", bench_entry_points())
+def test_every_python_m_bench_answers_help(module, capsys):
+    """``python -m bench.X --help`` as a user types it, in this process: usage, exit 0 -
+    the benchmarks, their helpers' entry points and bench.gpu alike."""
+    main = importlib.import_module(module).main
+    try:
+        rc = main(["--help"])
+    except SystemExit as e:
+        rc = e.code
+    assert rc in (0, None)
+    assert capsys.readouterr().out.startswith("usage: ")
