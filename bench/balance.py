@@ -61,7 +61,7 @@ from bench.harness import WORKDIR, Benchmark, listed, option, out, run, seeds
 from loaders.balance import MODES, PACKED_MODES, BalanceSpec, make_plan, packed_rows
 from loaders.dataset import DataSetInfo, ShardPlan, TrainLoader, read_lengths
 from loaders.length_cost import LengthCost, default_cost, flops_cost, imbalance, load
-from loaders.model_shape import shape_of
+from basis.model_shape import shape_of
 from loaders.packing import best_fit_decreasing
 
 REPO = Path(__file__).resolve().parents[1]

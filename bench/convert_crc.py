@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from basis.tf_names import variables
 from bench.harness import Benchmark, Stop, option, out, run
 from bench.tf_bundle_writer import write_bundle
 
@@ -49,36 +50,6 @@ def bert_config(size: str) -> dict:
             "max_position_embeddings": 512, "type_vocab_size": 2, **SHAPES[size]}
 
 
-def bert_variables(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
-    """Google BERT's pre-training weights (modeling.py + run_pretraining.py) and shapes."""
-    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    out = [("bert/embeddings/word_embeddings", (v, h)),
-           ("bert/embeddings/token_type_embeddings", (cfg["type_vocab_size"], h)),
-           ("bert/embeddings/position_embeddings", (cfg["max_position_embeddings"], h)),
-           ("bert/embeddings/LayerNorm/gamma", (h,)), ("bert/embeddings/LayerNorm/beta", (h,))]
-    for n in range(cfg["num_hidden_layers"]):
-        p = f"bert/encoder/layer_{n}"
-        for part in ("query", "key", "value"):
-            out += [(f"{p}/attention/self/{part}/kernel", (h, h)),
-                    (f"{p}/attention/self/{part}/bias", (h,))]
-        out += [(f"{p}/attention/output/dense/kernel", (h, h)),
-                (f"{p}/attention/output/dense/bias", (h,)),
-                (f"{p}/attention/output/LayerNorm/gamma", (h,)),
-                (f"{p}/attention/output/LayerNorm/beta", (h,)),
-                (f"{p}/intermediate/dense/kernel", (h, i)), (f"{p}/intermediate/dense/bias", (i,)),
-                (f"{p}/output/dense/kernel", (i, h)), (f"{p}/output/dense/bias", (h,)),
-                (f"{p}/output/LayerNorm/gamma", (h,)), (f"{p}/output/LayerNorm/beta", (h,))]
-    out += [("bert/pooler/dense/kernel", (h, h)), ("bert/pooler/dense/bias", (h,)),
-            ("cls/predictions/transform/dense/kernel", (h, h)),
-            ("cls/predictions/transform/dense/bias", (h,)),
-            ("cls/predictions/transform/LayerNorm/gamma", (h,)),
-            ("cls/predictions/transform/LayerNorm/beta", (h,)),
-            ("cls/predictions/output_bias", (v,)),
-            ("cls/seq_relationship/output_weights", (2, h)),
-            ("cls/seq_relationship/output_bias", (2,))]
-    return out
-
-
 def write_bert_checkpoint(directory: Path, size: str, seed: int = 0) -> Path:
     """A BERT checkpoint of ``size`` (normal(0, 0.02) weights, one tensor in memory at a
     time) and its bert_config.json in ``directory``; returns the prefix."""
@@ -86,7 +57,7 @@ def write_bert_checkpoint(directory: Path, size: str, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     prefix = directory / "model.ckpt-1"
     tensors = ((name, rng.standard_normal(shape, np.float32) * np.float32(0.02))
-               for name, shape in bert_variables(cfg))
+               for name, shape in variables(cfg))
     write_bundle(prefix, tensors)
     (directory / "bert_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return prefix
@@ -193,7 +164,7 @@ def summary(r) -> dict:
     median = {k: statistics.median(x["seconds"] for x in rs) for k, rs in runs.items()}
     size = r.args.size
     return {"size": size, "shape": bert_config(size), "data_bytes": r.state.data_bytes,
-            "tensors": len(bert_variables(bert_config(size))),
+            "tensors": len(variables(bert_config(size))),
             "write_checkpoint_s": round(r.state.write_s, 1), "library": IMPLEMENTATION,
             "crc_mb_per_s": r.state.rates, "repeats": r.args.repeats,
             "runs": runs, "median_s": median,

@@ -62,7 +62,7 @@ from pathlib import Path
 
 from bench.harness import Benchmark, Goal, hidden, listed, option, out, run
 from kernels.optim_flat import BYTES_PER_ELEMENT  # the byte counts above, one place
-from loaders.model_shape import size
+from basis.model_shape import size
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "optim.json"

@@ -47,7 +47,7 @@ MODELS = {"cpu": [], "base": None}  # base: BERT-base's shape over the CPU confi
 def _overrides(model: str) -> list[str]:
     if MODELS[model] is not None:
         return MODELS[model]
-    from loaders.model_shape import SIZES
+    from basis.model_shape import SIZES
     return [f"model.{k}={v}" for k, v in SIZES[model].items()]
 MODES = ("none", "world")
 

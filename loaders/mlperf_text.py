@@ -47,7 +47,7 @@ from loaders import build_record, pretraining, tokenization
 from loaders.build_record import VOCAB_FILE, BuildReport, length_stats, select_rows
 from loaders.shards import (EVAL_FILE, PUBLISHED_EVAL_MD5, TRAIN_DIR, DataError, input_ids_md5,
                             shard_name, write_shard)
-from loaders.presets import MLPERF_DEFAULTS
+from basis.presets import MLPERF_DEFAULTS
 from loaders.workers import Workers
 
 PART = re.compile(r"^part-(\d{5})-of-(\d{5})$")

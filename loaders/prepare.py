@@ -33,7 +33,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -41,9 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
+from basis import cli, staging
+from basis.presets import PREPARE_DEFAULTS
+from basis.staging import OutputError, Staging
 from loaders import build_record, corpus, mlperf_text, pretraining, tokenization
 from loaders.build_record import STATS_FILE, VOCAB_FILE, BuildReport
-from loaders.presets import PREPARE_DEFAULTS
 from loaders.workers import WorkerDied, Workers, defer_stop
 from loaders.shards import EVAL_FILE, TRAIN_DIR, DataError, sha256_file, shard_name, write_shard
 
@@ -253,29 +254,28 @@ def build(cfg: PrepareConfig, log=_log) -> BuildReport:
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
+    out = cfg.out.resolve()
+    staging.refuse_live(out, log, "build")      # before the inputs' hashes (minutes: MLPerf's)
     vocab_path = cfg.vocab or tokenization.default_vocab_path()
     vocab = tokenization.load_vocab(vocab_path)
     source_files = _source_files(cfg)
     sources = [{"name": n, "file": p.name, "sha256": sha256_file(p)} for n, p in source_files]
     fingerprint = build_record.fingerprint(cfg.recorded(), sha256_file(vocab_path), sources)
-    out = cfg.out.resolve()
     if build_record.check_existing(out, fingerprint):
         log(f"{out} is up to date (same inputs and options; checksums verified)")
         stats = json.loads((out / STATS_FILE).read_text())
         return BuildReport(out, True, stats, {"total": time.perf_counter() - t_start})
     seconds["hash_inputs"] = time.perf_counter() - t_start
 
-    tmp = build_record.build_dir(out)
+    stage = Staging(out, "build").open()
     into = mlperf_text.build_into if cfg.mlperf_text is not None else _build_into
     try:
-        report = into(cfg, tmp, vocab, vocab_path, sources, source_files, fingerprint, seconds,
-                      log)
-        if out.exists():
-            out.rmdir()          # an empty directory (checked above)
-        os.rename(tmp, out)
+        report = into(cfg, stage.dir, vocab, vocab_path, sources, source_files, fingerprint,
+                      seconds, log)
+        with cli.commit_window():
+            stage.commit(stage.contents(last=STATS_FILE))
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        stage.discard()
         raise
     finally:
         _STATE.clear()
@@ -456,36 +456,9 @@ def parse_args(argv=None) -> PrepareConfig:
     return PrepareConfig(**values)
 
 
-class _Terminated(BaseException):
-    pass
-
-
-def _on_sigterm(signum, frame):
-    if not defer_stop():  # a pool wait raises at its next poll (loaders.workers)
-        raise _Terminated()
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)   # Ctrl-C is KeyboardInterrupt already
-
-
 def main(argv=None) -> int:
-    old = {s: signal.signal(s, _on_sigterm) for s in STOP_SIGNALS}
-    try:
-        cfg = parse_args(argv)
-        build(cfg)
-        return 0
-    except DataError as e:
-        print(f"prepare: error: {e}", file=sys.stderr)
-        return 2
-    except WorkerDied as e:
-        print(f"prepare: error: {e}", file=sys.stderr)
-        return 3
-    except (KeyboardInterrupt, _Terminated):
-        print("prepare: interrupted; nothing was written to --out", file=sys.stderr)
-        return 130
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+    return cli.run("prepare", lambda: build(parse_args(argv)),
+                   {DataError: 2, WorkerDied: 3, OutputError: None}, defer=defer_stop)
 
 
 if __name__ == "__main__":

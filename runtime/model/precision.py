@@ -21,12 +21,12 @@ from typing import Optional
 import torch
 from torch import nn
 
+from basis.dtypes import torch_dtypes
 from kernels.cpu_gemm import Fp32Gemms
 from runtime.choices import PRECISIONS, PrecisionMode
 
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16,
-                                  "fp16": torch.float16}
-"""The dtype each name of the rows stands for."""
+DTYPES: dict[str, torch.dtype] = torch_dtypes(torch)
+"""The dtype each name of the rows stands for (the names: basis.dtypes)."""
 
 
 def mode(name: str) -> PrecisionMode:

@@ -129,6 +129,42 @@ def test_existing_same_set_is_up_to_date_and_different_set_is_refused(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["data"]   # no temp dir left
 
 
+def test_an_empty_out_is_built_into_and_killed_builds_leftovers_go(small_dataset, tmp_path,
+                                                                   small_dataset_options,
+                                                                   capsys):
+    """--out an existing empty directory (a mount point, which can be neither removed nor
+    renamed onto) is built into: the same bytes as a fresh --out. The temporary directories
+    killed builds left - beside it and inside it - are removed first (basis.staging: their
+    lock is free); one whose lock is held is another build at work: refused, exit 2."""
+    import fcntl
+    import os
+    opts = dict(small_dataset_options)
+    vocab = opts.pop("vocab")
+    out = tmp_path / "mnt"
+    out.mkdir()
+    left = [tmp_path / ".mnt.tmp-1", out / ".mnt.tmp-2"]     # pids alive, locks free: stale
+    for tmp in left:
+        (tmp / "train").mkdir(parents=True)
+        (tmp / ".lock").touch()
+    said = []
+    build(_small(out, workers=1, vocab=vocab), log=said.append)
+    assert _files(out) == _files(small_dataset)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mnt"]
+    assert any(f"removed {left[1]}: the temporary directory of an interrupted build" in m
+               for m in said), said
+    held = tmp_path / ".other.tmp-1"
+    (held / "train").mkdir(parents=True)
+    fd = os.open(held / ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert main(["--out", str(tmp_path / "other"), "--sources", str(SOURCES)]) == 2
+    finally:
+        os.close(fd)
+    assert f"prepare: error: --out {tmp_path / 'other'}: another build (pid 1) is writing it " \
+        "now" in capsys.readouterr().err
+    assert held.exists() and not (tmp_path / "other").exists()
+
+
 def test_failure_midway_leaves_no_partial_output(tmp_path, monkeypatch):
     import loaders.prepare as prep
 
