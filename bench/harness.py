@@ -206,10 +206,11 @@ class Benchmark:
     goals: tuple[Goal, ...] = ()
     line: Union[None, tuple[str, ...], Callable[[dict], dict]] = None  # the final JSON line
     check: Optional[Callable[[argparse.Namespace], Optional[str]]] = None  # -> why refused
+    #                                         (it may complete the arguments: a default that
+    #                                         depends on others)
     instead: tuple[tuple[str, Callable[[argparse.Namespace], Optional[int]]], ...] = ()
     mode: Optional[Callable[[argparse.Namespace], Optional["Benchmark"]]] = None
     module: Optional[str] = None            # the command's module, when not bench.<name>
-    prog: Optional[str] = None              # --help's program name, when not python -m module
     out_dest: str = "out"                   # the option holding the record's path
     partial: bool = False                   # write the record after every case
 
@@ -223,7 +224,7 @@ def parser(bench: Benchmark) -> argparse.ArgumentParser:
     epilog = "\n".join(["goals:"] + [f"  {g.name}: {g.about}" + (" (exit 1 when missed)"
                                                                if g.gate else "")
                                      for g in bench.goals]) if bench.goals else None
-    ap = argparse.ArgumentParser(prog=bench.prog or f"python -m {bench.command}",
+    ap = argparse.ArgumentParser(prog=f"python -m {bench.command}",
                                  description=description(bench.doc), epilog=epilog,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     for o in bench.options:
@@ -284,7 +285,7 @@ def _measure(bench: Benchmark, args, argv: list[str]) -> int:
     rec["wall_s"] = round(time.perf_counter() - start, 1)
     if bench.table:
         print(bench.table(rec), flush=True)
-    verdicts = {g.name: g.met(rec) for g in bench.goals}
+    verdicts = {g.name: _verdict(g.met(rec)) for g in bench.goals}
     if verdicts:
         rec["goals_met"] = verdicts
     for g in bench.goals:
@@ -292,6 +293,10 @@ def _measure(bench: Benchmark, args, argv: list[str]) -> int:
         print(f"goal {g.name} ({g.about}): {word}", flush=True)
     finish(rec, r.out, line=_line(bench, rec))
     return 1 if any(g.gate and verdicts[g.name] is False for g in bench.goals) else 0
+
+
+def _verdict(met) -> Optional[bool]:
+    return None if met is None else bool(met)
 
 
 def _line(bench: Benchmark, rec: dict) -> Optional[dict]:
