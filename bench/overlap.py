@@ -98,9 +98,9 @@ def worker(args) -> None:
         rounds = interleaved(names, settings, args.warmup + args.steps)
         for i, (name, communicate) in enumerate(rounds):
             runs[name].step(communicate, keep=i >= len(names) * len(settings) * args.warmup)
-        record["variants"] = {n: run.summary() for n, run in runs.items()}
-        for run in runs.values():
-            run.close()
+        record["variants"] = {n: v.summary() for n, v in runs.items()}
+        for v in runs.values():
+            v.close()
         if ctx.rank == 0:
             Path(args.worker_out).write_text(json.dumps(record))
         shutdown()

@@ -32,7 +32,6 @@ import datetime
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from bench import common
