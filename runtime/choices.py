@@ -153,7 +153,7 @@ class PrecisionMode:
     and train.allreduce_dtype into the run's one ``runtime.numerics.Numerics`` (what the
     builder, the step, the optimizer, the loss scale, the memory estimate and the MFU peak
     read), and read by the config's checks (``needs``) and help text. Dtypes are names
-    (runtime.numerics.DTYPE_BYTES): this module imports no torch. A new precision over the
+    (basis.dtypes): this module imports no torch. A new precision over the
     dtypes there is one row here and its name in ``Precision``."""
 
     name: str

@@ -9,7 +9,7 @@ that each reader compares with strings.
     n = cfg.numerics()                  # runtime.config.Config: resolve(precision, fp8, reduce)
     n.params, n.autocast, n.gemm, n.reduce     # dtype names ("fp32", "bf16", "fp16"; None)
     n.master, n.loss_scale                      # the optimizer's masters, the dynamic loss scale
-    n.param_bytes, n.activation_bytes           # bytes per element, from DTYPE_BYTES
+    n.param_bytes, n.activation_bytes           # bytes per element (basis.dtypes)
     n.peak_dtypes                               # ("bf16",) or ("bf16", "fp8"): MFU's peaks
 
 Who reads it: runtime.train.build (hands it to the model's dtype, the gradient sync's reduce
@@ -20,8 +20,8 @@ runtime.choices.PRECISIONS (what it is), each FP8 recipe one of FP8_RECIPES; thi
 composes them with the allreduce's dtype and refuses what does not compose (``resolve``: the
 one place, a ConfigError naming both keys - exit 2).
 
-Owns: ``DTYPE_BYTES`` (the dtype names' widths; runtime.model.precision.DTYPES says which
-torch dtype each name is, and tests hold the two to the same bytes), ``Numerics``, ``resolve``.
+Owns: ``Numerics``, ``resolve`` (the dtype names, their torch dtypes and their widths are
+basis.dtypes').
 Never: imports torch (the memory check and ``python -m runtime.config`` run before any rank
 starts), reads the config (values are handed in: runtime.config.Config.numerics), or decides
 anything at run time - a ``Numerics`` is a value.
@@ -31,11 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from basis.dtypes import BYTES, TORCH_NAMES
 from runtime.choices import FP8_RECIPES, FP8_UNSCALED_WHY, PRECISIONS, ConfigError
-
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-"""Bytes per element of each dtype name the rows use ("fp8": the e4m3/e5m2 operands of
-model.fp8's GEMMs, a GEMM dtype and a peak's key only - no tensor of a run is kept in it)."""
 
 FP8 = "fp8"
 """The GEMM dtype model.fp8's Linears run in (the peak table's key: runtime.observe.mfu)."""
@@ -80,29 +77,29 @@ class Numerics:
     @property
     def param_bytes(self) -> int:
         """Bytes of a parameter - and of its gradient, and of its gradient buffer's slot."""
-        return DTYPE_BYTES[self.params]
+        return BYTES[self.params]
 
     @property
     def master_bytes(self) -> int:
         """Bytes of a parameter's fp32 master weight in the optimizer (0: none kept)."""
-        return DTYPE_BYTES["fp32"] if self.master else 0
+        return BYTES["fp32"] if self.master else 0
 
     @property
     def reduce_bytes(self) -> int:
         """Bytes of a gradient element on the wire."""
-        return DTYPE_BYTES[self.reduce]
+        return BYTES[self.reduce]
 
     @property
     def activation_bytes(self) -> int:
         """Bytes of an activation element: the GEMMs' dtype (autocast's outputs, or the
         parameters' without autocast)."""
-        return DTYPE_BYTES[self.gemm]
+        return BYTES[self.gemm]
 
     @property
     def narrow_params(self) -> bool:
         """The parameters are narrower than fp32 (the model is cast at build, and a CPU's
         GEMMs of them run through kernels.cpu_gemm)."""
-        return self.param_bytes < DTYPE_BYTES["fp32"]
+        return self.param_bytes < BYTES["fp32"]
 
     def describe(self) -> dict:
         """What the run's derived facts say (RunState.derived['numerics']: the MLPerf log's
@@ -126,9 +123,9 @@ def resolve(precision: str, fp8: str = "none", allreduce_dtype: str = "auto") ->
             raise ConfigError(f"{key}={value!r}: choose one of {' | '.join(rows)}")
     row = PRECISIONS[precision]
     reduce = row.params if allreduce_dtype == "auto" else allreduce_dtype
-    if reduce not in DTYPE_BYTES or reduce == FP8:
+    if reduce not in TORCH_NAMES:
         raise ConfigError(f"train.allreduce_dtype={allreduce_dtype!r}: choose one of auto | "
-                          + " | ".join(d for d in DTYPE_BYTES if d != FP8))
+                          + " | ".join(TORCH_NAMES))
     if FP8_RECIPES[fp8].torchao is not None and row.loss_scale:
         unscaled = [n for n, r in PRECISIONS.items() if not r.loss_scale]
         raise ConfigError(

@@ -71,7 +71,7 @@ if _WORKERS > 1:
 # A real one-node Slurm cluster (munged, slurmctld, slurmd by PID) shared by the whole session:
 # test_dist's srun tests and test_slurm use it.
 from slurm_cluster import slurm_cluster  # noqa: F401,E402
-from loaders.presets import SMALL_DATASET_OPTIONS, SOURCES
+from basis.presets import SMALL_DATASET_OPTIONS, SOURCES
 from tests.support.data import eval_truth, synthetic_dataset  # noqa: F401
 from tests.support.launch import bindir  # noqa: F401
 from tests.support.runs import reference_run  # noqa: F401

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import torch
 
+from basis.dtypes import torch_dtypes
 from runtime.choices import ConfigError, clip_spec, shard_scope
 from runtime.launch.dist import BlockGroups, all_gather_object, block_groups, broadcast_tensors
 from runtime.grad_sync.buckets import CLIP_MODES, GRAD_ALIGN, GradientBuckets
@@ -33,7 +34,8 @@ __all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "reduce_dtype_of",
            "SyncReport", "TiedEmbeddingSplit", "alone_bucket", "build_grad_sync", "resolve_tied_sync",
            "reverse_registration_order", "shard_groups", "split_pays"]
 
-REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+REDUCE_DTYPES = torch_dtypes(torch)
+"""``train.allreduce_dtype``'s names (but 'auto') -> their dtypes (the names: basis.dtypes)."""
 
 
 def reduce_dtype_of(name: str, grad_dtype: torch.dtype) -> torch.dtype:

@@ -24,14 +24,14 @@ from typing import Optional
 import torch
 from torch import nn
 
+from basis.dtypes import torch_dtypes
 from kernels.cpu_gemm import Fp32Gemms
 from runtime.choices import PRECISIONS, PrecisionMode
 from runtime.numerics import Numerics
 
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16,
-                                  "fp16": torch.float16}
-"""The torch dtype each dtype name of the rows stands for (runtime.numerics.DTYPE_BYTES has
-their widths; tests/unit/test_numerics.py holds the two to the same bytes)."""
+DTYPES: dict[str, torch.dtype] = torch_dtypes(torch)
+"""The torch dtype each dtype name of the rows stands for (the names, their torch attributes
+and their widths: basis.dtypes)."""
 
 
 def mode(name: str) -> PrecisionMode:

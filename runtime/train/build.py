@@ -24,7 +24,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from loaders import length_cost, model_shape
+from basis import model_shape
+from loaders import length_cost
 from loaders.balance_spec import PACKED_MODES
 from loaders.dataset import TrainLoader, load_eval_batches
 from loaders.shards import Limits

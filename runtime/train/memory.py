@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Optional
 
 from kernels.attention_rule import resolve
-from loaders import model_shape
+from basis import model_shape
 from loaders.shapes import STATIC_SEQS_PER_ROW, masked_slots_per_row
 from runtime.choices import shard_scope
 from runtime.config import Config, ConfigError, load_config
@@ -52,7 +52,7 @@ HEADROOM = 0.9                     # of the memory there is: the OS and the page
 
 def parameter_count(cfg: Config) -> int:
     """Parameters of BertForPreTraining with the tied decoder counted once (the model's
-    arithmetic: loaders.model_shape.parameter_count)."""
+    arithmetic: basis.model_shape.parameter_count)."""
     return model_shape.parameter_count(cfg.model)
 
 

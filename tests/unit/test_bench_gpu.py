@@ -423,7 +423,7 @@ def test_every_module_the_stages_import_is_on_the_gpu_machine():
     from bench.gpu import bundle
     from bench.gpu.stages.setup import CUDA_TEST_GROUPS, ENV_IMPORTS
     root = Path(__file__).resolve().parents[2]
-    own = ("bench", "runtime", "loaders", "kernels", "submission", "tests")
+    own = ("bench", "runtime", "loaders", "kernels", "submission", "basis", "tests")
 
     def file_of(module: str):
         base = root.joinpath(*module.split("."))

@@ -12,7 +12,8 @@ import torch
 from runtime.choices import PRECISIONS, ConfigError
 from runtime.config import load_config
 from runtime.config.__main__ import main as config_main
-from runtime.numerics import DTYPE_BYTES, FP8, Numerics, resolve
+from basis.dtypes import BYTES, TORCH_NAMES
+from runtime.numerics import FP8, Numerics, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_CONFIG = "submission/configs/config_CPU_1x2x32x1.toml"
@@ -20,10 +21,11 @@ CPU_CONFIG = "submission/configs/config_CPU_1x2x32x1.toml"
 
 def test_each_dtype_name_has_the_bytes_of_the_torch_dtype_it_stands_for():
     from runtime.model.precision import DTYPES
-    assert set(DTYPES) == set(DTYPE_BYTES) - {FP8}
+    assert set(DTYPES) == set(TORCH_NAMES) == set(BYTES) - {FP8}
     for name, dtype in DTYPES.items():
-        assert torch.empty((), dtype=dtype).element_size() == DTYPE_BYTES[name], name
-    assert DTYPE_BYTES[FP8] == torch.empty((), dtype=torch.float8_e4m3fn).element_size()
+        assert torch.empty((), dtype=dtype).element_size() == BYTES[name], name
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+        assert BYTES[FP8] == torch.empty((), dtype=fp8).element_size()
     for row in PRECISIONS.values():   # every row names dtypes the table knows
         assert row.params in DTYPES and (row.autocast is None or row.autocast in DTYPES)
 

@@ -30,6 +30,21 @@ def test_one_row_per_precision_and_the_help_names_each():
         assert row.loss_scale == name.startswith("fp16")
 
 
+
+def test_the_dtype_names_are_one_list():
+    """The precision rows, ``train.allreduce_dtype`` and both torch tables (the rows' and the
+    gradient sync's) speak of the dtypes basis.dtypes names, and mean the same by each."""
+    from basis.dtypes import TORCH_NAMES
+    from runtime.choices import ReduceDtype
+    from runtime.grad_sync import REDUCE_DTYPES
+    assert precision.DTYPES == REDUCE_DTYPES == {
+        "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    assert set(TORCH_NAMES) == set(precision.DTYPES)
+    named = {r.params for r in PRECISIONS.values()} | {r.autocast for r in PRECISIONS.values()}
+    assert named - {None} <= set(TORCH_NAMES)
+    assert set(get_args(ReduceDtype)) == set(TORCH_NAMES) | {"auto"}
+
+
 @pytest.mark.parametrize("overrides,keys", [
     (["train.precision=bf16_master", "optim.backend=foreach"], ("train.precision", "optim.backend")),
     (["train.precision=bf16_master", "optim.backend=reference"], ("train.precision", "optim.backend")),
