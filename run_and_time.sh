@@ -35,9 +35,12 @@
 #
 # Output, as in the MLPerf reference scripts: STARTING/ENDING TIMING RUN lines, then on success
 #   RESULT,bert,SEED,SECONDS,USER,START      (START like "2025-01-31 02:03:04 PM")
-# printed once (by SLURM_PROCID 0 when every task runs this script). On failure no RESULT line:
-# a FAILED line on stderr (a run its ranks stopped on a signal, exit 4, says "stopped by a
-# signal" instead), a summary naming the rank that failed or vanished and the last
+# printed once (by SLURM_PROCID 0 when every task runs this script). Otherwise no RESULT line:
+# a run its budget ended (train.max_steps, train.max_samples_termination; exit 1, "target not
+# reached" - a smoke, profile or tuning run) says "stopped at the step budget: N steps, no
+# target: ..." and is no failure; a run its ranks stopped on a signal (exit 4) says "stopped by
+# a signal"; a failure says FAILED on stderr, then a summary naming the rank that failed or
+# vanished and the last
 # completed step (python -m submission.rank_status, from each rank's RUN_DIR/ranks/ file and
 # the launcher's output, kept in RUN_DIR/launcher.log), and the run's exit status:
 #   0 success   1 target not reached   2 bad input (config, data, launch, run directory)
@@ -176,12 +179,17 @@ if [[ -n "${SEED:-}" ]]; then   # numpy's and torch's generators take 0 .. 2^32-
         || die "SEED='$SEED' is not a whole number from 0 to 4294967295 (it sets train.seed; unset SEED for the config's)"
     SEED_SET=(--set "train.seed=$SEED")
 fi
-if ! VALUES="$("$PYTHON" -m runtime.config "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" \
+# (an array that may be empty is expanded as ${A[@]+"${A[@]}"}: bash before 4.4 - RHEL 7's
+# 4.2 - takes an empty "${A[@]}" for an unbound variable under set -u)
+if ! VALUES="$("$PYTHON" -m runtime.config "$CONFIG" ${SEED_SET[@]+"${SEED_SET[@]}"} \
+        ${OVERRIDES[@]+"${OVERRIDES[@]}"} \
         --get system.nodes --get system.ranks_per_node --get system.launcher --get train.seed \
-        --get train.checkpoint_dir --get train.checkpoint_every_samples)"; then
+        --get train.checkpoint_dir --get train.checkpoint_every_samples \
+        --get train.max_steps --get train.max_samples_termination \
+        --get train.target_mlm_accuracy)"; then
     # The headline says which input was refused: the file, or what came after `--` (the file
     # checked alone, again, only on this path).
-    if ((${#OVERRIDES[@]})) && "$PYTHON" -m runtime.config "$CONFIG" "${SEED_SET[@]}" \
+    if ((${#OVERRIDES[@]})) && "$PYTHON" -m runtime.config "$CONFIG" ${SEED_SET[@]+"${SEED_SET[@]}"} \
             --get train.seed >/dev/null 2>&1; then
         die "an override after -- was refused (the config error above names it); CONFIG '$CONFIG' alone is valid"
     fi
@@ -190,17 +198,19 @@ fi
 mapfile -t V <<<"$VALUES"
 NODES="${V[0]-}" RANKS="${V[1]-}" LAUNCHER="${V[2]-}" SEED="${V[3]-}" CKPT_DIR="${V[4]-}"
 CKPT_EVERY="${V[5]-0}"
+BUDGET=("${V[6]-0}" "${V[7]-0}" "${V[8]-0}")   # max steps, max samples, target: a budget's line
 : "${NODES:?system.nodes missing from the config output}"
 : "${RANKS:?system.ranks_per_node missing from the config output}"
 : "${LAUNCHER:?system.launcher missing from the config output}"
 : "${SEED:?train.seed missing from the config output}"
 NP=$((NODES * RANKS))
-if [[ "${MODE:-train}" == train ]]; then   # will it fit? (an estimate; exit 2 with what would)
-    "$PYTHON" -m runtime.train.memory "$CONFIG" "${SEED_SET[@]}" "${OVERRIDES[@]}" || exit 2
-fi
-
 MODE="${MODE:-train}"
 [[ "$MODE" == train || "$MODE" == tune ]] || die "MODE='$MODE' is not train | tune"
+# Can it start here? The launcher's checks (found, srun inside an allocation, HOSTFILE...), will
+# it fit (an estimate), and where the ranks run on this host the device and a writable Inductor
+# cache: each a sentence and exit 2, before anything is written (python -m submission.preflight)
+"$PYTHON" -m submission.preflight "$CONFIG" ${SEED_SET[@]+"${SEED_SET[@]}"} \
+    ${OVERRIDES[@]+"${OVERRIDES[@]}"} --mode "$MODE" --python "$PYTHON" || exit 2
 resumable() {   # the newest LOGDIR/$1_* holding an interrupted run with a checkpoint, if any
     local d dirs
     dirs="$(ls -1dt "$LOGDIR/$1"_* 2>/dev/null)" || true
@@ -275,10 +285,10 @@ ARMED_DIR="$RUN_DIR/.armed/$(hostname).$$"   # where this launch's ranks say the
 SHM_NOTES="$ARMED_DIR.shm"   # where its ranks note MPICH's /dev/shm files (submission.shm)
 TRAIN=("$PYTHON" -m submission.train --config "$CONFIG" --set "train.seed=$SEED"
        --set "train.output_dir=$RUN_DIR" --lock-holder "$HOLDER" --signals-ready "$ARMED_DIR"
-       --shm-notes "$SHM_NOTES" "${OVERRIDES[@]}")
+       --shm-notes "$SHM_NOTES" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
 if [[ "$MODE" == tune ]]; then   # the bucket tuner, launched exactly as training would be
     TRAIN=("$PYTHON" -m runtime.calibrate.tune --config "$CONFIG" --set "train.seed=$SEED"
-           --out "$RUN_DIR" "${OVERRIDES[@]}")
+           --out "$RUN_DIR" ${OVERRIDES[@]+"${OVERRIDES[@]}"})
 fi
 
 # -- the launch command ----------------------------------------------------------------------
@@ -454,16 +464,22 @@ END=$(date +%s)
 out "ENDING TIMING RUN AT $(LC_ALL=C date +'%Y-%m-%d %r')" || true
 if ((RC != 0)); then
     LAUNCH_RC=$RC DETAIL=""   # the job's status and summary first: the headline says which
+    # The job's status and summary (python -m submission.rank_status): for the whole launch,
+    # or - a task that is itself a rank - for task 0, the one that speaks for a run its
+    # budget ended (its rank's status is the run's; another rank's death is its own line).
+    STATUS=(--rc "$RC" --launcher "$LAUNCHER" --since "$START" --budget "${BUDGET[@]}")
     if [[ -n "$SELF_RANK" ]]; then
         if ((RC > 128)); then   # this task's rank died from a signal: say which rank, where
             STEP="$(sed -n 's/.*"step": \([0-9]*\).*/\1/p' "$RUN_DIR/ranks/rank_$(printf %05d "$SELF_RANK").json" 2>/dev/null)"
             DETAIL="run_and_time.sh: rank $SELF_RANK (pid $LAUNCH_PID on $(hostname)) was killed by signal $((RC - 128)) after step ${STEP:-?}"
             RC=3
+        elif ((RC == 1 && PRINT_RESULT)) && [[ "$MODE" == train ]]; then
+            DETAIL="$("$PYTHON" -m submission.rank_status "$RUN_DIR" "${STATUS[@]}" 2>&1 >/dev/null)" || true
         fi
     elif [[ "$MODE" == train ]]; then
         DETAIL_FILE="$(mktemp 2>/dev/null)" || DETAIL_FILE=""   # none: straight to stderr
-        CODE="$("$PYTHON" -m submission.rank_status "$RUN_DIR" --rc "$RC" --launcher "$LAUNCHER" \
-                --launcher-log "$LAUNCH_LOG" --since "$START" 2>"${DETAIL_FILE:-/dev/stderr}")" \
+        CODE="$("$PYTHON" -m submission.rank_status "$RUN_DIR" "${STATUS[@]}" \
+                --launcher-log "$LAUNCH_LOG" 2>"${DETAIL_FILE:-/dev/stderr}")" \
             && [[ "$CODE" =~ ^[0-9]+$ ]] && RC="$CODE"
         if [[ -n "$DETAIL_FILE" ]]; then
             DETAIL="$(cat -- "$DETAIL_FILE")" || true
@@ -472,6 +488,12 @@ if ((RC != 0)); then
     fi
     if ((RC == 4)); then   # a stop request the ranks answered: no failure
         say "stopped by a signal: $LAUNCHER ended with status $LAUNCH_RC after $((END - START)) s; no RESULT line (logs in $RUN_DIR)"
+    elif ((RC == 1)) && [[ "$DETAIL" == "run_and_time.sh: stopped at the "* ]]; then
+        # the budget spent, the target not reached: a normal end (a smoke, profile or tuning
+        # run), said as what it is - exit 1 all the same (the README's exit table)
+        printf '%s\n' "$DETAIL" >&2 || true
+        DETAIL=""
+        say "$LAUNCHER ended after $((END - START)) s; logs in $RUN_DIR"
     else
         say "FAILED: $LAUNCHER exited with status $LAUNCH_RC after $((END - START)) s; no RESULT line (logs in $RUN_DIR)"
     fi

@@ -33,8 +33,14 @@ changes which ops run, this module makes the CPU take CUDA's route for the durat
                update of the step is on the device (no branch reads a value).
                ``attention_as_on_cuda(model)`` makes the model take CUDA's rule
                (kernels.attention ``cuda_dispatch``: flash in half precision).
+  _scaled_mm   FP8 GEMMs (torchao's, model.fp8 with emulation off): CUDA's kernel refuses
+               shapes the CPU's accepts - an inner dimension not a multiple of 16, above all
+               (aten/src/ATen/native/cuda/Blas.cpp, ``_scaled_mm_out_cuda``'s checks). The
+               CPU kernel of ``aten::_scaled_mm`` is replaced by one that makes CUDA's checks
+               first (``check_scaled_mm``), then runs the CPU's own kernel (its ``out``
+               overload): ``scaled_mm_as_on_cuda()``.
 
-Owns: ``as_on_cuda``, the policies above, ``check_autocast_lists``.
+Owns: ``as_on_cuda``, the policies above, ``check_autocast_lists``, ``check_scaled_mm``.
 Never: changes numbers outside the ``with`` (each registration is removed on exit), or is
 used in training: only the kernel count imports it.
 """
@@ -265,6 +271,64 @@ def flash_on_cpu() -> Iterator[None]:
         lib._destroy()
 
 
+# ------------------------------------------------------------------------------ _scaled_mm
+
+def check_scaled_mm(mat1, mat2, scale_result=None, bias=None, out_dtype=None) -> None:
+    """CUDA's checks of ``torch._scaled_mm``'s operands (``_scaled_mm_out_cuda`` in
+    aten/src/ATen/native/cuda/Blas.cpp, torch 2.4 to 2.13; its messages), raised as CUDA
+    raises them: RuntimeError, ValueError for the e5m2 pair."""
+    fp8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+    out = out_dtype or mat1.dtype
+
+    def check(ok: bool, message: str, kind=RuntimeError) -> None:
+        if not ok:
+            raise kind(message)
+    check(mat1.dim() == 2, "mat1 must be a matrix")
+    check(mat2.dim() == 2, "mat2 must be a matrix")
+    (m, k), (k2, n) = mat1.shape, mat2.shape
+    check(k == k2, f"mat1 and mat2 shapes cannot be multiplied ({m}x{k} and {k2}x{n})")
+    check(scale_result is None or (scale_result.numel() == 1 and
+                                   scale_result.dtype == torch.float32),
+          "scale_result must be a float scalar")
+    check(bias is None or bias.numel() == n, f"Bias must be size {n} but got "
+                                             f"{None if bias is None else bias.numel()}")
+    check(k % 16 == 0, f"Expected trailing dimension of mat1 to be divisible by 16 but got "
+                       f"mat1 shape: ({m}x{k}).")
+    check(k2 % 16 == 0 and n % 16 == 0, f"mat2 shape ({k2}x{n}) must be divisible by 16")
+    check(mat1.dtype in fp8, f"Expected mat1 to be Float8 matrix got {mat1.dtype}")
+    check(mat2.dtype in fp8, f"Expected mat2 to be Float8 matrix got {mat2.dtype}")
+    check(not (mat1.dtype == mat2.dtype == torch.float8_e5m2),
+          "Multiplication of two Float8_e5m2 matrices is not supported", ValueError)
+    if bias is not None:
+        check(out != torch.float32, "Bias is not supported when out_dtype is set to Float32")
+        check(bias.dtype in (torch.bfloat16, torch.float16),
+              f"Bias must be either Half or BFloat16, but got {bias.dtype}")
+
+
+def _scaled_mm_checked(mat1, mat2, scale_a, scale_b, bias=None, scale_result=None,
+                       out_dtype=None, use_fast_accum=False):
+    check_scaled_mm(mat1, mat2, scale_result, bias, out_dtype)
+    out = torch.empty(mat1.shape[0], mat2.shape[1], dtype=out_dtype or mat1.dtype,
+                      device=mat1.device)
+    return torch.ops.aten._scaled_mm.out(mat1, mat2, scale_a, scale_b, bias, scale_result,
+                                         out_dtype, use_fast_accum, out=out)
+
+
+@contextlib.contextmanager
+def scaled_mm_as_on_cuda() -> Iterator[None]:
+    """The CPU's ``aten::_scaled_mm`` with CUDA's checks first (module docstring), restored
+    on exit."""
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", ".*(overriding a previously registered kernel"
+                                    "|may also be overridden)")
+            lib.impl("_scaled_mm", _scaled_mm_checked, "CPU")
+        yield
+    finally:
+        lib._destroy()
+
+
 @contextlib.contextmanager
 def attention_as_on_cuda(model) -> Iterator[None]:
     """``model`` (a BertForPreTraining with unpadded attention) choosing its varlen kernel by
@@ -283,14 +347,14 @@ def attention_as_on_cuda(model) -> Iterator[None]:
 
 @contextlib.contextmanager
 def as_on_cuda(autocast: bool = True) -> Iterator[dict[str, str]]:
-    """Autocast, dropout and the flash ops as on CUDA (module docstring); yields the autocast
-    policies registered ({} with ``autocast=False``: the CPU's own lists, for comparison).
-    The model's attention rule: ``attention_as_on_cuda``."""
+    """Autocast, dropout, the flash ops and ``_scaled_mm``'s checks as on CUDA (module
+    docstring); yields the autocast policies registered ({} with ``autocast=False``: the CPU's
+    own lists, for comparison). The model's attention rule: ``attention_as_on_cuda``."""
     lib = torch.library.Library("aten", "IMPL")
     try:
         lib.impl("dropout", _fused_dropout, "AutogradCPU")
         with (cuda_autocast_on_cpu() if autocast else contextlib.nullcontext({})) as policies, \
-                flash_on_cpu():
+                flash_on_cpu(), scaled_mm_as_on_cuda():
             yield policies
     finally:
         lib._destroy()

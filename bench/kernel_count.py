@@ -16,7 +16,8 @@ whole-step CUDA graph replays it (train.cuda_graphs='full', runtime.train.graphs
 ``FullStepGraph``): the static batch's host-to-device copy before the replay, the captured
 body, the packed step values and the replay's copy-out of them - the device activities
 ``python -m bench.gpu``'s graphs stage counts with torch.profiler (kernels, memcpy and
-memset). The shape is that stage's 2-row case: a world of one, local batch 4 in 2 static
+memset). The shape is that stage's ``b4`` case (the 2026-11-28 record's 2 rows; its ``rows2``
+packs up to 8 sequences a row: the same ops): a world of one, local batch 4 in 2 static
 packed rows of 512 tokens (offline_pack), unpadded attention, bf16 autocast over fp32
 parameters, the fused flat LAMB, BERT-large's 24 layers. ``MODES`` holds one row per
 precision and compile mode (config overrides); a new mode is a new row.
@@ -90,7 +91,8 @@ BASE = ("data.shapes=static", "data.balance=offline_pack", "model.attention=unpa
         "model.init=scratch", "train.log_every_steps=100000", "train.max_steps=100000",
         'model.size=""', "model.num_hidden_layers=24", "model.hidden_size=128",
         "model.num_attention_heads=2", "model.intermediate_size=512", "model.vocab_size=512")
-"""The H200 record's 2-row case (bench/gpu/stages/graphs.py on the DGX config) at a narrow
+"""The H200 record's 2-row case - bench/gpu/stages/graphs.py's ``b4`` now (2 rows of at most 3
+sequences; its ``rows2``, up to 8 a row, runs the same ops) - on the DGX config at a narrow
 width: the overrides every count starts from (later overrides win)."""
 
 FUSED = '["bias_gelu","dropout_add_norm","pad_vocab"]'

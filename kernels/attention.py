@@ -91,6 +91,21 @@ class Varlen:
             self._offsets = self.cu_seqlens.to(torch.int64)
         return self._offsets
 
+    def with_tail(self, n: int) -> "Varlen":
+        """This layout and one more sequence of ``n`` tokens after its T (padding rows a
+        caller computes and drops: the encoder's token count made a multiple of 16 for FP8
+        GEMMs, runtime.model.bert); no host read, a few small kernels."""
+        dev, t = self.cu_seqlens.device, self.num_tokens
+        cu = torch.cat([self.cu_seqlens, torch.full((1,), t + n, dtype=self.cu_seqlens.dtype,
+                                                    device=dev)])
+        in_seq = torch.cat([self.token_in_seq, torch.arange(
+            n, dtype=self.token_in_seq.dtype, device=dev)])
+        of_token = torch.cat([self.seq_of_token, torch.full(
+            (n,), self.num_seqs, dtype=self.seq_of_token.dtype, device=dev)])
+        lengths = None if self.lengths is None else [*self.lengths, n]
+        return Varlen(cu, max(self.max_len, n), min(self.min_len, n), t + n, in_seq, of_token,
+                      lengths)
+
     def host_lengths(self) -> list[int]:
         """The n lengths on the host (a CPU-GPU sync when only the device has them)."""
         if self.lengths is None:

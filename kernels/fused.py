@@ -22,9 +22,14 @@ its kernels (block sizes, reduction splits) for the token count of the first cal
 at a representative batch (a run's batches are alike; bench.gpu re-compiles at the batch it
 measures). The route of NVIDIA's MLPerf BERT (nvFuser-scripted bias-GELU and dropout-add,
 apex's LayerNorm) and MosaicBERT (fused LayerNorm, GELU, dropout-add), without CUDA code of our
-own. Where compiling fails the reference runs, after one warning (the numbers are the same);
-inside another compiled region (model.compile = 'layers' on a model built with the fusions)
-the reference is traced into that region's graph.
+own. Where compiling fails the reference runs, after one warning (the numbers are the same),
+and ``fallbacks()`` says so (bench.gpu writes it into the case's record: a fused case that
+ran the reference must not pass for fused). Only a failure at the first call falls back: a
+device out of memory (``torch.OutOfMemoryError``) is raised whenever it comes - a memory
+limit is the caller's to handle, not a compile failure -, and so is any error after a first
+call succeeded (compiled code that ran once is not failing to compile). Inside another
+compiled region (model.compile = 'layers' on a model built with the fusions) the reference
+is traced into that region's graph.
 
 Never: owns parameters or decides which fusion a model uses (runtime.model.bert does, from the
 config). Dropout masks of the compiled version come from Inductor's RNG, not eager torch's:
@@ -68,30 +73,46 @@ def _as_token_rows(t):
 
 class _Compiled:
     """``fn`` compiled on its first call, only the token dimension dynamic (see the module
-    docstring); the reference after a failure, and inside another compiled region."""
+    docstring); the reference after its first call failed (``failed``: why), and inside
+    another compiled region."""
 
     def __init__(self, fn: Callable):
         self.fn = fn
         self.compiled: Callable | None = None
-        self.failed = False
+        self.failed: str | None = None  # why the reference runs instead (None: it does not)
+        self.ran = False  # a compiled call has succeeded
 
     def __call__(self, y: torch.Tensor, *args):
         if torch.compiler.is_compiling():  # traced into a compiled layer: its graph fuses it
             return self.fn(y, *args)
-        if not self.failed:
+        if self.failed is None:
             if self.compiled is None:
                 self.compiled = torch.compile(self.fn, dynamic=False, fullgraph=True)
             try:
                 out = self.compiled(_as_token_rows(y), *map(_as_token_rows, args))
-                return out.view(*y.shape[:-1], out.shape[-1])
-            except Exception as e:  # noqa: BLE001 - compile errors come before any output
-                self.failed = True
+            except torch.OutOfMemoryError:
+                raise  # the device's memory, not the compile: the caller's to handle
+            except Exception as e:  # noqa: BLE001 - a failure to compile, at the first call
+                if self.ran:
+                    raise  # compiled code that ran before: not a compile failure
                 first = (str(e).strip().splitlines() or [""])[0][:300]
+                self.failed = f"{type(e).__name__}: {first}"
                 warnings.warn(f"fused {self.fn.__name__}: torch.compile failed "
-                              f"({type(e).__name__}: {first}); running the reference instead "
+                              f"({self.failed}); running the reference instead "
                               "(same numbers, more kernels)", RuntimeWarning, stacklevel=2)
+                return self.fn(y, *args)
+            self.ran = True
+            return out.view(*y.shape[:-1], out.shape[-1])
         return self.fn(y, *args)
 
 
 bias_gelu = _Compiled(bias_gelu_reference)
 bias_dropout_add_layer_norm = _Compiled(bias_dropout_add_layer_norm_reference)
+BY_FUSION = {"bias_gelu": bias_gelu, "dropout_add_norm": bias_dropout_add_layer_norm}
+"""The compiled kernels by their model.fusions name."""
+
+
+def fallbacks() -> dict[str, str]:
+    """{model.fusions name: why its reference runs instead} of the kernels whose compile
+    failed in this process ({}: every fused kernel compiled, or none was called)."""
+    return {name: k.failed for name, k in BY_FUSION.items() if k.failed is not None}

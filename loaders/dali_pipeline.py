@@ -19,8 +19,9 @@ in the order it asked for them).
   (``.gpu()``), padded there, and handed to torch on the same device without a host round
   trip: copied out of DALI's buffer on a side stream whose event the compute stream waits
   for, and the next ``run()`` waits for that copy (DALI reuses its output buffers), so the
-  host never waits for the compute stream. UNTESTED on a GPU so far: ``python -m bench.gpu``
-  checks it.
+  host never waits for the compute stream. UNTESTED on a GPU: the GPU image has no DALI and
+  ``python -m bench.gpu`` does not carry its 199 MB wheel, so its CUDA test skips there
+  (docs/GPU.md, "DALI on a GPU").
 
 Data position: DALI asks the source for batches ahead of use, so the position is counted
 on *delivery*; ``load_state_dict`` rebuilds the pipeline at the saved position and drops

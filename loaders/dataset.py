@@ -67,6 +67,7 @@ from loaders.build_record import STATS_FILE
 from loaders.balance import BalanceSpec, make_plan, describe as describe_balance
 from loaders.collate import (Batch, Rows, StaticShape, best_fit_rows, bucket_width, collate,
                              masked_slots_per_row, pad_rows, pad_rows_static, sample_rows)
+from basis.presets import build_hint
 from loaders.shard_plan import PLAN_NAME, ShardPlan  # noqa: F401 (re-exported)
 from loaders.shards import (EVAL_FILE, VLEN_INT16, DataError, Limits, Samples, check_samples,
                             read_checksums, read_shard, verify_checksums)
@@ -89,9 +90,10 @@ class DataSetInfo:
     vocab_size: int | None = None   # lines of the data set's vocab.txt, when stats.json says
 
     @classmethod
-    def read(cls, root) -> "DataSetInfo":
+    def read(cls, root, seq_len: int | None = None, max_pred: int | None = None) -> "DataSetInfo":
+        """``seq_len``, ``max_pred``: the config's, for the build a missing set is told of."""
         root = Path(root)
-        check_data_dir(root)
+        check_data_dir(root, seq_len, max_pred)
         path = root / STATS_FILE
         try:
             stats = json.loads(path.read_text())
@@ -101,8 +103,8 @@ class DataSetInfo:
             vocab = stats.get("vocab", {}).get("size") if isinstance(stats.get("vocab"), dict) \
                 else None
         except FileNotFoundError:
-            raise DataError(f"{path}: missing; {root} is not a prepared data set - run "
-                            f"`python -m loaders.prepare --out {root}`") from None
+            raise DataError(f"{path}: missing; {root} is not a prepared data set - build one: "
+                            f"{_build(root, seq_len, max_pred)}") from None
         except (ValueError, KeyError, TypeError) as e:
             raise DataError(f"{path}: cannot read the train shard list ({e!r}); expected "
                             '"train_shards": [{"file": ..., "samples": N}, ...]') from e
@@ -123,12 +125,20 @@ class DataSetInfo:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def check_data_dir(root: Path) -> None:
-    """A missing data directory is said so, with how to make one."""
+def _build(root: Path, seq_len: int | None, max_pred: int | None) -> str:
+    """How to make the data set at ``root``: the build of the config's shape when known."""
+    if seq_len is None or max_pred is None:
+        return f"`python -m loaders.prepare --out {root}` (make data builds data/cpu128)"
+    return build_hint(root, seq_len, max_pred)
+
+
+def check_data_dir(root: Path, seq_len: int | None = None, max_pred: int | None = None) -> None:
+    """A missing data directory is said so, with how to make one (of the config's
+    ``seq_len`` and ``max_pred`` when given: basis.presets.build_hint)."""
     if not root.exists():
-        raise DataError(f"data.data_dir {root} does not exist: build the data set with "
-                        f"`python -m loaders.prepare --out {root}` (make data builds "
-                        f"data/cpu128), or set data.data_dir to where it is")
+        raise DataError(f"data.data_dir {root} does not exist: build the data set - "
+                        f"{_build(root, seq_len, max_pred)} - or set data.data_dir to where it "
+                        f"is")
     if not root.is_dir():
         raise DataError(f"data.data_dir {root} is a file, not a prepared data set directory")
 

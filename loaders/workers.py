@@ -23,7 +23,9 @@ case the pool cannot see: a worker killed while it sends a result leaves half a 
 pipe every worker writes to, and the pool's thread waits for the rest for ever; so the wait here
 also watches the workers' sentinels and, seeing one ended, kills the rest and closes the pipe
 (``_unblock``). Each worker notes in shared memory which task it runs, so the error names the
-task (``describe``: "tokenizing part-00001-of-00500") and how the worker ended.
+task (``describe``: "tokenizing part-00001-of-00500") and how the worker ended - or, when the
+forkserver itself was killed (the workers' parent: multiprocessing then reports every worker
+as "exit status 255"), names the forkserver, how it ended and the tasks its workers held.
 
 Stopping: (1) a builder's SIGTERM handler asks ``defer_stop()`` first - while a pool exists the
 stop is noted, and a wait on the pool raises KeyboardInterrupt at its next poll (a tenth of a
@@ -133,6 +135,31 @@ def _run(fn, index: int, task):
     result = fn(task)
     table[2 * slot + 1] = -1
     return result
+
+
+def _forkserver_end() -> Optional[tuple[int, str]]:
+    """(its pid, how it ended) when the forkserver this process starts its workers from has
+    ended, else None. Its parent is this process, which never reaps it (multiprocessing does
+    when it starts another): an ended one is a zombie whose /proc stat holds its wait status
+    (field 52, Linux >= 3.5)."""
+    from multiprocessing import forkserver
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return pid, "ended"
+    if fields[0] != "Z":
+        return None
+    try:
+        status = int(fields[49])
+    except (IndexError, ValueError):
+        return pid, "ended"
+    if os.WIFSIGNALED(status):
+        return pid, _how(-os.WTERMSIG(status))
+    return pid, _how(os.WEXITSTATUS(status))
 
 
 def _how(code: Optional[int]) -> str:
@@ -310,6 +337,16 @@ class Workers:
             task = tasks[index]
             return describe(task) if describe is not None else (
                 f"{getattr(fn, '__name__', fn)}({task!r:.60})")
+        server = _forkserver_end()
+        if server is not None:   # the workers' parent: its end is theirs, whatever they did
+            left = " and ".join(dict.fromkeys(name(i) for i in held.values()))
+            return WorkerDied(
+                f"the forkserver (pid {server[0]}), the process this build's workers are "
+                f"started from, {server[1]}"
+                + (f" while its workers were {left}" if left else "")
+                + "; its workers ended with it, so this build cannot be completed; nothing "
+                "was written. It does no work of its own - something other than the build "
+                "ended it (the out-of-memory killer picks the largest process): run again")
         what = "; ".join(
             f"pid {pid} {_how(codes.get(pid))}"
             + (f" while {name(held[pid])}" if pid in held else "") for pid in suspects) or \

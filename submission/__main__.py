@@ -2,7 +2,7 @@
 package them; search the optimizer's hyperparameters for a batch.
 
     python -m submission submit  --config C --nexp N [--partition P] [--dry-run] [--set k=v ...]
-    python -m submission status  [JOB] [--logs DIR]
+    python -m submission status  [JOB] [--logs DIR] [--wait]
     python -m submission report  --logs DIR [--json FILE|-]
     python -m submission package --logs DIR --org ORG --system SYS --out DIR
     python -m submission hpo     --config C --space S.toml --trials N [--workers W] [--slurm]
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from runtime.config import ConfigError
@@ -25,6 +26,8 @@ from submission import hpo
 from submission import package as pkg
 from submission import report as rep
 from submission import slurm
+
+WAIT_POLL_S = 5.0   # status --wait: how often Slurm is asked
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("job", nargs="?", help="job id (default: every job in the registry)")
     s.add_argument("--logs", type=Path, help="a run.sub LOGDIR (instead of a job id)")
     s.add_argument("--registry", type=Path, default=slurm.DEFAULT_REGISTRY)
+    s.add_argument("--wait", action="store_true",
+                   help="first wait until the jobs have left Slurm's queue (asked every "
+                        f"{WAIT_POLL_S:.0f} s), then show them")
 
     s = sub.add_parser("report", help="score a directory of MLPerf logs",
                        description="Score a directory of MLPerf logs: convergence, the "
@@ -142,7 +148,17 @@ def _job_status(job_id: str | None, logdir: Path | None) -> list[str]:
     return lines + [_experiment_line(r, active) for r in rep.find_runs(logdir)]
 
 
+def _wait(job_ids: list[str]) -> None:
+    """Until none of the jobs is pending or running (Ctrl-C stops the wait, not the jobs)."""
+    while any(slurm.job_state(j).active for j in job_ids):
+        time.sleep(WAIT_POLL_S)
+
+
 def cmd_status(a) -> int:
+    if a.wait:
+        ids = [a.job] if a.job else [(slurm.read_job(a.logs) or {}).get("job_id")] if a.logs \
+            else [e["job_id"] for e in slurm.registry_entries(a.registry)[-20:]]
+        _wait([j for j in ids if j])
     if a.logs:
         job = slurm.read_job(a.logs) or {}
         print("\n".join(_job_status(a.job or job.get("job_id"), a.logs)))

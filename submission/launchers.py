@@ -210,7 +210,8 @@ def _torchrun_argv(launch: Launch) -> list[str]:
     torchrun = launch.env.get("TORCHRUN", "")
     # the default: torchrun's own main, whose stop (SIGTERM passed on to its workers) ends
     # in one line, not its agent's SignalException traceback (submission/torchrun.py)
-    argv = [torchrun] if torchrun else [launch.command[0], "-m", "submission.torchrun"]
+    argv = [_found(torchrun, "TORCHRUN")] if torchrun else \
+        [launch.command[0], "-m", "submission.torchrun"]
     argv += [f"--nnodes={launch.nodes}", f"--nproc_per_node={launch.ranks_per_node}"]
     if launch.nodes > 1:
         addr = _require(launch.env, "MASTER_ADDR", f"system.nodes={launch.nodes} needs "
@@ -326,6 +327,16 @@ def ranks_started(spec: LauncherSpec, launch: Launch) -> int:
     if spec.self_rank(launch.env) is not None:
         return 1
     return launch.world_size if spec.starts_every_node else launch.ranks_per_node
+
+
+def ranks_run_here(spec: LauncherSpec, launch: Launch) -> bool:
+    """Whether this launch runs ranks on this host, so that what they need of it (a CUDA
+    device, a writable Inductor cache) can be checked here first: a task that is a rank, a
+    launcher that starts only its own node's ranks, a launch of one node by mpiexec or mpirun
+    - not srun starting a step (salloc's shell may be a login node) nor a hostfile's hosts."""
+    if spec.self_rank(launch.env) is not None or not spec.starts_every_node:
+        return True
+    return spec.name != "srun" and launch.nodes == 1
 
 
 def launch_items(launcher: str, launch: Launch) -> list[str]:

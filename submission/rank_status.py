@@ -9,7 +9,9 @@ Owns:
     a rank that recorded its own end) - the text the failing rank prints;
   * ``python -m submission.rank_status RUN_DIR --rc N [--launcher L] [--launcher-log FILE]``:
     after a launch, the one exit status of the job (below) on stdout and, when something
-    failed, a summary naming the rank and the last completed step on stderr. The launcher's
+    failed, a summary naming the rank and the last completed step on stderr; a run its budget
+    ended (exit 1) gets one line that says so instead (``budget_line``: "stopped at the step
+    budget: N steps, no target ..."), the budgets and target given as ``--budget``. The launcher's
     own report, when captured (run_and_time.sh keeps it in ``<run dir>/launcher.log``), names
     the PID or task that died first; its row in submission.launchers maps it to a rank. When
     ranks ended without a record (killed), the order in which they ended
@@ -208,12 +210,44 @@ def job_exit_code(records: dict[int, dict], world_size: Optional[int], launcher_
     return codes[0] if len(set(codes)) == 1 else max(codes)
 
 
+NOT_REACHED = 1
+
+
+def budget_line(run_dir: str | Path, records: dict[int, dict],
+                budget: Optional[tuple[int, int, float]] = None) -> str:
+    """The line of a run its budget ended (exit 1: no failure - a smoke, profile or tuning
+    run ends so): which budget, the steps and samples, the last evaluation against the target.
+    ``budget``: (train.max_steps, train.max_samples_termination, train.target_mlm_accuracy)."""
+    end: dict = {}
+    try:   # rank 0's summary of this attempt (written by every run that ended so)
+        end = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        pass
+    steps = end.get("steps", max((int(r.get("step", 0)) for r in records.values()), default=0))
+    samples = end.get("samples", max((int(r.get("samples", 0)) for r in records.values()),
+                                     default=0))
+    max_steps, max_samples, target = budget or (0, 0, None)
+    if max_samples and samples >= max_samples and not (max_steps and steps >= max_steps):
+        which = f"sample budget: {samples:,} samples (train.max_samples_termination), {steps} steps"
+    else:
+        which = f"step budget: {steps} steps (train.max_steps), {samples:,} samples"
+    acc = end.get("eval_accuracy")
+    goal = f" {target:g}" if target is not None else ""
+    short = (f"the last evaluation's accuracy {acc:.4f} is short of train.target_mlm_accuracy"
+             f"{goal}" if isinstance(acc, (int, float)) else "no evaluation reached "
+             f"train.target_mlm_accuracy{goal}")
+    return (f"stopped at the {which}, no target: {short} (exit 1, target not reached - not a "
+            f"failure; no RESULT line)")
+
+
 def summary(run_dir: str | Path, launcher_rc: int, launcher_log: Optional[Path],
-            since: Optional[float] = None,
-            launcher: Optional[str] = None) -> tuple[int, list[str]]:
+            since: Optional[float] = None, launcher: Optional[str] = None,
+            budget: Optional[tuple[int, int, float]] = None) -> tuple[int, list[str]]:
     records = read_all(run_dir, since)
     code = job_exit_code(records, None, launcher_rc, launcher)
     lines: list[str] = []
+    if code == NOT_REACHED and records:
+        return code, [budget_line(run_dir, records, budget)]
     if code in (0, 1) or not records:
         return code, lines
     text = ""
@@ -353,8 +387,12 @@ def main(argv=None) -> int:
     ap.add_argument("--launcher-log", type=Path, help="the launcher's captured output")
     ap.add_argument("--since", type=float, help="the launch's start (seconds since the "
                     "epoch): records of earlier attempts are ignored")
+    ap.add_argument("--budget", nargs=3, metavar=("MAX_STEPS", "MAX_SAMPLES", "TARGET"),
+                    help="train.max_steps, train.max_samples_termination and "
+                         "train.target_mlm_accuracy, for the line of a run its budget ended")
     a = ap.parse_args(argv)
-    code, lines = summary(a.run_dir, a.rc, a.launcher_log, a.since, a.launcher)
+    budget = (int(a.budget[0]), int(a.budget[1]), float(a.budget[2])) if a.budget else None
+    code, lines = summary(a.run_dir, a.rc, a.launcher_log, a.since, a.launcher, budget)
     for line in lines:
         print(f"run_and_time.sh: {line}", file=sys.stderr)
     print(code)

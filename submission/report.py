@@ -21,8 +21,9 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from loaders.model_shape import size
+from basis.model_shape import size
 from submission.mllog_callback import COMPLIANCE_RULESET
+from submission.rank_status import read_all
 from submission.slurm import read_job
 
 LOG_NAME = "mlperf_bert.log"
@@ -30,7 +31,7 @@ MLLOG = ":::MLLOG "
 RUN_DIR = re.compile(r"^run_(\d+)$")
 ATTEMPT = "run.sub: attempt of experiment"
 CHECK_TIMEOUT_S = 180
-ERROR_HINTS = re.compile(r"(config error|launch error|error:|Error|FAILED|CANCELLED|TIME LIMIT|"
+ERROR_HINTS = re.compile(r"(config error|launch error|error:|fatal:|Error|FAILED|CANCELLED|TIME LIMIT|"
                          r"Killed|Terminated|Traceback|not permitted|timed out)")
 BERT_LARGE = size("large")   # what a closed-division run must train
 
@@ -145,9 +146,36 @@ def analyse_experiment(logdir: Path, index: int) -> RunResult:
 
 # ------------------------------------------------------------------------------ a directory
 
+RUN_MARKS = ("launcher.log", "ranks", "summary.json", "metrics.jsonl")
+"""What a run directory holds besides its MLPerf log (README, "Outputs of a run"): a directory
+with one of them and no log is a run that failed before its logger started."""
+
+
+def analyse_unlogged(name: str, run_dir: Path) -> RunResult:
+    """A run directory with no MLPerf log: failed, with the reason its ranks recorded (the
+    first that failed) or, without a record, the launcher's most telling line."""
+    res = RunResult(name, None, "failed", "no MLPerf log: the launch failed before the "
+                                          "logger started")
+    records = read_all(run_dir)
+    failed = [(r, rec) for r, rec in sorted(records.items())
+              if rec.get("exit") not in (None, 0, 1)]
+    if failed:
+        rank, rec = failed[0]
+        res.exit_code = int(rec["exit"])
+        why = (rec.get("reason") or "").strip().splitlines()
+        res.reason += f"; rank {rank} exit {rec['exit']}" + (f": {why[-1][:300]}" if why else "")
+    else:
+        detail = launch_reason(run_dir / "launcher.log")
+        if detail:
+            res.reason += f"; {detail}"
+    return res
+
+
 def find_runs(logs: Path) -> list[RunResult]:
     """Every run of ``logs``: run.sub's experiments 1..NEXP (missing ones too) when
-    ``job.json`` or ``run_<i>/`` directories are there, else every log file below it."""
+    ``job.json`` or ``run_<i>/`` directories are there, else every log file below it and
+    every run directory without one (``RUN_MARKS``: listed as failed, with why) - listed,
+    never dropped."""
     if not Path(logs).is_dir():
         raise FileNotFoundError(f"--logs {logs} is not a directory")
     logs = Path(logs).resolve()   # the checkers run in a temporary directory
@@ -159,7 +187,13 @@ def find_runs(logs: Path) -> list[RunResult]:
     if indices:
         return [analyse_experiment(logs, i) for i in sorted(indices)]
     files = sorted({*logs.rglob(LOG_NAME), *logs.rglob("result_*.txt")})
-    return [analyse_log(str(f.relative_to(logs)), f) for f in files]
+    runs = {str(f.relative_to(logs)): analyse_log(str(f.relative_to(logs)), f) for f in files}
+    logged = {f.parent for f in files}
+    for d in {p.parent for mark in RUN_MARKS for p in logs.rglob(mark)} - logged:
+        if d.is_dir() and not any(parent in logged for parent in d.parents):
+            name = str(d.relative_to(logs)) if d != logs else "."
+            runs[name] = analyse_unlogged(name, d)
+    return [runs[k] for k in sorted(runs)]
 
 
 def check_compliance(log: Path) -> tuple[bool, str]:

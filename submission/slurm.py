@@ -110,16 +110,18 @@ def repo_path(value: str) -> Path:
 
 def check_data(cfg: Config) -> None:
     from loaders.dataset import DataSetInfo, check_data_set
+    from basis.presets import build_hint
     from loaders.shards import DataError
 
     data = repo_path(cfg.data.data_dir)
+    build = build_hint(data, cfg.data.max_seq_length, cfg.data.max_predictions_per_seq)
     if not data.is_dir():
         raise SubmitError(f"data.data_dir = {cfg.data.data_dir!r} ({data}) does not exist on "
-                          f"this host: build it (python -m loaders.prepare --out {data}) or set "
-                          "data.data_dir to the shared data set")
+                          f"this host: build it - {build} - or set data.data_dir to the shared "
+                          "data set")
     if not (data / "stats.json").is_file():
         raise SubmitError(f"data.data_dir {data} holds no stats.json: not a prepared data set "
-                          f"(python -m loaders.prepare --out {data})")
+                          f"(build it: {build})")
     try:  # what the ranks check first (the parameters it records), before anything is queued
         stats = json.loads((data / "stats.json").read_text())
         vocab = stats.get("vocab") if isinstance(stats.get("vocab"), dict) else {}
@@ -130,7 +132,7 @@ def check_data(cfg: Config) -> None:
                        vocab_size=cfg.model.vocab_size)
     except (ValueError, AttributeError) as e:
         raise SubmitError(f"data.data_dir {data}: stats.json is not readable JSON ({e}): "
-                          f"rebuild the data set (python -m loaders.prepare --out {data})") from None
+                          f"rebuild the data set ({build})") from None
     except DataError as e:
         raise SubmitError(str(e)) from None
     if cfg.model.init not in ("scratch", "minilm") and not repo_path(cfg.model.init).exists():

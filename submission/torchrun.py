@@ -10,7 +10,13 @@ agent as SIGTERM; the agent passes it to its workers, waits for them to checkpoi
 ~30-line traceback and exited 1, and the run looked like a crash before the ranks' own
 status (4) was read. Here that one exception is said in one line and the agent exits
 128 + the signal's number, the shell's "ended by signal N"; the job's status is the ranks'
-(submission.rank_status). Any other failure is torchrun's own, as it reports it.
+(submission.rank_status).
+
+Workers that end non-zero make the agent raise ``ChildFailedError``, which torchrun printed
+as a traceback too - after every run that stopped at its budget (exit 1 on every worker:
+"target not reached", no failure; run_and_time.sh says "stopped at the step budget"). Here
+that is no output at all, exit 1; any other worker failure is torchrun's report of it (which
+worker, its exit code, the root cause: what rank_status reads), without the traceback, exit 1.
 
 Owns: nothing but that. Never: changes torchrun's options, its workers or their status.
 """
@@ -32,6 +38,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "traceback. torchrun's own options: python -m torch.distributed.run "
                         "--help.").parse_args(argv[:1])
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
     try:
         torchrun_main(argv)
@@ -39,7 +46,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"torchrun: got {e.sigval.name}: passed it on to the workers and waited for "
               f"them to stop (their own status is the run's)", file=sys.stderr, flush=True)
         return 128 + int(e.sigval)
+    except ChildFailedError as e:
+        if {f.exitcode for f in e.failures.values()} != {BUDGET_SPENT}:
+            print(f"{type(e).__module__}.{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1   # torchrun's own status for any failed worker
     return 0
+
+
+BUDGET_SPENT = 1   # submission.train's "target not reached": the budget ended the run
 
 
 if __name__ == "__main__":

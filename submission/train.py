@@ -132,6 +132,7 @@ from runtime.launch.dist import (RanksDisagree, broadcast_object, check_same_on_
                                  init_distributed, keep_tracebacks, on_failure, run_guarded,
                                  shutdown)
 from runtime.launch.env import LaunchError, cache_cleared, discover  # noqa: E402
+from runtime.model import inductor_cache  # noqa: E402
 from runtime.events import CallbackList  # noqa: E402
 from runtime.observe.metrics import MetricsWriter, ProgressPrinter, plot_metrics  # noqa: E402
 from runtime.train.trainer import InitCheckpointError, Trainer  # noqa: E402
@@ -355,6 +356,8 @@ def finish(cfg, state, out: Path) -> None:
                # achieved TFLOP/s per device and MFU over the run's steps (runtime.observe.mfu)
                "throughput": state.derived.get("throughput", {}),
                "attention_layout": state.derived.get("attention_layout"),
+               # how the numbers were kept (runtime.numerics: precision, dtypes, masters)
+               "numerics": state.derived.get("numerics"),
                # model.fp8 as built: recipe, emulated and why, Linears and roles
                "fp8": state.derived.get("fp8", {"recipe": "none"})}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -371,6 +374,8 @@ def main(argv=None) -> int:
         shm.note(args.shm_notes)   # MPI has started (discover): what it put in /dev/shm
         cache_clear = cache_cleared()  # run.sub's word on the page caches (None: not run.sub)
         cfg.local_batch_size(info.world_size)  # fail before any rank trains
+        if cfg.compiles():   # before any compile: Inductor's C++ builds land whole, or not
+            inductor_cache.whole_builds()
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT

@@ -26,7 +26,18 @@ test clusters serve them all):
                       namespaces, HPO studies of real runs, ``python -m submission`` driving runs
 
 Every test in tests/ranks/ and tests/e2e/ is marked ``slow`` (a module-level ``pytestmark``),
-none in tests/unit/; collection refuses a test that breaks this. So ``pytest tests/unit``,
+none in tests/unit/; collection refuses a test that breaks this.
+
+The unit tier's rules are held, not only written: a unit test that compiles with
+torch.compile, starts a child process, or spends more than ``UNIT_BUDGET_S`` seconds of this
+process's CPU in its call (``@pytest.mark.budget(seconds)`` grants one test more, with a
+reason beside it) fails and says which rule it broke - ``make check`` runs that tier as the
+edit loop. CPU time, not wall time: a loaded machine slows a test down but does not make it
+spend more CPU, so the budget cannot flake under load.
+
+Rooms: each test is marked with the rooms of the house it exercises, derived from what its
+file imports and names (tests/support/rooms.py), so ``pytest -m grad_sync`` runs the tests of
+runtime/grad_sync across the tiers; ``python -m tests.support.rooms`` lists them. So ``pytest tests/unit``,
 ``pytest tests/integration``, ``pytest tests/ranks``, ``pytest tests/e2e`` run one tier,
 ``pytest -m "not slow"`` the unit and integration tiers (less integration's few slow tests),
 and ``pytest`` (``make test``) everything.
@@ -60,7 +71,7 @@ if _WORKERS > 1:
 # A real one-node Slurm cluster (munged, slurmctld, slurmd by PID) shared by the whole session:
 # test_dist's srun tests and test_slurm use it.
 from slurm_cluster import slurm_cluster  # noqa: F401,E402
-from loaders.presets import SMALL_DATASET_OPTIONS, SOURCES
+from basis.presets import SMALL_DATASET_OPTIONS, SOURCES
 from tests.support.data import eval_truth, synthetic_dataset  # noqa: F401
 from tests.support.launch import bindir  # noqa: F401
 from tests.support.runs import reference_run  # noqa: F401
@@ -68,6 +79,20 @@ from tests.support.runs import reference_run  # noqa: F401
 
 TESTS = Path(__file__).resolve().parent
 SLOW_TIERS, FAST_TIERS = {"ranks", "e2e"}, {"unit"}   # every test slow / none slow
+UNIT_BUDGET_S = 5.0
+"""The CPU seconds a unit test's call may spend (this process's, every thread): the heaviest
+unit test spends about 1.1 s with one thread on the 2-core machine (2026-12-06; two threads
+and a machine twice as slow would bring it to ~4.5 s); one compile of the fused optimizer
+spends 5-80."""
+
+
+def pytest_configure(config):
+    from tests.support.rooms import all_rooms
+    config.addinivalue_line("markers", "budget(seconds): a unit test allowed more than "
+                            f"UNIT_BUDGET_S = {UNIT_BUDGET_S:g} s of CPU in its call")
+    for room in all_rooms():
+        config.addinivalue_line("markers", f"{room}: exercises the room {room} (derived from "
+                                "the test file's imports, tests/support/rooms.py)")
 
 
 def slow_files_first(items: list) -> list:
@@ -98,6 +123,10 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             "tests/ranks/ and tests/e2e/ hold only tests marked slow, tests/unit/ none (move "
             "the test or fix its mark):\n  " + "\n  ".join(wrong))
+    from tests.support.rooms import rooms_of
+    for item in items:
+        for room in sorted(rooms_of(item.path)):
+            item.add_marker(room)
     items[:] = slow_files_first(items)
     import torch
     if torch.cuda.is_available():
@@ -106,6 +135,76 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
+
+
+def _in_unit_tier(item) -> bool:
+    parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+    return len(parts) > 1 and parts[0] in FAST_TIERS
+
+
+def _graphs_compiled() -> int:
+    import sys
+    if "torch._dynamo" not in sys.modules:      # nothing imported it: nothing compiled
+        return 0
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
+class _NoChildProcess:
+    """subprocess.Popen refused for the length of a unit test's call, but for ``git`` (a
+    benchmark record's header asks it for the commit: milliseconds, no torch)."""
+
+    ALLOWED = ("git",)
+
+    def __enter__(self):
+        import subprocess
+        self.popen, self.init = subprocess.Popen, subprocess.Popen.__init__
+
+        init = self.init
+
+        def refuse(popen, args, *a, **k):
+            program = Path(str(args[0] if isinstance(args, (list, tuple)) else args).split()[0])
+            if program.name in _NoChildProcess.ALLOWED:
+                return init(popen, args, *a, **k)
+            why = (" - torch.compile's C++ compiler: the unit tier compiles nothing"
+                   if program.name in ("g++", "gcc", "cc", "c++", "clang", "clang++") else "")
+            raise AssertionError(f"a unit test starts no child process (it ran {args!r}{why}): "
+                                 "move it to tests/integration")
+        subprocess.Popen.__init__ = refuse
+        return self
+
+    def __exit__(self, *exc):
+        self.popen.__init__ = self.init
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """The unit tier's rules (this file's docstring): no compile, no child process, a CPU
+    budget for the call."""
+    if not _in_unit_tier(item):
+        return (yield)
+    import time
+    marker = item.get_closest_marker("budget")
+    budget = float(marker.args[0]) if marker else UNIT_BUDGET_S
+    graphs, cpu = _graphs_compiled(), time.process_time()
+    with _NoChildProcess():
+        result = yield
+    broken = broken_unit_rule(time.process_time() - cpu, budget, _graphs_compiled() - graphs)
+    if broken:
+        pytest.fail(broken, pytrace=False)
+    return result
+
+
+def broken_unit_rule(spent_s: float, budget_s: float, graphs_compiled: int) -> str | None:
+    """What a unit test's call broke, given the CPU it spent and the graphs it compiled."""
+    if graphs_compiled:
+        return (f"this unit test compiled {graphs_compiled} graph(s) with torch.compile: move "
+                "it to tests/integration (the unit tier compiles nothing)")
+    if spent_s > budget_s:
+        return (f"this unit test spent {spent_s:.1f} s of CPU in its call, over the unit "
+                f"tier's budget of {budget_s:g} s: make it smaller, or move it to "
+                "tests/integration (or grant it @pytest.mark.budget(seconds) with a reason)")
+    return None
 
 
 @pytest.fixture(scope="session")

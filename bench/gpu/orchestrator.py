@@ -2,10 +2,16 @@
 each stage's budget), each stage in its own child process and process group with its own
 budget within the run's deadline, the record, the goals and summary.txt.
 
-A stage writes each case as it finishes (bench.gpu.harness.Live): a stage that runs past its
-budget is ended - its whole process group, the test runs, tuner and trainings it started
-included (SIGTERM, then SIGKILL) - and its record keeps every case it finished, status
-``timeout``; one that crashes keeps them too, status ``failed``.
+A stage writes each case as it finishes (bench.gpu.harness.Live) into ``--out``
+(``stage_<name>.partial.json``, while it runs): a stage that runs past its budget is ended -
+its whole process group, the test runs, tuner and trainings it started included (SIGTERM,
+then SIGKILL) - and its record keeps every case it finished, status ``timeout``; one that
+crashes keeps them too, status ``failed``. After every stage the record, the goals and
+summary.txt are written again, so a call killed mid-stage (a lent machine's limit) leaves
+every finished stage's verdicts and the running stage's finished cases in ``--out``; a
+SIGTERM to the orchestrator ends the running stage's group and records it (status
+``ended``) before it exits. ``--deadline`` counts from the command's start, the bundle's
+install included: give the call's real limit, less a margin for the files' way back.
 
 Owns: the run of the stages (their order, budgets and data needs), the child's record of its
 stage, the files written to --out (their names and number), the goal verdicts, the exit
@@ -58,7 +64,10 @@ def parse_args(argv):
     ap.add_argument("--isolate", action="store_true", help="with --smoke: each stage in a "
                     "process (and process group) of its own, as on a GPU")
     ap.add_argument("--deadline", type=float, default=None,
-                    help="seconds for all stages (default: the plan's)")
+                    help="seconds from this command's start (the bundle's install included) "
+                         "for all stages (default: the plan's): the call's real limit less a "
+                         "margin - later stages are skipped, a stage's budget cut to what is "
+                         "left")
     ap.add_argument("--work", type=Path, default=None, help="work folder (data sets, stage "
                     "files; default: a temporary one)")
     ap.add_argument("--bundle", type=Path, default=None, help="with --out: a bundle made here "
@@ -74,13 +83,13 @@ def parse_args(argv):
 # ------------------------------------------------------------------------------ the run
 
 def run_stage_child(name: str, work: Path, smoke: bool, fail: set, plan: str = "verdicts",
-                    hang: set = frozenset(), stages: tuple = ()) -> int:
+                    hang: set = frozenset(), stages: tuple = (), out: Optional[Path] = None) -> int:
     """In the child: run one stage, write WORK/stage_NAME.json (its cases as they finish:
-    WORK/stage_NAME.partial.json)."""
+    OUT/stage_NAME.partial.json, WORK/ without ``out``)."""
     from bench.gpu.harness import Run
     t0 = time.perf_counter()
     run = Run(work=work, smoke=smoke, plan=plan, stage=name,
-              data_sets=data_sets(tuple(stages) or PLAN[plan].stages))
+              data_sets=data_sets(tuple(stages) or PLAN[plan].stages), out=out)
     try:
         if name in fail:
             raise RuntimeError(f"injected failure in stage {name} (--fail)")
@@ -91,6 +100,8 @@ def run_stage_child(name: str, work: Path, smoke: bool, fail: set, plan: str = "
             status = "skipped"
         elif part_errors(result):
             status = "partial"
+    except CallEnded:  # (in the orchestrator's process, --smoke): the call's end, not the stage's
+        raise
     except BaseException as e:  # noqa: BLE001 - the record says what broke
         traceback.print_exc()
         result, status = {"error": f"{type(e).__name__}: {e}"[:2000]}, "failed"
@@ -119,27 +130,39 @@ def part_errors(result: Any) -> list[str]:
     return [k for k, v in result.items() if isinstance(v, dict) and isinstance(v.get("error"), str)]
 
 
+class CallEnded(BaseException):
+    """The orchestrator got SIGTERM (the call's limit): the running stage is ended and
+    recorded, nothing after it runs."""
+
+
+def _on_sigterm(signum, frame):
+    raise CallEnded(f"signal {signum}")
+
+
 def run_all(args, stages: list[str]) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    start = getattr(args, "t0", None) or time.monotonic()  # the command's start (main)
     work = args.work or Path(tempfile.mkdtemp(prefix="presto_gpu_"))
     work.mkdir(parents=True, exist_ok=True)
     plan = PLAN[args.plan]
     deadline = args.deadline or plan.deadline_s
-    print(plan_text(plan, stages, SMOKE_BUDGET_S if args.smoke else None), flush=True)
+    print(plan_text(plan, stages, SMOKE_BUDGET_S if args.smoke else None, args.deadline),
+          flush=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if args.bundle:
-        extra = install_bundle(args.bundle, work)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), extra,
-                                                        env.get("PYTHONPATH", "")) if p)
-    else:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", ""))
-                                            if p)
-    start = time.monotonic()
     record: dict[str, Any] = common.record("gpu", args.argv, smoke=args.smoke, plan=plan.name,
                                            deadline_s=deadline, stages={})
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     log = open(out / "stages.log", "w")
     try:
+        if args.bundle:
+            extra = install_bundle(args.bundle, work)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), extra,
+                                                            env.get("PYTHONPATH", "")) if p)
+        else:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", ""))
+                                                if p)
+        record["bundle_install_s"] = round(time.monotonic() - start, 1)
         for name in stages:
             left = deadline - (time.monotonic() - start)
             budget = min(args.stage_budget or (SMOKE_BUDGET_S if args.smoke else BUDGET_S[name]),
@@ -152,31 +175,49 @@ def run_all(args, stages: list[str]) -> int:
                                           "why": "no data sets: run the data stage first, or "
                                                  "pass --work with a folder that has them"}
                 continue
-            if args.smoke and not args.isolate:
-                record["stages"][name] = _here(name, work, args, log)
-            else:
-                record["stages"][name] = _child(name, work, args, _stage_env(env, name), budget,
-                                                log)
-            _save(record, out)
-            print(f"bench.gpu: {name:12s} {record['stages'][name]['status']:8s} "
+            t0 = time.monotonic()
+            try:
+                if args.smoke and not args.isolate:
+                    rec = _here(name, work, args, log)
+                else:
+                    rec = _child(name, work, args, _stage_env(env, name), budget, log)
+            except CallEnded as e:  # its group is gone: what it finished, then the end
+                record["stages"][name] = _stage_record(
+                    name, work, out, None, round(time.monotonic() - t0, 1), budget, ended=str(e))
+                raise
+            record["stages"][name] = rec
+            _write_all(record, out, start)
+            print(f"bench.gpu: {name:16s} {record['stages'][name]['status']:8s} "
                   f"{record['stages'][name].get('seconds', 0):6.1f} s", flush=True)
+    except CallEnded as e:
+        for name in stages[len(record["stages"]):]:
+            record["stages"][name] = {"status": "skipped", "why": f"the call was ended ({e})"}
     finally:
+        signal.signal(signal.SIGTERM, previous)
         log.close()
         xml = work / "cuda_tests.xml"
         if xml.is_file():
             shutil.copy(xml, out / "cuda_tests.xml")
-    record["wall_s"] = round(time.monotonic() - start, 1)
-    record["goals"] = goals(record)
-    summary = render_summary(record)
-    (out / "summary.txt").write_text(summary)
+    summary = _write_all(record, out, start)
     print(summary, flush=True)
     common.finish(record, _path(record, out), line={
         **{k: record[k] for k in ("benchmark", "commit", "date", "smoke", "wall_s")},
         "stages": {n: s["status"] for n, s in record["stages"].items()},
         "goals": {n: g["met"] for n, g in record["goals"].items()}})
     failed = [n for n, s in record["stages"].items()
-              if s["status"] in ("failed", "timeout", "partial")]
+              if s["status"] in ("failed", "timeout", "partial", "ended")]
     return 1 if failed else 0
+
+
+def _write_all(record: dict, out: Path, start: float) -> str:
+    """The record, its goals and summary.txt as they stand (after every stage: a call killed
+    later keeps them); returns the summary."""
+    record["wall_s"] = round(time.monotonic() - start, 1)
+    record["goals"] = goals(record)
+    summary = render_summary(record)
+    (out / "summary.txt").write_text(summary)
+    _save(record, out)
+    return summary
 
 
 def _stage_env(env: dict, name: str) -> dict:
@@ -217,7 +258,7 @@ def _group_alive(pgid: int) -> bool:
 
 def _child(name: str, work: Path, args, env: dict, budget: float, log) -> dict:
     cmd = [sys.executable, "-m", "bench.gpu", "--stage", name, "--work", str(work),
-           "--plan", args.plan, "--stages", ",".join(args.run_stages)]
+           "--out", str(args.out), "--plan", args.plan, "--stages", ",".join(args.run_stages)]
     if args.smoke:
         cmd.append("--smoke")
     if args.fail:
@@ -226,7 +267,7 @@ def _child(name: str, work: Path, args, env: dict, budget: float, log) -> dict:
         cmd += ["--hang", args.hang]
     log.write(f"===== {name} (budget {budget:.0f} s): {' '.join(cmd)}\n")
     log.flush()
-    partial = partial_path(work, name)
+    partial = partial_path(args.out, name)
     partial.unlink(missing_ok=True)
     t0 = time.monotonic()
     # Its own session and process group: at its budget the group goes, children included.
@@ -236,8 +277,11 @@ def _child(name: str, work: Path, args, env: dict, budget: float, log) -> dict:
         rc = proc.wait(timeout=budget)
     except subprocess.TimeoutExpired:
         rc = None
+    except CallEnded:  # the call's end: the stage's group first (run_all records it)
+        _end_group(proc)
+        raise
     _end_group(proc)  # at its budget; after a normal end, whatever it left running
-    return _stage_record(name, work, rc, round(time.monotonic() - t0, 1), budget)
+    return _stage_record(name, work, args.out, rc, round(time.monotonic() - t0, 1), budget)
 
 
 def _here(name: str, work: Path, args, log) -> dict:
@@ -246,23 +290,30 @@ def _here(name: str, work: Path, args, log) -> dict:
     import contextlib
     log.write(f"===== {name} (in this process)\n")
     log.flush()
-    partial_path(work, name).unlink(missing_ok=True)
+    partial_path(args.out, name).unlink(missing_ok=True)
     fail = {s for s in args.fail.split(",") if s}
     t0 = time.monotonic()
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         rc = run_stage_child(name, work, args.smoke, fail, args.plan, frozenset(),
-                             tuple(args.run_stages))
-    return _stage_record(name, work, rc, round(time.monotonic() - t0, 1), None)
+                             tuple(args.run_stages), args.out)
+    return _stage_record(name, work, args.out, rc, round(time.monotonic() - t0, 1), None)
 
 
-def _stage_record(name: str, work: Path, rc: Optional[int], seconds: float,
-                  budget: Optional[float]) -> dict:
-    """The stage's record from its files (rc None: it ran past ``budget``): its own when it
-    ended, else the cases it finished."""
-    partial = partial_path(work, name)
+def _stage_record(name: str, work: Path, out: Path, rc: Optional[int], seconds: float,
+                  budget: Optional[float], ended: Optional[str] = None) -> dict:
+    """The stage's record from its files (rc None: it ran past ``budget``, or the call was
+    ``ended``): its own when it ended, else the cases it finished (OUT's partial file)."""
+    partial = partial_path(out, name)
     path = work / f"stage_{name}.json"
     cases = json.loads(partial.read_text()) if partial.is_file() else None
     partial.unlink(missing_ok=True)
+    if ended is not None:
+        rec = {"status": "ended", "seconds": seconds,
+               "why": f"the call was ended ({ended}) while it ran: its process group was "
+                      f"ended, the cases it finished kept"}
+        if cases is not None:
+            rec["result"] = cases
+        return rec
     if rc is None or not path.is_file():
         rec = {"status": "timeout" if rc is None else "failed", "seconds": seconds,
                "why": f"ran past its budget of {budget:.0f} s (its process group was ended)"
@@ -300,9 +351,11 @@ def _save(record: dict, out: Path) -> Path:
 # ------------------------------------------------------------------------------ goals
 
 def _result(record: dict, stage: str) -> dict:
-    """A stage's recorded result - also the cases a stage that ran out of time finished."""
+    """A stage's recorded result - also the cases a stage that ran out of time (or whose
+    call was ended) finished."""
     s = record["stages"].get(stage, {})
-    return s.get("result", {}) if s.get("status") in ("ok", "partial", "timeout") else {}
+    return s.get("result", {}) if s.get("status") in ("ok", "partial", "timeout",
+                                                       "ended") else {}
 
 
 def goals(record: dict) -> dict:
@@ -320,30 +373,73 @@ def goals(record: dict) -> dict:
 def render_summary(record: dict) -> str:
     lines = [f"bench.gpu {record['date'][:10]} commit {record['commit']} "
              f"({'smoke, CPU' if record['smoke'] else _device_name(record)}), plan "
-             f"{record.get('plan', '?')}, {record.get('wall_s', 0):.0f} s", ""]
+             f"{record.get('plan', '?')}, {record.get('wall_s', 0):.0f} s of the "
+             f"{record.get('deadline_s', 0):.0f} s deadline", ""]
     for name, s in record["stages"].items():
         why = s.get("why") or s.get("result", {}).get("error", "") if isinstance(
             s.get("result"), dict) else s.get("why", "")
-        lines.append(f"  {name:12s} {s['status']:8s} {s.get('seconds', 0):6.1f} s"
+        lines.append(f"  {name:16s} {s['status']:8s} {s.get('seconds', 0):6.1f} s"
                      + (f"  {str(why)[:100]}" if why and s["status"] != "ok" else ""))
     lines.append("")
     mark = {True: "met", False: "MISSED", None: "not measured"}
     for name, g in record.get("goals", {}).items():
         detail = {k: v for k, v in g.items() if k != "met"}
-        lines.append(f"  goal {name:36s} {mark[g['met']]:13s} {json.dumps(detail, default=_num)}")
-    thr = {**_result(record, "throughput"), **_result(record, "throughput_paths")}
+        lines.append(f"  goal {name:44s} {mark[g['met']]:13s} {json.dumps(detail, default=_num)}")
+    lines += _graph_table(record)
+    thr = {**_result(record, "throughput"), **_result(record, "fusions"),
+           **_result(record, "throughput_paths")}
     plain = _result(record, "plain")
     rows = [(f"presto {k}", v) for k, v in thr.items() if isinstance(v, dict)] + \
            [(f"plain {k}", v) for k, v in plain.items() if isinstance(v, dict)]
     if rows:
-        lines += ["", f"  {'run':28s} {'batch':>6s} {'seq/s':>9s} {'tokens/s':>10s} {'peak GiB':>9s}"]
+        lines += ["", f"  {'run':32s} {'batch':>6s} {'seq/s':>9s} {'tokens/s':>10s} "
+                      f"{'peak GiB':>9s}"]
         for name, v in rows:
             if "sequences_per_s" in v:
-                lines.append(f"  {name:28s} {v['local_batch']:6d} {v['sequences_per_s']:9.1f} "
-                             f"{v['tokens_per_s']:10.0f} {v['peak_memory_GiB']:9.2f}")
+                lines.append(f"  {name:32s} {v['local_batch']:6d} {v['sequences_per_s']:9.1f} "
+                             f"{v['tokens_per_s']:10.0f} {v['peak_memory_GiB']:9.2f}"
+                             + _fallback_note(v))
             elif "error" in v:
-                lines.append(f"  {name:28s} error: {v['error'][:80]}")
+                lines.append(f"  {name:32s} error: {v['error'][:80]}")
     return "\n".join(lines) + "\n"
+
+
+GRAPH_TABLE_STAGES = ("graphs_compiled", "graphs", "graphs_baseline", "graph_batches")
+"""The stages whose cases summary.txt tables mode by mode."""
+
+
+def _graph_table(record: dict) -> list[str]:
+    """summary.txt's table of the graph stages: each case and graph mode measured, one line -
+    step, busy and host time a step, kernels, step over busy, host syncs of a replay."""
+    lines = []
+    for stage in GRAPH_TABLE_STAGES:
+        for case, rec in _result(record, stage).items():
+            if not isinstance(rec, dict):
+                continue
+            if "error" in rec:
+                lines.append(f"  {case:32s} {'':8s} error: {str(rec['error'])[:80]}")
+            for mode in ("full", "encoder", "eager"):
+                m = rec.get(mode)
+                if not isinstance(m, dict) or "skipped" in m:
+                    continue
+                if "step_s" not in m:
+                    lines.append(f"  {case:32s} {mode:8s} error: {str(m.get('error'))[:80]}")
+                    continue
+                syncs = m.get("syncs_per_step")
+                lines.append(
+                    f"  {case:32s} {mode:8s} {m['step_s'] * 1e3:8.2f} {m['busy_s'] * 1e3:8.2f} "
+                    f"{m['host_s'] * 1e3:8.2f} {m['kernels']:8.0f} "
+                    f"{_num(m.get('step_over_busy')) if m.get('step_over_busy') else '-':>9} "
+                    f"{'-' if syncs is None else f'{syncs:g}':>6}" + _fallback_note(rec))
+    if not lines:
+        return []
+    return ["", f"  {'graph case':32s} {'mode':8s} {'step ms':>8s} {'busy ms':>8s} "
+                f"{'host ms':>8s} {'kernels':>8s} {'step/busy':>9s} {'syncs':>6s}", *lines]
+
+
+def _fallback_note(case: dict) -> str:
+    got = case.get("fusion_fallbacks")
+    return f"  FALLBACK to the reference: {', '.join(got)}" if got else ""
 
 
 def _num(x):
@@ -351,9 +447,10 @@ def _num(x):
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    t0 = time.monotonic()  # --deadline counts from here
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    args.argv = argv
+    args.argv, args.t0 = argv, t0
     fail = {s for s in args.fail.split(",") if s}
     if args.stage:
         if args.stage not in STAGE_NAMES or args.work is None:
@@ -362,7 +459,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 2
         return run_stage_child(args.stage, args.work, args.smoke, fail, args.plan,
                                {s for s in args.hang.split(",") if s},
-                               tuple(s for s in (args.stages or "").split(",") if s))
+                               tuple(s for s in (args.stages or "").split(",") if s), args.out)
     if args.bundle and args.out is None:
         return make_bundle(args.bundle)
     if args.out is None:

@@ -1,32 +1,23 @@
-"""``python -m runtime.config FILE [--get section.key] [--set section.key=value] [--json]``
-and ``--help-keys``: the config for shell layers (run_and_time.sh, submission/run.sub) and
-every key with its docstring.
+"""``python -m runtime.config FILE [--get section.key] [--set section.key=value] [--json]``,
+``--help-keys`` and ``--reference``: the config for shell layers (run_and_time.sh,
+submission/run.sub), every key with its docstring, and docs/CONFIG.md.
 
-Owns: the command line and the keys' help listing. Never: a rule about a key (the package's
-other modules hold them).
+Owns: the command line. Never: a rule about a key (the package's other modules hold them),
+or the keys' text (runtime.config.reference writes it).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from dataclasses import fields
 
 import runtime.config
 from runtime.choices import ConfigError
 from runtime.config.load import load_config
-from runtime.config.run import SECTIONS, Config
+from runtime.config.reference import help_keys, markdown
+from runtime.config.run import SECTIONS
 
-
-def help_keys() -> str:
-    lines = []
-    defaults = Config()
-    for section in SECTIONS:
-        obj = getattr(defaults, section)
-        lines.append(f"[{section}]  {type(obj).__doc__.strip()}")
-        for f in fields(obj):
-            lines.append(f"  {f.name} = {getattr(obj, f.name)!r}\n      {f.metadata.get('doc', '')}")
-    return "\n".join(lines)
+__all__ = ["help_keys", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,9 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--json", action="store_true", help="print the whole config as JSON")
     ap.add_argument("--help-keys", action="store_true", help="list every key with its docstring")
+    ap.add_argument("--reference", action="store_true",
+                    help="print docs/CONFIG.md, the keys' reference in markdown")
     args = ap.parse_args(argv)
-    if args.help_keys:
-        print(help_keys())
+    if args.help_keys or args.reference:
+        print(help_keys() if args.help_keys else markdown(), end="\n" if args.help_keys else "")
         return 0
     try:
         cfg = load_config(args.file, args.set)

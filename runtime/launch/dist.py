@@ -528,25 +528,34 @@ def _die(code: int, info: Optional[LaunchInfo], text: str, everywhere: bool):
 
 
 NOTED_KEY = "presto/noted"
+DONE_KEY = "presto/noted-done"
 NOTED_WAIT_S = 10.0   # an error raised on every rank: how long each waits for the others' notes
 
 
 def _wait_for_peers_notes() -> None:
     """Every rank raised the same error and ran its failure notes before coming here: say so
     through the store and wait until every rank has (bounded; best effort - a rank that never
-    comes, or a store that is gone, only costs the wait)."""
+    comes, or a store that is gone, only costs the wait). Then rank 0, which hosts the store,
+    leaves last: each other rank says it is done with the store, and rank 0 waits for that -
+    a rank still asking when rank 0 had gone printed c10d's "recvValue failed ... Connection
+    reset by peer" and a C++ stack of 13 frames after the refusal (the probe's B3)."""
     if not (_active() and torch_dist.get_world_size() > 1):
         return
     store = _default_store()
     if store is None:
         return
-    world = torch_dist.get_world_size()
+    world, rank = torch_dist.get_world_size(), torch_dist.get_rank()
     try:
         deadline = time.monotonic() + NOTED_WAIT_S
         n = int(store.add(NOTED_KEY, 1))
         while n < world and time.monotonic() < deadline:
             time.sleep(0.01)
             n = int(store.add(NOTED_KEY, 0))
+        if rank != 0:
+            store.add(DONE_KEY, 1)   # its last word to the store
+            return
+        while int(store.add(DONE_KEY, 0)) < world - 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
     except Exception:  # noqa: BLE001 - a peer or the store gone: nothing left to wait for
         pass
 

@@ -22,6 +22,7 @@ from typing import Optional
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 _requested: Optional[int] = None
+_receiver: Optional[threading.Thread] = None
 
 
 def _handler(signum, frame) -> None:
@@ -31,11 +32,24 @@ def _handler(signum, frame) -> None:
 
 
 def install() -> None:
-    """Record TERM/INT/HUP/USR1 instead of dying (main thread only; a no-op elsewhere)."""
+    """Record TERM/INT/HUP/USR1 instead of dying, and keep them from the children this
+    process starts from now on (the module docstring). Main thread only (a no-op elsewhere);
+    call it before any other thread starts - a thread started earlier keeps its mask and may
+    take a signal itself, which its handler then records all the same."""
+    global _receiver
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in STOP_SIGNALS:
         signal.signal(sig, _handler)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    if _receiver is None:   # started with the mask blocked, as sigwait needs
+        _receiver = threading.Thread(target=_receive, name="presto-stop-signals", daemon=True)
+        _receiver.start()
+
+
+def _receive() -> None:
+    while True:
+        _handler(signal.sigwait(STOP_SIGNALS), None)
 
 
 def announce(directory: Optional[str]) -> None:

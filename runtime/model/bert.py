@@ -26,6 +26,14 @@ The choices that set the cost of a step:
   ``loaders.collate.Batch``): position ids restart per sequence and NSP reads each sequence's
   own [CLS], both derived from the mask (``TokenLayout``); the padded path masks attention
   block-diagonally (built with ``packed=True``), the unpadded path needs nothing more.
+- ``token_multiple`` (16 under ``model.fp8``, set by runtime.model.fp8): the encoder's token
+  rows - T unpadded, b·L padded or packed - are made a multiple of it (torch._scaled_mm's
+  rule on CUDA: the weight gradient's GEMM has the token count as its inner dimension).
+  Unpadded, up to 15 rows of zeros are one more sequence of their own; padded, the width
+  grows by masked columns; either way the encoder's extra rows are dropped after it, so the
+  real tokens' outputs and every gradient are those of the unpadded count (the rows' zeros
+  only enter FP8's tensorwise amax, which a real row's value sets). A step whose count is a
+  multiple already (static shapes) runs as without it.
 - Host syncs: none in a training step. The batch's ``Layout`` (``loaders.collate``) says
   where the real tokens, sequences and masked labels are, computed on the host, so every shape
   is known without reading the GPU; a caller passing only HF's arguments gets them found on
@@ -356,6 +364,7 @@ class BertModel(nn.Module):
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention={attention!r}: choose one of {ATTENTION_MODES}")
         self.attention_mode, self.packed, self.kernel = attention, packed, kernel
+        self.token_multiple = 1  # the encoder's token rows a multiple of this (docstring)
         self.embeddings = BertEmbeddings(cfg, vocab_rows(cfg, fusions))
         self.encoder = BertEncoder(cfg, fusions)
         self.pooler = BertPooler(cfg)
@@ -382,22 +391,42 @@ class BertModel(nn.Module):
                 return self._encode_unpadded(input_ids, token_type_ids, tokens)
             return self._encode_packed(input_ids, token_type_ids, attention_mask, tokens)
         x = self.embeddings(input_ids, token_type_ids)
-        hidden = self.encoder(x, additive_mask(attention_mask.bool()[:, None, None, :], x))
+        hidden = self._encode_rows(x, attention_mask, lambda m: additive_mask(
+            m.bool()[:, None, None, :], x))
         return Encoded(hidden.reshape(-1, hidden.shape[-1]), self.pooler(hidden[:, 0]), None)
 
     def _encode_packed(self, input_ids, token_type_ids, attention_mask,
                        layout: TokenLayout) -> Encoded:
         x = self.embeddings(input_ids, token_type_ids, layout.position_ids(input_ids.shape))
-        hidden = self.encoder(x, additive_mask(packed_attention_mask(attention_mask), x))
+        hidden = self._encode_rows(x, attention_mask, lambda m: additive_mask(
+            packed_attention_mask(m), x))
         rows = hidden.reshape(-1, hidden.shape[-1])
         return Encoded(rows, self.pooler(rows.index_select(0, layout.cls_index)), None)
+
+    def _encode_rows(self, x: torch.Tensor, attention_mask: torch.Tensor, mask_of):
+        """The encoder on [b, L, H] rows, the width grown by masked padding columns (dropped
+        after) where b·L is not a multiple of ``token_multiple``."""
+        b, width = attention_mask.shape
+        grow = next(p for p in range(self.token_multiple)
+                    if b * (width + p) % self.token_multiple == 0)
+        if not grow:
+            return self.encoder(x, mask_of(attention_mask))
+        hidden = self.encoder(F.pad(x, (0, 0, 0, grow)), mask_of(F.pad(attention_mask,
+                                                                        (0, grow))))
+        return hidden[:, :width]
 
     def _encode_unpadded(self, input_ids, token_type_ids, layout: TokenLayout) -> Encoded:
         index = layout.index
         x = self.embeddings(input_ids.reshape(-1).index_select(0, index),
                             token_type_ids.reshape(-1).index_select(0, index),
                             layout.varlen.token_in_seq)
-        rows = self.encoder(x, Unpadded(layout.varlen, self.kernel))
+        tokens = layout.varlen.num_tokens
+        tail = -tokens % self.token_multiple  # rows of a sequence of their own, dropped after
+        if tail:
+            rows = self.encoder(F.pad(x, (0, 0, 0, tail)),
+                                Unpadded(layout.varlen.with_tail(tail), self.kernel))[:tokens]
+        else:
+            rows = self.encoder(x, Unpadded(layout.varlen, self.kernel))
         cls_rows = rows.index_select(0, layout.cls_tokens_or_starts)
         return Encoded(rows, self.pooler(cls_rows), index)
 

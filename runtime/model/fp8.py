@@ -7,7 +7,12 @@ names roles, runtime.choices.FP8_ROLES says what each is), in either QKV layout 
 Linears, or fusion qkv's one [3H, H] ``Wqkv``), and only those whose dimensions are multiples
 of 16 (an FP8 GEMM's rule; the config refuses a shape that breaks it) -; the conversion
 (``convert``: torchao.float8.convert_to_float8_training with the recipe's
-``Float8LinearConfig``, tensorwise or rowwise dynamic scaling); where emulation stands in
+``Float8LinearConfig``, tensorwise or rowwise dynamic scaling, and the encoder's token count
+made a multiple of 16 too - the weight gradient's GEMM has it as its inner dimension. Not
+torchao's ``pad_inner_dim``: that pads both operands of all three GEMMs with ``F.pad`` on
+every call, a copy even of an aligned operand - 576 copies a step in BERT-large's 96 Linears
+-, where the model pads at most 15 token rows once a step and only when the count needs it:
+``BertModel.token_multiple``); where emulation stands in
 (``emulation``: torchao's emulate mode - the same casts to e4m3/e5m2 and the same scales,
 the GEMM of the dequantised values in fp32 - on a CPU, or on a GPU below compute capability
 8.9 when model.fp8_emulate = 'on'; a GPU below 8.9 is refused otherwise, ``Fp8Unavailable``,
@@ -167,9 +172,12 @@ def torchao_config(recipe: str, emulate: bool):
 
 def convert(model: nn.Module, recipe: str, roles: Iterable[str], emulate: bool) -> list[str]:
     """The encoder Linears of ``roles`` in ``model`` converted to torchao's ``Float8Linear``
-    with ``recipe``, in place (the same Parameters: see the module docstring). Returns the
-    converted modules' names; a model with no such Linear is refused (model.fp8 would do
-    nothing)."""
+    with ``recipe``, in place (the same Parameters: see the module docstring), and the
+    encoder's token rows made a multiple of 16 (``BertModel.token_multiple``: the weight
+    gradient's GEMM has the token count as its inner dimension, and CUDA's ``_scaled_mm``
+    refuses one that is not a multiple of 16 - the unpadded path's T is one in 16 steps).
+    Returns the converted modules' names; a model with no such Linear is refused (model.fp8
+    would do nothing)."""
     keep = module_filter(roles)
     chosen = [name for name, m in model.named_modules() if keep(m, name)]
     if not chosen:
@@ -177,6 +185,9 @@ def convert(model: nn.Module, recipe: str, roles: Iterable[str], emulate: bool) 
                          f"with dimensions that are multiples of {MULTIPLE} in this model")
     _float8().convert_to_float8_training(model, module_filter_fn=keep,
                                          config=torchao_config(recipe, emulate))
+    for m in model.modules():  # the token count a multiple of 16 too (runtime.model.bert)
+        if hasattr(m, "token_multiple"):
+            m.token_multiple = MULTIPLE
     return chosen
 
 

@@ -7,7 +7,7 @@ compute time and the time waiting for data; keeping those counts for the steps s
 reduction, and reducing them across ranks in one go (`reduce`: a sum and a max over a
 [steps × fields] tensor, two small all-reduces however many steps) into per-step metrics:
 
-  pad_eff           Σ real / Σ computed tokens over ranks (1.0 = no compute on padding)
+  padding_efficiency  Σ real / Σ computed tokens over ranks (1.0 = no compute on padding)
   imbalance_tokens  max / mean computed tokens over ranks (the padded compute a step waits for)
   imbalance_real    max / mean real tokens
   imbalance_cost    max / mean batch cost over ranks, by the length-cost model (data.length_cost:
@@ -151,7 +151,7 @@ def step_balance(total: dict, top: dict, world_size: int) -> dict[str, float]:
         mean = total.get(field, 0.0) / world_size
         return top[field] / mean if mean > 0 else 1.0
 
-    return {"pad_eff": total["real"] / max(total["computed"], 1.0),
+    return {"padding_efficiency": total["real"] / max(total["computed"], 1.0),
             "imbalance_tokens": ratio("computed"), "imbalance_real": ratio("real"),
             "imbalance_cost": ratio("cost"),
             "imbalance_compute": ratio("compute_s"),

@@ -64,6 +64,7 @@ class MetricsWriter:
                              "clip_coef": m.clip_coef, "step_time_s": m.step_time_s,
                              "device_step_s": m.device_step_s,
                              "real_tokens": m.real_tokens, "computed_tokens": m.computed_tokens,
+                             # every rank's (the balance meter's), else this rank's tokens'
                              "padding_efficiency": m.real_tokens / max(m.computed_tokens, 1),
                              "skipped": m.skipped, "loss_scale": m.loss_scale, **m.extra})
         elif event is Event.EVAL_STOP and self._file:
@@ -113,6 +114,25 @@ class LogWriteError(RuntimeError):
             self.args = (f"{self.args[0]} - {what_to_do}",)
             self.advised = True
         return self
+
+
+RENAMED = {"pad_eff": "padding_efficiency"}
+"""Fields of older metrics files under their name now (docs/METRICS.md): until 2026-12 a
+step record carried ``pad_eff`` (every rank's Σ real / Σ computed tokens) beside a
+``padding_efficiency`` of rank 0's tokens alone; it is one field now, every rank's."""
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """The records of a metrics.jsonl file, older ones under today's names (``RENAMED``)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            for old, new in RENAMED.items():
+                if old in rec:
+                    rec[new] = rec.pop(old)
+            out.append(rec)
+    return out
 
 
 def drop_partial_line(path: Path) -> str | None:
@@ -169,7 +189,8 @@ class ProgressPrinter:
         if not state.is_main:
             return
         if event is Event.RUN_START:
-            self.t0 = time.perf_counter()
+            # This process's start: a resumed run's earlier samples are not its throughput.
+            self.t0, self.samples0 = time.perf_counter(), state.samples
             self.tokens = [0, 0]
             self.imbalance: list[tuple[float, float]] = []
             self.flops = [0.0, 0.0]  # model FLOPs of every rank, step seconds: since the line
@@ -196,8 +217,10 @@ class ProgressPrinter:
                   flush=True)
 
     def _print(self, state: RunState, eval_line: bool = False) -> None:
+        # samples/s and elapsed: this process's (after a resume, since the resume), as the
+        # step records' ``samples_per_s`` (the trainer's) and TensorBoard's throughput.
         elapsed = time.perf_counter() - self.t0
-        rate = state.samples / elapsed if elapsed > 0 else 0.0
+        rate = (state.samples - self.samples0) / elapsed if elapsed > 0 else 0.0
         parts = [f"step {state.step}", f"samples {state.samples}", f"{rate:.1f} samples/s"]
         m = state.last_step
         if m is not None:
@@ -252,8 +275,7 @@ def plot_metrics(metrics_path: str | Path, png_path: str | Path, title: str = ""
 
     steps, evals, noise = [], [], []
     window = 0
-    for line in Path(metrics_path).read_text().splitlines():
-        rec = json.loads(line)
+    for rec in read_records(metrics_path):
         if rec["kind"] == "step":
             steps.append((rec["samples"], rec["loss"]))
             if rec.get("noise_scale") is not None:

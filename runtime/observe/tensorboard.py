@@ -3,22 +3,25 @@ large-batch run by, in ``<run dir>/tensorboard`` (``tensorboard --logdir <run di
 
 Owns: ``TensorBoardWriter``, a callback writing at each logging point every logged step's
 loss (total, MLM, NSP), learning rate, gradient norm, gradient noise scale (where defined),
-throughput (samples/s over the logged window) and imbalance, and each evaluation's accuracy -
-all against samples trained, the unit MLPerf counts in. Rank 0 only.
+throughput (``samples_per_s``: this process's samples over its time, so a resumed run's
+earlier samples do not inflate it), achieved TFLOP/s per device and MFU (where the device's
+peak is known: runtime.observe.mfu) and imbalance, and each evaluation's accuracy - all
+against samples trained, the unit MLPerf counts in; the tags are ``SCALARS`` (the
+metrics.jsonl names on the left: docs/METRICS.md). Rank 0 only.
 Never: steers training, reads device values (it sees the logging point's numbers), or is
 imported unless asked for (``torch.utils.tensorboard`` needs the tensorboard package).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
-
 from runtime.events import Event, RunState
 
 SCALARS = {  # metrics.jsonl / StepMetrics name -> TensorBoard tag
     "loss": "loss/total", "mlm_loss": "loss/mlm", "nsp_loss": "loss/nsp", "lr": "optim/lr",
     "grad_norm": "optim/grad_norm", "noise_scale": "batch/gradient_noise_scale",
     "imbalance_tokens": "balance/imbalance_tokens", "imbalance_cost": "balance/imbalance_cost",
+    "samples_per_s": "throughput/samples_per_s", "tflops": "throughput/tflops_per_device",
+    "mfu": "throughput/mfu",
 }
 
 
@@ -28,7 +31,6 @@ class TensorBoardWriter:
     def __init__(self, logdir: str | Path):
         self.logdir = Path(logdir)
         self._writer = None
-        self._last: Optional[tuple[int, float]] = None  # (samples, elapsed_s) of the last step
 
     def on_event(self, event: Event, state: RunState) -> None:
         if not state.is_main:
@@ -44,11 +46,6 @@ class TensorBoardWriter:
                     v = values.get(key)
                     if isinstance(v, (int, float)) and v == v:  # numbers, not NaN
                         self._writer.add_scalar(tag, v, m.samples)
-                if m.elapsed_s is not None:
-                    if self._last is not None and m.elapsed_s > self._last[1]:
-                        rate = (m.samples - self._last[0]) / (m.elapsed_s - self._last[1])
-                        self._writer.add_scalar("throughput/samples_per_s", rate, m.samples)
-                    self._last = (m.samples, m.elapsed_s)
         elif event is Event.EVAL_STOP and self._writer is not None \
                 and state.eval_accuracy is not None:
             self._writer.add_scalar("eval/mlm_accuracy", state.eval_accuracy, state.samples)

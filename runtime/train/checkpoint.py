@@ -21,7 +21,9 @@ RNG states it omits):
     the data position is then mapped to the same fraction of the epoch (the sample order
     differs from the uninterrupted run, and ``restore`` says so).
 Never: decides when to write (the trainer does, at logging points), reads the environment,
-or runs a collective but two barriers per save and one broadcast per look-up.
+or runs a collective but two barriers per save and one broadcast per look-up; what the
+optimizer's shard files are and the masters in the parameters' place are
+runtime.train.checkpoint_optim's.
 
 The format ``presto-checkpoint/1`` - one directory per checkpoint::
 
@@ -75,6 +77,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from runtime.model.hf import load_error_reason
+from runtime.train.checkpoint_optim import (master_state, missing_shard, shard_file,
+                                            shard_mismatch, shard_record)
 from runtime.train.rng import rng_state, set_rng_state  # noqa: F401 (restore's, patchable)
 from runtime.optim.optimizers import SHARD_KEY  # where a sharded optimizer's state dict says
 #                                                 how its shard files fit together
@@ -123,19 +127,8 @@ def rank_file(rank: int) -> str:
     return f"rank_{rank:05d}.pt"
 
 
-def shard_file(index: int) -> str:
-    return f"optimizer_shard_{index:05d}.pt"
-
-
 def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
-
-
-def layout_fingerprint(meta: dict) -> str:
-    """A sharded optimizer's flat layout (its ``presto_shards`` record: shard count and size,
-    the state's names, every tensor's place) as a short digest, which each shard file
-    carries: a file cut from another layout is not this checkpoint's."""
-    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------- file helpers
@@ -237,23 +230,9 @@ class Checkpoint:
         and this step): CheckpointError naming the file when it is missing or another's."""
         path = self.path / shard_file(index)
         if not path.is_file():
-            raise CheckpointError(f"{path}: missing - the optimizer state was saved in shards "
-                                  f"and this one is needed; delete {self.path} to resume from "
-                                  f"the one before")
+            raise CheckpointError(missing_shard(path, self.path))
         data = self._load(shard_file(index))
-        why, got = None, data.get("index") if isinstance(data, dict) else None
-        if got != index:
-            why = f"holds shard {got}, not shard {index}: the file of another shard (swapped)"
-        elif "step" in data and data["step"] != self.step:
-            why = (f"was written at step {data['step']}, this checkpoint is step {self.step}: "
-                   f"a stale file from another checkpoint")
-        elif meta is not None and "shards" in data and data["shards"] != meta.get("shards"):
-            why = (f"is one of {data['shards']} shards, this checkpoint has "
-                   f"{meta.get('shards')}: a file from another run")
-        elif meta is not None and "layout" in data and data["layout"] != \
-                layout_fingerprint(meta):
-            why = (f"was cut from another flat layout (fingerprint {data['layout']}, this "
-                   f"checkpoint's {layout_fingerprint(meta)}): a file from another run or model")
+        why = shard_mismatch(data, index, self.step, meta)
         if why:
             raise CheckpointError(f"{path}: {why}; its optimizer state is not this "
                                   f"checkpoint's - delete {self.path} to resume from the one "
@@ -298,21 +277,6 @@ class Checkpoint:
                     raise CheckpointError(f"{file}: SHA-256 differs from the manifest "
                                           "(corrupt)")
         return cls(path, manifest)
-
-
-def master_state(model: torch.nn.Module, optimizer: Any) -> dict[str, torch.Tensor]:
-    """``model``'s state dict with each parameter's fp32 master weight (``optimizer.masters``)
-    in its place - its rows cut as the state dict cuts them (pad_vocab's padding rows)."""
-    masters = optimizer.masters()
-    params = dict(model.named_parameters(remove_duplicate=False))
-    out = {}
-    for key, value in model.state_dict().items():
-        p = params.get(key)
-        m = masters.get(id(p)) if p is not None else None
-        if m is not None and m.shape != value.shape:
-            m = m[:value.shape[0]]
-        out[key] = m if m is not None else value
-    return out
 
 
 def list_checkpoints(directory: str | Path) -> list[Path]:
@@ -490,9 +454,8 @@ class CheckpointManager:
             shard = getattr(self.optimizer, "shard", None)
             if shard is not None and shard.first_copy:  # one copy of each shard, saying whose
                 meta = self.optimizer.state_dict()[SHARD_KEY]
-                _write_bytes(tmp / shard_file(shard.index), _torch_bytes({
-                    **_to_cpu(self.optimizer.shard_state_dict()), "index": shard.index,
-                    "shards": shard.size, "layout": layout_fingerprint(meta), "step": step}))
+                _write_bytes(tmp / shard_file(shard.index), _torch_bytes(shard_record(
+                    _to_cpu(self.optimizer.shard_state_dict()), shard, meta, step)))
             model_state = self._model_state()
             if self.rank == 0:
                 self._write_shared(tmp, model_state)

@@ -80,7 +80,7 @@ class Trainer:
             world_size=dist.world_size, barrier=barrier, broadcast=broadcast_object,
             log=self._say)
         self.control = RunControl(t, self.checkpoints, params_finite=self._params_finite,
-                                  say=self._say, fp16=lambda: self.loss_scale.enabled,
+                                  say=self._say, loss_scaled=lambda: self.loss_scale.enabled,
                                   device=dist.device)
         self.resume_from = None
 
@@ -92,8 +92,10 @@ class Trainer:
         cfg, dist = self.cfg, self.dist
         # The data set against the config first: a wrong directory or max_pred fails in
         # milliseconds, before a model is built.
-        check_data_set(DataSetInfo.read(cfg.data.data_dir), max_seq_length=cfg.data.max_seq_length,
-                       max_predictions_per_seq=cfg.data.max_predictions_per_seq,
+        d = cfg.data
+        check_data_set(DataSetInfo.read(d.data_dir, d.max_seq_length, d.max_predictions_per_seq),
+                       max_seq_length=d.max_seq_length,
+                       max_predictions_per_seq=d.max_predictions_per_seq,
                        vocab_size=cfg.model.vocab_size)
         # Resume only where checkpoints are on: a run that writes none never picks one up;
         # and only from checkpoints of this run (or adopted explicitly: one run, one log).
@@ -117,21 +119,21 @@ class Trainer:
                 plan = self.resume_from.path / "bucket_plan.json" if self.resume_from else None
                 parts = build_parts(cfg, dist,
                                     bucket_plan=plan if plan and plan.is_file() else None)
-        self.parts = parts
         self.model, self.grad_sync, self.optimizer = parts.model, parts.grad_sync, parts.optimizer
-        self.net = self.grad_sync.module  # what forward is called on (DDP's wrapper or model)
         self.schedule, self.base_lr = parts.schedule, parts.base_lr
         self.body = StepBody.of(parts, cfg, dist)
-        self.batch_cost, self.limits, self.timeline = parts.batch_cost, parts.limits, parts.timeline
+        self.batch_cost, self.timeline = parts.batch_cost, parts.timeline
         self.train_loader, self.eval_batches = parts.train_loader, parts.eval_batches
         t = cfg.train
         self.local_batch = cfg.local_batch_size(dist.world_size)
         self.control.base_lr = self.base_lr
-        obs = build_observers(cfg, dist, self.model, self.batch_cost, self._say)
+        obs = build_observers(cfg, dist, self.model, self.batch_cost, self._say,
+                              parts.numerics)
         self.balance_meter, self.step_log, self.profiler = obs.balance_meter, obs.step_log, \
             obs.profiler
         self.layout, self.peak, self.noise = obs.layout, obs.peak, self.step_log.noise
-        self._run_t0: float | None = None
+        self._run_t0: float | None = None  # this process's RUN_START, and the samples then
+        self._run_samples0, self._run_first_step = self.state.samples, 1
         if self.train_loader is not None:
             self.state.train_samples = (self.train_loader.steps_per_epoch * self.local_batch
                                         * dist.world_size)  # samples one epoch trains
@@ -224,8 +226,11 @@ class Trainer:
         if self.timeline:
             extra.update(self.timeline.summary())
         now = time.perf_counter()
+        elapsed = None if self._run_t0 is None else now - self._run_t0
+        if elapsed:  # this process's samples over its time: a resume's earlier ones not counted
+            extra["samples_per_s"] = (self.state.samples - self._run_samples0) / elapsed
         host = dict(step=step + 1, samples=self.state.samples, lr=lr, step_time_s=now - t0,
-                    elapsed_s=None if self._run_t0 is None else now - self._run_t0,
+                    elapsed_s=elapsed,
                     real_tokens=real, computed_tokens=computed, model_flops=flops,
                     marks=(mark, self.step_log.mark()))
         return self.step_log.record(StepRecord(host, losses, device, extra))
@@ -264,7 +269,11 @@ class Trainer:
         if self.dist.world_size > 1:
             torch_dist.barrier()  # run_start on every rank together
         fire(Event.RUN_START, st)
-        self._run_t0 = time.perf_counter()
+        self._run_t0, self._run_samples0 = time.perf_counter(), st.samples
+        self._run_first_step = st.step + 1
+        if self.compiled_on_first_use:  # seconds to minutes with nothing else printed
+            self._say(f"compiling {' and '.join(self.compiled_on_first_use)} on first use (the "
+                      f"first step, and the first evaluation's graph): no progress until then")
         try:
             if t.eval_before_training and self.resume_from is None:
                 self._eval_and_log()
@@ -311,7 +320,9 @@ class Trainer:
                 while st.samples < self.next_eval and not self._out_of_budget() \
                         and self.stop is None:
                     with self._profiled(st.step + 1):
-                        self.train_step(it)
+                        rec = self.train_step(it)
+                    if st.step == self._run_first_step:
+                        self._say_first_step(rec.host["step_time_s"])
                     st.epoch = self.train_loader.epoch
                     fire(Event.STEP, st)
                     if st.step % t.log_every_steps == 0 or \
@@ -334,6 +345,16 @@ class Trainer:
                 st.status = "aborted"
             else:  # a signal: the run continues when restarted, if there is a checkpoint
                 st.status = "interrupted" if self.control.resumable() else "aborted"
+
+    @property
+    def compiled_on_first_use(self) -> list[str]:
+        return self.cfg.compiles(on_first_use=True)
+
+    def _say_first_step(self, seconds: float) -> None:
+        every = self.cfg.train.log_every_steps
+        self._say(f"step {self.state.step} done, the first of this process: {seconds:.1f} s"
+                  + (", compiling included" if self.compiled_on_first_use else "")
+                  + f"; a progress line every {every} step{'s' if every > 1 else ''}")
 
     def _profiled(self, step: int):
         """train.profile_steps: this step under the profiler, when named (else nothing)."""

@@ -66,12 +66,26 @@ def best_config_text(study: Study, best: dict, rows: list[dict]) -> str:
     for text in [*study.overrides, *trial_overrides(best["params"])]:
         section, key, value = parse_override(text)
         data.setdefault(section, {})[key] = value
-    what = (f"{best['value']:,.0f} samples to target" if study.objective == "samples" else
-            f"{best['value']:,.1f} s to target")
+    unit = "samples" if study.objective == "samples" else "s"
+    if best["censored"]:   # a score, not a time to target: say so before anything else
+        reached = sum(1 for r in rows if r["value"] is not None and not r["censored"])
+        target = data.get("train", {}).get("target_mlm_accuracy", "its target")
+        head = ([f"# NO TRIAL REACHED THE TARGET (train.target_mlm_accuracy = {target}): these",
+                 f"# values are the least bad of {len(rows)} trials, not a tuned config. Trial "
+                 f"{best['number']}'s score,",
+                 f"# {best['value']:,.1f}, is the {unit} its budget used x (1 + its gap to the "
+                 f"target / target);",
+                 "# raise the budget or change the space and search again (docs/HPO.md)."]
+                if not reached else
+                [f"# trial {best['number']} of {len(rows)}: censored (did not reach the "
+                 f"target), score {best['value']:,.1f}."])
+    else:
+        what = (f"{best['value']:,.0f} samples to target" if unit == "samples" else
+                f"{best['value']:,.1f} s to target")
+        head = [f"# trial {best['number']} of {len(rows)}, {what}."]
     header = [
         f"# Searched by `python -m submission hpo` (study {study.name!r}, {study.dir}):",
-        f"# trial {best['number']} of {len(rows)}, {what}"
-        + (" (censored: no trial reached the target)" if best["censored"] else "") + ".",
+        *head,
         f"# From {study.config} with the search space {study.space}; "
         f"{time.strftime('%Y-%m-%d')}.",
         f"# Searched keys: {', '.join(sorted(best['params']))}.", ""]
@@ -169,6 +183,10 @@ def write_outputs(study: Study, ostudy, out=print) -> int:
         out(f"hpo: the config's own values (trial {base['number']}): {base['value']:,.1f}; "
             + (f"first beaten by trial {first['number']} ({first['value']:,.1f})" if first
                else "not beaten"))
-    out(f"hpo: best trial {best['number']}: {best['value']:,.1f}"
-        + (" (censored)" if best["censored"] else "") + f"; its config: {path}")
+    if best["censored"] and not any(not r["censored"] for r in complete):
+        out(f"hpo: no trial reached the target: the least bad is trial {best['number']} "
+            f"(censored score {best['value']:,.1f}); its config, headed so: {path}")
+    else:
+        out(f"hpo: best trial {best['number']}: {best['value']:,.1f}"
+            + (" (censored)" if best["censored"] else "") + f"; its config: {path}")
     return EXIT_OK

@@ -307,7 +307,8 @@ def saved_state(ckpt_dir: Path, names: list) -> dict:
     """The newest checkpoint's optimizer state per parameter name (``names``: by state_dict
     index), put together by hand from its shard files (independent of the runtime's
     re-sharding)."""
-    from runtime.train.checkpoint import SHARD_KEY, find_latest, shard_file
+    from runtime.train.checkpoint import SHARD_KEY, find_latest
+    from runtime.train.checkpoint_optim import shard_file
     ck = find_latest(ckpt_dir)
     meta = ck.optimizer_state()[SHARD_KEY]
     shards = [torch.load(ck.path / shard_file(j), weights_only=True)
@@ -399,7 +400,8 @@ def case_reshard(ctx, data_dir, work):
 def case_tamper(ctx, data_dir, work):
     import hashlib
     import shutil
-    from runtime.train.checkpoint import MANIFEST, CheckpointError, find_latest, shard_file
+    from runtime.train.checkpoint import MANIFEST, CheckpointError, find_latest
+    from runtime.train.checkpoint_optim import shard_file
     out = {}
     for case in ("swapped", "stale"):
         run = work / f"tamper_{case}"
@@ -474,7 +476,7 @@ def count_one(ctx, data_dir, clip, extra, reduction):
             n, e = len(syncs.trace), len(syncs.events)
             coll = Collectives()
             try:
-                values = trainer.runner.body(graph.inputs.slots)
+                values = trainer.runner.captured_step(graph.inputs.slots)
             finally:
                 coll.restore()
             events += [str(x) for x in syncs.events[e:]]

@@ -14,6 +14,8 @@ Started by a real launcher (mpiexec, mpirun, torchrun) from tests/ranks/test_dis
   refuse     every rank refuses alike (an error raised on all ranks, exit 2, as a refused
              resume); rank 1's failure note takes 2 s, then writes DIR/noted<N> as each
              rank's does (submission.train's note writes the rank's status record)
+  refuse-0-late  the same, but rank 0's note takes 1 s and rank 1, waiting for it, is slow
+             (descheduled) between its looks at the store that rank 0 hosts
 """
 import argparse
 import json
@@ -110,12 +112,23 @@ def main(mode: str, timeout_s: float, out_dir: str = "") -> int:
                         os._exit(code)
                 dist.os = SlowEnd()
             print(f"DONE{ctx.rank} {time.time():.6f}", flush=True)
-        elif mode == "refuse":
+        elif mode in ("refuse", "refuse-0-late"):
+            late = 1 if mode == "refuse" else 0
+
             def note(e):
-                if ctx.rank == 1:
-                    time.sleep(2.0)
+                if ctx.rank == late:
+                    time.sleep(2.0 if late else 1.0)
                 open(os.path.join(out_dir, f"noted{ctx.rank}"), "w").close()
             dist.on_failure(note)
+            if late == 0 and ctx.rank == 1:   # its looks at the store 0.5 s apart
+                class Slow:
+                    def __getattr__(self, name):
+                        return getattr(time, name)
+
+                    @staticmethod
+                    def sleep(s):
+                        time.sleep(max(s, 0.5))
+                dist.time = Slow()
             dist.barrier()
             raise Refused("refused alike on every rank")
         else:

@@ -1,20 +1,25 @@
-"""docs/MLPERF.md end to end on the small fixtures: every command of the walkthrough, in its
-order, each checked for what the page says it checks.
+"""docs/MLPERF.md end to end on the small fixtures: every fixture-scale command of the
+walkthrough, read from the page (tests/support/walkthrough.py) and run as written, in its
+order, each checked for what the page says it checks. The page is the one copy of the
+commands and of the fixture config's use; `make mlperf-demo` runs the same blocks.
 
 The official files are stood in for by tests/fixtures/: ``tf_bert_tiny/`` (a 3-layer BERT
 written by real TensorFlow with Google's variable names, LAMB slots, two data shards, its
 ``bert_config.json`` and a character-level ``vocab.txt``: the phase1/ directory) and
 ``mlperf_text/`` (part files and eval.txt in the reference's format: results4/). NVIDIA's
-preprocessed HDF5 is stood in for by the prepared shards rewritten in their layout.
+preprocessed HDF5 is stood in for by the prepared shards rewritten in their layout
+(tests/support/nvidia_layout.py); the run config is tests/fixtures/config_TINY_1x2x8x1.toml.
 
 1. ``python -m runtime.model.convert`` - the checkpoint, against the run config's shape
 2. ``python -m loaders.prepare --mlperf-text`` - the text into shards and the eval set
-3. ``python -m loaders.adopt`` - shards in NVIDIA's layout as a data set (the run trains on it)
+2'. NVIDIA's layout, then ``python -m loaders.adopt`` - a data set of it (the runs train on it)
+3. ``run_and_time.sh -- train.eval_before_training=true train.max_steps=1`` and the page's
+   grep - the first evaluation equals the converted weights' accuracy on the eval set,
+   computed here: the 0.34085 check
 4. ``python -m submission submit --dry-run``, then ``submit`` to the real one-node Slurm
    cluster of tests/slurm_cluster.py (run.sub: cache clear, srun, run_and_time.sh per
-   experiment), 3 experiments - or, where Slurm cannot run here, run_and_time.sh per
-   experiment as run.sub calls it; the first evaluation (before training) equals the
-   converted weights' accuracy on the eval set computed here: the 0.34085 check
+   experiment) and ``status --wait``, 3 experiments - or, where Slurm cannot run here, the
+   page's no-Slurm block (run_and_time.sh per experiment as run.sub calls it)
 5. ``python -m submission report`` - compliance checker (5.0.0) PASS on every log, an olympic
    mean over 3 runs
 6. ``python -m submission package`` - every check that applies passes but the result count,
@@ -25,84 +30,22 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
-import time
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.support.data import write_nvidia_varlength
-from tests.support.launch import ROOT, clean_env
+from tests.support import walkthrough
+from tests.support.launch import clean_env
+from tests.support.run_docs import unlisted
 
 pytestmark = pytest.mark.slow   # tests/e2e: every test here is slow
 
-FIXTURES = ROOT / "tests" / "fixtures"
-PHASE1 = FIXTURES / "tf_bert_tiny"
-RESULTS4 = FIXTURES / "mlperf_text"
 NEXP = 3
-SHAPE = json.loads((PHASE1 / "bert_config.json").read_text())
-JOB_TIMEOUT_S = 240
-
-
-def config_text(bert: Path, data: Path, launcher: str) -> str:
-    """The walkthrough's config at fixture scale: the DGX config's sections, the fixture's
-    model shape, 2 CPU ranks, a target the tiny model reaches in ~20 steps."""
-    shape = {k: v for k, v in SHAPE.items() if k != "hidden_act"}
-    model = "\n".join(f"{k} = {v}" for k, v in shape.items())
-    return f"""[model]
-init = "{bert}"
-size = ""
-{model}
-[data]
-data_dir = "{data}"
-max_seq_length = 64
-max_predictions_per_seq = 10
-eval_batch_size = 32
-verify_checksums = true
-[optim]
-name = "lamb"
-lr = 1e-2
-backend = "foreach"
-[schedule]
-name = "poly"
-warmup_steps = 5
-total_steps = 200
-[train]
-global_batch_size = 16
-eval_before_training = true
-eval_iter_start_samples = 160
-eval_iter_samples = 160
-max_steps = 100
-target_mlm_accuracy = 0.07
-log_every_steps = 10
-plot = false
-[system]
-name = "TINY"
-nodes = 1
-ranks_per_node = 2
-device = "cpu"
-launcher = "{launcher}"
-walltime_minutes = 3
-[submission]
-org = "Presto"
-platform = "CPU-2core"
-division = "open"
-status = "research"
-"""
-
-
-def run(*cmd, env=None, timeout=300) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env or clean_env(),
-                          capture_output=True, text=True, timeout=timeout)
-    return proc
-
-
-def ok(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout + proc.stderr
+BLOCK_TIMEOUT_S = 300
+ORDER = ["convert", "prepare", "adopt", "first_eval", "grep", "dry_run", "experiments",
+         "report", "package"]
 
 
 def accuracy_of(bert: Path, data: Path) -> tuple[float, int]:
@@ -123,99 +66,98 @@ def accuracy_of(bert: Path, data: Path) -> tuple[float, int]:
     return correct / count, count
 
 
-def experiments_under_slurm(request, config: Path, logs: Path, tmp: Path) -> bool:
-    """Step 4 on the real cluster; False when Slurm cannot run here."""
+def first_eval(run_dir: Path) -> dict:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if '"kind": "eval"' in x][0]
+
+
+def slurm_env(request) -> dict | None:
+    """The session's one-node cluster's client environment; None where Slurm cannot run."""
     try:
         cluster = request.getfixturevalue("slurm_cluster")
     except pytest.skip.Exception as e:
-        warnings.warn(f"no Slurm here ({e}): step 4 runs run_and_time.sh per experiment")
-        return False
-    env = cluster.client_env()
-    proc = run(sys.executable, "-m", "submission", "submit", "--config", config, "--nexp",
-               NEXP, "--logdir", logs, "--registry", tmp / "jobs.jsonl", env=env)
-    job = ok(proc) and proc.stdout.strip().splitlines()[-1]
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while cluster.run("squeue", "-h", "-j", job, "-o", "%i").stdout.strip():
-        if time.monotonic() > deadline:
-            cluster.run("scancel", job)
-            pytest.fail(f"job {job} still queued after {JOB_TIMEOUT_S} s")
-        time.sleep(1)
-    status = ok(run(sys.executable, "-m", "submission", "status", job, "--registry",
-                    tmp / "jobs.jsonl", env=env))
-    assert f"job {job}: COMPLETED" in status, status
-    return True
+        warnings.warn(f"no Slurm here ({e}): step 4 runs the page's no-Slurm block")
+        return None
+    return cluster.client_env()
 
 
 def test_the_walkthrough_from_the_official_inputs_to_a_scored_package(tmp_path, request):
-    py = sys.executable
-    bert, text_set, nvidia, adopted = (tmp_path / n for n in ("bert_large", "wiki_text",
-                                                              "nvidia", "bert_wiki_512"))
+    demo = tmp_path / "demo"
+    env = clean_env(DEMO=str(demo))
+    page = walkthrough.blocks()
+    setup = next(b for b in page if b.id == "setup")
+    cluster = slurm_env(request)
+    blocks = walkthrough.chosen(page, slurm=cluster is not None)
+    assert [b.id for b in blocks] == ORDER          # the page's steps, in the page's order
+    outputs = {}
+    for b in blocks:
+        under_slurm = cluster is not None and b.id == "experiments"
+        proc = walkthrough.run(b, setup, dict(cluster, DEMO=str(demo)) if under_slurm else env,
+                               timeout=BLOCK_TIMEOUT_S)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == b.exit, f"step {b.id}: exit {proc.returncode}, the page " \
+            f"says {b.exit}\n{b.text}\n{out[-4000:]}"
+        outputs[b.id] = out
+    bert, adopted = demo / "bert_tiny", demo / "bert_wiki_64"
 
     # 1. The checkpoint: read without TensorFlow, checked against the run's shape.
-    config = tmp_path / "config_TINY_1x2x16x1.toml"
-    config.write_text(config_text(bert, adopted, "srun"))
-    out = ok(run(py, "-m", "runtime.model.convert", PHASE1 / "model.ckpt-3", "--out", bert,
-                 "--config", config))
-    assert "62 weights" in out and "125 optimizer variables skipped" in out
+    assert "62 weights" in outputs["convert"] and \
+        "125 optimizer variables skipped" in outputs["convert"]
     manifest = json.loads((bert / "manifest.json").read_text())
     assert [s["file"] for s in manifest["sources"]][1:] == [
         "model.ckpt-3.data-00000-of-00002", "model.ckpt-3.data-00001-of-00002"]
 
     # 2. The text: the reference's procedure per part file, the eval set picked as it picks.
-    ok(run(py, "-m", "loaders.prepare", "--mlperf-text", RESULTS4, "--vocab",
-           PHASE1 / "vocab.txt", "--out", text_set, "--seq-len", 64, "--max-pred", 10,
-           "--dupe-factor", 5, "--eval-samples", 64, "--shards", 2, "--workers", 2))
-    stats = json.loads((text_set / "stats.json").read_text())
+    stats = json.loads((demo / "bert_wiki_text" / "stats.json").read_text())
     assert stats["sequences"]["eval"] == 64 and len(stats["train_shards"]) == 2
     assert stats["eval"]["input_ids_md5"]            # NVIDIA's hdf5_md5.py hash, recorded
 
-    # 3. NVIDIA's layout (what their prepare_data.sh writes), adopted in place.
-    from loaders.shards import read_shard
-    (nvidia / "hdf5_2_shards_varlength").mkdir(parents=True)
-    (nvidia / "eval_varlength").mkdir()
-    for k, shard in enumerate(stats["train_shards"]):
-        write_nvidia_varlength(nvidia / "hdf5_2_shards_varlength" / f"part_{k:05d}_of_00002.hdf5",
-                               read_shard(text_set / shard["file"]))
-    write_nvidia_varlength(nvidia / "eval_varlength" / "part_eval_10k.hdf5",
-                           read_shard(text_set / "eval" / "eval.hdf5"))
-    out = ok(run(py, "-m", "loaders.adopt", "--train", nvidia / "hdf5_2_shards_varlength",
-                 "--eval", nvidia / "eval_varlength" / "part_eval_10k.hdf5", "--vocab",
-                 PHASE1 / "vocab.txt", "--out", adopted, "--seq-len", 64, "--max-pred", 10))
-    assert stats["eval"]["input_ids_md5"] in out     # the same eval set, by content
+    # 2'. NVIDIA's layout (what their prepare_data.sh writes), adopted: the same eval set.
+    assert stats["eval"]["input_ids_md5"] in outputs["adopt"]
+
+    # 3. The checkpoint's accuracy before training: the run's first evaluation, by the
+    # page's grep, is the converted weights' accuracy computed here.
+    want, masked = accuracy_of(bert, adopted)     # other batches and padding than the run's:
+    tol = 1.01 / masked                           # ±1 near-tie
+    grep = re.search(r'"key": "eval_accuracy", "value": ([0-9.e-]+).*"epoch_num": 0\b',
+                     outputs["grep"])
+    assert grep and float(grep.group(1)) == pytest.approx(want, abs=tol), outputs["grep"]
+    [run3] = (demo / "results").glob("config_TINY_1x2x8x1_seed*")
+    assert first_eval(run3)["samples"] == 0
+    assert unlisted(run3) == []          # the README's table names every entry of a run dir
 
     # 4. The experiments: the dry run's checks, then Slurm (or run.sub's per-experiment call).
-    logs = tmp_path / "logs"
-    dry = ok(run(py, "-m", "submission", "submit", "--config", config, "--nexp", 10,
-                 "--logdir", logs, "--registry", tmp_path / "jobs.jsonl", "--dry-run"))
-    assert "--ntasks-per-node=2" in dry and not logs.exists()
-    if not experiments_under_slurm(request, config, logs, tmp_path):
-        config.write_text(config_text(bert, adopted, "mpiexec"))
-        for i in range(1, NEXP + 1):
-            env = clean_env(CONFIG=str(config), SEED=str(41 + i), RUN_DIR=str(logs / f"run_{i}"))
-            proc = run("bash", ROOT / "run_and_time.sh", env=env)
-            (logs / f"run_{i}.exit").write_text(f"{proc.returncode}\n")
-            assert re.search(r"^RESULT,bert,\d+,", ok(proc), re.M)
-    first = [json.loads(x) for x in (logs / "run_1" / "metrics.jsonl").read_text().splitlines()
-             if '"kind": "eval"' in x][0]
-    assert first["samples"] == 0
-    want, masked = accuracy_of(bert, adopted)     # other batches and padding than the run's:
-    assert first["eval_accuracy"] == pytest.approx(want, abs=1.01 / masked)   # ±1 near-tie
+    logs = demo / "logs"
+    assert "--ntasks-per-node=2" in outputs["dry_run"]
+    if cluster is not None:
+        assert re.search(r"job \d+: COMPLETED", outputs["experiments"]), outputs["experiments"]
+    else:
+        assert len(re.findall(r"^RESULT,bert,\d+,", outputs["experiments"], re.M)) == NEXP
+    for i in range(1, NEXP + 1):
+        first = first_eval(logs / f"run_{i}")
+        assert first["samples"] == 0
+        assert first["eval_accuracy"] == pytest.approx(want, abs=tol)
 
     # 5. Scoring: the compliance checker on every log, the olympic mean.
-    ok(run(py, "-m", "submission", "report", "--logs", logs))
     report = json.loads((logs / "report.json").read_text())
     assert [r["status"] for r in report["runs"]] == ["success"] * NEXP
     assert all(r["compliance"] == "pass" for r in report["runs"])
     assert report["olympic"]["score_s"] > 0 and not report["rcp"]["applicable"]   # open
 
     # 6. The package: every check that applies passes but the count of 10 runs.
-    pkg = run(py, "-m", "submission", "package", "--logs", logs, "--org", "Presto", "--system",
-              "tiny_cpu", "--out", tmp_path / "pkg", "--config", config)
-    assert pkg.returncode == 1, pkg.stdout + pkg.stderr
     verdicts = {c["name"]: c["verdict"] for c in json.loads(
-        (tmp_path / "pkg" / "package_report.json").read_text())["checks"]}
+        (demo / "pkg" / "package_report.json").read_text())["checks"]}
     assert [n for n, v in verdicts.items() if v == "fail"] == [
-        "package_checker: number of result files", "package_checker: overall"], pkg.stdout
+        "package_checker: number of result files", "package_checker: overall"], \
+        outputs["package"]
     assert verdicts["package_checker: compliance of each result (ruleset 5.0.0)"] == "pass"
-    assert os.path.isfile(tmp_path / "pkg" / "Presto" / "results" / "tiny_cpu" / "bert"
+    assert os.path.isfile(demo / "pkg" / "Presto" / "results" / "tiny_cpu" / "bert"
                           / "result_2.txt")
+
+
+def test_the_demo_refuses_a_directory_holding_an_earlier_walkthrough(tmp_path, capsys):
+    """`make mlperf-demo` twice: the second would find finished runs in its run
+    directories; it says so before running anything."""
+    (tmp_path / "bert_tiny").mkdir()
+    assert walkthrough.main(["--dir", str(tmp_path)]) == 2
+    assert "holds an earlier walkthrough" in capsys.readouterr().err

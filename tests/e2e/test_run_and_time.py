@@ -113,18 +113,78 @@ def test_srun_inside_a_job_step_runs_the_rank_directly(sandbox):
 
 @pytest.mark.parametrize("batch_shell", [False, True])
 def test_srun_outside_a_job_step_launches_tasks(sandbox, batch_shell):
-    """Also from an sbatch script's own shell, which has SLURM_PROCID=0 but is no task."""
+    """From a login shell (srun asks Slurm for an allocation: the stub says it can), and from
+    an sbatch script's own shell, which has SLURM_PROCID=0 but is no task."""
     root, stubs = sandbox
     cfg = write_config(root, "srun", nodes=2, ranks=4, name="config_TEST_2x4x2x1.toml")
     env = {"SLURM_PROCID": "0", "SLURM_JOB_ID": "77"} if batch_shell else {}
     proc, calls = run(sandbox, cfg, **env)
     assert proc.returncode == 0, proc.stderr
+    if not batch_shell:   # first asked whether Slurm can give the launch an allocation
+        asked = calls.pop(0)
+        assert asked["prog"] == "srun" and asked["argv"] == [
+            "--test-only", "--nodes=2", "--ntasks-per-node=4", "true"], asked
     assert [c["prog"] for c in calls] == ["srun"]
     argv = calls[0]["argv"]
     # --kill-on-bad-exit: a task that dies (even before the runtime's guard) ends the step
     assert argv[:4] == ["--nodes=2", "--ntasks-per-node=4", "--kill-on-bad-exit=1", stubs["python"]]
     train_args(cfg, 7, argv)
     result_line(proc)
+
+
+LAUNCH_ROWS = {   # the launch and device rows of the README's exit table, each exit 2
+    "srun without Slurm": (   # (srun as a machine without Slurm has it)
+        "srun", {"SRUN": "{nosrun}"}, [], "run_and_time.sh: system.launcher='srun', outside a "
+        "Slurm allocation (SLURM_JOB_ID is unset), and Slurm does not answer here ({nosrun} "
+        "--test-only: \"srun: fatal: Could not establish a configuration source\"): run it "
+        "inside an allocation (salloc, sbatch - python -m submission submit), or set "
+        "system.launcher to mpiexec, mpirun or torchrun"),
+    "mpiexec missing": ("mpiexec", {"MPIEXEC": "/no/mpiexec"}, [],
+                        "run_and_time.sh: MPIEXEC '/no/mpiexec' not found (set MPIEXEC)"),
+    "mpirun missing": ("mpirun", {"MPIRUN": "no-mpirun"}, [],
+                       "run_and_time.sh: MPIRUN 'no-mpirun' not found (set MPIRUN)"),
+    "torchrun missing": ("torchrun", {"TORCHRUN": "/no/torchrun"}, [],
+                         "run_and_time.sh: TORCHRUN '/no/torchrun' not found (set TORCHRUN)"),
+    "no CUDA here": ("mpiexec", {}, ["system.device=cuda"],
+                     "run_and_time.sh: system.device='cuda', but torch "),
+    "no usable Inductor cache": (
+        "mpiexec", {"TORCHINDUCTOR_CACHE_DIR": "{file}/cache"}, [],
+        "run_and_time.sh: TORCHINDUCTOR_CACHE_DIR={file}/cache: it cannot be created ("
+        "{file} is not a directory), and this run compiles (optim.backend='auto', whose "
+        "fused step is compiled): Inductor keeps the kernels it builds there - set "
+        "TORCHINDUCTOR_CACHE_DIR to a writable directory"),
+}
+
+
+@pytest.mark.parametrize("row", LAUNCH_ROWS)
+def test_what_cannot_launch_here_is_refused_before_anything_starts(sandbox, tmp_path, row):
+    """README's exit table, 2 "bad input (... launch ...)": a launcher missing or unusable
+    here, a device torch does not see, an Inductor cache a compiling run cannot write - one
+    sentence and exit 2 before anything is made or started, not a launcher's or a rank's
+    failure later (srun outside an allocation exited 1, "target not reached"; a CUDA config
+    on a CPU-only torch, and a read-only cache, exit 3 with tracebacks)."""
+    launcher, env, args, said = LAUNCH_ROWS[row]
+    root, _ = sandbox
+    cfg = write_config(root, launcher)
+    if row == "no CUDA here":
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("torch sees a CUDA device here")
+    afile = tmp_path / "not_a_directory"   # (no blank in its path: another refusal)
+    afile.write_text("")
+    nosrun = tmp_path / "srun"
+    nosrun.write_text('#!/bin/sh\necho "srun: error: _establish_config_source: failed to fetch '
+                      'config" >&2\necho "srun: fatal: Could not establish a configuration '
+                      'source" >&2\nexit 1\n')
+    nosrun.chmod(0o755)
+    env = {k: v.format(file=afile, nosrun=nosrun) for k, v in env.items()}
+    proc, calls = run(sandbox, cfg, *(["--", *args] if args else []), **env)
+    assert proc.returncode == 2 and not calls, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(said.format(file=afile, nosrun=nosrun)), \
+        proc.stderr
+    assert "Traceback" not in proc.stderr and "RESULT" not in proc.stdout
+    assert not (root / "log dir").exists() or not list((root / "log dir").iterdir())
 
 
 def test_launcher_failure_exits_nonzero_without_result(sandbox):

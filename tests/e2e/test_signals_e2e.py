@@ -117,6 +117,13 @@ def test_ctrl_c_twice_and_a_closed_terminal_stop_a_run_like_one_sigterm(
     stopped = assert_stopped_like_sigterm(run_dir, out + err)
     if sigs == "INT INT":
         assert_rerun_continues_exactly(run_dir, small_dataset, reference_run, stopped)
+    if launcher == "torchrun":   # resumed under torchrun to its budget: a normal end
+        rc, out, err = run(run_dir, overrides(small_dataset, **values), **env)
+        assert rc == 1, out[-3000:] + err[-3000:]
+        for noise in ("ChildFailedError", "Traceback", "FAILED"):
+            assert noise not in out + err, out[-3000:] + err[-3000:]
+        assert "run_and_time.sh: stopped at the step budget: 25 steps (train.max_steps), " \
+               "400 samples, no target" in err, err[-3000:]
 
 
 def test_srun_ctrl_c_twice_and_a_closed_terminal_stop_a_run_like_one_sigterm(
@@ -259,3 +266,56 @@ def test_two_runs_cannot_share_a_checkpoint_directory(small_dataset, tmp_path):
     assert rc == 4, out[-3000:] + err[-3000:]
     assert json.loads((ckpt / "run.json").read_text())["run_dir"] == str(run_a)
     assert_stopped_like_sigterm(run_a, out + err, checkpoints=ckpt)
+
+
+def compiling_into(cache: Path) -> bool:
+    """A C++ compiler is building into ``cache`` now (Inductor's g++ of a kernel)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith((b"g++", b"c++", b"cc1plus")) and \
+                any(str(cache).encode() in a for a in argv):
+            return True
+    return False
+
+
+def test_a_stop_during_the_first_compile_stops_like_any_other_and_keeps_the_cache_good(
+        small_dataset, tmp_path):
+    """SIGTERM to run_and_time.sh while g++ builds the first compiled layer into a fresh
+    Inductor cache (the probe's CL4: the stop reached g++ through the rank's process group -
+    CppCompileError and hundreds of g++ lines, an aborted run_stop that made the rerun
+    refused, a 0-byte .so that failed every later run on the cache): the compile finishes,
+    the rank checkpoints at its next logging point and exits 4, no compiler output, the run
+    stays resumable, and the rerun of the same command on the same cache resumes and ends.
+    One rank of the tiny model, 6 steps: the compiles are this test's time."""
+    cache, run_dir = tmp_path / "inductor_cache", tmp_path / "run"
+    extra = overrides(small_dataset, **{
+        "model.compile": '"layers"', "data.shapes": '"static"', "system.ranks_per_node": 1,
+        "train.max_steps": 6, "train.log_every_steps": 3, "train.checkpoint_every_samples": 48})
+    proc = start(run_dir, extra, TORCHINDUCTOR_CACHE_DIR=str(cache))
+    log, deadline = run_dir / "mlperf_bert.log", time.time() + 240
+    while proc.poll() is None and time.time() < deadline and not (
+            log.is_file() and '"run_start"' in log.read_text() and compiling_into(cache)):
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before its first compile"
+    os.kill(proc.pid, signal.SIGTERM)
+    rc, out, err = finish(proc)
+    assert rc == 4, out[-3000:] + err[-3000:]
+    for noise in ("CppCompileError", "g++", "Woverflow", "Traceback"):
+        assert noise not in out + err, out[-3000:] + err[-3000:]
+    status = records(run_dir)
+    assert [s["exit"] for s in status] == [4] and status[0]["step"] == 3, status
+    assert (run_dir / "checkpoints" / "step_00000003" / "checkpoint.json").is_file()
+    assert "run_stop" not in [e["key"] for e in mllog_events(log)]   # it can be rerun
+    partial = [p for p in cache.rglob("*") if p.is_file() and (
+        p.name.endswith(".tmp") or (p.suffix in (".so", ".o", ".gch") and not p.stat().st_size))]
+    assert not partial, partial
+    rc, out, err = run(run_dir, extra, TORCHINDUCTOR_CACHE_DIR=str(cache))   # the same command
+    assert rc == 1, out[-3000:] + err[-3000:]
+    assert next(e for e in mllog_events(log) if e["key"] == "presto_resumed")[
+        "metadata"]["step"] == 3
+    assert mllog_events(log)[-1]["key"] == "run_stop"

@@ -4,8 +4,8 @@
 sbatch stub can also run the batch script, as slurmd would); ``python`` passes
 ``-m runtime.config``/``-m submission.sysinfo`` on to the real interpreter. So the checks of
 ``submit`` (bad configs, missing data, short walltimes, hostile values), what run.sub does with
-its variables (cache clear, launch, requeue) and the scoring and packaging of synthetic MLPerf
-logs run in seconds. The real cluster run is tests/e2e/test_slurm.py. What needs no process:
+its variables (cache clear, launch, requeue) run in seconds; the scoring, packaging and status
+of synthetic MLPerf logs: tests/e2e/test_submission_logs.py. The real cluster run is tests/e2e/test_slurm.py. What needs no process:
 tests/unit/test_submission_unit.py; MLPerf's own checkers on synthetic logs:
 tests/integration/test_submission_integration.py.
 """
@@ -20,10 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from submission import report as rep
 from submission import slurm
 from tests.support.launch import ROOT, default_stop_signals
-from tests.support.mllog import PROXY, simulate
 from tests.support.runs import CPU_CONFIG
 
 pytestmark = pytest.mark.slow   # tests/e2e: every test here is slow
@@ -53,9 +51,26 @@ if prog == "srun" and any("drop_caches" in a for a in argv):
     sys.exit(int(os.environ.get("STUB_CACHE_RC", "0")))
 if prog == "srun" and os.environ.get("STUB_WRITE_LOG") == "1":
     os.makedirs(os.environ["RUN_DIR"], exist_ok=True)
+    status = os.environ.get("STUB_LOG_STATUS", "success")
     with open(os.path.join(os.environ["RUN_DIR"], "mlperf_bert.log"), "w") as f:
-        f.write(':::MLLOG {{"key": "run_stop", "value": null, "metadata": {{"status": "success"}}}}\\n')
+        f.write(':::MLLOG {{"key": "run_stop", "value": null, "metadata": {{"status": "%s"}}}}\\n'
+                % status)
+if os.environ.get("STUB_TAKES_S"):   # the experiment took that long: the date stub says so
+    with open(os.environ["STUB_CLOCK"], "w") as f:
+        f.write(os.environ["STUB_TAKES_S"])
 sys.exit(int(os.environ.get("STUB_RC", "0")))
+"""
+
+DATE_STUB = f"""#!{sys.executable}
+# date(1), but `date +%s` adds the seconds in $STUB_CLOCK (an experiment that took that long)
+import os, shutil, sys, time
+if sys.argv[1:] == ["+%s"] and os.path.exists(os.environ.get("STUB_CLOCK", "")):
+    print(int(time.time()) + int(open(os.environ["STUB_CLOCK"]).read()))
+    sys.exit(0)
+here = os.path.dirname(os.path.abspath(sys.argv[0]))
+path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if os.path.abspath(d) != here)
+real = shutil.which("date", path=path)
+os.execv(real, [real] + sys.argv[1:])
 """
 
 
@@ -249,7 +264,8 @@ def run_sub(env, tmp_path, config, nexp="2", own_session=False, **extra):
     own with the stop signals at their defaults, as a batch job is (a test may signal its
     whole process group)."""
     e = dict(env, CONFIG=str(config), NEXP=nexp, LOGDIR=str(tmp_path / "logs"),
-             PRESTO_ROOT=str(ROOT), SLURM_JOB_ID="77", **extra)
+             PRESTO_ROOT=str(ROOT), SLURM_JOB_ID="77")
+    e.update(extra)
     session = dict(start_new_session=True, preexec_fn=default_stop_signals) if own_session \
         else {}
     return subprocess.run(["bash", str(RUN_SUB)], env=e, capture_output=True, text=True,
@@ -360,6 +376,155 @@ def test_run_sub_lost_rank_requeues_even_when_slurm_signals_scontrol(stubs, tmp_
         [str(tmp_path / "logs" / "run_1")]
 
 
+def scontrol_stub(bindir, tmp_path) -> dict:
+    (bindir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path}/scontrol"\n')
+    (bindir / "scontrol").chmod(0o755)
+    return {"SCONTROL": str(bindir / "scontrol")}
+
+
+def test_run_sub_never_reports_a_failed_experiment_as_succeeded_after_a_requeue(
+        stubs, tmp_path, srun_config):
+    """The probe's sequence (R1): an attempt fails with exit 3 after writing an aborted
+    run_stop (a rank's failure before the first checkpoint), run.sub requeues the job; the
+    requeued job skipped the experiment as "already done" and said "all 1 experiment(s)
+    succeeded", exit 0. Now the experiment the job was requeued for runs again (its failed
+    attempt kept aside): it succeeds, or it is said failed and the job exits 1."""
+    bindir, env, calls = stubs
+    env = dict(env, **scontrol_stub(bindir, tmp_path))
+    logs = tmp_path / "logs"
+    failing = dict(STUB_WRITE_LOG="1", STUB_LOG_STATUS="aborted", STUB_RC="3")
+    proc = run_sub(env, tmp_path, srun_config, nexp="1", **failing)
+    assert proc.returncode == 1 and "job 77 requeued (restart 1 of at most 3)" in proc.stdout, \
+        proc.stdout + proc.stderr
+    assert (tmp_path / "scontrol").read_text().split() == ["requeue", "77"]
+    # the requeued job: the experiment runs again, from scratch, and fails again: said so
+    proc = run_sub(env, tmp_path, srun_config, nexp="1", SLURM_RESTART_COUNT="3", **failing)
+    assert "already done" not in proc.stdout and "succeeded" not in proc.stdout, proc.stdout
+    assert "experiment 1/1: the job was requeued for it: running it again" in proc.stdout
+    assert "the earlier attempt ended (run_stop, exit 3) before a checkpoint it could resume " \
+           f"from: kept as {logs}/run_1.attempt1, starting anew" in proc.stdout
+    assert proc.returncode == 1 and proc.stdout.splitlines()[-1] == (
+        f"run.sub: done: 1 of 1 experiment(s) failed: 1 (see {logs}/run_<i>.out)"), proc.stdout
+    assert len([c for c in calls("srun") if "--mpi=none" in c["argv"]]) == 2
+    # a job restarted after that (by hand): the ended, failed experiment stays failed
+    proc = run_sub(env, tmp_path, srun_config, nexp="1", SLURM_RESTART_COUNT="4")
+    assert proc.returncode == 1, proc.stdout
+    assert f"experiment 1/1: already ended, failed (exit 3 in {logs}/run_1.exit" in proc.stdout
+    assert len([c for c in calls("srun") if "--mpi=none" in c["argv"]]) == 2   # not rerun
+    # and one the requeue lets succeed is a success
+    (logs / "run_1.requeue").write_text("")
+    proc = run_sub(env, tmp_path, srun_config, nexp="1", SLURM_RESTART_COUNT="1",
+                   STUB_WRITE_LOG="1")
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == \
+        "run.sub: done: all 1 experiment(s) succeeded", proc.stdout
+    assert not (logs / "run_1.requeue").exists() and (logs / "run_1.attempt2").is_dir()
+
+
+def test_run_sub_counts_experiments_an_earlier_attempt_ended_as_they_ended(stubs, tmp_path,
+                                                                           srun_config):
+    """A restarted job skips experiments that ended (run_stop) - and counts each as its exit
+    file says: one that did not reach its target is no success in the job's last line."""
+    _, env, calls = stubs
+    proc = run_sub(env, tmp_path, srun_config, nexp="2", STUB_WRITE_LOG="1", STUB_RC="1",
+                   STUB_LOG_STATUS="aborted")
+    assert proc.returncode == 1 and "2 of 2 experiment(s) failed: 1 2" in proc.stdout
+    (tmp_path / "logs" / "run_2.exit").write_text("0\n")   # say the second one succeeded
+    proc = run_sub(env, tmp_path, srun_config, nexp="2", SLURM_RESTART_COUNT="1")
+    assert "experiment 1/2: already ended, failed (exit 1" in proc.stdout, proc.stdout
+    assert "experiment 2/2: already done" in proc.stdout
+    assert proc.returncode == 1 and "done: 1 of 2 experiment(s) failed: 1 " in proc.stdout
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
+def test_run_sub_a_walltime_kill_is_no_lost_rank_and_is_not_requeued(stubs, tmp_path, launcher):
+    """Exit 137 after system.walltime_minutes (timeout's KILL 30 s after its TERM; srun
+    --time's) was reported as "a rank or node was lost" and requeued: a requeue gives it no
+    more time. The same exit early in the experiment is a lost rank, and requeues."""
+    bindir, env, calls = stubs
+    (bindir / "date").write_text(DATE_STUB)
+    (bindir / "date").chmod(0o755)
+    env = dict(env, **scontrol_stub(bindir, tmp_path), STUB_CLOCK=str(tmp_path / "clock"))
+    root = tmp_path / "root"   # mpiexec: PRESTO_ROOT's run_and_time.sh is the stub, under timeout
+    root.mkdir()
+    (root / "run_and_time.sh").symlink_to(bindir / "srun")
+    config = write_config(tmp_path, f'[system]\nlauncher = "{launcher}"\nranks_per_node = 2\n'
+                                    'walltime_minutes = 7\n[train]\nseed = 100\n'
+                                    'global_batch_size = 16\n' + TINY_MODEL)
+    extra = {"PRESTO_ROOT": str(root), "PYTHONPATH": str(ROOT)} if launcher == "mpiexec" \
+        else {}
+    proc = run_sub(env, tmp_path, config, nexp="1", STUB_RC="137", STUB_TAKES_S="450", **extra)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "experiment 1/1: exit 137: it ran past its limit, system.walltime_minutes=7" in \
+        proc.stdout and "lost" not in proc.stdout, proc.stdout
+    assert not (tmp_path / "scontrol").exists()
+    (tmp_path / "clock").unlink()
+    proc = run_sub(env, tmp_path, config, nexp="1", STUB_RC="137", **extra)
+    assert "exit 137 (a rank or node was lost): job 77 requeued" in proc.stdout, proc.stdout
+
+
+def test_run_sub_shell_pitfalls(stubs, tmp_path, srun_config):
+    """Read in the probe (R2): under set -u, bash before 4.4 takes an empty "${A[@]}" for an
+    unbound variable (no overrides, one node) - every array that may be empty is expanded
+    guarded; scontrol is $SCONTROL; several nodes under mpiexec without SLURM_JOB_NODELIST
+    (a run by hand) are one sentence, not set -u's "unbound variable"."""
+    import re
+    for script in (RUN_SUB, ROOT / "run_and_time.sh"):
+        text = "\n".join(line for line in script.read_text().splitlines()
+                         if not line.lstrip().startswith("#"))
+        bare = [m.group(0) for m in re.finditer(r'(?<!\+)"\$\{(\w+)\[@\]\}"', text)
+                if m.group(1) not in ("TRAIN", "CMD", "SESSION", "TEES", "step")]
+        assert not bare, (script.name, bare)
+    assert not re.search(r"^[^#]*(?<![\w$/\"])scontrol ", RUN_SUB.read_text(), re.M)
+    bindir, env, calls = stubs
+    config = write_config(tmp_path, '[system]\nlauncher = "mpiexec"\nnodes = 2\n'
+                                    'ranks_per_node = 2\n[train]\nseed = 100\n'
+                                    'global_batch_size = 16\n' + TINY_MODEL)
+    proc = run_sub(env, tmp_path, config, nexp="1")
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "run.sub: error: system.nodes=2 with launcher mpiexec needs the allocation's nodes, "
+        "and SLURM_JOB_NODELIST is unset: submit it with sbatch (python -m submission submit), "
+        "or run it inside salloc"), proc.stderr
+    (bindir / "scontrol").write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames n[1-2]" ] && '
+                                     'printf "n1\\nn2\\n"\n')
+    (bindir / "scontrol").chmod(0o755)
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "run_and_time.sh").symlink_to(bindir / "srun")   # records its environment
+    proc = run_sub(env, tmp_path, config, nexp="1", SLURM_JOB_NODELIST="n[1-2]",
+                   SCONTROL=str(bindir / "scontrol"), PRESTO_ROOT=str(root),
+                   PYTHONPATH=str(ROOT))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "logs" / "hostfile").read_text() == "n1\nn2\n"
+
+
+def test_run_sub_a_stop_during_the_cache_clearing_launches_nothing(stubs, tmp_path, srun_config):
+    """A TERM that lands while the page caches are dropped (an srun over every node): the
+    trap runs once that srun ends, with no launch to pass the stop to - the experiment was
+    launched anyway and ran its whole walltime. Now nothing is launched, exit 4."""
+    import signal
+    import time
+    bindir, env, calls = stubs
+    slow = bindir / "srun"
+    slow.write_text(STUB.replace('if prog == "srun" and any("drop_caches" in a for a in argv):',
+                                 'if prog == "srun" and any("drop_caches" in a for a in argv):\n'
+                                 '    open(os.environ["STUB_CLEARING"], "w").close()\n'
+                                 '    import time; time.sleep(1.5)'))
+    clearing = tmp_path / "clearing"
+    e = dict(env, CONFIG=str(srun_config), NEXP="2", LOGDIR=str(tmp_path / "logs"),
+             PRESTO_ROOT=str(ROOT), SLURM_JOB_ID="77", STUB_CLEARING=str(clearing))
+    proc = subprocess.Popen(["bash", str(RUN_SUB)], env=e, cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_stop_signals)
+    deadline = time.time() + 60
+    while not clearing.exists() and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, out + err
+    assert not [c for c in calls("srun") if "--mpi=none" in c["argv"]], out   # nothing launched
+    assert "stopped by SIGTERM between experiments" in out
+
+
 def test_run_sub_failed_experiment_fails_the_job_but_not_the_others(stubs, tmp_path, srun_config):
     _, env, calls = stubs
     proc = run_sub(env, tmp_path, srun_config, nexp="2", STUB_RC="1")
@@ -381,139 +546,6 @@ def test_run_sub_container_flags(stubs, tmp_path, srun_config):
     assert (f"--container-mounts={ROOT}:{ROOT},{logs}:{logs},/data/bert:/data/bert,"
             "/scratch:/scratch:ro") in step
     assert f"--container-workdir={ROOT}" in step
-
-
-# ------------------------------------------------------------------------------ report
-
-def make_logdir(tmp_path) -> Path:
-    """A run.sub LOGDIR of 4 experiments: 2 converged, 1 aborted, 1 that never started."""
-    logs = tmp_path / "logs"
-    for i, accs, status in ((1, [0.36, 0.41, 0.45], "success"), (2, [0.36, 0.41, 0.46], "success"),
-                            (3, [0.30, 0.33], "aborted")):
-        simulate(logs / f"run_{i}" / "mlperf_bert.log", accs, overrides=PROXY, status=status,
-                 cache_clear=i != 2)
-        (logs / f"run_{i}.exit").write_text("0\n" if status == "success" else "1\n")
-    (logs / "run_4.out").write_text("run.sub: attempt of experiment 4 at now\n"
-                                    "config error: data.data_dir missing\nmore noise\n")
-    (logs / "run_4.exit").write_text("2\n")
-    (logs / "job.json").write_text(json.dumps({"job_id": "9", "nexp": 5, "config": str(CPU_CONFIG),
-                                               "overrides": []}))
-    return logs
-
-
-def test_report_lists_every_run_with_status_time_and_verdict(stubs, tmp_path):
-    _, env, _ = stubs
-    logs = make_logdir(tmp_path)
-    proc = cli(env, "report", "--logs", str(logs))
-    assert proc.returncode == 1, proc.stdout + proc.stderr     # not every run converged
-    report = json.loads((logs / "report.json").read_text())
-    runs = {r["name"]: r for r in report["runs"]}
-    assert list(runs) == ["run_1", "run_2", "run_3", "run_4", "run_5"]
-    assert [r["status"] for r in runs.values()] == ["success", "success", "aborted", "missing",
-                                                    "missing"]
-    for name in ("run_1", "run_2"):
-        events = rep.read_events(Path(runs[name]["log"]))
-        t = {e["key"]: e["time_ms"] for e in events if e["key"] in ("run_start", "run_stop")}
-        assert runs[name]["time_to_train_s"] == (t["run_stop"] - t["run_start"]) / 1000
-        assert runs[name]["compliance"] == "pass"
-    assert runs["run_1"]["samples_to_converge"] == runs["run_1"]["eval_samples"] > 0
-    assert runs["run_2"]["cache_clear"] is False and runs["run_1"]["cache_clear"] is True
-    assert "target not reached (last eval_accuracy 0.3300" in runs["run_3"]["reason"]
-    assert runs["run_3"]["compliance"] == "pass"       # open division: aborted logs comply
-    assert runs["run_4"]["reason"].endswith("exit 2: config error: data.data_dir missing")
-    assert report["olympic"]["score_s"] is None and "3 of 5 runs did not converge" in \
-        report["olympic"]["note"]
-    assert not report["rcp"]["applicable"] and "open" in report["rcp"]["message"]
-    for name in runs:
-        assert re.search(rf"^{name}\s", proc.stdout, re.M), proc.stdout
-    assert "compliance ruleset: 5.0.0" in proc.stdout
-
-
-def test_report_json_to_stdout_relative_paths_and_bad_dir(stubs, tmp_path):
-    _, env, _ = stubs
-    make_logdir(tmp_path)
-    proc = cli(env, "report", "--logs", "logs", "--json", "-", "--no-compliance", cwd=tmp_path)
-    assert json.loads(proc.stdout)["runs"][0]["compliance"] is None
-    proc = cli(env, "report", "--logs", "logs", "--json", "-", cwd=tmp_path)
-    assert json.loads(proc.stdout)["runs"][0]["compliance"] == "pass", proc.stdout
-    proc = cli(env, "report", "--logs", str(tmp_path / "nope"))
-    assert proc.returncode == 2 and "is not a directory" in proc.stderr
-
-
-# ------------------------------------------------------------------------------ package
-
-
-def test_package_layout_and_checks(stubs, tmp_path):
-    _, env, _ = stubs
-    logs = make_logdir(tmp_path)
-    out = tmp_path / "pkg"
-    proc = cli(env, "package", "--logs", str(logs), "--org", "Presto", "--system", "CPU_2core",
-               "--out", str(out))
-    assert proc.returncode == 1, proc.stdout + proc.stderr      # 3 result files, 10 needed
-    top = out / "Presto"
-    results = sorted(p.name for p in (top / "results" / "CPU_2core" / "bert").iterdir())
-    assert results == ["result_0.txt", "result_1.txt", "result_2.txt"]
-    assert (top / "results/CPU_2core/bert/result_2.txt").read_bytes() == \
-        (logs / "run_3" / "mlperf_bert.log").read_bytes()
-    impl = top / "benchmarks" / "bert" / "implementations" / "presto_pytorch"
-    for f in ("run_and_time.sh", "submission/run.sub", "submission/configs/config_CPU_1x2x32x1.toml",
-              "runtime/config/__init__.py", "README.md"):
-        assert (impl / f).is_file(), f
-    assert not list(impl.rglob("__pycache__"))
-    res = json.loads((out / "package_report.json").read_text())
-    verdicts = {c["name"]: c["verdict"] for c in res["checks"]}
-    assert verdicts["system description (system_desc_checker)"] == "pass"
-    assert verdicts["package_checker: system description"] == "pass"
-    assert verdicts["package_checker: number of result files"] == "fail"
-    assert verdicts["package_checker: compliance of each result (ruleset 5.0.0)"] == "pass"
-    assert verdicts["package_checker: unique seeds"] == "n/a"
-    assert verdicts["package_checker: RCP (reference convergence points)"] == "n/a"
-    assert verdicts["package_checker: overall"] == "fail"
-    assert [n["run"] for n in res["not_packaged"]] == ["run_4", "run_5"]
-    assert "found 3, MLPerf bert needs 10" in proc.stdout
-    again = cli(env, "package", "--logs", str(logs), "--org", "Presto", "--system", "CPU_2core",
-                "--out", str(out))
-    assert again.returncode == 2 and "exists" in again.stderr
-    # Relative --logs/--out (the checkers run in a temporary directory: paths must not break).
-    rel = cli(env, "package", "--logs", "logs", "--org", "Presto", "--system", "CPU_2core",
-              "--out", "pkg2", cwd=tmp_path)
-    assert rel.returncode == 1 and "Traceback" not in rel.stderr, rel.stdout + rel.stderr
-    rel = json.loads((tmp_path / "pkg2" / "package_report.json").read_text())
-    assert [c["verdict"] for c in rel["checks"]] == [c["verdict"] for c in res["checks"]]
-
-
-@pytest.mark.parametrize("args,expect", [
-    (["--org", "Presto Inc", "--system", "S"], "--org 'Presto Inc'"),
-    (["--org", "P", "--system", "../../etc"], "--system '../../etc'"),
-])
-def test_package_refuses_unsafe_names(stubs, tmp_path, args, expect):
-    _, env, _ = stubs
-    logs = make_logdir(tmp_path)
-    proc = cli(env, "package", "--logs", str(logs), "--out", str(tmp_path / "pkg"), *args)
-    assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
-    assert not (tmp_path / "pkg").exists()
-
-
-# ------------------------------------------------------------------------------ status
-
-def test_status_reads_logs_and_slurm_fallbacks(stubs, tmp_path):
-    bindir, env, _ = stubs
-    # squeue: not queued; sacct: accounting disabled; scontrol: still remembers the job.
-    (bindir / "squeue").write_text("#!/bin/sh\nexit 0\n")
-    (bindir / "sacct").write_text("#!/bin/sh\necho 'Slurm accounting storage is disabled' >&2\n"
-                                  "exit 1\n")
-    (bindir / "scontrol").write_text("#!/bin/sh\necho 'JobId=9 JobState=FAILED Reason=NonZeroExitCode "
-                                     "ExitCode=1:0 RunTime=00:01:05'\n")
-    for name in ("squeue", "sacct", "scontrol"):
-        (bindir / name).chmod(0o755)
-    logs = make_logdir(tmp_path)
-    proc = cli(env, "status", "--logs", str(logs))
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
-    assert "job 9: FAILED, exit 1:0, elapsed 00:01:05, reason NonZeroExitCode (from scontrol)" in out
-    assert re.search(r"run_1\s+done\s+time-to-train [\d.]+ s", out), out
-    assert re.search(r"run_3\s+failed\s+aborted: run_stop status aborted", out), out
-    assert re.search(r"run_4\s+failed\s+missing: .*exit 2: config error", out), out
 
 
 # ------------------------------------------------------------------------------ run.sub signals

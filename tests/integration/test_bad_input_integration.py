@@ -29,6 +29,14 @@ from tests.support.tiny import tiny_overrides
 
 # ------------------------------------------------------------------------------ config files
 
+def test_an_fp8_refusal_is_exit_2_from_the_command_run_and_time_runs():
+    proc = subprocess.run([sys.executable, "-m", "runtime.config", str(CPU_CONFIG), "--set",
+                           "model.fp8=tensorwise", "--set", "train.precision=fp16", "--set",
+                           "system.device=cuda", "--get", "model.fp8"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "model.fp8='tensorwise' needs" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("content,words", [
     (b"", ["sets nothing", "BERT-base"]), (b"# just a comment\n\n", ["sets nothing"]),
     (b"[train]\nseed = 1 # \xff\xfe\n", ["not UTF-8", "line 2"]),

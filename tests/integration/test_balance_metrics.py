@@ -13,6 +13,7 @@ import pytest
 from runtime.events import CallbackList
 from runtime.observe.metrics import MetricsWriter, ProgressPrinter
 from runtime.train.trainer import Trainer
+from tests.support.run_docs import undocumented
 from tests.support.tiny import tiny_config
 
 
@@ -37,14 +38,15 @@ def test_fit_writes_balance_metrics_and_progress(small_dataset, single_ctx, tmp_
     steps = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
              if r["kind"] == "step"]
     assert len(steps) == 4
+    assert undocumented(steps) == []                        # docs/METRICS.md lists each field
     for r in steps:
         assert r["imbalance_tokens"] == r["imbalance_real"] == 1.0  # one rank
         assert r["real_tokens_all"] == r["real_tokens"] > 0
         assert r["computed_tokens_all"] == r["computed_tokens"]
-        assert r["pad_eff"] == pytest.approx(r["real_tokens"] / r["computed_tokens"])
+        assert r["padding_efficiency"] == pytest.approx(r["real_tokens"] / r["computed_tokens"])
         assert r["compute_s_max"] > 0 and r["imbalance_compute"] == pytest.approx(1.0)
         if attention == "unpadded":
-            assert r["pad_eff"] == 1.0
+            assert r["padding_efficiency"] == 1.0
         else:
-            assert r["pad_eff"] < 1.0
+            assert r["padding_efficiency"] < 1.0
     assert "pad-eff" in stream.getvalue() and "imbalance tok 1.000" in stream.getvalue()

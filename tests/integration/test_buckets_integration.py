@@ -11,6 +11,7 @@ import pytest
 
 from runtime.observe.timeline import plot_timeline
 from tests.support.launch import ROOT
+from tests.support.run_docs import undocumented
 from tests.support.tiny import tiny_config
 
 # ---------------------------------------------------------------------------------------------
@@ -33,6 +34,7 @@ def test_timeline_is_recorded_into_metrics_and_drawn(small_dataset, tmp_path, si
     steps = [json.loads(line) for line in metrics.read_text().splitlines()
              if json.loads(line)["kind"] == "step"]
     assert len(steps) == 2
+    assert undocumented(steps) == []                        # docs/METRICS.md lists each field
     for rec in steps:
         b = rec["timeline"]["buckets"]
         assert len(b["launch"]) == rec["buckets"] == len(b["bytes"]) > 1

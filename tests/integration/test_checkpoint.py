@@ -87,6 +87,14 @@ def test_interrupted_and_resumed_equals_uninterrupted(small_dataset, single_ctx,
     assert first.evals + second.evals == full.evals and len(full.evals) >= 2
     # The resumed half started with the bucket plan the first half ended with (no re-cut).
     assert t2.grad_sync.plan.digest() == t1.grad_sync.plan.digest()
+    # Its throughput counts its own samples only: the 8 steps before the resume are not in it.
+    resumed_at = 8 * 16
+    for samples, elapsed, rate in second.rates:
+        assert rate * elapsed == pytest.approx(samples - resumed_at)
+    # Each process says its first step (and that nothing compiles lazily here).
+    assert any(x.startswith("step 9 done, the first of this process: ") and
+               x.endswith("; a progress line every 4 steps") for x in second.said), second.said
+    assert not any(x.startswith("compiling") for x in first.said + second.said)
     assert t2.grad_sync.layout_version == 1
 
 

@@ -138,10 +138,11 @@ def test_each_model_compiles_into_a_list_of_graphs_of_its_own():
 
 
 class Recorder:
-    """Each step's loss and the graphs compiled so far at each step and evaluation."""
+    """Each step's loss, the graphs compiled so far at each step and evaluation, and what
+    the trainer said."""
 
     def __init__(self):
-        self.losses, self.compiled = [], []
+        self.losses, self.compiled, self.said = [], [], []
 
     def on_event(self, event, state):
         if event is Event.LOG:
@@ -157,7 +158,7 @@ def fit(data, single_ctx, *extra):
                       "train.log_every_steps=1", "train.eval_iter_start_samples=160",
                       "train.eval_iter_samples=160", "train.target_mlm_accuracy=0.99",
                       "data.eval_batch_size=32", *extra)
-    trainer = Trainer(cfg, single_ctx, CallbackList([rec]))
+    trainer = Trainer(cfg, single_ctx, CallbackList([rec]), log=rec.said.append)
     try:
         state = trainer.fit()
         layers = len(compiled_layers(trainer.model))
@@ -231,6 +232,11 @@ def test_a_compiled_run_follows_the_eager_run_and_compiles_only_at_its_start(
     torch.testing.assert_close(torch.tensor(fast["losses"]), torch.tensor(eager["losses"]),
                                rtol=LOSS_RTOL.get(precision, 2e-2), atol=1e-5)
     assert eager["losses"][0] != eager["losses"][-1]  # it trained
+    # The compile is said before it starts, and the first step's time after it.
+    said = [x for x in fast["said"] if x.startswith(("compiling", "step 1 done"))]
+    assert said[0].startswith("compiling model.compile='layers'"), fast["said"]
+    assert said[1].startswith("step 1 done") and "compiling included" in said[1], said
+    assert not any(x.startswith("compiling") for x in eager["said"])
     compiled = fast["compiled"]
     after_step_1 = next(c for e, s, c in compiled if e == "step" and s == 1)
     evals = [(s, c) for e, s, c in compiled if e == "eval_stop"]
@@ -256,7 +262,8 @@ try:
             runs = {}
             for name, more in (("eager", []), ("fast", ["model.compile=layers"])):
                 rec, layers = fit(data, ctx, *extra, *more)
-                runs[name] = {"losses": rec.losses, "compiled": rec.compiled, "layers": layers}
+                runs[name] = {"losses": rec.losses, "compiled": rec.compiled, "layers": layers,
+                              "said": rec.said}
             out[case] = runs
         except Exception:
             out[case] = {"error": traceback.format_exc()[-4000:]}

@@ -90,9 +90,11 @@ def test_a_short_emulated_run_trains_and_says_so_once(uninterrupted):
     f8 = state.derived["fp8"]
     assert f8["recipe"] == "tensorwise" and f8["emulated"] and f8["linears"] == 6
     from submission.mllog_callback import step_choices
-    assert step_choices(state) == {"precision": "bf16_master", "allreduce_dtype": "auto",
-                                   "fp8": "tensorwise", "fp8_layers": list(FP8_ROLES),
-                                   "fp8_emulated": True}
+    assert step_choices(state) == {"precision": "bf16_master", "fp8": "tensorwise",
+                                   "params_dtype": "bf16", "autocast_dtype": None,
+                                   "gemm_dtype": "bf16", "allreduce_dtype": "bf16",
+                                   "master_weights": True, "loss_scale": False,
+                                   "fp8_layers": list(FP8_ROLES), "fp8_emulated": True}
     # the parameters stayed the precision's, FP8 lived only in the GEMMs
     assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
 
@@ -132,3 +134,48 @@ def test_the_state_dict_and_the_hf_export_are_the_models_without_fp8(small_datas
         assert list(a) == list(b)
         for k in a:
             assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+MODEL = BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                   intermediate_size=128, max_position_embeddings=256,
+                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def _fp8_step(model, multiple: int) -> tuple:
+    """One forward and backward of ``model`` (FP8, emulation off) with its token rows a
+    multiple of ``multiple``, on 4 rows of 250 real tokens: T = 1,000 tokens (unpadded),
+    b·L = 1,000 (padded) - not multiples of 16. Returns the loss and the gradients."""
+    model.bert.token_multiple = multiple
+    model.zero_grad(set_to_none=True)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 128, (4, 250), generator=g)
+    labels = torch.full((4, 250), -100)
+    labels[:, 3:250:7] = ids[:, 3:250:7]
+    out = model(ids, torch.zeros_like(ids), torch.ones_like(ids), masked_lm_labels=labels,
+                next_sentence_labels=torch.tensor([0, 1, 0, 1]))
+    out.loss.backward()
+    return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("attention", ["unpadded", "padded"])
+def test_fp8_gemms_keep_cudas_shape_rules_at_any_token_count(attention):
+    """On CUDA ``torch._scaled_mm`` refuses an inner dimension that is not a multiple of 16,
+    and the weight gradient's GEMM has the token count there: on the unpadded path a multiple
+    of 16 in one step of 16, so real FP8 failed at its first backward. Here the CPU's
+    ``_scaled_mm`` runs with CUDA's checks first (bench.cuda_dispatch), emulation off: the
+    model's token rows padded to 16 pass them, with the loss and gradients of the count
+    unpadded; without the padding CUDA's check refuses the step."""
+    from bench.cuda_dispatch import scaled_mm_as_on_cuda
+    from runtime.model.bert import BertForPreTraining
+    torch.manual_seed(0)
+    model = BertForPreTraining(MODEL, attention=attention).to(torch.bfloat16)
+    fp8.convert(model, "tensorwise", FP8_ROLES, emulate=False)
+    assert model.bert.token_multiple == fp8.MULTIPLE
+    want_loss, want = _fp8_step(model, 1)  # the CPU's own kernel takes T = 1,000
+    with scaled_mm_as_on_cuda():
+        loss, grads = _fp8_step(model, fp8.MULTIPLE)
+        with pytest.raises(RuntimeError, match="divisible by 16"):
+            _fp8_step(model, 1)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-3, atol=1e-3)
+    for name, g in want.items():
+        torch.testing.assert_close(grads[name], g, rtol=2e-2, atol=2e-3, msg=name)

@@ -83,6 +83,45 @@ def test_inside_a_compiled_region_the_reference_is_traced_instead(monkeypatch):
     assert own.compiled is None and not own.failed
 
 
+def _compiled_by(monkeypatch, *calls):
+    """A _Compiled whose "compiled" function does ``calls`` in turn (a value: return it; an
+    exception: raise it) - no compile, what the fallback does is what is checked."""
+    todo = list(calls)
+
+    def fake(*args):
+        got = todo.pop(0)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fake)
+    return fused._Compiled(fused.bias_gelu_reference)
+
+
+def test_a_fusions_fallback_is_on_record_and_never_hides_a_later_failure(monkeypatch):
+    """Only a failure at the first call falls back to the reference, and ``failed`` (what
+    bench.gpu puts in a case's record via ``fused.fallbacks``) says why; a device out of
+    memory - at any call - and any error after a compiled call succeeded are raised: a fused
+    case must never record the reference's figures under its name."""
+    y, b = leaves((4, 16), (16,), seed=5)
+    want = fused.bias_gelu_reference(y, b)
+    oom = _compiled_by(monkeypatch, torch.OutOfMemoryError("CUDA out of memory."))
+    with pytest.raises(torch.OutOfMemoryError):
+        oom(y, b)
+    assert oom.failed is None
+    later = _compiled_by(monkeypatch, want.detach(), RuntimeError("illegal memory access"))
+    later(y, b)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        later(y, b)
+    assert later.failed is None
+    broken = _compiled_by(monkeypatch, RuntimeError("InductorError: no Triton\nmore"))
+    with pytest.warns(RuntimeWarning, match="running the reference instead"):
+        torch.testing.assert_close(broken(y, b), want, rtol=0, atol=0)
+    assert broken.failed == "RuntimeError: InductorError: no Triton"
+    torch.testing.assert_close(broken(y, b), want, rtol=0, atol=0)  # the reference from now on
+    monkeypatch.setitem(fused.BY_FUSION, "bias_gelu", broken)
+    assert fused.fallbacks() == {"bias_gelu": "RuntimeError: InductorError: no Triton"}
+
+
 def test_the_fused_dropout_drops_at_its_rate():
     """Ones in, no residual: before the LayerNorm a kept entry is 1/0.9 and a dropped one 0,
     so in each normalised row the dropped entries are the ones below the row's mean."""

@@ -3,8 +3,10 @@ checked on the CPU with the model and the trainer: a static batch's losses and g
 the dynamic batch's on the same samples, and the region a full graph captures is capture-safe
 on the simulated device (runtime.observe.hostsync: no host read, no data-dependent shape, no
 host copy, the same op trace for other data, state changed in place) and keeps each step's
-values. The shapes, the capacity rule and the config's refusals: tests/unit/test_graphs.py; the
-replays themselves on a GPU: tests/integration/test_cuda_graphs.py (marked cuda)."""
+values - in every precision and compile mode bench.gpu's verdicts capture (bf16_master, its
+qkv, compiled layers). The shapes, the capacity rule and the config's refusals:
+tests/unit/test_graphs.py; the replays themselves on a GPU: tests/integration/test_cuda_graphs.py
+(marked cuda)."""
 from __future__ import annotations
 
 
@@ -81,9 +83,15 @@ def simulated_trainer(data, *extra):
      "train.clip_mode=bucket_before", "fp16"],
     # model.fp8: torchao's amax, scale and cast (emulated here; the GEMM alone differs on a GPU)
     ["model.attention=unpadded", "model.fp8=tensorwise"],
+    # bench.gpu's verdict modes: bf16 parameters with fp32 masters and the one QKV GEMM, and
+    # the best mode - with pad_vocab, whole layers compiled (in the warm-up, as on a GPU)
+    ["model.attention=unpadded", "data.balance=offline_pack", "train.precision=bf16_master",
+     'model.fusions=["qkv"]'],
+    ["model.attention=unpadded", "data.balance=offline_pack", "train.precision=bf16_master",
+     'model.fusions=["pad_vocab","qkv"]', "model.compile=layers"],
 ], ids=["unpadded-packed-global_after", "padded-packed-local_before-accum2",
         "unpadded-bucket_before-fp16", "padded-none", "sharded-lars-bucket_before-fp16",
-        "unpadded-fp8"])
+        "unpadded-fp8", "bf16_master-qkv", "bf16_master-layers"])
 def test_the_captured_step_is_capture_safe_on_the_simulated_device(small_dataset, single_ctx,
                                                                   case):
     fp16 = "fp16" in case
@@ -102,7 +110,7 @@ def test_the_captured_step_is_capture_safe_on_the_simulated_device(small_dataset
             batches = [next(it) for _ in range(trainer.body.accum)]
             graph.inputs.load(batches)  # outside the region, as before a replay
             n, e = len(syncs.trace), len(syncs.events)
-            values = trainer.runner.body(graph.inputs.slots)  # the region the graph captures
+            values = trainer.runner.captured_step(graph.inputs.slots)  # the region the graph captures
             assert syncs.events[e:] == [], HostSyncs.report(syncs)
             traces.append(syncs.trace[n:])
             _Packed(values).pack(values)  # what the graph copies out

@@ -1,6 +1,6 @@
 """run_and_time.sh reads the run's config in processes of their own before any rank starts
-(``python -m runtime.config`` for the values it needs, ``python -m runtime.train.memory`` for
-the memory check): a few per run, so their start-up is a run's start-up. Each runs here as
+(``python -m runtime.config`` for the values it needs, ``python -m submission.preflight`` for
+the launcher, memory, device and Inductor cache checks): a few per run, so their start-up is a run's start-up. Each runs here as
 the script runs it, and must not import numpy, h5py or torch - with numpy and h5py (through
 the balancing modes, now loaders/balance_spec.py) each took ~0.2 s of CPU instead of ~0.07.
 """
@@ -28,7 +28,8 @@ finally:
 
 @pytest.mark.parametrize("module, args, lines", [
     ("runtime.config", ["--get", "system.nodes", "--get", "train.seed"], 2),  # the values
-    ("runtime.train.memory", [], 0),   # the check: silent when the run fits, exit 0
+    ("submission.preflight", [], 0),   # the checks: silent when the run can start, exit 0
+    ("runtime.train.memory", [], 0),   # (its memory check, also a command of its own)
 ])
 def test_run_and_times_config_helpers_import_no_numpy_h5py_or_torch(module, args, lines):
     proc = subprocess.run([sys.executable, "-c", RUN_AS_MAIN, module, str(CPU_CONFIG), *args],

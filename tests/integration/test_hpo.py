@@ -116,6 +116,18 @@ def test_values_reach_the_run_as_typed_overrides_and_the_best_config_loads(tmp_p
     assert text.startswith("# Searched by `python -m submission hpo`") and "trial 3" in text
     base = load_config(CPU_CONFIG)
     assert cfg.model.hidden_size == base.model.hidden_size and cfg.data == base.data
+    assert "1,234 samples to target" in text and "NO TRIAL" not in text
+    # No trial reached the target: the header says so before anything else, and what the
+    # number is - a censored score, not samples to target.
+    lost = dict(best, value=2001.3, censored=True)
+    text = hpo.best_config_text(study, lost, [lost, dict(lost, number=1, value=2560.0)])
+    head = text.split("\n[", 1)[0]
+    assert head.splitlines()[1].startswith(
+        f"# NO TRIAL REACHED THE TARGET (train.target_mlm_accuracy = "
+        f"{base.train.target_mlm_accuracy})"), head
+    assert "samples to target" not in head and "2,001.3" in head and "x (1 + its gap" in head
+    (tmp_path / "lost.toml").write_text(text)
+    assert load_config(tmp_path / "lost.toml").optim.lr == 0.00123   # and it still loads
 
 
 def hpo_args(tmp_path, *extra):

@@ -106,6 +106,16 @@ def test_projection_runs_compares_with_published_and_picks_the_batch(tmp_path):
     assert len(rec["published"]) == 4
     for r in rec["published"]:
         assert r["predicted_s"] > 0 and math.isfinite(r["error"])
+    # One time per published run, with the assumption it rests on; Presto's own options on
+    # the same rows are a table of their own, each column named by its optimizer.
+    table = proc.stdout.split("published 1,024-A100 results", 1)[1].split("Not those runs", 1)
+    rows = [line for line in table[0].splitlines() if line.startswith("| v")]
+    assert len(rows) == 4
+    for line, r in zip(rows, rec["published"]):
+        assert f"| {r['predicted_s']:.1f} |" in line and r["assumption"] in line
+        assert r["assumption"].startswith(("no bucketing, local_before, the update sharded over 8",
+                                           "DDP 25 MiB (22 buckets), bucket_before, the update"))
+    assert "tuned plan s" not in table[0] and "optim.shard=none" in table[1]
     # optim.shard=node on the published rows: the update is 1/8 on every row, the step
     # shorter; the parameters' fp32 all-gather inside the node is what is left of the span
     assert "optim.shard=node" in proc.stdout and len(rec["sharded"]) == 4

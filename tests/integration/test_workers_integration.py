@@ -59,6 +59,34 @@ def test_a_dead_workers_status_is_read_by_one_thread_at_a_time(monkeypatch):
     assert not overlaps and reads, reads
 
 
+def test_a_killed_forkserver_names_itself_and_the_tasks_it_left(tmp_path):
+    """SIGKILL to the forkserver (the probe's P11), not to a worker: multiprocessing reports
+    every worker as "ended with exit status 255", and the error said a worker died, named no
+    task, and gave the SIGKILL advice (the out-of-memory killer, fewer --workers). The
+    forkserver is said, how it ended and what its workers were doing."""
+    from multiprocessing import forkserver
+
+    def kill_the_forkserver():
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(forkserver._forkserver._forkserver_pid, signal.SIGKILL)
+    with pytest.raises(WorkerDied) as got:
+        with Workers(2) as pool:
+            threading.Thread(target=kill_the_forkserver, daemon=True).start()
+            pool.map(tasks.note_pid_and_sleep, [str(tmp_path)] * 2,
+                     describe=lambda d: "sleeping in a test")
+    pid = forkserver._forkserver._forkserver_pid
+    assert str(got.value) == (
+        f"the forkserver (pid {pid}), the process this build's workers are started from, "
+        "killed by signal 9 (SIGKILL) while its workers were sleeping in a test; its workers "
+        "ended with it, so this build cannot be completed; nothing was written. It does no "
+        "work of its own - something other than the build ended it (the out-of-memory killer "
+        "picks the largest process): run again")
+    with Workers(2) as pool:   # the next pool starts a forkserver of its own
+        assert pool.map(tasks.square, [1, 2, 3]) == [1, 4, 9]
+
+
 def test_results_come_in_task_order_and_setup_reaches_every_worker():
     with Workers(2, setup=(tasks.set_state, ({"factor": 3},))) as pool:
         assert pool.map(tasks.scaled, list(range(40))) == [3 * x for x in range(40)]

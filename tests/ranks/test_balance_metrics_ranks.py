@@ -35,7 +35,7 @@ def test_two_ranks_reduce_tokens_and_time(small_dataset, tmp_path):
         cost = [x["cost"] for x in local]
         assert min(cost) > 0 and extra["imbalance_cost"] == pytest.approx(max(cost) / (sum(cost) / 2))
         assert extra["real_tokens_all"] == sum(real)
-        assert extra["pad_eff"] == pytest.approx(sum(real) / sum(computed))
+        assert extra["padding_efficiency"] == pytest.approx(sum(real) / sum(computed))
         assert extra["imbalance_real"] == pytest.approx(max(real) / (sum(real) / 2))
         assert extra["imbalance_tokens"] == pytest.approx(max(computed) / (sum(computed) / 2))
         times = [x["compute_s"] for x in local]

@@ -270,6 +270,26 @@ def test_every_rank_of_a_refusal_notes_it_before_any_leaves(launcher):
 @pytest.mark.slow
 @needs_mpiexec
 @pytest.mark.timeout(120)
+def test_a_refusal_prints_no_c10d_stack_when_the_stores_host_leaves():
+    """A refusal every rank makes alike, rank 0 - which hosts the store the ranks meet on -
+    the last to note it and rank 1 slow to look: rank 1 asked the store again after rank 0 had
+    gone, and c10d printed "recvValue failed ... Connection reset by peer" and a C++ stack of
+    13 frames after the one clean refusal (the probe's B3, 3 of 3 refusals after launch).
+    Rank 0 leaves last now."""
+    proc, started, tag = _start("mpiexec", "refuse-0-late")
+    out_dir = Path(proc.out_dir)
+    try:
+        rc, out, elapsed, _ = _finish(proc, started, tag, keep_out=True)
+        assert rc == 2 and out.count("refused alike on every rank") == 2, out[-4000:]
+        for noise in ("c10d", "Connection reset", "frame #", "Exception raised from"):
+            assert noise not in out, out[-4000:]
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+@pytest.mark.slow
+@needs_mpiexec
+@pytest.mark.timeout(120)
 def test_a_hung_rank_times_out_the_others():
     """Rank 1 stops answering: rank 0's all-reduce times out (5 s) and MPI_Abort ends both."""
     rc, out, elapsed, _ = _launch("mpiexec", "hang", timeout_s=5)

@@ -19,9 +19,10 @@ import torch
 
 from loaders.collate import IGNORE_INDEX, Batch
 from loaders.dataset import STATS_FILE, DataSetInfo
-from loaders.presets import SOURCES  # noqa: F401 - `make sources`: the tests take it from here
+from basis.presets import SOURCES  # noqa: F401 - `make sources`: the tests take it from here
 from loaders.shards import (CHECKSUM_FILE, EVAL_FILE, TRAIN_DIR, Samples, read_shard, shard_name,
                             write_checksums, write_shard)
+from tests.support.nvidia_layout import write_nvidia_varlength  # noqa: F401 - for the tests
 from tests.support.tiny import VOCAB_ROWS
 
 CLS, SEP, MASK = 101, 102, 103
@@ -161,21 +162,3 @@ def assert_eval_counts(got: dict, want: dict, ranks: int) -> None:
         {k: want[k] for k in ("count", "correct")}, (ranks, got)
     assert got["eval_samples"] == want["eval_samples"]
     assert got["accuracy"] == pytest.approx(want["correct"] / want["count"])
-
-
-def write_nvidia_varlength(path: Path, s: Samples) -> None:
-    """One shard as NVIDIA's MLPerf preparation writes it (``convert_fixed2variable.py`` in
-    NVIDIA/benchmarks/bert/implementations/pytorch/input_preprocessing, training_results_v2.0):
-    datasets of (n,) vlen int16 - but segment_ids vlen int8 - filled row by row, and
-    next_sentence_labels as 'i1'."""
-    import h5py
-    n = len(s)
-    with h5py.File(path, "w") as f:
-        cols = {key: f.create_dataset(key, (n,), dtype=h5py.vlen_dtype(np.dtype(dt)))
-                for key, dt in (("input_ids", "int16"), ("segment_ids", "int8"),
-                                ("masked_lm_positions", "int16"), ("masked_lm_ids", "int16"))}
-        nsp = f.create_dataset("next_sentence_labels", data=np.zeros(n, dtype="int8"), dtype="i1")
-        for i in range(n):
-            for key, ds in cols.items():
-                ds[i] = getattr(s, key)[i]
-            nsp[i] = s.next_sentence_labels[i]

@@ -2,7 +2,7 @@
 tests/e2e/test_run_and_time*.py files share.
 
 PYTHON, MPIEXEC, MPIRUN and SRUN are stub scripts (``STUB``) that record their argv and exit
-with $STUB_RC; the PYTHON stub passes `-m runtime.config`, `-m runtime.train.memory`, `-m
+with $STUB_RC; the PYTHON stub passes `-m runtime.config`, `-m submission.preflight`, `-m
 submission.launchers`, `-m submission.session` (which starts the launcher), `-m
 submission.rank_ends` (which watches the ranks end) and `-m submission.shm` (which cleans up
 after it) on to the real interpreter, so the launch values
@@ -37,7 +37,8 @@ if argv[:2] == ["-m", "runtime.config"] and os.environ.get("STUB_CONFIG_DELAY"):
     import time
     time.sleep(float(os.environ["STUB_CONFIG_DELAY"]))
 if argv[:2] in (["-m", "runtime.config"], ["-m", "submission.launchers"],
-                ["-m", "runtime.train.memory"], ["-m", "submission.session"],
+                ["-m", "submission.preflight"], ["-m", "runtime.train.memory"],
+                ["-m", "submission.session"],
                 ["-m", "submission.shm"], ["-m", "submission.rank_ends"]):
     os.execv({sys.executable!r}, [{sys.executable!r}] + argv)
 with open(os.environ["STUB_LOG"], "a") as f:

@@ -21,6 +21,7 @@ from runtime.config import ConfigError, load_config
 from submission.train import exit_code_of
 from tests.support.data import copy_dataset, rewrite_shard, train_shards
 from tests.support.runs import CPU_CONFIG
+from tests.support.launch import ROOT
 from tests.support.tiny import VOCAB_ROWS, run_overrides
 
 LIMITS = Limits(vocab_size=30522, max_seq_length=128)
@@ -83,6 +84,29 @@ def test_bad_eval_file_and_a_missing_data_directory(small_dataset, tmp_path):
                  lambda: DataSetInfo.read(missing)):
         with pytest.raises(DataError, match="does not exist: build the data set"):
             call()
+
+
+
+def test_a_missing_data_set_is_told_the_build_of_the_configs_shape(tmp_path):
+    """The hint names the build that gives the config's sequence length and predictions:
+    MLPerf's text (or NVIDIA's HDF5 adopted) for seq 512 / 76, the PyPI text with its flags
+    otherwise (basis.presets.build_hint); the trainer and `submit` both say it."""
+    from submission import slurm
+    missing = tmp_path / "bert_wiki_512"
+    with pytest.raises(DataError) as e:
+        DataSetInfo.read(missing, 512, 76)
+    assert "--mlperf-text results4" in str(e.value) and "loaders.adopt" in str(e.value)
+    with pytest.raises(DataError, match=r"`python -m loaders.prepare --out \S+ --seq-len 64 "
+                                        r"--max-pred 10` \(docs/DATA.md\)"):
+        DataSetInfo.read(missing, 64, 10)
+    with pytest.raises(DataError, match=r"`python -m loaders.prepare --out \S+` \(docs/"):
+        DataSetInfo.read(missing, 128, 20)            # what prepare builds by default
+    dgx = ROOT / "submission" / "configs" / "config_DGXA100_1x8x56x1.toml"
+    with pytest.raises(slurm.SubmitError) as e:
+        slurm.plan(dgx, 1, [f'data.data_dir="{missing}"'], logdir=tmp_path / "logs",
+                   ask_slurm=False)
+    assert "does not exist on this host" in str(e.value)
+    assert "--mlperf-text results4" in str(e.value) and "loaders.adopt" in str(e.value)
 
 
 def test_the_data_set_must_agree_with_the_config(small_dataset):

@@ -11,7 +11,7 @@ def test_step_balance_arithmetic():
     total = {"real": 300.0, "computed": 400.0, "compute_s": 3.0, "load_s": 0.2}
     top = {"real": 180.0, "computed": 256.0, "compute_s": 2.0, "load_s": 0.15}
     got = step_balance(total, top, world_size=2)
-    assert got["pad_eff"] == 0.75
+    assert got["padding_efficiency"] == 0.75
     assert got["imbalance_tokens"] == 256 / 200 and got["imbalance_real"] == 180 / 150
     assert got["imbalance_compute"] == 2.0 / 1.5
     assert (got["compute_s_max"], got["compute_s_mean"], got["load_s_max"]) == (2.0, 1.5, 0.15)

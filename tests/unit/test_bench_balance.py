@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from bench.balance import (CPU_SHAPE, data_seq_len, main, packing_bound, parse_balance,
-                           rank_costs, rank_rows, simulate, variant_overrides, virtual_shards)
+from bench.balance import (CPU_SHAPE, data_seq_len, main, packing_bound, padding_efficiency,
+                           parse_balance, rank_costs, rank_rows, simulate, variant_overrides,
+                           virtual_shards)
 from loaders.dataset import DataSetInfo, read_lengths
 from loaders.length_cost import LengthCost, flops_cost
 
@@ -79,5 +80,6 @@ def test_variants_and_metrics_parsing(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(json.dumps(s) for s in steps + [{"kind": "eval"}]))
     got = parse_balance(path)
-    assert got["median_step_time_s"] == 2 and got["pad_eff"] == 0.75  # first 5 steps skipped
+    assert got["median_step_time_s"] == 2 and got["padding_efficiency"] == 0.75  # 5 skipped
+    assert padding_efficiency(got) == padding_efficiency({"pad_eff": 0.75}) == 0.75  # old records
     assert got["imbalance_compute"] == pytest.approx(1.1) and got["steps_measured"] == 8

@@ -11,7 +11,9 @@ from bench import common
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 # Not benchmarks with a record: the runtime's and baseline's helpers, the test bed.
 NO_RECORD = {"__init__.py", "common.py", "baseline_ddp.py", "fault_rank.py", "netns.py",
+             "harness.py",           # the benchmarks' runner: it records through common
              "same_metrics.py",      # a check of two runs' records: it measures nothing
+             "compare_commits.py",   # two runs and same_metrics on them: nothing recorded
              "tf_bundle_writer.py",  # bench.convert_crc's input writer
              "cuda_dispatch.py",     # bench.kernel_count's CUDA dispatch on a CPU
              "kernel_counter.py"}    # bench.kernel_count's counter and its rules
@@ -43,7 +45,8 @@ def test_every_benchmark_writes_its_record_through_common():
         if path.name in NO_RECORD:
             continue
         text = path.read_text()
-        assert "from bench.common import" in text or "from bench import common" in text, path
+        assert any(f in text for f in ("from bench.common import", "from bench import common",
+                                       "from bench.harness import")), path
         assert '"bench":' not in text and "platform.python_version" not in text, path
 
 

@@ -155,29 +155,74 @@ def test_gradients_are_added_into_the_bucket_buffer_and_are_its_views_after_the_
 @pytest.mark.parametrize("micro_steps", [1, 3])
 def test_each_bucket_takes_its_gradients_in_one_add_with_the_bits_of_accumulating(micro_steps):
     """AccumulateGrad keeps each gradient where the backward made it (the .grad are unset in a
-    step) and each bucket adds its own in one multi-tensor add per micro-step: no add_ per
-    parameter (on a GPU ~12 kernels a BERT layer). The buffer holds the very bits of adding
-    each micro-step's gradient into zeros in order, as autograd accumulating into the views
-    did; split parameters (cap 9 cuts ``late.weight`` and ``early.weight``) included."""
+    step) and each bucket takes its own in one multi-tensor op per micro-step: no add_ per
+    parameter (on a GPU ~12 kernels a BERT layer) - a copy the first time in a step, an add
+    after. No memset of the buffer between steps either (the copy overwrites each bucket,
+    its padding zeroed in the same launch). The buffer holds the very bits of adding each
+    micro-step's gradient into zeros in order (torch.equal: up to the sign of a zero), as
+    autograd accumulating into the views did; split parameters (cap 9 cuts ``late.weight``
+    and ``early.weight``) included - in the step after another, whose values it overwrites."""
     model = LateFirst()
     buckets = toy_buckets(model, cap=9)
     assert buckets.plan.split_parameters() and buckets.num_buckets >= 4
-    xs = [torch.randn(5, 4) for _ in range(micro_steps)]
-    want = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
-    for x in xs:
-        for n, g in autograd_grads(model, x).items():
-            want[n] += g
+    for step in range(2):
+        xs = [torch.randn(5, 4) for _ in range(micro_steps)]
+        want = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+        for x in xs:
+            for n, g in autograd_grads(model, x).items():
+                want[n] += g
+        with counting() as count:  # the ops below autograd (bench.kernel_counter)
+            buckets.begin_step()
+            for i, x in enumerate(xs):
+                with buckets.no_sync() if i < micro_steps - 1 else contextlib.nullcontext():
+                    model(x).pow(2).sum().backward()
+            buckets.finish()
+            k, flat, layout = buckets.num_buckets, buckets.flat.clone(), buckets.layout
+            buckets.zero_grad()  # (after the first step: the re-cut, a new buffer)
+        ops = Counter(r[2] for r in count.records)
+        assert ops["add_"] == 0, ops
+        assert ops["_foreach_copy_"] == k, ops
+        assert ops["_foreach_add_"] == k * (micro_steps - 1), ops
+        assert ops["zero_"] == ops["fill_"] == 0, ops
+        assert torch.equal(flat, in_layout(want, layout)), step
+        assert buckets._views_attached()
+
+
+def test_a_step_overwrites_the_last_ones_values_padding_included():
+    """What a step leaves in the buffer - even non-finite values in the rows' padding, as a
+    bucket scaled by a NaN clip coefficient leaves them - is gone after the next step's
+    copies (the padding is in the per-row norms the clip and the optimizer read)."""
+    model = LateFirst()
+    buckets = toy_buckets(model, cap=9)
+    x = torch.randn(5, 4)
     buckets.begin_step()
-    with counting() as count:  # the ops below autograd (bench.kernel_counter)
-        for i, x in enumerate(xs):
-            with buckets.no_sync() if i < micro_steps - 1 else contextlib.nullcontext():
-                model(x).pow(2).sum().backward()
+    model(x).pow(2).sum().backward()
     buckets.finish()
-    ops = Counter(r[2] for r in count.records)
-    assert ops["add_"] == 0, ops
-    assert ops["_foreach_add_"] == buckets.num_buckets * micro_steps, ops
-    assert torch.equal(buckets.flat, in_layout(want, buckets.layout))
-    assert buckets._views_attached()
+    buckets.zero_grad()  # the first step's re-cut: a new buffer
+    buckets.flat.fill_(float("nan"))
+    buckets.begin_step()
+    model(x).pow(2).sum().backward()
+    buckets.finish()
+    assert torch.equal(buckets.flat, in_layout(autograd_grads(model, x), buckets.layout))
+
+
+def test_a_bucket_short_of_a_gradient_is_zeroed_not_left_with_the_last_step():
+    """A parameter without a gradient in a step reads 0, not the last step's gradient: its
+    bucket is zeroed before the others' gradients are added (one with no gradient at all:
+    zeroed at finish)."""
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.a, model.b, model.c = (nn.Parameter(torch.randn(4)) for _ in range(3))
+    plan = BucketPlan.from_json({"buckets": [["a", "b"], ["c"]]}, {"a": 4, "b": 4, "c": 4})
+    buckets = GradientBuckets(model, plan, world_size=1)
+    for step, used in enumerate([("a", "b", "c"), ("a",), ("b", "c")]):
+        buckets.begin_step()
+        sum(getattr(model, n).pow(2).sum() for n in used).backward()
+        buckets.finish()
+        for n in "abc":
+            want = 2 * getattr(model, n).detach() if n in used else torch.zeros(4)
+            assert torch.equal(getattr(model, n).grad, want), (step, n)
+        buckets.zero_grad()
 
 
 class Replayed(torch.autograd.Function):

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from runtime.train.checkpoint import (FORMAT, MANIFEST, Checkpoint, CheckpointError,
-                                      layout_fingerprint, rng_state, set_rng_state, shard_file)
+                                      rng_state, set_rng_state)
+from runtime.train.checkpoint_optim import layout_fingerprint, shard_file
 
 
 # ------------------------------------------------------------------------------ the format

@@ -65,6 +65,56 @@ def test_published_dgx_hyperparameters():
     assert eight.train.eval_iter_samples == 175_000
 
 
+HOPPER = [p for p in CONFIGS if p.name.startswith(("config_DGXH100_", "config_DGXH200_"))]
+
+
+def test_hopper_configs_ship_for_the_h100_and_the_h200():
+    assert {p.name.split("_")[1] for p in HOPPER} == {"DGXH100", "DGXH200"}
+
+
+@pytest.mark.parametrize("path", HOPPER, ids=lambda p: p.name)
+def test_hopper_configs_run_the_measured_best_step_at_a_reference_convergence_point(path):
+    """The settings docs/GPU.md measured (or counted) fastest: bf16 parameters with fp32
+    masters, one QKV GEMM, static packed shapes, the whole iteration one CUDA graph, compiled
+    layers; FP8 off (not measured on a GPU; it cannot pay at 2 rows); and the MLPerf reference
+    convergence point of the batch (mlperf_logging's rcps_bert.json), so the closed division's
+    RCP check has a point to hold the run to."""
+    import json
+    import mlperf_logging
+    cfg = load_config(path)
+    m, d, t = cfg.model, cfg.data, cfg.train
+    assert (m.num_hidden_layers, m.hidden_size, m.vocab_size, d.max_seq_length,
+            d.max_predictions_per_seq) == (24, 1024, 30522, 512, 76)
+    assert cfg.submission.division == "closed" and t.target_mlm_accuracy == 0.720
+    assert t.precision == "bf16_master" and "qkv" in m.fusions and m.compile == "layers"
+    assert (d.shapes, d.balance, m.attention) == ("static", "offline_pack", "unpadded")
+    assert t.cuda_graphs == "full" and cfg.optim.backend == "auto" and m.fp8 == "none"
+    assert cfg.system.device == "cuda" and cfg.system.device_memory_gb >= 80
+    rcps = json.loads((Path(mlperf_logging.__file__).parent / "rcp_checker" / "training_5.0.0"
+                       / "rcps_bert.json").read_text())
+    ref = next(r["Hyperparams"] for r in rcps.values() if r["BS"] == t.global_batch_size)
+    o, s = cfg.optim, cfg.schedule
+    assert (o.lr, s.total_steps, o.beta1, o.beta2, o.weight_decay, s.warmup_steps) == (
+        ref["opt_base_learning_rate"], ref["opt_learning_rate_training_steps"],
+        ref["opt_lamb_beta_1"], ref["opt_lamb_beta_2"], ref["opt_lamb_weight_decay_rate"],
+        ref["num_warmup_steps"])
+    formula = int(0.05 * (230.23 * t.global_batch_size + 3_000_000) // 25_000) * 25_000
+    assert t.eval_cadence() == (formula, formula)
+    from runtime.train.memory import problem
+    assert problem(cfg) is None                     # fits the GPU's memory by the estimate
+
+
+@pytest.mark.parametrize("path", HOPPER, ids=lambda p: p.name)
+def test_hopper_configs_are_refused_in_one_sentence_where_they_cannot_run(path):
+    """On this CPU machine, before any rank starts (run_and_time.sh's pre-launch check): srun
+    outside an allocation, and with a launcher that starts ranks here, no CUDA."""
+    from submission import preflight
+    assert "inside a Slurm allocation" in preflight.problems(
+        str(path), [], environ={"PATH": "/usr/bin:/bin"})[0]
+    found = preflight.problems(str(path), ["system.launcher=mpiexec", "system.nodes=1"])
+    assert any("system.device='cuda'" in p for p in found), found
+
+
 def test_every_clip_mode_has_one_spec_row():
     from typing import get_args
     from runtime.choices import CLIP_SPECS, ClipMode, clip_spec
@@ -125,3 +175,22 @@ def test_every_shard_scope_has_one_row_that_its_readers_share():
     for s in SHARD_SCOPES.values():
         assert f"'{s.name}' ({s.help})" in doc
         assert all(n.key in doc for n in s.needs)
+
+
+def test_the_gpu_quick_starts_first_run_loads_as_written():
+    """docs/GPU_QUICKSTART.md's one-GPU first run: its config and overrides, read from the
+    page, load; on this CPU machine the pre-launch check refuses it for the device alone."""
+    import re
+    import shlex
+    from submission import preflight
+    page = (Path(__file__).resolve().parents[2] / "docs" / "GPU_QUICKSTART.md").read_text()
+    block = next(b for b in re.findall(r"```\n(.*?)```", page, re.S)
+                 if "./run_and_time.sh --" in b and "make sources data" in b)
+    words = shlex.split(block.split("make sources data\n", 1)[1].replace("\\\n", " "))
+    config = words[0].removeprefix("CONFIG=")
+    overrides = words[words.index("--") + 1:]
+    cfg = load_config(config, overrides)
+    assert cfg.system.ranks_per_node == 1 and cfg.local_batch_size(1) == 56
+    assert cfg.train.cuda_graphs == "full" and cfg.model.compile == "layers"
+    found = preflight.problems(config, overrides)
+    assert len(found) == 1 and "system.device='cuda'" in found[0], found

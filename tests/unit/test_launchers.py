@@ -112,6 +112,22 @@ def test_torchrun(bindir):
         argv("torchrun", nodes=2, MASTER_PORT="1234")
     assert str(e.value) == ("system.nodes=2 needs MASTER_ADDR (the rendezvous host) for "
                             "torchrun")
+    with pytest.raises(LauncherError) as e:   # a TORCHRUN that is not there: said, not run
+        argv("torchrun", TORCHRUN="/no/such/torchrun")
+    assert str(e.value) == "TORCHRUN '/no/such/torchrun' not found (set TORCHRUN)"
+
+
+def test_where_the_ranks_run():
+    """Whether a launch runs ranks on this host: what they need of it is checked here first
+    (submission.preflight)."""
+    cases = (("mpiexec", 1, {}, True), ("mpirun", 1, {}, True), ("mpiexec", 2, {}, False),
+             ("torchrun", 2, {}, True),   # each node's agent starts that node's ranks
+             ("srun", 1, {"SLURM_JOB_ID": "7"}, False))   # salloc's shell: a login node
+    for name, nodes, env, expect in cases:
+        assert launchers.ranks_run_here(LAUNCHERS[name], Launch(nodes, 2, RANK, env)) == \
+            expect, (name, nodes)
+    step = {"SLURM_PROCID": "1", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}
+    assert launchers.ranks_run_here(LAUNCHERS["srun"], Launch(2, 4, RANK, step))
 
 
 def test_signal_fold_and_node_rules():
@@ -299,6 +315,60 @@ def test_a_torchrun_stop_ends_in_one_line_with_the_signals_status(monkeypatch, c
     monkeypatch.setattr(torchrun_module, "main", lambda args: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         torchrun.main([])
+
+
+def test_torchrun_ends_a_budget_run_quietly_and_a_failure_without_its_traceback(
+        monkeypatch, capsys):
+    """Every worker ending 1 - the budget spent, "target not reached" - made the agent raise
+    ChildFailedError, a traceback after every short torchrun run (newcomer walkthrough): now
+    no output (run_and_time.sh says "stopped at the step budget"), status 1. Another failure
+    is torchrun's own report - which worker, its exit code, the root cause that rank_status
+    reads - without the traceback."""
+    import torch.distributed.run as torchrun_module
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    from submission import torchrun
+
+    def failing(codes):
+        def main(args):
+            raise ChildFailedError("/repo/submission/train.py", {
+                rank: ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=code,
+                                     error_file="<N/A>") for rank, code in enumerate(codes)})
+        return main
+    monkeypatch.setattr(torchrun_module, "main", failing([1, 1]))
+    assert torchrun.main(["--standalone", "-m", "submission.train"]) == 1
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(torchrun_module, "main", failing([1, -9]))
+    assert torchrun.main(["--standalone", "-m", "submission.train"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ")
+    assert "Traceback" not in err and "/repo/submission/train.py FAILED" in err, err
+    assert LAUNCHERS["torchrun"].culprit(err, {}) in (
+        "rank 1 (pid 101) ended first: killed by SIGKILL (kill -9, the OOM killer or a lost "
+        "node)", "rank 0 (pid 100) ended first: exit status 1")
+
+
+def test_a_run_its_budget_ended_is_said_so(tmp_path):
+    """Exit 1 - the budget spent, the target not reached - is a normal end (a smoke, profile
+    or tuning run): one line that says which budget, the steps and samples and the last
+    evaluation against the target, instead of a failure's summary."""
+    import json
+    from submission.rank_status import summary
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    for r in (0, 1):
+        (ranks / f"rank_0000{r}.json").write_text(json.dumps({
+            "rank": r, "world_size": 2, "pid": 10 + r, "host": "vm", "step": 25,
+            "samples": 400, "exit": 1, "state": "finished", "reason": "budget",
+            "started": 0.0}))
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 25, "samples": 400,
+                                                       "eval_accuracy": 0.03125}))
+    assert summary(tmp_path, 1, None, launcher="torchrun", budget=(25, 0, 0.72)) == (1, [
+        "stopped at the step budget: 25 steps (train.max_steps), 400 samples, no target: the "
+        "last evaluation's accuracy 0.0312 is short of train.target_mlm_accuracy 0.72 (exit 1, "
+        "target not reached - not a failure; no RESULT line)"])
+    code, (line,) = summary(tmp_path, 1, None, budget=(1000, 400, 0.72))
+    assert line.startswith("stopped at the sample budget: 400 samples "
+                           "(train.max_samples_termination), 25 steps, no target"), line
 
 
 def test_a_folding_launchers_failure_is_never_target_not_reached():

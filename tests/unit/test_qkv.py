@@ -7,9 +7,10 @@ allows; bf16 autocast: within its rounding), padded and unpadded with every CPU 
 kernel; the fused attention runs one GEMM forward where the split runs three (counted at the
 aten level); HF files are byte for byte the split layout's, and either layout loads the
 other's weights (HF's keys, a TensorFlow conversion); LAMB and LARS keep one trust ratio per
-Q, K and V in every backend - with the same gradients a fused step equals the split step
-bit for bit, and with one ratio for the whole [3H, H] tensor (a fused tensor handed to the
-optimizer as it is) it would not; a state dict or optimizer state of the other layout is
+Q, K and V in the reference and foreach backends - with the same gradients a fused step
+equals the split step bit for bit, and with one ratio for the whole [3H, H] tensor (a fused
+tensor handed to the optimizer as it is) it would not (the fused backend compiles:
+tests/integration/test_qkv_fused_optim.py holds it there, and a few LAMB training steps); a state dict or optimizer state of the other layout is
 refused naming the keys, and a resume that changes the layout is refused naming
 model.fusions (tests/integration/test_qkv_checkpoints.py: the same on a real run's
 checkpoints).
@@ -26,55 +27,12 @@ from kernels.optim_flat import FlatBuffers, FlatLayout
 from runtime.config import ConfigError, load_config
 from runtime.model.bert import BertForPreTraining
 from runtime.model.config import BertConfig
-from runtime.model.hf import hf_layout, load_hf_state_dict, load_pretrained, save_hf_state_dict
+from runtime.model.hf import load_hf_state_dict, load_pretrained, save_hf_state_dict
 from runtime.optim.groups import norm_blocks
 from runtime.optim.optimizers import build_optimizer
 from runtime.train import resume_rules as rr
+from tests.support.qkv import OPTIMIZERS, batch, config, grads_hf, pair, run, steps
 from tests.support.runs import CPU_CONFIG
-
-QKV = ("query", "key", "value")
-
-
-def config(hidden=64, heads=4, layers=2):
-    return BertConfig(vocab_size=120, hidden_size=hidden, num_hidden_layers=layers,
-                      num_attention_heads=heads, intermediate_size=2 * hidden,
-                      max_position_embeddings=64, hidden_dropout_prob=0.0,
-                      attention_probs_dropout_prob=0.0)
-
-
-def pair(attention="padded", kernel="auto", cfg=None, seed=0):
-    """(split, fused) models built from one seed."""
-    cfg = cfg or config()
-    torch.manual_seed(seed)
-    split = BertForPreTraining(cfg, attention=attention, kernel=kernel)
-    torch.manual_seed(seed)
-    fused = BertForPreTraining(cfg, attention=attention, kernel=kernel, fusions=("qkv",))
-    return split, fused
-
-
-def batch(seed=1, rows=4, width=24, vocab=120):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab, (rows, width), generator=g)
-    mask = torch.ones_like(ids)
-    for r, n in enumerate((width, 17, 9, 3)[:rows]):
-        mask[r, n:] = 0
-    labels = torch.full_like(ids, -100)
-    labels[:, 1::5] = ids[:, 1::5]
-    labels[mask == 0] = -100
-    return ids, torch.zeros_like(ids), mask, labels, torch.tensor([0, 1] * (rows // 2))
-
-
-def grads_hf(model):
-    """Each parameter's gradient under its HF key (a fused Wqkv's as its three blocks)."""
-    return hf_layout({n: p.grad for n, p in model.named_parameters()})
-
-
-def run(model, b, autocast=False):
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        out = model(*b[:3], masked_lm_labels=b[3], next_sentence_labels=b[4])
-    out.loss.backward()
-    return out
-
 
 # ------------------------------------------------------------------------------ the model
 
@@ -262,47 +220,12 @@ def test_only_the_fused_weight_is_three_norm_blocks():
     assert norm_blocks("module.bert.encoder.layer.0.attention.self.Wqkv.weight") == 3  # DDP
 
 
-def _same_grads(split, fused, seed):
-    """Random gradients on the split model, the same numbers on the fused one."""
-    g = torch.Generator().manual_seed(seed)
-    grads = {}
-    for n, p in split.named_parameters():
-        p.grad = grads[n] = torch.randn(p.shape, generator=g)
-    for n, p in fused.named_parameters():
-        if ".Wqkv." in n:
-            prefix, kind = n.split(".Wqkv.")
-            p.grad = torch.cat([grads[f"{prefix}.{name}.{kind}"] for name in QKV])
-        else:
-            p.grad = grads[n].clone()
-
-
-def _steps(name, backend, split, fused, steps=3, combined=False, **hp):
-    """``steps`` steps of optimizer ``name`` on both models with the same gradients;
-    ``combined``: the fused model's groups without names - one trust ratio for each tensor,
-    its [3H, H] weight included (what a fused tensor handed over as it is would get)."""
-    fused_params = list(fused.named_parameters())
-    if combined:
-        from runtime.optim.groups import param_groups_for_bert
-        fused_params = [{k: v for k, v in g.items() if k != "param_names"}
-                        for g in param_groups_for_bert(fused_params, hp["weight_decay"])]
-    opts = [build_optimizer(name, params, backend=backend, **hp)
-            for params in (list(split.named_parameters()), fused_params)]
-    for step in range(steps):
-        _same_grads(split, fused, seed=step)
-        for opt in opts:
-            opt.step()
-
-
-OPTIMIZERS = [("lamb", dict(lr=0.05, weight_decay=0.01)),
-              ("lars", dict(lr=0.05, weight_decay=0.01))]
-
-
-@pytest.mark.parametrize("backend", ["reference", "foreach", "fused"])
+@pytest.mark.parametrize("backend", ["reference", "foreach"])   # fused: tests/integration/test_qkv_fused_optim.py
 @pytest.mark.parametrize("name,hp", OPTIMIZERS)
 def test_with_the_same_gradients_a_fused_step_equals_the_split_one_bit_for_bit(name, hp,
                                                                                 backend):
     split, fused = pair(cfg=config(hidden=32, heads=2, layers=1))
-    _steps(name, backend, split, fused, **hp)
+    steps(name, backend, split, fused, **hp)
     a, b = save_hf_state_dict(split), save_hf_state_dict(fused)
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -318,48 +241,12 @@ def test_one_ratio_for_the_whole_fused_tensor_would_differ(name, hp):
         split.bert.encoder.layer[0].attention.self.query.weight.mul_(4.0)
     key = "bert.encoder.layer.0.attention.self.query.weight"
     before = save_hf_state_dict(split)[key]
-    _steps(name, "reference", split, fused, combined=True, **hp)
+    steps(name, "reference", split, fused, combined=True, **hp)
     a, b = save_hf_state_dict(split), save_hf_state_dict(fused)
     # Q's update: its own ratio against the one of [Q; K; V] - apart by a good part of it
     assert (a[key] - b[key]).abs().max() > 0.1 * (a[key] - before).abs().max()
     other = "bert.encoder.layer.0.intermediate.dense.weight"
     assert torch.equal(a[other], b[other])
-
-
-def test_a_few_lamb_training_steps_fused_and_split_differ_by_rounding_only():
-    """End to end (forward, backward, clip-free LAMB on the fused flat buffers): the two
-    layouts part only by the GEMMs' float rounding."""
-    split, fused = pair(cfg=config(hidden=32, heads=2, layers=2))
-    opts = [build_optimizer("lamb", list(m.named_parameters()), lr=0.01, backend="fused")
-            for m in (split, fused)]
-    peak: dict = {}   # each tensor's largest magnitude over the run: the scale of its rounding
-    for step in range(4):
-        b = batch(seed=step)
-        for model, opt in zip((split, fused), opts):
-            opt.zero_grad()
-            run(model, b)
-            opt.step()
-        for k, v in save_hf_state_dict(split).items():
-            peak[k] = max(peak.get(k, 0.0), float(v.abs().max()))
-    a, f = save_hf_state_dict(split), save_hf_state_dict(fused)
-    # The key bias adds one number per query row to all its scores: softmax takes no
-    # notice, its exact gradient is 0. What backward leaves there is rounding noise, which
-    # Adam's m/sqrt(v) scales to steps of size lr whatever the layout: no truth to compare.
-    noise = [k for k in a if k.endswith(".key.bias")]
-    assert len(noise) == 2 and all(float(split.get_parameter(k).grad.abs().max()) < 1e-6
-                                   for k in noise)
-    # Each difference is measured against the largest value its tensor held, not its last
-    # one: cls.seq_relationship.bias goes to -0.01 and back to 9e-4, a last value far below
-    # its rounding's scale. The bound: the fourth batch's NSP gradient nearly cancels (2.3e-4
-    # per entry after 3.4e-3), so its rounding - 6.5e-5 of it between the layouts - reaches
-    # the pooler through Adam's normalised step: 9.2e-6 of the pooler bias's peak at one
-    # thread on a Xeon (2026-12-02), 8e-7 at two. A layout bug moves a tensor by a good part
-    # of its step (> 0.1 of it: test_one_ratio_for_the_whole_fused_tensor_would_differ).
-    worst = max(float((a[k] - f[k]).abs().max()) / max(peak[k], 1e-12)
-                for k in a if k not in noise)
-    assert worst < 1e-4
-    moved = save_hf_state_dict(pair(cfg=config(hidden=32, heads=2, layers=2))[0])
-    assert max(float((a[k] - moved[k]).abs().max()) for k in a) > 1e-3  # it trained
 
 
 def test_optimizer_state_of_the_other_layout_is_refused_naming_the_parameters():

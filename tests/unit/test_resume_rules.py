@@ -81,3 +81,18 @@ def test_a_key_the_checkpoint_predates_is_not_compared():
     del saved["train"]["max_nonfinite_steps"]
     now = _changed(load_config(CPU_CONFIG).to_dict(), "train.max_nonfinite_steps")
     assert rr.compare(saved, now) == ([], [])
+
+
+def test_resiliences_resume_table_says_each_keys_declared_rule():
+    """docs/RESILIENCE.md, "What a resume keeps": the keys a precision or speed change
+    touches - train.precision, model.fp8, model.compile - each with what a resume that changes
+    it does, as their fields declare it (the probe's B7: no doc named train.precision as a key a
+    resume must keep)."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "docs" / "RESILIENCE.md").read_text()
+    table = text.split("### What a resume keeps", 1)[1].split("\n\n")[2]
+    rows = re.findall(r"^\| `([\w.]+)` \| (must match|may change)\b", table, re.M)
+    said = {key: "match" if how == "must match" else "record" for key, how in rows}
+    assert {"train.precision", "model.fp8", "model.compile"} <= set(said), table
+    assert said == {key: rr.rule(key)[0] for key in said}

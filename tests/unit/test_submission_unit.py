@@ -4,6 +4,7 @@ converged (submission.report), and Slurm's time limits parsed (submission.slurm)
 line and run.sub with stub sbatch/srun: tests/e2e/test_submission.py."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -43,6 +44,35 @@ def test_olympic_mean_counts_failed_runs_as_not_converged():
     assert o["score_s"] is None and "2 run(s): olympic scoring needs at least 3" in o["note"]
     assert o["mean_of_converged_s"] == 11.0
     assert math.isclose(rep.olympic_mean([_run(f"r{i}", 1.0 + i) for i in range(10)])["score_s"], 5.5)
+
+
+def test_a_directory_of_plain_runs_lists_the_failed_ones_with_their_reason(tmp_path):
+    """`report --logs results/`: a run directory whose launch failed before the MLPerf log
+    started (no mlperf_bert.log) is listed as failed - with its ranks' recorded reason, or the
+    launcher's line - never skipped; what lies inside a run directory is not a run."""
+    ok = tmp_path / "config_A_seed1_20261201_120000"
+    ok.mkdir()
+    (ok / "mlperf_bert.log").write_text(":::MLLOG " + json.dumps(
+        {"key": "seed", "value": 1, "time_ms": 0, "metadata": {}}) + "\n")
+    (ok / "ranks").mkdir()
+    srun = tmp_path / "config_A_seed2_20261201_120100"
+    srun.mkdir()
+    (srun / "launcher.log").write_text("srun: error: Unable to allocate resources\n"
+                                       "srun: fatal: Could not establish a configuration source\n")
+    cuda = tmp_path / "config_A_seed3_20261201_120200"
+    (cuda / "ranks").mkdir(parents=True)
+    for r in (0, 1):
+        (cuda / "ranks" / f"rank_{r:05d}.json").write_text(json.dumps(
+            {"rank": r, "exit": 2, "state": "failed",
+             "reason": "device 'cuda' asked for, but torch sees no CUDA device"}))
+    (tmp_path / "notes").mkdir()                       # not a run directory: not listed
+    runs = {r.name: r for r in rep.find_runs(tmp_path)}
+    assert list(runs) == [f"{ok.name}/mlperf_bert.log", srun.name, cuda.name]   # in order
+    assert runs[srun.name].status == "failed" and "srun: fatal: Could not establish" in \
+        runs[srun.name].reason and runs[srun.name].log is None
+    assert runs[cuda.name].exit_code == 2 and runs[cuda.name].reason.endswith(
+        "rank 0 exit 2: device 'cuda' asked for, but torch sees no CUDA device")
+    assert "no MLPerf log" in runs[cuda.name].reason
 
 
 # ------------------------------------------------------------------------------ status

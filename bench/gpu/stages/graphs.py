@@ -1,49 +1,58 @@
-"""The ``graphs``, ``graphs_compiled``, ``eager_paths`` and ``graph_batches`` stages of ``python
--m bench.gpu``: the small-batch step eager, with the encoder graphs and as one whole-step CUDA
-graph (train.cuda_graphs, runtime/train/graphs.py), each beside the device's busy time of one
-step, in each precision and compile mode.
+"""The ``graphs_compiled``, ``graphs``, ``graphs_baseline``, ``eager_paths`` and ``graph_batches``
+stages of ``python -m bench.gpu``: the small-batch step eager, with the encoder graphs and as one
+whole-step CUDA graph (train.cuda_graphs, runtime/train/graphs.py), each beside the device's
+busy time of one step, in each precision and compile mode.
 
 Cases (BERT-large, sequence 512, static shapes from offline_pack, unpadded attention), each
 mode a case of its own (a row of bench.kernel_count.MODES: the CPU's count of the same step
-sits beside the GPU's): ``graphs`` (the verdicts) ``bf16_autocast`` (fp32 parameters under
-bf16 autocast, no fusion: the H200 record's step), ``bf16_master`` (bf16 parameters, fp32
-master weights in the optimizer) and ``bf16_master_qkv`` (with the one QKV GEMM,
-model.fusions = ["qkv"]); ``graphs_compiled`` (the verdicts too, a stage of its own for its
-compiles) ``bf16_master_layers`` (bf16_master with pad_vocab and qkv, model.compile =
-'layers'); each at 2 full packed rows of 512 (``rows2``: up to ``FULL_ROW_SEQS`` sequences a
-row, the largest local batch every step's 2 rows hold) and at a local batch of 4 sequences
-(``b4``: the rows the default packing makes, 2 - the 2026-11-28 record's case). A case's
-name is the batch, then the mode (``rows2_bf16_master``); ``bf16_autocast``'s are ``rows2``
-and ``b4``. ``graph_batches``: the cluster projection's other local batches, 3 and 16
-sequences, and 3 packed rows, in ``bf16_autocast``.
+sits beside the GPU's), in the order of what the open goals need: ``graphs_compiled`` (the
+verdicts, first: the best mode) ``bf16_master_layers`` (bf16 parameters with fp32 masters,
+pad_vocab and qkv, model.compile = 'layers'; a stage of its own for its compiles); ``graphs``
+(the verdicts) ``bf16_master_qkv`` (the one QKV GEMM, model.fusions = ["qkv"]) and
+``bf16_master``; ``graphs_baseline`` (the second call, ``rest``) ``bf16_autocast`` (fp32
+parameters under bf16 autocast, no fusion: the step of the 2026-11-28 record, re-measured)
+and the ``b4`` cases. Each at 2 full packed rows of 512 (``rows2``: up to ``FULL_ROW_SEQS``
+sequences a row, the largest local batch every step's 2 rows hold) - in ``graphs_baseline``
+also at a local batch of 4 sequences (``b4``: the rows the default packing makes, 2 - the
+2026-11-28 record's case), for the baseline and the uncompiled modes (the compiled mode's
+compile at another shape would take that stage's budget). A case's name is the batch, then
+the mode (``rows2_bf16_master``); ``bf16_autocast``'s are ``rows2`` and ``b4``.
+``graph_batches``: the cluster projection's other local batches, 3 and 16 sequences, and 3
+packed rows, in ``bf16_autocast``.
 
-For each graph mode of a case (all three for ``bf16_autocast``, eager and the full graph for
-the others): the step time ``step_s`` (steps enqueued back to back, one synchronisation at
-the end: wall time), the host's time to enqueue one step ``host_s`` (the median return time
-of ``train_step``), the device's busy time of one step ``busy_s`` (the sum of the kernel
-durations under torch.profiler) and the kernel count, the step as a ratio to its busy time,
-the 30 longest kernels (``top_kernels``: calls and µs a step, µs a call), the host's time a
-step in the CUDA runtime's blocking calls (``host_wait_s``, bench/gpu/replays.py); for the
-full graph the host syncs of a replay (torch's sync debug mode) and ``replays``: CUDA events
-around each timed replay - a replay's device time, the device time between one replay's end
-and the next one's start (``gap_mean_s``, ``gap_max_s``) and the part of it before the host
-had called the next replay (``launch_gap_s``: the device idle while the host launched);
-how each is computed: bench/gpu/replays.py. Where a full-graph replay is slower than 1.15x
-its busy time, the kernels of a replay and of an eager step are compared name by name (what
-differs under capture).
+For each graph mode of a case - the full graph first (the verdicts' figure), then eager; the
+baseline's encoder graphs between them -: the step time ``step_s`` (steps enqueued back to
+back, one synchronisation at the end: wall time), the host's time to enqueue one step
+``host_s`` (the median return time of ``train_step``), the device's busy time of one step
+``busy_s`` (the sum of the kernel durations under torch.profiler) and the kernel count, the
+step as a ratio to its busy time, every kernel with its calls a step (``kernel_calls``: the
+CPU count, bench.kernel_count, is checked against it kernel by kernel), the 30 longest
+(``top_kernels``: calls and µs a step, µs a call), the host's time a step in the CUDA
+runtime's blocking calls (``host_wait_s``, bench/gpu/replays.py); for the full graph the host
+syncs of a replay (torch's sync debug mode) and ``replays``: CUDA events around each timed
+replay - a replay's device time, the device time between one replay's end and the next one's
+start (``gap_mean_s``, ``gap_max_s``) and the part of it before the host had called the next
+replay (``launch_gap_s``: the device idle while the host launched); how each is computed:
+bench/gpu/replays.py. Where a full-graph replay is slower than 1.15x its busy time, the
+kernels of a replay and of an eager step are compared name by name (what differs under
+capture). A fused kernel that fell back to its reference says so in its case
+(``fusion_fallbacks``, kernels.fused).
 
 ``eager_paths`` times eager steps at a local batch of 4 sequences for each path and shape
 policy (unpadded, padded and packed; dynamic, bucketed and static shapes): the per-shape host
 cost (cuDNN's attention plans a new shape at most steps of the dynamic padded and packed
 paths) against the unpadded path, with a cProfile of the unpadded step's host work.
 
-One trainer per case serves its graph modes in turn (eager, then the encoder graphs, then the
-full graph on the same parts): building BERT-large and compiling the fused optimizer once per
-case keeps the stage in its budget. Each case is written as it finishes. On CPU
-(``--smoke``) the tiny model runs ``bf16_autocast``'s cases in fp32, eager only (no capture
-without CUDA: the replay fields are None), the profiler counts CPU ops, and the bf16_master
-and compiled cases are skipped (their fused optimizer and layers compile for minutes on 2
-cores; the CPU tests hold those modes): the harness is what is tested.
+One trainer per case serves its graph modes in turn (the full graph, then the others on the
+same parts): building BERT-large and compiling the fused optimizer once per case keeps the
+stage in its budget. Each graph mode of a case is written as it ends (a stage ended at its
+budget keeps the modes it finished). The goals (``GOALS``) are judged on the best mode
+measured at 2 rows - ``BEST_FIRST``'s first whose full graph ran - and name it. On CPU
+(``--smoke``) every case runs eager only (no capture without CUDA: the replay fields are
+None) on the tiny model, each mode in a stand-in that runs in seconds - fp32, eager layers,
+the foreach optimizer, the mode's fusions (``cpu_stand_in`` in its record; the CPU tests hold
+the modes themselves: tests/unit/test_precision.py, tests/integration/test_compile_layers.py)
+-, and the profiler counts CPU ops: the harness is what is tested.
 
 Owns: the cases and modes measured, the replay-versus-eager kernel comparison, the stages'
 goals (the thresholds their figures are held to).
@@ -59,10 +68,11 @@ import time
 from typing import Any, Optional
 
 from bench.gpu.harness import (DGX_CONFIG, CPU_CONFIG, LARGE_SHAPE, SMOKE_EAGER, TINY, Goal,
-                               Results, Run, free_cuda, max_predictions, profile_step,
-                               seq_length, stage_config, synchronize, top_kernels, world_of_one)
+                               Results, Run, free_cuda, fusion_fallbacks, max_predictions,
+                               profile_step, seq_length, stage_config, synchronize, top_kernels,
+                               world_of_one)
 from bench.gpu.replays import NO_EVENTS, ReplayClock, host_waits
-from bench.kernel_count import MODES as COUNTED_MODES
+from bench.kernel_count import GOAL as GOAL_KERNELS, MODES as COUNTED_MODES
 
 STATIC = ["data.shapes=static", "data.balance=offline_pack", "model.attention=unpadded",
           "data.bin_edges=[]"]
@@ -80,15 +90,69 @@ GOAL_BUSY_RATIO, GOAL_STEP_S, GOAL_EAGER_RATIO, GOAL_BUSY_S = 1.15, 0.025, 1.2, 
 
 BASELINE = "bf16_autocast"
 """The mode of the 2026-11-28 record (fp32 parameters under bf16 autocast, no fusion): its
-cases keep the record's names (``rows2``, ``b4``) and the stage's goals read them."""
+cases keep the record's names (``rows2``, ``b4``)."""
 MODES = (BASELINE, "bf16_master", "bf16_master_qkv")
-"""The precision modes of ``graphs``, rows of bench.kernel_count.MODES (their overrides)."""
+"""The uncompiled precision modes, rows of bench.kernel_count.MODES (their overrides)."""
 COMPILED_MODES = ("bf16_master_layers",)
 """The compile modes of ``graphs_compiled`` (a stage of its own: minutes of compiling)."""
+BEST_FIRST = ("bf16_master_layers", "bf16_master_qkv", "bf16_master", BASELINE)
+"""The modes, the best first (bf16 parameters, the one QKV GEMM, compiled layers: the fewest
+kernels, bench.kernel_count): the graph goals are judged on the first whose 2-row full graph
+was measured."""
+GRAPH_STAGES = ("graphs_compiled", "graphs", "graphs_baseline")
+"""The stages whose 2-row cases the graph goals read."""
+FULL_FIRST = ("full", "none")
+"""The graph modes of a case, in the order they run: the full graph first (the verdicts'
+figure), then eager - the baseline's encoder graphs between them (``ALL_THREE``)."""
+ALL_THREE = ("full", "encoder", "none")
 FULL_ROW_SEQS = 8
 """Sequences a packed row may hold in ``rows2`` (data.max_seqs_per_row): full rows of this
 data set (a mean of about 128 real tokens of 512), where the default 3 (NVIDIA's
 max_pack_factor, for MLPerf's longer mix) left the 2 rows of 2026-11-28 half empty."""
+
+
+def _rows2_full(results: Results):
+    """(mode, its 2-row case's full-graph figures) for each mode of ``BEST_FIRST`` measured,
+    best first, from the graph stages' results (a stage ended at its budget included)."""
+    for mode in BEST_FIRST:
+        name = case_name("rows2", mode)
+        for stage in GRAPH_STAGES:
+            full = results(stage).get(name, {})
+            full = full.get("full") if isinstance(full, dict) else None
+            if isinstance(full, dict) and full.get("step_s") is not None:
+                yield mode, full
+                break
+
+
+def _on_best(figure: str):
+    """A goal on the best mode measured: its 2-row full graph's ``figure`` at most the goal's
+    threshold, the mode named (None: no mode's full graph was measured)."""
+    def verdict(results: Results, goal: Goal) -> dict:
+        mode, full = next(_rows2_full(results), (None, {}))
+        value = full.get(figure)
+        return {"mode": mode, figure: value,
+                "met": None if value is None else value <= goal.threshold}
+    return verdict
+
+
+def _no_sync(results: Results, goal: Goal) -> dict:
+    """No host sync in the replay of any mode measured at 2 rows."""
+    syncs = {mode: full.get("syncs_per_step") for mode, full in _rows2_full(results)
+             if full.get("syncs_per_step") is not None}
+    return {"syncs_per_step": syncs,
+            "met": None if not syncs else all(v == 0 for v in syncs.values())}
+
+
+GOALS = (Goal("best_mode_busy_2rows_under_12ms", GOAL_BUSY_S, _on_best("busy_s")),
+         Goal("best_mode_full_graph_2rows_under_25ms", GOAL_STEP_S, _on_best("step_s")),
+         Goal("best_mode_full_graph_2rows_within_1_15x_busy", GOAL_BUSY_RATIO,
+              _on_best("step_over_busy")),
+         Goal("best_mode_kernels_a_step_under_1000", GOAL_KERNELS, _on_best("kernels")),
+         Goal("no_host_sync_in_a_replay", 0, _no_sync))
+"""The graph goals (docs/GPU.md), judged on the best mode measured (``BEST_FIRST``), which
+each names: busy time, step and step over busy of the full graph at 2 full rows, its kernels
+a step (issue 50's at most 1,000, counted on the CPU by bench.kernel_count); no host sync in
+a replay of any mode."""
 
 
 def _reported(stage: str):
@@ -99,25 +163,24 @@ def _reported(stage: str):
     return verdict
 
 
-# The stages hold their figures to these themselves (_goals, _eager_goals); the record takes
-# their verdicts.
-GOALS = (Goal("full_graph_2rows_within_1_15x_busy", GOAL_BUSY_RATIO, _reported("graphs")),
-         Goal("full_graph_2rows_under_25ms", GOAL_STEP_S, _reported("graphs")),
-         Goal("busy_2rows_under_12ms", GOAL_BUSY_S, _reported("graphs")),
-         Goal("no_host_sync_in_a_replay", 0, _reported("graphs")))
 EAGER_GOALS = (Goal("eager_b4_within_1_2x_unpadded", GOAL_EAGER_RATIO,
                     _reported("eager_paths")),)
 
 
+CPU_STAND_IN = ("smoke: fp32, eager layers, the foreach optimizer, the mode's fusions - the "
+                "harness on a CPU in seconds (the mode's precision and compile run on a GPU; "
+                "the CPU tests hold them)")
+
+
 def mode_overrides(run: Run, mode: str) -> list[str]:
-    """A mode's config overrides (bench.kernel_count.MODES); on a CPU the autocast mode is
-    fp32 (autocast steps are CUDA's)."""
+    """A mode's config overrides (bench.kernel_count.MODES); on a CPU in --smoke every mode's
+    stand-in (``CPU_STAND_IN``: fp32 - autocast steps are CUDA's -, no compiled layers)."""
     if mode not in COUNTED_MODES:
         raise ValueError(f"bench.gpu graphs: unknown mode {mode!r}; the modes are rows of "
                          f"bench.kernel_count.MODES: {', '.join(COUNTED_MODES)}")
     over = list(COUNTED_MODES[mode])
-    if not run.cuda and mode == BASELINE:
-        over = [o for o in over if not o.startswith("train.precision=")]
+    if not run.cuda:
+        over = [o for o in over if not o.startswith(("train.precision=", "model.compile="))]
         over.append("train.precision=fp32")
     return over
 
@@ -128,16 +191,16 @@ def case_name(batch: str, mode: str) -> str:
     return batch if mode == BASELINE else f"{batch}_{mode}"
 
 
-def graph_cases(run: Run, modes, b2: int) -> dict:
-    """{case name: (local batch, overrides)} for each mode at 2 full rows and at local batch
-    4 (b4 left out where the 2 rows hold 4: it is rows2), in the order they run: every
-    mode's 2-row case first (a stage ended at its budget keeps the cases it finished)."""
-    batches = {"rows2": (b2, ["data.static_rows=2", f"data.max_seqs_per_row={FULL_ROW_SEQS}"]),
-               "b4": (4, [])}
-    if b2 == 4:
-        del batches["b4"]
-    return {case_name(b, mode): (batch, [*extra, *mode_overrides(run, mode)])
-            for b, (batch, extra) in batches.items() for mode in modes}
+def graph_cases(run: Run, modes, b2: int, batches=("rows2",)) -> dict:
+    """{case name: (local batch, overrides)} for each mode at each of ``batches`` - 2 full
+    rows (``rows2``), local batch 4 (``b4``, left out where the 2 rows hold 4: it is rows2) -
+    in the order they run: every mode's first batch first, in the order of ``modes`` (a stage
+    ended at its budget keeps the cases it finished)."""
+    shapes = {"rows2": (b2, ["data.static_rows=2", f"data.max_seqs_per_row={FULL_ROW_SEQS}"]),
+              "b4": (4, [])}
+    wanted = [b for b in batches if not (b == "b4" and b2 == 4)]
+    return {case_name(b, mode): (shapes[b][0], [*shapes[b][1], *mode_overrides(run, mode)])
+            for b in wanted for mode in modes}
 
 
 def _trainer(run: Run, b: int, *extra: str):
@@ -183,6 +246,7 @@ def _measure(run: Run, trainer, it, warmup: int, steps: int, syncs: bool = False
     busy = got.busy_s
     out = {"step_s": step_s, "host_s": statistics.median(host), "busy_s": busy,
            "kernels": got.kernels, "step_over_busy": step_s / busy if busy else None,
+           "kernel_calls": kernel_calls(got.names, n),
            "top_kernels": top_kernels(got.names, n), "_names": got.names,
            "replays": clock.result() if clock else dict(NO_EVENTS)}
     waits = host_waits(got.prof, n) if run.cuda else {"host_wait_s": None, "calls": None}
@@ -227,16 +291,28 @@ def _kernel_diff(replay: dict, eager: dict, top: int = 12) -> list[dict]:
     return sorted(rows, key=lambda x: -abs(x["diff_us"]))[:top]
 
 
-def _modes(run: Run, trainer, graph_modes=("none", "encoder", "full")) -> dict:
-    """Eager, encoder graphs and full graph (those of ``graph_modes``) on one trainer's parts
+def kernel_calls(names: dict, steps: int) -> dict:
+    """{kernel name: calls a step} of every kernel of ``names`` ({name: [calls, µs]} over
+    ``steps`` profiled steps): what the CPU count (bench.kernel_count) is checked against,
+    kernel by kernel - the small ones too (split-K reduces, memsets), which a longest-first
+    table leaves out."""
+    return {k: round(c / steps, 3) for k, (c, _) in sorted(names.items())}
+
+
+RECORD_NAME = {"none": "eager", "encoder": "encoder", "full": "full"}
+"""A graph mode (train.cuda_graphs) -> its key in a case's record."""
+
+
+def _modes(run: Run, trainer, graph_modes=FULL_FIRST, written=None) -> dict:
+    """The graph modes of ``graph_modes`` (train.cuda_graphs values) on one trainer's parts
     and stream, in that order: the trainer's runner swapped for each (runtime.train.trainer
-    ``Trainer.running_as``)."""
+    ``Trainer.running_as``); ``written(modes so far)`` after each (the case's partial
+    record)."""
     warm, steps = (1, 1) if run.smoke else (5, 10)
     out: dict[str, Any] = {}
     it = iter(trainer.train_loader)
-    for mode, name in (("none", "eager"), ("encoder", "encoder"), ("full", "full")):
-        if mode not in graph_modes:
-            continue
+    for mode in graph_modes:
+        name = RECORD_NAME[mode]
         if mode != "none" and not run.cuda:
             out[name] = {"skipped": "CUDA graphs need a GPU (smoke: CPU)"}
             continue
@@ -248,6 +324,8 @@ def _modes(run: Run, trainer, graph_modes=("none", "encoder", "full")) -> dict:
         except Exception as e:  # noqa: BLE001 - one mode failing keeps the others
             out[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         gc.collect()  # the mode's graphs and their pools
+        if written is not None:
+            written(out)
     full = out.get("full", {})
     if full.get("step_over_busy") and full["step_over_busy"] > GOAL_BUSY_RATIO and \
             "_names" in out.get("eager", {}):
@@ -288,41 +366,38 @@ def _rows2_batch(run: Run, seq: int, per_row: float, slots: int) -> int:
     return 1
 
 
-SMOKE_SKIPS = "smoke: this mode compiles (the fused optimizer, layers) for minutes on 2 CPU " \
-              "cores; the CPU tests hold it (tests/unit/test_precision.py, " \
-              "tests/integration/test_compile_layers.py)"
-
-
-def _graph_cases(run: Run, out, cases: dict, graph_modes=("none", "encoder", "full")) -> None:
-    """Each case (name: (local batch, overrides)) in ``graph_modes``, written as it ends
-    (the baseline's cases in all three, the other modes' in eager and full)."""
+def _graph_cases(run: Run, out, cases: dict, graph_modes=lambda name: FULL_FIRST) -> None:
+    """Each case (name: (local batch, overrides)) in ``graph_modes(name)``, in their order,
+    each mode written as it ends (the case's record with the modes so far)."""
     for name, (b, extra) in cases.items():
-        baseline = not any(name.endswith("_" + m) for m in COUNTED_MODES)
-        if run.smoke and not baseline:
-            out[name] = {"skipped": SMOKE_SKIPS}
-            continue
         try:
             trainer = _trainer(run, b, *STATIC, "train.cuda_graphs=full"
                                if run.cuda else "train.cuda_graphs=none", *extra)
             try:
                 static = trainer.train_loader.static
-                rec = {"local_batch": b, "rows": static.rows,
-                       "seqs_per_row": static.seqs_per_row, "overrides": list(extra),
-                       **_modes(run, trainer, graph_modes if baseline
-                                else ("none", "full"))}
+                head = {"local_batch": b, "rows": static.rows,
+                        "seqs_per_row": static.seqs_per_row, "overrides": list(extra)}
+                if not run.cuda:
+                    head["cpu_stand_in"] = CPU_STAND_IN
+
+                def written(modes, head=head, name=name):
+                    rec = {**head, **{k: {f: v for f, v in m.items() if f != "_names"}
+                                      for k, m in modes.items()}, **fusion_fallbacks()}
+                    out[name] = rec
+                rec = {**head, **_modes(run, trainer, graph_modes(name), written)}
             finally:
                 trainer.close()
         except Exception as e:  # noqa: BLE001
             rec = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         _strip_names(rec)
-        out[name] = rec
+        out[name] = {**rec, **fusion_fallbacks()}
         free_cuda()
         print(f"graphs {name}: {_line(rec)}", flush=True)
 
 
 def _strip_names(rec: dict) -> None:
-    """Drop the whole per-kernel tables (the record keeps each mode's longest kernels and
-    the replay-versus-eager comparison)."""
+    """Drop the profiler's tables of [calls, µs] (the record keeps each mode's calls a step
+    of every kernel, its longest kernels and the replay-versus-eager comparison)."""
     for mode in rec.values() if isinstance(rec, dict) else ():
         if isinstance(mode, dict):
             mode.pop("_names", None)
@@ -346,31 +421,37 @@ def _head(run: Run) -> dict:
             "full_row_seqs": FULL_ROW_SEQS}
 
 
-def stage_graphs(run: Run) -> dict:
-    """The verdicts' cases: each precision mode at 2 full packed rows and a local batch of 4
-    in the graph modes (the module docstring); the goals from the baseline's 2-row case."""
+def stage_graphs_compiled(run: Run) -> dict:
+    """The best mode first (the verdicts): ``bf16_master_layers`` (whole layers compiled,
+    model.compile='layers', static shapes: runtime/model/compile.py) at 2 full rows, the full
+    graph then eager - compiled in the first warm-up steps, then captured."""
     out = run.result(_head(run))
     b2 = _rows(run, out)
-    cases = graph_cases(run, MODES, b2)
-    if run.smoke:  # the harness in seconds: the baseline's 2 rows, the other modes skipped
-        cases = {k: v for k, v in cases.items() if k.startswith("rows2")}
-    _graph_cases(run, out, cases)
-    out["goals"] = _goals(out)
+    _graph_cases(run, out, graph_cases(run, COMPILED_MODES, b2))
     return dict(out)
 
 
-def stage_graphs_compiled(run: Run) -> dict:
-    """``graphs``' cases with whole layers compiled (model.compile='layers', static shapes:
-    runtime/model/compile.py) in eager and the full graph: compiled in the eager warm-up,
-    then captured. --smoke: skipped (a compile on 2 CPU cores takes minutes; the CPU tests
-    hold the compiled layers to the eager ones)."""
+def stage_graphs(run: Run) -> dict:
+    """The uncompiled bf16_master modes at 2 full rows (the verdicts), the one QKV GEMM
+    first: the full graph, then eager."""
     out = run.result(_head(run))
-    if run.smoke:
-        for mode in COMPILED_MODES:
-            out[case_name("rows2", mode)] = {"skipped": SMOKE_SKIPS}
-        return dict(out)
     b2 = _rows(run, out)
-    _graph_cases(run, out, graph_cases(run, COMPILED_MODES, b2))
+    _graph_cases(run, out, graph_cases(run, ("bf16_master_qkv", "bf16_master"), b2))
+    return dict(out)
+
+
+def stage_graphs_baseline(run: Run) -> dict:
+    """The second call's graph cases: the 2026-11-28 step re-measured (``bf16_autocast`` at 2
+    full rows, with the encoder graphs too), then the ``b4`` cases - the baseline's, then
+    the uncompiled bf16_master modes'. --smoke: the baseline's 2 rows (the harness)."""
+    out = run.result(_head(run))
+    b2 = _rows(run, out)
+    cases = {**graph_cases(run, (BASELINE,), b2, ("rows2", "b4")),
+             **graph_cases(run, ("bf16_master_qkv", "bf16_master"), b2, ("b4",))}
+    if run.smoke:
+        cases = {"rows2": cases["rows2"]}
+    _graph_cases(run, out, cases, lambda name: ALL_THREE if name in ("rows2", "b4")
+                 else FULL_FIRST)
     return dict(out)
 
 
@@ -411,7 +492,7 @@ def stage_graph_batches(run: Run) -> dict:
              "rows3": (max(1, int(3 * per_row)), ["data.static_rows=3", *base])}
     if run.smoke:
         cases = {"b3": cases["b3"]}
-    _graph_cases(run, out, cases)
+    _graph_cases(run, out, cases, lambda name: ALL_THREE)
     return dict(out)
 
 
@@ -431,25 +512,6 @@ def _line(rec: dict) -> str:
         else:
             parts.append(f"{mode} {m.get('error') or m.get('skipped')}")
     return "; ".join(parts)
-
-
-def _goals(out: dict) -> dict:
-    """The graph goals from this stage's figures (None where not measured): the baseline's
-    2-row full graph."""
-    full = out.get("rows2", {}).get("full", {})
-    step, ratio, busy_s = full.get("step_s"), full.get("step_over_busy"), full.get("busy_s")
-    syncs = full.get("syncs_per_step")
-    busy, under, busy_under, no_sync = GOALS
-    return {
-        busy.name: {"goal": GOAL_BUSY_RATIO, "ratio": ratio,
-                    "met": None if ratio is None else ratio <= GOAL_BUSY_RATIO},
-        under.name: {"goal": GOAL_STEP_S, "step_s": step,
-                     "met": None if step is None else step <= GOAL_STEP_S},
-        busy_under.name: {"goal": GOAL_BUSY_S, "busy_s": busy_s,
-                          "met": None if busy_s is None else busy_s <= GOAL_BUSY_S},
-        no_sync.name: {"goal": 0, "syncs_per_step": syncs,
-                       "met": None if syncs is None else syncs == 0},
-    }
 
 
 def _eager_goals(out: dict, partial: bool = True) -> dict:

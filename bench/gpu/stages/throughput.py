@@ -1,16 +1,21 @@
 """The ``throughput``, ``throughput_paths`` and ``fusions`` stages: Presto's step on BERT-large at
 sequence 512, each path and precision at its largest local batch, the fused and compiled
 models beside it: sequences/s, real tokens/s, TFLOP/s, MFU, busy time and peak memory.
-``throughput`` (the verdicts) is unpadded bf16, unfused and with every fusion, and FP8
-(model.fp8 = 'tensorwise', torchao) beside bf16 at the largest batch and at 2 rows - each FP8
+``throughput`` (the verdicts) is unpadded bf16 at the largest batch and FP8 (model.fp8 =
+'tensorwise', torchao) beside it at that batch and at 2 sequences (``seqs2``: about 256
+tokens a step, where FP8's casts and scale kernels cost more than its GEMMs save) - each FP8
 case with the mean loss of its measured steps beside its bf16 sibling's, trained from the
 same weights on the same batches (the sibling's probes replayed first);
-``throughput_paths`` the padded and packed paths and fp16; ``fusions`` unpadded bf16 with each
-fusion alone (``unpadded_bf16_fused_<name>``) and with whole layers compiled
-(``unpadded_bf16_compiled``, model.compile = 'layers'), beside unfused. Time is the wall clock's
-between two device synchronisations, the steps enqueued back to back in between: TFLOP/s and
-MFU count any idle device time inside that window too (``time_source`` in the record); the
-device's own busy time (the profiler's kernel sum) is recorded beside it.
+``throughput_paths`` the padded and packed paths and fp16; ``fusions`` unpadded bf16 with every
+fusion (``unpadded_bf16_fused``), each fusion alone (``unpadded_bf16_fused_<name>``) and with
+whole layers compiled (``unpadded_bf16_compiled``, model.compile = 'layers'), beside unfused.
+Time is the wall clock's between two device synchronisations, the steps enqueued back to back
+in between: TFLOP/s and MFU count any idle device time inside that window too
+(``time_source`` in the record); the device's own busy time (the profiler's kernel sum) is
+recorded beside it. Each case says whether its GEMMs ran in FP8 (``fp8``) and at which batch
+(``batch``: ``largest``, or the fixed one), so that no goal on bf16 reads an FP8 case (or one
+at 2 sequences); a fused kernel that fell back to its reference says so
+(``fusion_fallbacks``, kernels.fused).
 
 A fused, compiled or FP8 case runs at the batch its unfused sibling found (no probes of its own):
 Inductor tunes its kernels for the token count of the first call, which a probe's small batch
@@ -26,9 +31,9 @@ import time
 from typing import Optional
 
 from bench.gpu.harness import (CPU_CONFIG, DGX_CONFIG, LARGE_SHAPE, PATHS, TINY, Goal, Results,
-                               Run, free_cuda, largest_that_runs, max_predictions,
-                               profile_kernels, seq_length, stage_config, synchronize, timed,
-                               top_kernels, world_of_one)
+                               Run, free_cuda, fusion_fallbacks, largest_that_runs,
+                               max_predictions, profile_kernels, seq_length, stage_config,
+                               synchronize, timed, top_kernels, world_of_one)
 from kernels.fusions import FUSIONS
 
 
@@ -79,35 +84,36 @@ def _busy(run: Run, trainer, cfg, spec, batch: int) -> dict:
 FP8 = "model.fp8=tensorwise"
 """The FP8 cases' key (runtime/model/fp8.py: the encoder's four GEMM roles, torchao's
 tensorwise recipe; emulated on a CPU in --smoke)."""
-ROWS2 = 2
-"""The small case's local batch: 2 sequences, where FP8's casts and scale kernels cost more than
+SEQS2 = 2
+"""The small case's local batch: 2 sequences (dynamic unpadded: about 256 real tokens, not 2
+full rows as the graphs stages' ``rows2``), where FP8's casts and scale kernels cost more than
 its GEMMs save (docs/GPU.md)."""
 
 
 def stage_throughput(run: Run) -> dict:
-    """Unpadded bf16 (fp32 in --smoke) at its largest local batch, fused beside unfused
-    (runtime.model.fusions): the fused-kernels goals' figures; FP8 beside it at that batch
-    and both at 2 rows, with their losses."""
+    """Unpadded bf16 (fp32 in --smoke) at its largest local batch (the throughput goals'
+    figures), FP8 beside it at that batch, then both at 2 sequences, with their losses."""
     prec = run.precisions()[0]
     base = f"unpadded_{prec}"
-    cases = [(base, [*PATHS["unpadded"], PLAIN], prec)]
-    if not run.smoke:  # (smoke: the harness only - compiling on 2 CPU cores takes a minute;
-        #                tests/integration/test_fused.py holds the fusions to their references)
-        cases.append((f"{base}_fused", [*PATHS["unpadded"], f"model.fusions={FUSED}"], prec))
-    cases += [(f"{base}_fp8", [*PATHS["unpadded"], PLAIN, FP8], prec),
-              (f"{base}_rows{ROWS2}", [*PATHS["unpadded"], PLAIN], prec, ROWS2),
-              (f"{base}_fp8_rows{ROWS2}", [*PATHS["unpadded"], PLAIN, FP8], prec, ROWS2)]
-    return _throughput(run, cases)
+    return _throughput(run, [
+        (base, [*PATHS["unpadded"], PLAIN], prec),
+        (f"{base}_fp8", [*PATHS["unpadded"], PLAIN, FP8], prec),
+        (f"{base}_seqs{SEQS2}", [*PATHS["unpadded"], PLAIN], prec, SEQS2),
+        (f"{base}_fp8_seqs{SEQS2}", [*PATHS["unpadded"], PLAIN, FP8], prec, SEQS2)])
 
 
 def stage_fusions(run: Run) -> dict:
-    """Unpadded bf16 (fp32 in --smoke) at the unfused model's largest local batch with each
-    fusion alone and with whole layers compiled: which fusion gains or loses, and what a
-    compiled layer does instead (--smoke: the harness, with one compiled fusion)."""
+    """Unpadded bf16 (fp32 in --smoke) at the unfused model's largest local batch with every
+    fusion, each fusion alone and whole layers compiled: which fusion gains or loses, and
+    what a compiled layer does instead (--smoke: the harness, with one compiled fusion;
+    tests/integration/test_fused.py holds the fusions to their references)."""
     prec = run.precisions()[0]
     base = [*PATHS["unpadded"], "model.fusions=[]"]  # whatever fusions the base config sets
     names = FUSIONS if not run.smoke else ("pad_vocab", "bias_gelu")
     cases = [(f"unpadded_{prec}", base, prec)]
+    if not run.smoke:
+        cases.append((f"unpadded_{prec}_fused", [*PATHS["unpadded"], f"model.fusions={FUSED}"],
+                      prec))
     cases += [(f"unpadded_{prec}_fused_{n}", [*base, f"model.fusions={_toml_list([n])}"], prec)
               for n in names]
     if not run.smoke:
@@ -207,20 +213,25 @@ def _throughput(run: Run, cases: list) -> dict:
             batch, r, probes = largest_that_runs(
                 measure, 8, 8, total, run.smoke, steps=10 if not run.smoke else 3,
                 warmup=3 if not run.smoke else 1, known=known)
-            peak = peak_of(device_name, prec, trainer.cfg.system.peak_tflops)
+            peak = peak_of(device_name, trainer.body.numerics.peak_dtypes,
+                           trainer.cfg.system.peak_tflops)
             tflops = r["flops"] / r["seconds"] / 1e12
             busy = _busy(run, trainer, cfg, spec, batch) if not run.smoke or not any(
                 "busy_s" in v for v in out.values() if isinstance(v, dict)) else {}
             gemm = out["gemm_peak_tflops"]
-            out[key] = {"local_batch": batch, "sequences_per_s": batch * r["steps"] / r["seconds"],
+            out[key] = {"local_batch": batch, "batch": "fixed" if fixed else "largest",
+                        "fp8": FP8 in extra,
+                        "sequences_per_s": batch * r["steps"] / r["seconds"],
                         "tokens_per_s": r["tokens"] / r["seconds"],
                         "step_s": r["seconds"] / r["steps"],
                         "tflops": tflops, "mfu": tflops / peak.tflops if peak.tflops else None,
+                        **{f"mfu_{d}": tflops / v for d, v in peak.others},  # (FP8 cases)
                         "of_gemm_peak": tflops / gemm if gemm else None,
                         "peak_tflops": peak.tflops, **busy,
                         "peak_memory_GiB": round(r["peak_bytes"] / 2**30, 2),
                         **_loss_beside(out, key, losses),
-                        "probes": [{k: p[k] for k in ("batch", "peak_bytes")} for p in probes]}
+                        "probes": [{k: p[k] for k in ("batch", "peak_bytes")} for p in probes],
+                        **fusion_fallbacks()}
             trainer.close()
             trainer = None
         except Exception as e:  # noqa: BLE001 - one combination failing keeps the others
@@ -246,9 +257,13 @@ def _over_plain(results: Results, goal: Goal) -> dict:
 
 
 def _best_unpadded_bf16(results: Results) -> Optional[dict]:
-    """The fused-kernels issue's case: unpadded bf16 at its largest batch, fused or not."""
-    return max((v for k, v in results("throughput").items() if k.startswith("unpadded_bf16") and
-                isinstance(v, dict) and "tokens_per_s" in v),
+    """The fused-kernels issue's case: unpadded bf16 at its largest batch, fused or not (the
+    ``fusions`` stage's too) - never an FP8 case, one at a fixed batch or one whose fused
+    kernels fell back to their references."""
+    cases = {**results("fusions"), **results("throughput")}
+    return max((v for k, v in cases.items() if k.startswith("unpadded_bf16") and
+                isinstance(v, dict) and "tokens_per_s" in v and v.get("fp8") is False and
+                v.get("batch") == "largest" and not v.get("fusion_fallbacks")),
                key=lambda v: v["tokens_per_s"], default=None)
 
 
