@@ -252,13 +252,35 @@ def count_step(spec: dict) -> dict:
             "steps": steps}
 
 
+_FP8_LIB = []
+
+
 def _real_fp8_gemms() -> None:
     """model.fp8's GEMMs as a GPU of compute capability 8.9+ runs them - ``torch._scaled_mm``
-    on e4m3/e5m2 tensors, which the CPU has too - not torchao's emulation (GEMMs of the
-    dequantised values in fp32), which runtime.model.fp8 picks on a CPU. This process only."""
+    on e4m3/e5m2 tensors - not torchao's emulation (GEMMs of the dequantised values in fp32),
+    which runtime.model.fp8 picks on a CPU. The CPU's own ``_scaled_mm`` takes ~0.4 s for a
+    256³ product (no fast kernel), so a CPU kernel stands in for it while this process counts:
+    the scaled product in fp32, the output in ``out_dtype`` - the op, shapes and dtypes the
+    counter sees are the GPU's; the values are not needed. This process only."""
+    import torch
     import runtime.model.fp8 as fp8
     fp8.emulation = lambda emulate, device: fp8.Emulation(
         False, "bench.device_cases: torch._scaled_mm as on a GPU of capability 8.9+")
+
+    def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
+                  use_fast_accum=False):
+        out = (a.float() * scale_a.float()) @ (b.float() * scale_b.float())
+        if bias is not None:
+            out = out + bias.float()
+        return out.to(out_dtype or a.dtype)
+    def scaled_mm_out(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
+                      use_fast_accum=False, *, out):
+        return out.copy_(scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype))
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_scaled_mm", scaled_mm, "CPU", allow_override=True)
+    # bench.cuda_dispatch's check (CUDA's shape rules, then the CPU kernel) calls the out form
+    lib.impl("_scaled_mm.out", scaled_mm_out, "CPU", allow_override=True)
+    _FP8_LIB.append(lib)
 
 
 def _count_one(trainer, it, graph: bool, tagger, counting, batch_tensors) -> list:

@@ -162,7 +162,10 @@ def validation_cases() -> list[Validation]:
 # ------------------------------------------------------------------------------ prediction modes
 
 def modes() -> dict[str, list[str]]:
-    """bench.kernel_count's rows (a precision and compile mode each) and FP8 on the best."""
+    """bench.kernel_count's rows (a precision and compile mode each) and FP8 (model.fp8
+    tensorwise) on the best of them - bf16_master, qkv, pad_vocab and compiled layers, which
+    fuse torchao's amax and casts as torchao intends; its GEMMs are ``torch._scaled_mm`` as on
+    an H100/H200 (bench.device_cases ``fp8_gemms``)."""
     from bench.kernel_count import MODES
     keep = ("bf16_autocast", "bf16_master", "bf16_master_qkv", "bf16_master_layers",
             "fp16_autocast")

@@ -180,6 +180,15 @@ def _same_data(dst, src) -> bool:
             and dst.shape == src.shape and dst.dtype == src.dtype)
 
 
+def _wrapper_subclass(cls) -> bool:
+    """A tensor subclass with a ``__torch_dispatch__`` of its own (not torch.Tensor's, nor
+    a Parameter's)."""
+    import torch
+    own = getattr(cls, "__torch_dispatch__", None)
+    return own is not None and getattr(own, "__func__", own) is not getattr(
+        torch.Tensor.__torch_dispatch__, "__func__", torch.Tensor.__torch_dispatch__)
+
+
 def _tensors(tree) -> list:
     import torch
     from torch.utils._pytree import tree_leaves
@@ -235,6 +244,10 @@ def _counter_class():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if any(_wrapper_subclass(t) for t in types):
+                # a tensor subclass (torchao's Float8 tensors) handles the op first; the ops it
+                # runs on its plain tensors come back here, and those are the kernels
+                return NotImplemented
             out = func(*args, **kwargs)
             inputs = _tensors((args, kwargs))
             if self._host and inputs and all(self._on_host(t) for t in inputs):
