@@ -85,7 +85,9 @@ def parse_args(argv):
     ap.add_argument("--simulate", metavar="FABRIC", help="project a cluster from a fabric file "
                     "(runtime.calibrate.tune.fabric) instead of measuring")
     ap.add_argument("--profile", metavar="PROFILE", help="with --simulate: the per-GPU compute "
-                    "profile file (runtime.calibrate.tune.project)")
+                    "profile file (runtime.calibrate.tune.project), or model:GPU[:MODE[:CONFIG]] "
+                    "for the device-time model's prediction (h100, h200, a100; "
+                    "runtime.calibrate.tune.model_profile)")
     ap.add_argument("--gpus", default="8,16,32,64,128,256,512,1024",
                     help="with --simulate: GPU counts")
     ap.add_argument("--cuda-graphs", choices=("none", "encoder", "full"), default=None,
