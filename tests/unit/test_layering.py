@@ -113,7 +113,7 @@ RUNTIME_ROOMS = {
     "train": {"launch", "model", "optim", "grad_sync", "observe"},
     "calibrate": {"launch", "model", "optim", "grad_sync", "observe", "train"},
 }
-TOP = {"config", "choices", "events"}
+TOP = {"config", "choices", "events", "numerics"}
 
 
 def _module_files(base: Path) -> list[Path]:
