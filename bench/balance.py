@@ -44,22 +44,24 @@ the shared development machine).
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import datetime
 import json
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench.common import finish, fmt, record, run_runtime
+from bench.common import fmt, run_runtime
+from bench.harness import WORKDIR, Benchmark, listed, option, out, run, seeds
 from loaders.balance import MODES, PACKED_MODES, BalanceSpec, make_plan, packed_rows
 from loaders.dataset import DataSetInfo, ShardPlan, TrainLoader, read_lengths
 from loaders.length_cost import LengthCost, default_cost, flops_cost, imbalance, load
-from loaders.model_shape import shape_of
+from basis.model_shape import shape_of
 from loaders.packing import best_fit_decreasing
 
 REPO = Path(__file__).resolve().parents[1]
@@ -318,120 +320,149 @@ def train(variants: list[str], seeds: list[int], workdir: Path, step_time: int,
 # ---------------------------------------------------------------------------------- output
 
 
-def print_tables(rec: dict) -> None:
+def tables(rec: dict) -> str:
+    """A table per part that ran."""
+    out: list[str] = []
     if rec.get("simulation"):
-        print(f"\n1. sampler arithmetic on {rec['data']} (rows of {rec['seq_len']} tokens), "
-              f"local batch {rec['batch']}, one epoch (padding efficiency of a padded model; "
-              "imbalance = mean over steps of max/mean over ranks)")
+        out.append(f"\n1. sampler arithmetic on {rec['data']} (rows of {rec['seq_len']} "
+                   f"tokens), local batch {rec['batch']}, one epoch (padding efficiency of a "
+                   "padded model; imbalance = mean over steps of max/mean over ranks)")
         for layout, c in rec["costs"].items():
             fit = c.get("fit_error") or {}
             err = (f"; fit: mean rel. error {fit['mean_rel_error']:.3f}, held-out "
                    f"{c['held_out_error']['mean_rel_error']:.3f}"
                    if fit and c.get("held_out_error") else "")
-            print(f"   cost {layout}: " + " + ".join(
+            out.append(f"   cost {layout}: " + " + ".join(
                 f"{v:.3g}·{k}" for k, v in c["coefficients"].items() if v) + f" s ({c['source']}"
                 f"{err})")
-        print("| mode | world | G | steps | pad. eff. | imb. padded tokens | imb. real tokens "
-              "| imb. Σlen² | imb. cost unpadded | imb. cost padded | seqs/rank | remainder % |"
-              "\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+        out.append("| mode | world | G | steps | pad. eff. | imb. padded tokens | imb. real "
+                   "tokens | imb. Σlen² | imb. cost unpadded | imb. cost padded | seqs/rank | "
+                   "remainder % |"
+                   "\n|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rec["simulation"]:
             lo, hi = r["sequences_per_rank"]
-            print(f"| {r['mode']} | {r['world']} | {r['group'] or '-'} | {r['steps']} | "
-                  f"{r['padding_efficiency']:.3f} | {r['imbalance_padded']:.4f} | "
-                  f"{r['imbalance_real']:.4f} | {r['imbalance_attention']:.4f} | "
-                  f"{r['imbalance_cost_unpadded']:.4f} | {r['imbalance_cost_padded']:.4f} | "
-                  f"{lo if lo == hi else f'{lo}–{hi}'} | {r['remainder_pct']:.2f} |")
+            out.append(f"| {r['mode']} | {r['world']} | {r['group'] or '-'} | {r['steps']} | "
+                       f"{r['padding_efficiency']:.3f} | {r['imbalance_padded']:.4f} | "
+                       f"{r['imbalance_real']:.4f} | {r['imbalance_attention']:.4f} | "
+                       f"{r['imbalance_cost_unpadded']:.4f} | {r['imbalance_cost_padded']:.4f} | "
+                       f"{lo if lo == hi else f'{lo}–{hi}'} | {r['remainder_pct']:.2f} |")
         b = rec["packing_bound"]
-        print(f"packing bound (best-fit decreasing over all {b['samples']} samples into rows of "
-              f"{rec['seq_len']}): efficiency {b['padding_efficiency']:.4f} "
-              f"({b['samples_longer_than_half']} samples are longer than half a row and "
-              "cannot share one)")
+        out.append(f"packing bound (best-fit decreasing over all {b['samples']} samples into "
+                   f"rows of {rec['seq_len']}): efficiency {b['padding_efficiency']:.4f} "
+                   f"({b['samples_longer_than_half']} samples are longer than half a row and "
+                   "cannot share one)")
     if rec.get("attention"):
         a = rec["attention"]
-        print("\n2. attention fwd+bwd ms (2 heads × 64, 1 thread, median over batches): "
-              + ", ".join(f"{k} {v:.2f}" for k, v in a["attention_ms"].items()))
-        print("   model fwd+bwd ms (CPU config model): "
-              + ", ".join(f"{k} {v:.1f}" for k, v in a["model_step_ms"].items()))
+        out.append("\n2. attention fwd+bwd ms (2 heads × 64, 1 thread, median over batches): "
+                   + ", ".join(f"{k} {v:.2f}" for k, v in a["attention_ms"].items()))
+        out.append("   model fwd+bwd ms (CPU config model): "
+                   + ", ".join(f"{k} {v:.1f}" for k, v in a["model_step_ms"].items()))
     if rec.get("loaders"):
-        print("\n3. loader throughput, batches/s (rank 0 of 2)\n| mode | torch | DALI (CPU) |"
-              "\n|---|---|---|")
+        out.append("\n3. loader throughput, batches/s (rank 0 of 2)\n| mode | torch | DALI "
+                   "(CPU) |\n|---|---|---|")
         for r in rec["loaders"]:
-            print(f"| {r['mode']} | {fmt(r['torch_batches_per_s'], '.0f')} | "
-                  f"{fmt(r.get('dali_batches_per_s'), '.0f')} |")
+            out.append(f"| {r['mode']} | {fmt(r['torch_batches_per_s'], '.0f')} | "
+                       f"{fmt(r.get('dali_batches_per_s'), '.0f')} |")
     if rec.get("training"):
-        print("\n4. 2 real ranks, CPU benchmark\n| variant | seed | status | time to target s |"
-              " samples | median step s | pad. eff. | imb. tokens | imb. fwd time |"
-              "\n|---|---|---|---|---|---|---|---|---|")
+        out.append("\n4. 2 real ranks, CPU benchmark\n| variant | seed | status | time to "
+                   "target s | samples | median step s | pad. eff. | imb. tokens | imb. fwd time |"
+                   "\n|---|---|---|---|---|---|---|---|---|")
         for r in rec["training"]:
-            print(f"| {r['variant']} | {r['seed']} | {r['status']} | "
-                  f"{fmt(r['time_to_target_s'], '.1f')} | {fmt(r.get('samples'), 'd')} | "
-                  f"{fmt(r.get('median_step_time_s'), '.4f')} | {fmt(padding_efficiency(r), '.3f')} | "
-                  f"{fmt(r.get('imbalance_tokens'), '.3f')} | "
-                  f"{fmt(r.get('imbalance_compute'), '.3f')} |")
+            out.append(f"| {r['variant']} | {r['seed']} | {r['status']} | "
+                       f"{fmt(r['time_to_target_s'], '.1f')} | {fmt(r.get('samples'), 'd')} | "
+                       f"{fmt(r.get('median_step_time_s'), '.4f')} | "
+                       f"{fmt(padding_efficiency(r), '.3f')} | "
+                       f"{fmt(r.get('imbalance_tokens'), '.3f')} | "
+                       f"{fmt(r.get('imbalance_compute'), '.3f')} |")
+    return "\n".join(out)
 
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m bench.balance",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=REPO / "data/cpu128")
-    ap.add_argument("--worlds", default="8,64,1024")
-    ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--batch", type=int, default=0,
-                    help="local batch (0 = 32, the CPU benchmark's, up to seq 128; else 16)")
-    ap.add_argument("--cost-unpadded", default="", metavar="FILE",
-                    help="length cost of the unpadded model (python -m runtime.calibrate.length_cost "
-                         "--layout unpadded); '' = the CPU config model's default")
-    ap.add_argument("--cost-padded", default="", metavar="FILE",
-                    help="the same for the padded model ('' = default)")
-    ap.add_argument("--group", type=int, default=8, help="G of local/pack (min(G, world))")
-    ap.add_argument("--no-sim", action="store_true", help="skip the sampler arithmetic")
-    ap.add_argument("--attention", type=int, default=20, metavar="BATCHES",
-                    help="attention/model timing over this many real batches (0 = skip)")
-    ap.add_argument("--loader-batches", type=int, default=300)
-    ap.add_argument("--no-loaders", action="store_true")
-    ap.add_argument("--train", default="", help="variants to train, e.g. random,local+unpadded")
-    ap.add_argument("--seeds", default="42")
-    ap.add_argument("--step-time", type=int, default=0, metavar="STEPS",
-                    help="with --train: only this many steps per run, no eval (step time)")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="extra override for --train runs")
-    ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    return ap.parse_args(argv)
+def simulation(r) -> dict:
+    a, info = r.args, r.state
+    costs = default_costs()
+    for layout, path in (("unpadded", a.cost_unpadded), ("padded", a.cost_padded)):
+        if path:
+            costs[layout] = load(path)
+    rows = []
+    for w in a.worlds:
+        for mode in a.modes:
+            rows.append(simulate(info.lengths, mode, w, a.batch, a.group,
+                                 pack_length=info.seq_len, costs=costs))
+            print(f"[bench.balance] {mode} at {w} ranks done", file=sys.stderr, flush=True)
+    return {"costs": {layout: c.to_json() for layout, c in costs.items()}, "simulation": rows,
+            "packing_bound": packing_bound(np.concatenate(info.lengths), info.seq_len)}
+
+
+def training(r) -> dict:
+    a = r.args
+    workdir = a.workdir or REPO / f"results/bench_balance_{datetime.datetime.now():%Y%m%d_%H%M%S}"
+    return {"training": train(a.train, a.seeds, workdir, a.step_time, a.set)}
+
+
+PARTS = {
+    "simulation": (lambda a: not a.no_sim, simulation),
+    "attention": (lambda a: a.attention,
+                  lambda r: {"attention": bench_attention(r.args.data, r.args.attention,
+                                                          r.args.batch)}),
+    "loaders": (lambda a: not a.no_loaders and a.loader_batches,
+                lambda r: {"loaders": bench_loaders(r.args.data, r.args.loader_batches,
+                                                    r.args.batch)}),
+    "training": (lambda a: a.train, training),
+}
+"""The parts (module docstring), in order: whether the arguments ask for it, and its measure
+(its fields of the record)."""
+
+
+@contextlib.contextmanager
+def data_set(r):
+    """The data set's lengths and row length; the local batch it implies."""
+    info = DataSetInfo.read(r.args.data)
+    lengths = read_lengths(info)
+    seq_len = data_seq_len(info, lengths)
+    r.args.batch = r.args.batch or (32 if seq_len <= 128 else 16)
+    r.record.update(seq_len=seq_len, batch=r.args.batch)
+    yield types.SimpleNamespace(lengths=lengths, seq_len=seq_len)
+
+
+def measure(r, part: str) -> dict:
+    fields = PARTS[part][1](r)
+    r.record.update(fields)
+    return fields
+
+
+BENCHMARK = Benchmark(
+    "balance", __doc__, measure,
+    cases=lambda r: [p for p, (wanted, _) in PARTS.items() if wanted(r.args)],
+    options=(option("--data", type=Path, default=REPO / "data/cpu128"),
+             option("--worlds", type=listed(kind=int, what="world size"), default="8,64,1024"),
+             option("--modes", type=listed(MODES, what="mode"), default=",".join(MODES)),
+             option("--batch", type=int, default=0,
+                    help="local batch (0 = 32, the CPU benchmark's, up to seq 128; else 16)"),
+             option("--cost-unpadded", default="", metavar="FILE",
+                    help="length cost of the unpadded model (python -m "
+                         "runtime.calibrate.length_cost --layout unpadded); '' = the CPU "
+                         "config model's default"),
+             option("--cost-padded", default="", metavar="FILE",
+                    help="the same for the padded model ('' = default)"),
+             option("--group", type=int, default=8, help="G of local/pack (min(G, world))"),
+             option("--no-sim", action="store_true", help="skip the sampler arithmetic"),
+             option("--attention", type=int, default=20, metavar="BATCHES",
+                    help="attention/model timing over this many real batches (0 = skip)"),
+             option("--loader-batches", type=int, default=300),
+             option("--no-loaders", action="store_true"),
+             option("--train", type=listed(what="variant"), default="",
+                    help="variants to train, e.g. random,local+unpadded"),
+             seeds("42"),
+             option("--step-time", type=int, default=0, metavar="STEPS",
+                    help="with --train: only this many steps per run, no eval (step time)"),
+             option("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="extra override for --train runs"),
+             WORKDIR, out(RESULTS)),
+    fields=lambda a: {"data": str(a.data)}, setup=data_set, table=tables)
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    now = datetime.datetime.now()
-    rec = record("balance", sys.argv[1:] if argv is None else argv, data=str(args.data))
-    info = DataSetInfo.read(args.data)
-    lengths = read_lengths(info)
-    rec["seq_len"] = seq_len = data_seq_len(info, lengths)
-    rec["batch"] = args.batch = args.batch or (32 if seq_len <= 128 else 16)
-    if not args.no_sim:
-        costs = default_costs()
-        for layout, path in (("unpadded", args.cost_unpadded), ("padded", args.cost_padded)):
-            if path:
-                costs[layout] = load(path)
-        rec["costs"] = {layout: c.to_json() for layout, c in costs.items()}
-        rec["simulation"] = []
-        for w in args.worlds.split(","):
-            for mode in args.modes.split(","):
-                rec["simulation"].append(simulate(lengths, mode, int(w), args.batch, args.group,
-                                                  pack_length=seq_len, costs=costs))
-                print(f"[bench.balance] {mode} at {w} ranks done", file=sys.stderr, flush=True)
-        rec["packing_bound"] = packing_bound(np.concatenate(lengths), seq_len)
-    if args.attention:
-        rec["attention"] = bench_attention(args.data, args.attention, args.batch)
-    if not args.no_loaders and args.loader_batches:
-        rec["loaders"] = bench_loaders(args.data, args.loader_batches, args.batch)
-    if args.train:
-        workdir = args.workdir or REPO / f"results/bench_balance_{now:%Y%m%d_%H%M%S}"
-        rec["training"] = train(args.train.split(","), [int(s) for s in args.seeds.split(",")],
-                                workdir, args.step_time, args.set)
-    print_tables(rec)
-    finish(rec, args.out)
-    return 0
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,9 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -189,9 +191,28 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    cfg = load_config(args.config, [*args.set, PLAIN_ATTENTION])
+@dataclass
+class Rank:
+    """What one rank trains with: the config, the DDP model, AdamW and its schedule, the
+    batches and the eval set."""
+
+    cfg: Any
+    rank: int
+    world: int
+    threads: int
+    per_rank: int
+    model: torch.nn.Module
+    ddp: DDP
+    optimizer: torch.optim.AdamW
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    lr: float
+    lr_source: str
+    batches: Any
+    eval_batches: Any
+
+
+def build(args, cfg) -> Rank:
+    """The process group, threads, model (the runtime's init), AdamW, data: not timed."""
     t = cfg.train
     dist.init_process_group("gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -199,8 +220,6 @@ def main(argv=None) -> int:
     threads = max(1, (os.cpu_count() or 1) // local_world)
     torch.set_num_threads(threads)
     per_rank = cfg.local_batch_size(world)  # global / (world × accumulation)
-    accum = t.gradient_accumulation_steps
-
     torch.manual_seed(t.seed)  # same init as the runtime
     model = build_model(cfg)
     ddp = DDP(model)
@@ -208,7 +227,6 @@ def main(argv=None) -> int:
     lr, lr_source = baseline_lr(cfg, args.baseline_lr)
     optimizer = adamw(model, lr, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, lr))
-
     dataset = PretrainingShards(cfg.data.data_dir)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
                                  seed=t.seed, drop_last=True)
@@ -216,86 +234,121 @@ def main(argv=None) -> int:
                         collate_fn=pad_to_max_length(cfg.data.max_seq_length),
                         num_workers=args.num_workers, persistent_workers=args.num_workers > 0)
     eval_batches = load_eval_batches(cfg.data.data_dir, rank, world, cfg.data.eval_batch_size)
-    batches = batches_forever(loader, sampler)
+    return Rank(cfg, rank, world, threads, per_rank, model, ddp, optimizer, scheduler, lr,
+                lr_source, batches_forever(loader, sampler), eval_batches)
+
+
+@dataclass
+class Progress:
+    """The run so far (this rank's tokens: real, computed)."""
+
+    t0: float
+    step: int = 0
+    samples: int = 0
+    train_s: float = 0.0
+    tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(2, dtype=torch.float64))
+    history: list = field(default_factory=list)
+    acc: Optional[float] = None
+
+
+def out_of_budget(t, p: Progress) -> bool:
+    return p.step >= t.max_steps or (t.max_samples_termination > 0
+                                     and p.samples >= t.max_samples_termination)
+
+
+def train_step(r: Rank, p: Progress):
+    """One optimizer step: ``accum`` micro-batches (the last one syncs), clip, step."""
+    t = r.cfg.train
+    accum = t.gradient_accumulation_steps
+    ts = time.perf_counter()
+    r.optimizer.zero_grad(set_to_none=True)
+    for i in range(accum):
+        b = next(r.batches)
+        sync = r.ddp.no_sync() if i < accum - 1 else contextlib.nullcontext()
+        with sync:
+            out = r.ddp(b["input_ids"], b["token_type_ids"], b["attention_mask"],
+                        masked_lm_labels=b["masked_lm_labels"],
+                        next_sentence_labels=b["next_sentence_labels"])
+            (out.loss / accum).backward()
+        p.tokens += torch.tensor([b["real_tokens"], b["input_ids"].numel()],
+                                 dtype=torch.float64)
+    if t.clip_mode != "none" and t.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(r.model.parameters(), t.max_grad_norm)
+    r.optimizer.step()
+    r.scheduler.step()
+    p.step += 1
+    p.samples += t.global_batch_size
+    p.train_s += time.perf_counter() - ts
+    return out
+
+
+def log_eval(r: Rank, p: Progress) -> None:
+    p.acc = evaluate(r.model, r.eval_batches)
+    p.history.append([p.samples, p.acc, time.perf_counter() - p.t0])
+
+
+def train(r: Rank) -> tuple[str, Progress]:
+    """Steps to each evaluation until the target or the budget: the status and the run."""
+    t = r.cfg.train
     first_eval, eval_every = t.eval_cadence()
-
-    def out_of_budget(step: int, samples: int) -> bool:
-        return step >= t.max_steps or (t.max_samples_termination > 0
-                                       and samples >= t.max_samples_termination)
-
     dist.barrier()
-    t0 = time.perf_counter()  # run_start
-    step = samples = 0
-    train_s = 0.0
-    tokens = torch.zeros(2, dtype=torch.float64)  # real, computed (this rank)
-    history: list[list] = []
-    status, acc = None, None
+    p = Progress(time.perf_counter())  # run_start
     if t.eval_before_training:
-        acc = evaluate(model, eval_batches)
-        history.append([0, acc, time.perf_counter() - t0])
-    next_eval = first_eval
-    ddp.train()
+        log_eval(r, p)
+    next_eval, status = first_eval, None
+    r.ddp.train()
     while status is None:
-        while samples < next_eval and not out_of_budget(step, samples):
-            ts = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            for i in range(accum):
-                b = next(batches)
-                sync = ddp.no_sync() if i < accum - 1 else contextlib.nullcontext()
-                with sync:
-                    out = ddp(b["input_ids"], b["token_type_ids"], b["attention_mask"],
-                              masked_lm_labels=b["masked_lm_labels"],
-                              next_sentence_labels=b["next_sentence_labels"])
-                    (out.loss / accum).backward()
-                tokens += torch.tensor([b["real_tokens"], b["input_ids"].numel()],
-                                       dtype=torch.float64)
-            if t.clip_mode != "none" and t.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            samples += t.global_batch_size
-            train_s += time.perf_counter() - ts
-            if rank == 0 and t.log_every_steps and step % t.log_every_steps == 0:
-                print(f"[baseline] step {step} | samples {samples} | loss {out.loss.item():.3f} "
-                      f"| lr {scheduler.get_last_lr()[0]:.2e} | "
-                      f"{samples / train_s:.1f} samples/s", flush=True)
-        acc = evaluate(model, eval_batches)
-        history.append([samples, acc, time.perf_counter() - t0])
-        if rank == 0:
-            print(f"[baseline] [eval] step {step} | samples {samples} | eval acc {acc:.4f} "
-                  f"| elapsed {time.perf_counter() - t0:.1f} s", flush=True)
+        while p.samples < next_eval and not out_of_budget(t, p):
+            out = train_step(r, p)
+            if r.rank == 0 and t.log_every_steps and p.step % t.log_every_steps == 0:
+                print(f"[baseline] step {p.step} | samples {p.samples} | loss "
+                      f"{out.loss.item():.3f} | lr {r.scheduler.get_last_lr()[0]:.2e} | "
+                      f"{p.samples / p.train_s:.1f} samples/s", flush=True)
+        log_eval(r, p)
+        if r.rank == 0:
+            print(f"[baseline] [eval] step {p.step} | samples {p.samples} | eval acc "
+                  f"{p.acc:.4f} | elapsed {time.perf_counter() - p.t0:.1f} s", flush=True)
         next_eval += eval_every
-        if acc >= t.target_mlm_accuracy:
+        if p.acc >= t.target_mlm_accuracy:
             status = "success"
-        elif out_of_budget(step, samples):
+        elif out_of_budget(t, p):
             status = "aborted"
-    run_time = time.perf_counter() - t0  # run_stop
-    dist.all_reduce(tokens)
-    summary = {
-        "status": status,
-        "time_to_target_s": run_time if status == "success" else None,
-        "run_time_s": run_time,
-        "samples_to_target": samples if status == "success" else None,
-        "steps": step, "samples": samples, "eval_accuracy": acc,
-        "target_mlm_accuracy": t.target_mlm_accuracy,
-        "eval_history": history,
-        "train_time_s": train_s,
-        "throughput_samples_per_s": samples / train_s if train_s > 0 else None,
-        "padding_efficiency": float(tokens[0] / tokens[1]) if tokens[1] > 0 else None,
+    return status, p
+
+
+def summary(args, r: Rank, status: str, p: Progress, run_time: float) -> dict:
+    """The --out record (module docstring): the run and how it was run."""
+    t, cfg, ok = r.cfg.train, r.cfg, status == "success"
+    return {
+        "status": status, "time_to_target_s": run_time if ok else None,
+        "run_time_s": run_time, "samples_to_target": p.samples if ok else None,
+        "steps": p.step, "samples": p.samples, "eval_accuracy": p.acc,
+        "target_mlm_accuracy": t.target_mlm_accuracy, "eval_history": p.history,
+        "train_time_s": p.train_s,
+        "throughput_samples_per_s": p.samples / p.train_s if p.train_s > 0 else None,
+        "padding_efficiency": float(p.tokens[0] / p.tokens[1]) if p.tokens[1] > 0 else None,
         "seed": t.seed, "config": cfg.source, "overrides": args.set,
-        "world_size": world, "threads_per_rank": threads, "local_batch_size": per_rank,
+        "world_size": r.world, "threads_per_rank": r.threads, "local_batch_size": r.per_rank,
         "global_batch_size": t.global_batch_size, "optimizer": "torch.optim.AdamW",
-        "lr": lr, "lr_source": lr_source, "max_seq_length": cfg.data.max_seq_length,
+        "lr": r.lr, "lr_source": r.lr_source, "max_seq_length": cfg.data.max_seq_length,
         "attention": cfg.model.attention,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
-    if rank == 0:
-        print(f"[baseline] run stopped: status={status} after {step} steps, {samples} samples, "
-              f"{run_time:.1f} s", flush=True)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    r = build(args, load_config(args.config, [*args.set, PLAIN_ATTENTION]))
+    status, p = train(r)
+    run_time = time.perf_counter() - p.t0  # run_stop
+    dist.all_reduce(p.tokens)
+    if r.rank == 0:
+        print(f"[baseline] run stopped: status={status} after {p.step} steps, {p.samples} "
+              f"samples, {run_time:.1f} s", flush=True)
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(summary, indent=2) + "\n")
+            args.out.write_text(json.dumps(summary(args, r, status, p, run_time), indent=2)
+                                + "\n")
     dist.destroy_process_group()
     return 0 if status == "success" else 1
 

@@ -52,15 +52,19 @@ default grid (44 runs); samples and steps do not depend on the machine's load, w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from bench.common import REPO, finish, record, run_runtime, write
+from bench.common import REPO, run_runtime
+from bench.harness import (WORKDIR, Benchmark, Column, listed, markdown, option, out, run,
+                           seeds)
 from runtime.config import load_config
 
 CONFIG = REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
@@ -214,59 +218,62 @@ def set_aside(run_dir: Path) -> None:
     run_dir.rename(run_dir.with_name(f"{run_dir.name}.attempt{n}"))
 
 
-def study(args, workdir: Path, rec: dict) -> dict:
-    expected = dict(args.expected)  # optimizer -> samples to target at the base batch
-    earlier = load_reuse(args.reuse, rec)
-    runs = []
-    for seed in args.seeds:
-        for optimizer in args.optimizers:
-            for batch in args.batches:
-                for rule in args.rules:
-                    if batch == args.base_batch and rule != args.rules[0]:
-                        continue  # at the base batch every rule is the same run
-                    e_guess = expected[optimizer] * (1 + batch / 512)
-                    over = run_plan(optimizer, rule, batch, args.base_batch,
-                                    args.base_lr[optimizer], e_guess, args.target,
-                                    args.decay_samples,
-                                    cap=args.max_samples_factor * expected[optimizer])
-                    name = f"{optimizer}_{rule}_b{batch}"
-                    old = next((r for r in earlier if r["seed"] == seed
-                                and r["optimizer"] == optimizer and r["rule"] == rule
-                                and r["batch"] == batch and reusable(r, over)), None)
-                    if old is not None and not remeasure(old, args.remeasure_noise):
-                        runs.append({**old, "overrides": over, "reused": True})
-                        print(f"  {name} seed {seed}: reused from {args.reuse}", flush=True)
-                        continue
-                    t0 = time.perf_counter()
-                    set_aside(workdir / f"{name}_seed{seed}")
-                    r = run_runtime(CONFIG, seed, [f"data.data_dir={args.data}", *PROXY, *over],
-                                    workdir, timeout=args.run_timeout, name=name)
-                    if r.get("rc") not in (0, 1):  # not trained to its end: no data point
-                        r = {**r, "status": "failed", "eval_history": None}
-                    hit = crossing(r.get("eval_history") or [], args.target, batch)
-                    noise, window = noise_at(Path(r["run_dir"]), hit["samples"]) if hit \
-                        else (None, None)
-                    row = {"optimizer": optimizer, "rule": rule, "batch": batch, "seed": seed,
-                           "overrides": over, "status": r["status"],
-                           "wall_s": round(time.perf_counter() - t0, 1),
-                           "samples_to_target": hit and hit["samples"],
-                           "steps_to_target": hit and hit["steps"],
-                           "resolution": hit and hit["resolution"],
-                           "noise_scale_at_target": noise,
-                           "noise_window_samples": window,
-                           "eval_history": r.get("eval_history"), "error": r.get("error")}
-                    if old is not None:  # re-measured: what the record said before
-                        row["before"] = {k: old.get(k) for k in (
-                            "samples_to_target", "steps_to_target", "noise_scale_at_target",
-                            "status", "wall_s")}
-                    runs.append(row)
-                    print(f"  {name} seed {seed}: {row['status']}, "
-                          f"{_f(row['samples_to_target'], '.0f')} samples "
-                          f"({_f(row['steps_to_target'], '.1f')} steps), B_noise "
-                          f"{_f(row['noise_scale_at_target'], '.0f')}, {row['wall_s']} s",
-                          flush=True)
-                    write(dict(rec, runs=runs, complete=False), args.out)  # nothing is lost
-    return {"runs": runs, "complete": True, **summarise(runs, args)}
+def grid(r):
+    """The study's runs, in order: seeds, optimizers, batches, rules (at the base batch every
+    rule is the same run: one)."""
+    a = r.args
+    for seed in a.seeds:
+        for optimizer in a.optimizers:
+            for batch in a.batches:
+                for rule in a.rules:
+                    if batch != a.base_batch or rule == a.rules[0]:
+                        yield seed, optimizer, batch, rule
+
+
+def study_run(r, case) -> dict:
+    """One run of the grid: taken from ``--reuse``'s record when its outcome holds, else
+    trained; its samples and steps to target, and the noise scale there."""
+    a, (workdir, earlier) = r.args, r.state
+    seed, optimizer, batch, rule = case
+    expected = a.expected[optimizer]       # samples to target at the base batch
+    over = run_plan(optimizer, rule, batch, a.base_batch, a.base_lr[optimizer],
+                    expected * (1 + batch / 512), a.target, a.decay_samples,
+                    cap=a.max_samples_factor * expected)
+    name = f"{optimizer}_{rule}_b{batch}"
+    old = next((x for x in earlier if x["seed"] == seed and x["optimizer"] == optimizer
+                and x["rule"] == rule and x["batch"] == batch and reusable(x, over)), None)
+    if old is not None and not remeasure(old, a.remeasure_noise):
+        return {**old, "overrides": over, "reused": True}
+    t0 = time.perf_counter()
+    set_aside(workdir / f"{name}_seed{seed}")
+    run = run_runtime(CONFIG, seed, [f"data.data_dir={a.data}", *PROXY, *over], workdir,
+                      timeout=a.run_timeout, name=name)
+    if run.get("rc") not in (0, 1):  # not trained to its end: no data point
+        run = {**run, "status": "failed", "eval_history": None}
+    hit = crossing(run.get("eval_history") or [], a.target, batch)
+    noise, window = noise_at(Path(run["run_dir"]), hit["samples"]) if hit else (None, None)
+    row = {"optimizer": optimizer, "rule": rule, "batch": batch, "seed": seed,
+           "overrides": over, "status": run["status"],
+           "wall_s": round(time.perf_counter() - t0, 1),
+           "samples_to_target": hit and hit["samples"], "steps_to_target": hit and hit["steps"],
+           "resolution": hit and hit["resolution"], "noise_scale_at_target": noise,
+           "noise_window_samples": window, "eval_history": run.get("eval_history"),
+           "error": run.get("error")}
+    if old is not None:  # re-measured: what the record said before
+        row["before"] = {k: old.get(k) for k in (
+            "samples_to_target", "steps_to_target", "noise_scale_at_target", "status",
+            "wall_s")}
+    return row
+
+
+def study_progress(r, case, row) -> str:
+    seed, optimizer, batch, rule = case
+    name = f"  {optimizer}_{rule}_b{batch} seed {seed}"
+    if row.get("reused"):
+        return f"{name}: reused from {r.args.reuse}"
+    return (f"{name}: {row['status']}, {_f(row['samples_to_target'], '.0f')} samples "
+            f"({_f(row['steps_to_target'], '.1f')} steps), B_noise "
+            f"{_f(row['noise_scale_at_target'], '.0f')}, {row['wall_s']} s")
 
 
 def summarise(runs: list[dict], args) -> dict:
@@ -316,31 +323,30 @@ def _f(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def print_table(rec: dict) -> None:
-    print("\n| optimizer | rule | batch | reached | samples to target | steps | resolution |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rec["table"]:
-        print(f"| {r['optimizer']} | {r['rule']} | {r['batch']} | {r['reached']}/{r['runs']} | "
-              f"{_f(r['samples'], ',.0f')} | {_f(r['steps'], '.1f')} | "
-              f"{_f(r['worst_resolution'], '.0%')} |")
-    print("\n| curve | S_min | E_min | B_crit | fit residual |")
-    print("|---|---|---|---|---|")
-    for name, f in rec["fits"].items():
-        if f:
-            print(f"| {name} | {f['S_min']:.1f} | {f['E_min']:,.0f} | {_f(f['B_crit'], '.0f')} "
-                  f"| {f['residual_rel']:.0%} |")
-    print(f"\nB_simple at the target (median of the runs): {_f(rec['b_simple_median'], '.0f')}"
-          f" sequences; by optimizer: {rec['b_simple_by_optimizer']}")
+TABLE = (Column("optimizer", "optimizer"), Column("rule", "rule"), Column("batch", "batch"),
+         Column("reached", lambda x: f"{x['reached']}/{x['runs']}"),
+         Column("samples to target", "samples", ",.0f"), Column("steps", "steps", ".1f"),
+         Column("resolution", "worst_resolution", ".0%"))
+FITS = (Column("curve", "curve"), Column("S_min", "S_min", ".1f"),
+        Column("E_min", "E_min", ",.0f"), Column("B_crit", "B_crit", ".0f"),
+        Column("fit residual", "residual_rel", ".0%"))
+AGAIN = (Column("run", lambda x: f"{x['optimizer']} {x['rule']} {x['batch']}"),
+         Column("seed", "seed"),
+         Column("samples to target (before)", lambda x: f"{_f(x['samples_to_target'], ',.0f')} "
+                f"({_f(x['before']['samples_to_target'], ',.0f')})"),
+         Column("B_simple at target (before)", lambda x: f"{_f(x['noise_scale_at_target'], '.0f')}"
+                f" ({_f(x['before']['noise_scale_at_target'], '.0f')})"))
+
+
+def table(rec: dict) -> str:
+    """The seed means per optimizer, rule and batch; the fits; B_simple; the re-measured."""
+    fits = [{"curve": name, **f} for name, f in rec["fits"].items() if f]
     again = [r for r in rec["runs"] if r.get("before") and r.get("samples_to_target")]
-    if again:
-        print("\n| run | seed | samples to target (before) | B_simple at target (before) |")
-        print("|---|---|---|---|")
-        for r in again:
-            b = r["before"]
-            print(f"| {r['optimizer']} {r['rule']} {r['batch']} | {r['seed']} | "
-                  f"{_f(r['samples_to_target'], ',.0f')} ({_f(b['samples_to_target'], ',.0f')})"
-                  f" | {_f(r['noise_scale_at_target'], '.0f')} "
-                  f"({_f(b['noise_scale_at_target'], '.0f')}) |")
+    return "\n".join(["", markdown(TABLE, rec["table"]), "", markdown(FITS, fits),
+                      f"\nB_simple at the target (median of the runs): "
+                      f"{_f(rec['b_simple_median'], '.0f')} sequences; by optimizer: "
+                      f"{rec['b_simple_by_optimizer']}"]
+                     + (["", markdown(AGAIN, again)] if again else []))
 
 
 def plot(rec: dict, png: Path) -> None:
@@ -380,96 +386,105 @@ def plot(rec: dict, png: Path) -> None:
     plt.close(fig)
 
 
-def calibrate(args, workdir: Path) -> dict:
-    """The base learning rate at the base batch: a 3-point sweep per optimizer, the fewest
-    samples to target wins; also what each needs there (the study's expected samples)."""
-    out = {}
-    for optimizer in args.optimizers:
-        sweep = []
-        for lr in (args.base_lr[optimizer] / 2, args.base_lr[optimizer],
-                   args.base_lr[optimizer] * 2):
-            over = run_plan(optimizer, "linear", args.base_batch, args.base_batch, lr, 12000,
-                            args.target, args.decay_samples)
-            r = run_runtime(CONFIG, args.seeds[0], [f"data.data_dir={args.data}", *PROXY, *over],
-                            workdir, timeout=args.run_timeout, name=f"cal_{optimizer}_{lr:g}")
-            hit = crossing(r.get("eval_history") or [], args.target, args.base_batch)
-            sweep.append({"lr": lr, "samples_to_target": hit and hit["samples"],
-                          "wall_s": r.get("run_time_s"), "status": r["status"]})
-            print(f"  calibrate {optimizer} lr {lr:g}: {_f(hit and hit['samples'], '.0f')} "
-                  f"samples", flush=True)
-        ok = [s for s in sweep if s["samples_to_target"]]
-        best = min(ok, key=lambda s: s["samples_to_target"]) if ok else None
-        out[optimizer] = {"sweep": sweep, "best_lr": best and best["lr"],
-                          "expected_samples": best and best["samples_to_target"]}
+def calibrate(r, optimizer: str) -> dict:
+    """The base learning rate at the base batch: a 3-point sweep, the fewest samples to
+    target wins; also what it needs there (the study's expected samples)."""
+    a, (workdir, _) = r.args, r.state
+    sweep = []
+    for lr in (a.base_lr[optimizer] / 2, a.base_lr[optimizer], a.base_lr[optimizer] * 2):
+        over = run_plan(optimizer, "linear", a.base_batch, a.base_batch, lr, 12000, a.target,
+                        a.decay_samples)
+        run = run_runtime(CONFIG, a.seeds[0], [f"data.data_dir={a.data}", *PROXY, *over],
+                          workdir, timeout=a.run_timeout, name=f"cal_{optimizer}_{lr:g}")
+        hit = crossing(run.get("eval_history") or [], a.target, a.base_batch)
+        sweep.append({"lr": lr, "samples_to_target": hit and hit["samples"],
+                      "wall_s": run.get("run_time_s"), "status": run["status"]})
+        print(f"  calibrate {optimizer} lr {lr:g}: {_f(hit and hit['samples'], '.0f')} "
+              f"samples", flush=True)
+    ok = [x for x in sweep if x["samples_to_target"]]
+    best = min(ok, key=lambda x: x["samples_to_target"]) if ok else None
+    return {"optimizer": optimizer, "sweep": sweep, "best_lr": best and best["lr"],
+            "expected_samples": best and best["samples_to_target"]}
+
+
+@contextlib.contextmanager
+def prepared(r):
+    """The data set (built when missing), the work folder, the earlier record's runs."""
+    ensure_data(r.args.data)
+    workdir = r.args.workdir or (REPO / "results" / "batch_scaling")
+    workdir.mkdir(parents=True, exist_ok=True)
+    yield workdir, (load_reuse(r.args.reuse, r.record) if not r.args.calibrate else [])
+
+
+def study_summary(r) -> dict:
+    out = {"complete": True, **summarise(r.results, r.args)}
+    if r.args.png:
+        plot({**r.record, **out}, r.args.png)
+        out["plot"] = str(r.args.png)
     return out
 
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m bench.batch_scaling",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batches", default="32,64,128,256,512,1024")
-    ap.add_argument("--optimizers", default="lamb,adamw")
-    ap.add_argument("--rules", default="linear,sqrt")
-    ap.add_argument("--seeds", default="1,2")
-    ap.add_argument("--base-batch", type=int, default=32)
-    ap.add_argument("--base-lr", default="", help="optimizer=lr,... (default: the calibrated "
-                    f"{BASE_LR})")
-    ap.add_argument("--expected", default="lamb=8600,adamw=13100,lars=13000",
-                    help="samples to target at the base batch (sets cadence and budget)")
-    ap.add_argument("--target", type=float, default=0.10)
-    ap.add_argument("--decay-samples", type=int, default=400_000)
-    ap.add_argument("--data", type=Path, default=DATA)
-    ap.add_argument("--calibrate", action="store_true", help="sweep the base lr at the base "
-                    "batch instead of running the study")
-    ap.add_argument("--max-samples-factor", type=float, default=6.0,
-                    help="no run trains past this many times its optimizer's --expected samples "
-                    "(a run short of the target by then counts as not reaching it)")
-    ap.add_argument("--reuse", type=Path, default=None,
+def fields(a) -> dict:
+    return dict(target=a.target, base_batch=a.base_batch, base_lr=a.base_lr,
+                batches=a.batches, optimizers=a.optimizers, rules=a.rules, seeds=a.seeds,
+                ranks=RANKS, proxy=PROXY, decay_samples=a.decay_samples, data=str(a.data),
+                noise_scale_horizon_samples=load_config(CONFIG, PROXY).train
+                .noise_scale_horizon_samples)
+
+
+def _pairs(text: str) -> dict[str, float]:
+    """``optimizer=value,...`` as a dict."""
+    try:
+        return {k: float(v) for k, v in (p.split("=") for p in text.split(",") if p)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give optimizer=value,...") from None
+
+
+BENCHMARK = Benchmark(
+    "batch_scaling", __doc__, study_run, grid,
+    options=(option("--batches", type=listed(kind=int, what="batch"),
+                    default="32,64,128,256,512,1024"),
+             option("--optimizers", type=listed(BASE_LR, what="optimizer"),
+                    default="lamb,adamw"),
+             option("--rules", type=listed(("linear", "sqrt"), what="rule"),
+                    default="linear,sqrt"),
+             seeds("1,2"),
+             option("--base-batch", type=int, default=32),
+             option("--base-lr", type=lambda text: {**BASE_LR, **_pairs(text)}, default="",
+                    help=f"optimizer=lr,... (default: the calibrated {BASE_LR})"),
+             option("--expected", type=_pairs, default="lamb=8600,adamw=13100,lars=13000",
+                    help="samples to target at the base batch (sets cadence and budget)"),
+             option("--target", type=float, default=0.10),
+             option("--decay-samples", type=int, default=400_000),
+             option("--data", type=Path, default=DATA),
+             option("--calibrate", action="store_true", help="sweep the base lr at the base "
+                    "batch instead of running the study"),
+             option("--max-samples-factor", type=float, default=6.0,
+                    help="no run trains past this many times its optimizer's --expected "
+                    "samples (a run short of the target by then counts as not reaching it)"),
+             option("--reuse", type=Path, default=None,
                     help="an earlier record of this study: its runs with the same overrides "
                     "(and an outcome the budget would not change) are taken, not rerun; the "
-                    "record is rewritten after every run, so an interrupted study resumes so")
-    ap.add_argument("--remeasure-noise", action="store_true",
+                    "record is rewritten after every run, so an interrupted study resumes so"),
+             option("--remeasure-noise", action="store_true",
                     help="with --reuse: rerun the runs that reached the target (to measure "
-                    "their B_simple at target again), take the others from the record")
-    ap.add_argument("--run-timeout", type=float, default=1800)
-    ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "batch_scaling.json")
-    ap.add_argument("--png", type=Path, default=None)
-    args = ap.parse_args(argv)
-    args.batches = [int(x) for x in args.batches.split(",")]
-    args.optimizers = args.optimizers.split(",")
-    args.rules = args.rules.split(",")
-    args.seeds = [int(x) for x in args.seeds.split(",")]
-    args.base_lr = {**BASE_LR, **{k: float(v) for k, v in
-                                  (p.split("=") for p in args.base_lr.split(",") if p)}}
-    args.expected = {k: float(v) for k, v in (p.split("=") for p in args.expected.split(","))}
-    return args
+                    "their B_simple at target again), take the others from the record"),
+             option("--run-timeout", type=float, default=1800),
+             WORKDIR, out(REPO / "bench" / "results" / "batch_scaling.json"),
+             option("--png", type=Path, default=None)),
+    fields=lambda a: {**fields(a), "complete": False}, setup=prepared, results="runs",
+    partial=True, progress=study_progress, summary=study_summary, table=table,
+    line=("wall_s",), mode=lambda a: CALIBRATE if a.calibrate else None)
+
+CALIBRATE = replace(
+    BENCHMARK, measure=calibrate, cases=lambda r: r.args.optimizers, fields=fields,
+    results=None, partial=False, progress=None, table=None, mode=None,
+    summary=lambda r: {"calibration": {c.pop("optimizer"): c for c in r.results}})
+"""``--calibrate``: the base learning rate's sweep instead of the study."""
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    ensure_data(args.data)
-    workdir = args.workdir or (REPO / "results" / "batch_scaling")
-    workdir.mkdir(parents=True, exist_ok=True)
-    rec = record("batch_scaling", argv, target=args.target, base_batch=args.base_batch,
-                 base_lr=args.base_lr, batches=args.batches, optimizers=args.optimizers,
-                 rules=args.rules, seeds=args.seeds, ranks=RANKS, proxy=PROXY,
-                 decay_samples=args.decay_samples, data=str(args.data),
-                 noise_scale_horizon_samples=load_config(CONFIG, PROXY).train
-                 .noise_scale_horizon_samples)
-    t0 = time.perf_counter()
-    if args.calibrate:
-        rec["calibration"] = calibrate(args, workdir)
-    else:
-        rec.update(study(args, workdir, rec))
-        print_table(rec)
-        if args.png:
-            plot(rec, args.png)
-            rec["plot"] = str(args.png)
-    rec["wall_s"] = round(time.perf_counter() - t0, 1)
-    finish(rec, args.out, line={k: rec[k] for k in ("benchmark", "wall_s") if k in rec})
-    return 0
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -23,15 +23,16 @@ record to ``--out``. A benchmark: keep the machine otherwise idle.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import datetime
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
-from bench.common import REPO, finish, fmt, record, run_runtime
+from bench.common import REPO, fmt, run_runtime
+from bench.harness import (SET, TIMEOUT, WORKDIR, Benchmark, Column, Goal, listed, markdown,
+                           option, out, run, seeds)
 from runtime.grad_sync import CLIP_MODES
 
 RESULTS = REPO / "bench" / "results" / "clip_modes.json"
@@ -55,58 +56,60 @@ def clip_stats(metrics: Path) -> dict:
             "local_norm_mean": statistics.fmean(local) if local else None}
 
 
+COLUMNS = (Column("clip_mode", "clip_mode"), Column("seed", "seed"), Column("status", "status"),
+           Column("time to target s", "time_to_target_s", ".1f"),
+           Column("samples", "samples_to_target", ","), Column("eval acc", "eval_accuracy", ".4f"),
+           Column("samples/s", "throughput_samples_per_s", ".1f"),
+           Column("clip mean", "clip_mean", ".3f"), Column("clipped steps", "clipped_frac", ".2f"),
+           Column("grad norm", "grad_norm_mean", ".3f"),
+           Column("local norm", "local_norm_mean", ".3f"))
+
 
 def table(runs: list[dict]) -> str:
-    head = ("| clip_mode | seed | status | time to target s | samples | eval acc | "
-            "samples/s | clip mean | clipped steps | grad norm | local norm |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in runs:
-        lines.append(f"| {r['clip_mode']} | {r['seed']} | {r['status']} | "
-                     f"{fmt(r['time_to_target_s'], '.1f')} | {fmt(r['samples_to_target'], ',')} | "
-                     f"{fmt(r['eval_accuracy'], '.4f')} | {fmt(r.get('throughput_samples_per_s'), '.1f')} | "
-                     f"{fmt(r['clip_mean'], '.3f')} | {fmt(r['clipped_frac'], '.2f')} | "
-                     f"{fmt(r['grad_norm_mean'], '.3f')} | {fmt(r['local_norm_mean'], '.3f')} |")
-    return "\n".join(lines)
+    return markdown(COLUMNS, runs)
+
+
+def cases(r):
+    """Every mode on every seed, the seeds outermost."""
+    return [(seed, mode) for seed in r.args.seeds for mode in r.args.modes]
+
+
+@contextlib.contextmanager
+def workdir(r):
+    stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
+    work = (r.args.workdir or REPO / "results" / f"clip_modes_{stamp}").resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    yield work
+
+
+def measure(r, case) -> dict:
+    seed, mode = case
+    (r.state / mode).mkdir(exist_ok=True)
+    rec = run_runtime(r.args.config.resolve(), seed, [f"train.clip_mode={mode}", *r.args.set],
+                      r.state / mode, r.args.timeout)
+    rec.update(clip_mode=mode, **clip_stats(Path(rec["run_dir"]) / "metrics.jsonl"))
+    return rec
+
+
+BENCHMARK = Benchmark(
+    "clip_modes", __doc__, measure, cases,
+    options=(option("--config", type=Path, default=CONFIG),
+             option("--modes", type=listed(MODES, what="mode"), default=",".join(MODES)),
+             seeds("42"), SET, out(RESULTS), WORKDIR, TIMEOUT),
+    fields=lambda a: {"config": str(a.config), "overrides": a.set},
+    setup=workdir, results="runs",
+    progress=lambda r, case, rec: f"{rec['clip_mode']} seed {rec['seed']}: {rec['status']} "
+                                  f"{fmt(rec['time_to_target_s'], '.1f')} s",
+    table=lambda rec: table(rec["runs"]),
+    goals=(Goal("every_mode_reaches_the_target", "every run's status is success",
+                lambda rec: all(r["status"] == "success" for r in rec["runs"]), gate=True),),
+    line=lambda rec: dict(rec, runs=[
+        {k: r.get(k) for k in ("clip_mode", "seed", "status", "time_to_target_s",
+                               "samples_to_target", "clip_mean")} for r in rec["runs"]]))
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.clip_modes",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", type=Path, default=CONFIG)
-    ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--seeds", default="42")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--timeout", type=float, default=None, help="seconds per run")
-    a = ap.parse_args(argv)
-    modes = [m for m in a.modes.split(",") if m]
-    bad = [m for m in modes if m not in MODES]
-    if bad:
-        print(f"clip_modes: unknown mode(s) {bad}; choose from {', '.join(MODES)}", file=sys.stderr)
-        return 2
-    stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
-    workdir = (a.workdir or REPO / "results" / f"clip_modes_{stamp}").resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    result = record("clip_modes", sys.argv[1:] if argv is None else argv,
-                    config=str(a.config), overrides=a.set)
-    start = time.perf_counter()
-    runs = []
-    for seed in [int(s) for s in a.seeds.split(",") if s.strip()]:
-        for mode in modes:
-            (workdir / mode).mkdir(exist_ok=True)
-            rec = run_runtime(a.config.resolve(), seed, [f"train.clip_mode={mode}", *a.set],
-                              workdir / mode, a.timeout)
-            rec.update(clip_mode=mode, **clip_stats(Path(rec["run_dir"]) / "metrics.jsonl"))
-            runs.append(rec)
-            print(f"{mode} seed {seed}: {rec['status']} {fmt(rec['time_to_target_s'], '.1f')} s",
-                  flush=True)
-    result.update(wall_s=round(time.perf_counter() - start, 1), runs=runs)
-    print(table(runs))
-    finish(result, a.out, line=dict(result, runs=[
-        {k: r.get(k) for k in ("clip_mode", "seed", "status", "time_to_target_s",
-                               "samples_to_target", "clip_mean")} for r in runs]))
-    return 0 if all(r["status"] == "success" for r in runs) else 1
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,15 @@ seconds do, so only the samples make the verdict. A benchmark, not a test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import shlex
 import sys
 from pathlib import Path
 
-from bench.common import REPO, finish, fmt, record as new_record, run_runtime
+from bench.common import REPO, fmt, run_runtime
+from bench.harness import TIMEOUT, WORKDIR, Benchmark, Goal, option, out, run, seeds
 
 RESULTS = REPO / "bench" / "results" / "convergence.json"
 
@@ -102,61 +104,97 @@ def plot(runs: dict[str, dict[int, dict]], target: float, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.convergence",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", type=Path,
-                    default=REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml")
-    ap.add_argument("--seeds", default="1,2,3")
-    ap.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDES",
-                    help="a variant: its name, '=', its overrides separated by spaces (the "
-                         "first is the reference); default fp32= and bf16_master")
-    ap.add_argument("--tolerance-evals", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--plot", type=Path, default=None)
-    ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--timeout", type=float, default=None)
-    args = ap.parse_args(argv)
-    variants = args.variant or ["fp32=", "bf16_master=train.precision=bf16_master"]
-    parsed = []
-    for v in variants:
-        name, _, overrides = v.partition("=")
-        if not name:
-            ap.error(f"--variant {v!r}: NAME=OVERRIDES")
-        parsed.append((name, shlex.split(overrides)))
-    seeds = [int(s) for s in args.seeds.split(",") if s]
-    work = args.workdir or REPO / "results" / \
+def variant(text: str) -> tuple[str, list[str]]:
+    """``NAME=OVERRIDES`` (argparse type of --variant): the name and its overrides."""
+    name, _, overrides = text.partition("=")
+    if not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: NAME=OVERRIDES")
+    return name, shlex.split(overrides)
+
+
+DEFAULT_VARIANTS = ("fp32=", "bf16_master=train.precision=bf16_master")
+
+
+def variants(a) -> list[tuple[str, list[str]]]:
+    return a.variant or [variant(v) for v in DEFAULT_VARIANTS]
+
+
+def cases(r):
+    """Per seed, every variant, the order rotated per seed (drift falls on every variant)."""
+    parsed = variants(r.args)
+    for k, seed in enumerate(r.args.seeds):
+        for name, overrides in parsed[k % len(parsed):] + parsed[:k % len(parsed)]:
+            yield seed, name, overrides
+
+
+def measure(r, case) -> dict:
+    seed, name, overrides = case
+    a = r.args
+    run_ = run_runtime(a.config, seed, overrides, r.state, a.timeout, name=name)
+    run_["loss_curve"] = losses(Path(run_["run_dir"]))
+    return run_
+
+
+@contextlib.contextmanager
+def workdir(r):
+    work = r.args.workdir or REPO / "results" / \
         f"convergence_{datetime.datetime.now():%Y%m%d_%H%M%S}"
     work.mkdir(parents=True, exist_ok=True)
-    rec = new_record("convergence", sys.argv[1:] if argv is None else argv,
-                     config=str(args.config), seeds=seeds,
-                     variants={n: o for n, o in parsed}, tolerance_evals=args.tolerance_evals)
-    every = eval_every(args.config, parsed[0][1])
-    runs: dict[str, dict[int, dict]] = {n: {} for n, _ in parsed}
-    for k, seed in enumerate(seeds):
-        order = parsed[k % len(parsed):] + parsed[:k % len(parsed)]
-        for name, overrides in order:
-            r = run_runtime(args.config, seed, overrides, work, args.timeout, name=name)
-            r["loss_curve"] = losses(Path(r["run_dir"]))
-            runs[name][seed] = r
-            print(f"seed {seed} {name:>12}: {r['status']:>8}, samples to target "
-                  f"{fmt(r.get('samples_to_target'), 'd')}, "
-                  f"{fmt(r.get('time_to_target_s'), '.0f')} s", flush=True)
+    yield work
+
+
+def summary(r) -> dict:
+    """The verdicts against the reference (the first variant), the runs by variant and seed,
+    the plot."""
     from runtime.config import load_config
-    target = load_config(str(args.config), parsed[0][1]).train.target_mlm_accuracy
-    rec.update(eval_every_samples=every, target=target,
-               verdicts=verdict(runs, parsed[0][0], every, args.tolerance_evals),
-               runs={n: {str(s): r for s, r in by.items()} for n, by in runs.items()})
-    if args.plot:
-        plot(runs, target, args.plot)
-        rec["plot"] = str(args.plot)
-    for name, v in rec["verdicts"].items():
-        print(f"{name}: {v['verdict']} - " + ", ".join(
-            f"seed {s}: {d['variant']} vs {d['reference']} samples"
-            for s, d in v["per_seed"].items()))
-    finish(rec, args.out, line={"benchmark": "convergence", "verdicts": {
-        n: v["verdict"] for n, v in rec["verdicts"].items()}})
-    return 0
+    a, parsed = r.args, variants(r.args)
+    runs: dict[str, dict[int, dict]] = {n: {} for n, _ in parsed}
+    for x in r.results:
+        runs[x["system"]][x["seed"]] = x
+    every = eval_every(a.config, parsed[0][1])
+    target = load_config(str(a.config), parsed[0][1]).train.target_mlm_accuracy
+    out = {"eval_every_samples": every, "target": target,
+           "verdicts": verdict(runs, parsed[0][0], every, a.tolerance_evals),
+           "runs": {n: {str(s): x for s, x in by.items()} for n, by in runs.items()}}
+    if a.plot:
+        plot(runs, target, a.plot)
+        out["plot"] = str(a.plot)
+    return out
+
+
+def table(rec: dict) -> str:
+    return "\n".join(f"{name}: {v['verdict']} - " + ", ".join(
+        f"seed {s}: {d['variant']} vs {d['reference']} samples"
+        for s, d in v["per_seed"].items()) for name, v in rec["verdicts"].items())
+
+
+BENCHMARK = Benchmark(
+    "convergence", __doc__, measure, cases,
+    options=(option("--config", type=Path,
+                    default=REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"),
+             seeds("1,2,3"),
+             option("--variant", type=variant, action="append", default=[],
+                    metavar="NAME=OVERRIDES",
+                    help="a variant: its name, '=', its overrides separated by spaces (the "
+                         "first is the reference); default fp32= and bf16_master"),
+             option("--tolerance-evals", type=int, default=1), out(RESULTS),
+             option("--plot", type=Path, default=None), WORKDIR, TIMEOUT),
+    fields=lambda a: dict(config=str(a.config), seeds=a.seeds, variants=dict(variants(a)),
+                          tolerance_evals=a.tolerance_evals),
+    setup=workdir,
+    progress=lambda r, case, x: f"seed {case[0]} {case[1]:>12}: {x['status']:>8}, samples to "
+                                f"target {fmt(x.get('samples_to_target'), 'd')}, "
+                                f"{fmt(x.get('time_to_target_s'), '.0f')} s",
+    summary=summary, table=table,
+    goals=(Goal("every_variant_same", "every variant reaches the target within "
+                "--tolerance-evals evaluations of the reference on every seed",
+                lambda rec: all(v["verdict"] == "same" for v in rec["verdicts"].values())),),
+    line=lambda rec: {"benchmark": "convergence",
+                      "verdicts": {n: v["verdict"] for n, v in rec["verdicts"].items()}})
+
+
+def main(argv=None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

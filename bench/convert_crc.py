@@ -17,18 +17,20 @@ model.safetensors (sha256): a check, not a measurement. Everything is removed af
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import finish, record
+from basis.tf_names import variables
+from bench.harness import Benchmark, Stop, option, out, run
 from bench.tf_bundle_writer import write_bundle
 
 RESULTS = Path(__file__).resolve().parent / "results" / "convert_crc.json"
@@ -48,36 +50,6 @@ def bert_config(size: str) -> dict:
             "max_position_embeddings": 512, "type_vocab_size": 2, **SHAPES[size]}
 
 
-def bert_variables(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
-    """Google BERT's pre-training weights (modeling.py + run_pretraining.py) and shapes."""
-    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    out = [("bert/embeddings/word_embeddings", (v, h)),
-           ("bert/embeddings/token_type_embeddings", (cfg["type_vocab_size"], h)),
-           ("bert/embeddings/position_embeddings", (cfg["max_position_embeddings"], h)),
-           ("bert/embeddings/LayerNorm/gamma", (h,)), ("bert/embeddings/LayerNorm/beta", (h,))]
-    for n in range(cfg["num_hidden_layers"]):
-        p = f"bert/encoder/layer_{n}"
-        for part in ("query", "key", "value"):
-            out += [(f"{p}/attention/self/{part}/kernel", (h, h)),
-                    (f"{p}/attention/self/{part}/bias", (h,))]
-        out += [(f"{p}/attention/output/dense/kernel", (h, h)),
-                (f"{p}/attention/output/dense/bias", (h,)),
-                (f"{p}/attention/output/LayerNorm/gamma", (h,)),
-                (f"{p}/attention/output/LayerNorm/beta", (h,)),
-                (f"{p}/intermediate/dense/kernel", (h, i)), (f"{p}/intermediate/dense/bias", (i,)),
-                (f"{p}/output/dense/kernel", (i, h)), (f"{p}/output/dense/bias", (h,)),
-                (f"{p}/output/LayerNorm/gamma", (h,)), (f"{p}/output/LayerNorm/beta", (h,))]
-    out += [("bert/pooler/dense/kernel", (h, h)), ("bert/pooler/dense/bias", (h,)),
-            ("cls/predictions/transform/dense/kernel", (h, h)),
-            ("cls/predictions/transform/dense/bias", (h,)),
-            ("cls/predictions/transform/LayerNorm/gamma", (h,)),
-            ("cls/predictions/transform/LayerNorm/beta", (h,)),
-            ("cls/predictions/output_bias", (v,)),
-            ("cls/seq_relationship/output_weights", (2, h)),
-            ("cls/seq_relationship/output_bias", (2,))]
-    return out
-
-
 def write_bert_checkpoint(directory: Path, size: str, seed: int = 0) -> Path:
     """A BERT checkpoint of ``size`` (normal(0, 0.02) weights, one tensor in memory at a
     time) and its bert_config.json in ``directory``; returns the prefix."""
@@ -85,7 +57,7 @@ def write_bert_checkpoint(directory: Path, size: str, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     prefix = directory / "model.ckpt-1"
     tensors = ((name, rng.standard_normal(shape, np.float32) * np.float32(0.02))
-               for name, shape in bert_variables(cfg))
+               for name, shape in variables(cfg))
     write_bundle(prefix, tensors)
     (directory / "bert_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return prefix
@@ -142,17 +114,22 @@ def _warm_up(size: str) -> None:
     expected_shapes(BertConfig(**shape))
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.convert_crc",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", choices=sorted(SHAPES), default="large")
-    p.add_argument("--repeats", type=int, default=3, help="conversions with each CRC")
-    p.add_argument("--dir", type=Path, help="where to write the checkpoint (default: a "
-                   "temporary directory; it is removed at the end either way)")
-    p.add_argument("--results", type=Path, default=RESULTS)
-    a = p.parse_args(argv)
-    from runtime.model.crc32c import IMPLEMENTATION, crc32c, crc32c_numpy
-    header = record("convert_crc", sys.argv[1:] if argv is None else argv)
+@dataclass
+class Checkpoint:
+    """The checkpoint written for the runs, in a work folder removed afterwards."""
+
+    prefix: Path
+    work: Path
+    data_bytes: int
+    write_s: float
+    rates: dict      # MB/s of each CRC on the data shard alone
+
+
+@contextlib.contextmanager
+def checkpoint(r):
+    """The checkpoint of ``--size``, and each CRC's rate on its data shard alone."""
+    from runtime.model.crc32c import crc32c, crc32c_numpy
+    a = r.args
     work = Path(tempfile.mkdtemp(prefix="bench-convert-crc-", dir=a.dir))
     try:
         t0 = time.perf_counter()
@@ -162,34 +139,66 @@ def main(argv=None) -> int:
         data_bytes = shard.stat().st_size
         print(f"wrote {prefix} ({data_bytes / 1e9:.2f} GB, {write_s:.1f} s)")
         _warm_up(a.size)
-        rates = {"numpy": round(crc_rate(shard, crc32c_numpy), 1),
-                 "library": round(crc_rate(shard, crc32c), 1)}
-        runs = {"numpy": [], "library": []}
-        for _ in range(a.repeats):
-            for name in runs:                                 # alternating: load drifts
-                runs[name].append(convert_once(prefix, work / f"out_{name}", name == "numpy"))
-                r = runs[name][-1]
-                print(f"{name:<8} {r['seconds']:>8.2f} s  (CRC {r['crc_seconds']:.2f} s, "
-                      f"{100 * r['crc_share']:.0f} %)", flush=True)
+        yield Checkpoint(prefix, work, data_bytes, write_s,
+                         {"numpy": round(crc_rate(shard, crc32c_numpy), 1),
+                          "library": round(crc_rate(shard, crc32c), 1)})
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    digests = {r["model_sha256"] for rs in runs.values() for r in rs}
+
+
+def measure(r, case) -> dict:
+    _, name = case
+    return {"crc": name, **convert_once(r.state.prefix, r.state.work / f"out_{name}",
+                                        name == "numpy")}
+
+
+def summary(r) -> dict:
+    """Both CRCs' runs, medians and speed-up; the two must have written the same file."""
+    from runtime.model.crc32c import IMPLEMENTATION
+    runs = {"numpy": [], "library": []}
+    for x in r.results:
+        runs[x.pop("crc")].append(x)
+    digests = {x["model_sha256"] for rs in runs.values() for x in rs}
     if len(digests) != 1:
-        raise SystemExit(f"the two CRC implementations gave different outputs: {digests}")
-    median = {k: statistics.median(r["seconds"] for r in rs) for k, rs in runs.items()}
-    crc_median = {k: statistics.median(r["crc_seconds"] for r in rs) for k, rs in runs.items()}
-    print(f"CRC-32C alone: numpy {rates['numpy']:,.0f} MB/s, {IMPLEMENTATION} "
-          f"{rates['library']:,.0f} MB/s")
-    print(f"conversion (median of {a.repeats}): numpy {median['numpy']:.2f} s, "
-          f"library {median['library']:.2f} s ({median['numpy'] / median['library']:.2f}x)")
-    finish({**header, "size": a.size, "shape": bert_config(a.size), "data_bytes": data_bytes,
-            "tensors": len(bert_variables(bert_config(a.size))), "write_checkpoint_s":
-            round(write_s, 1), "library": IMPLEMENTATION, "crc_mb_per_s": rates,
-            "repeats": a.repeats, "runs": runs, "median_s": median,
-            "median_crc_s": crc_median,
+        raise Stop(f"the two CRC implementations gave different outputs: {digests}")
+    median = {k: statistics.median(x["seconds"] for x in rs) for k, rs in runs.items()}
+    size = r.args.size
+    return {"size": size, "shape": bert_config(size), "data_bytes": r.state.data_bytes,
+            "tensors": len(variables(bert_config(size))),
+            "write_checkpoint_s": round(r.state.write_s, 1), "library": IMPLEMENTATION,
+            "crc_mb_per_s": r.state.rates, "repeats": r.args.repeats,
+            "runs": runs, "median_s": median,
+            "median_crc_s": {k: statistics.median(x["crc_seconds"] for x in rs)
+                             for k, rs in runs.items()},
             "speedup": round(median["numpy"] / median["library"], 2),
-            "identical_outputs": True}, a.results)
-    return 0
+            "identical_outputs": True}
+
+
+def table(rec: dict) -> str:
+    rates, median = rec["crc_mb_per_s"], rec["median_s"]
+    return (f"CRC-32C alone: numpy {rates['numpy']:,.0f} MB/s, {rec['library']} "
+            f"{rates['library']:,.0f} MB/s\n"
+            f"conversion (median of {rec['repeats']}): numpy {median['numpy']:.2f} s, "
+            f"library {median['library']:.2f} s ({median['numpy'] / median['library']:.2f}x)")
+
+
+BENCHMARK = Benchmark(
+    "convert_crc", __doc__, measure,
+    cases=lambda r: [(k, name) for k in range(r.args.repeats)
+                     for name in ("numpy", "library")],   # alternating: load drifts
+    options=(option("--size", choices=sorted(SHAPES), default="large"),
+             option("--repeats", type=int, default=3, help="conversions with each CRC"),
+             option("--dir", type=Path, help="where to write the checkpoint (default: a "
+                    "temporary directory; it is removed at the end either way)"),
+             out(RESULTS, "--results")),
+    out_dest="results", setup=checkpoint,
+    progress=lambda r, case, x: f"{case[1]:<8} {x['seconds']:>8.2f} s  (CRC "
+                                f"{x['crc_seconds']:.2f} s, {100 * x['crc_share']:.0f} %)",
+    summary=summary, table=table)
+
+
+def main(argv=None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

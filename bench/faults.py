@@ -66,7 +66,6 @@ bench.faults``). Prints a table and a final JSON line; writes the record to ``--
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -79,7 +78,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import finish, record
+from bench.harness import Benchmark, Goal, Stop, listed, option, out, run
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
@@ -197,7 +196,7 @@ def same_state(a: Path, b: Path) -> bool:
 
 # ------------------------------------------------------------------------------ faults
 
-def fault_interrupt(kind: str, work: Path, data: Path, ref: Path) -> dict:
+def fault_interrupt(kind: str, launcher: str, work: Path, data: Path, ref: Path) -> dict:
     run_dir = work / "run"
     proc = launch(run_dir, [], data)
     wait_for_step(run_dir, HIT, proc)
@@ -282,7 +281,7 @@ def fault_signal(kind: str, launcher: str, work: Path, data: Path, ref: Path) ->
                     + (f"; launcher crash words: {crash}" if crash else "")}
 
 
-def fault_same_rundir(work: Path, data: Path, ref: Path) -> dict:
+def fault_same_rundir(kind: str, launcher: str, work: Path, data: Path, ref: Path) -> dict:
     run_dir = work / "run"
     first = launch(run_dir, [], data)
     deadline = time.time() + 120
@@ -304,7 +303,7 @@ def fault_same_rundir(work: Path, data: Path, ref: Path) -> dict:
                     f"(the first at step {first_step}); the first ended with {rc1}"}
 
 
-def fault_share_ckpt(work: Path, data: Path, ref: Path) -> dict:
+def fault_share_ckpt(kind: str, launcher: str, work: Path, data: Path, ref: Path) -> dict:
     """A second run (seed 8, another run directory) started at the first's launch with the
     same fresh train.checkpoint_dir: refused, or - as before issue 37 - both write there."""
     ckpt, a, b = work / "ckpt", work / "a", work / "b"
@@ -334,7 +333,7 @@ def fault_share_ckpt(work: Path, data: Path, ref: Path) -> dict:
                     f"with {rc1}"}
 
 
-def fault_corrupt(work: Path, data: Path) -> dict:
+def fault_corrupt(kind: str, launcher: str, work: Path, data: Path, ref: Path) -> dict:
     from loaders.shards import read_shard, write_checksums, write_shard
     bad = work / "data"
     shutil.copytree(data, bad)
@@ -356,7 +355,7 @@ def fault_corrupt(work: Path, data: Path) -> dict:
             "since_checkpoint": 0, "equal": None, "note": "found at start-up, nothing trained"}
 
 
-def fault_swap(work: Path, data: Path, ref: Path) -> dict:
+def fault_swap(kind: str, launcher: str, work: Path, data: Path, ref: Path) -> dict:
     run_dir = work / "run"
     proc = launch(run_dir, [], data)
     wait_for_step(run_dir, HIT, proc)
@@ -376,7 +375,7 @@ def fault_swap(work: Path, data: Path, ref: Path) -> dict:
                                                           " - BUT the run directory changed")}
 
 
-def fault_diskfull(work: Path, data: Path, ref: Path) -> dict:
+def fault_diskfull(kind: str, launcher: str, work: Path, data: Path, ref: Path) -> dict:
     """The run directory's disk fills at step HIT; space freed, the same command again: exit 3
     naming the file and the checkpoint a rerun resumes from, then a resumed log whose every
     line parses and which the compliance checker passes, equal to the uninterrupted run."""
@@ -429,7 +428,7 @@ def fault_diskfull(work: Path, data: Path, ref: Path) -> dict:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
-def fault_storm(kind: str, work: Path, data: Path, ref: Path) -> dict:
+def fault_storm(kind: str, launcher: str, work: Path, data: Path, ref: Path) -> dict:
     run_dir = work / "run"
     rc, text, t1 = wait(launch_faulty(run_dir, kind, data))
     start = float((run_dir / "fault_start").read_text()) if (run_dir / "fault_start").exists() \
@@ -449,85 +448,108 @@ def fault_storm(kind: str, work: Path, data: Path, ref: Path) -> dict:
                     f"({stop - STORM + 1} steps), checkpoint kept: step {kept_step}"}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.faults",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--data", type=Path, default=ROOT / "data" / "cpu128")
-    ap.add_argument("--faults", default=",".join(FAULTS))
-    ap.add_argument("--launchers", default="mpiexec",
-                    help=f"the launchers of the signal rows ({', '.join(SIGNALS)}): any of "
-                         f"{', '.join(LAUNCHERS)}")
-    ap.add_argument("--out", type=Path)
-    a = ap.parse_args(argv)
-    faults = [f for f in a.faults.split(",") if f]
-    unknown = set(faults) - set(FAULTS)
-    if unknown:
-        ap.error(f"unknown fault(s) {sorted(unknown)}; choose from {FAULTS}")
-    launchers = [x for x in a.launchers.split(",") if x]
-    if set(launchers) - set(LAUNCHERS):
-        ap.error(f"unknown launcher(s) {sorted(set(launchers) - set(LAUNCHERS))}; choose from "
-                 f"{LAUNCHERS}")
-    rows = [f"{f}@{x}" if f in SIGNALS and x != "mpiexec" else f
-            for f in faults for x in (launchers if f in SIGNALS else ["mpiexec"])]
-    data = a.data.resolve()
-    rec = record("faults", sys.argv[1:] if argv is None else argv, runs=a.runs, faults=faults,
-                 launchers=launchers, config=str(CONFIG.name),
-                 overrides=overrides(Path("DATA")), data=str(a.data))
-    results: dict[str, list[dict]] = {f: [] for f in rows}
-    t_start = time.time()
+MEASURE = {"kill": fault_interrupt, "sigterm": fault_interrupt,
+           **{kind: fault_signal for kind in SIGNALS},
+           "same_rundir": fault_same_rundir, "share_ckpt": fault_share_ckpt,
+           "corrupt": fault_corrupt, "nan": fault_storm, "fp16": fault_storm,
+           "swap": fault_swap, "diskfull": fault_diskfull}
+"""Each fault's row: (the fault, its launcher, its work folder, the data set, the reference
+run) -> its result."""
+assert set(MEASURE) == set(FAULTS)
+
+
+def rows(a) -> list[str]:
+    """The table's rows: each fault, the signal rows once per launcher (``int2@torchrun``)."""
+    return [f"{f}@{x}" if f in SIGNALS and x != "mpiexec" else f
+            for f in a.faults for x in (a.launchers if f in SIGNALS else ["mpiexec"])]
+
+
+@contextlib.contextmanager
+def reference(r):
+    """A temporary folder holding the uninterrupted reference run (every checkpoint kept)."""
     with tempfile.TemporaryDirectory(prefix="faults_") as tmp:
         tmp = Path(tmp)
-        ref = tmp / "reference"
-        rc, text, _ = wait(launch(ref, ["train.checkpoint_keep=100"], data))
+        rc, text, _ = wait(launch(tmp / "reference", ["train.checkpoint_keep=100"],
+                                  r.args.data.resolve()))
         if rc != 1:
-            raise SystemExit(f"the reference run failed ({rc}):\n{text[-3000:]}")
-        for r in range(a.runs):
-            for f in rows:
-                work = tmp / f"{f.replace('@', '_')}{r}"
-                work.mkdir()
-                kind, _, launcher = f.partition("@")
-                if kind in SIGNALS:
-                    res = fault_signal(kind, launcher or "mpiexec", work, data, ref)
-                elif f == "same_rundir":
-                    res = fault_same_rundir(work, data, ref)
-                elif f == "share_ckpt":
-                    res = fault_share_ckpt(work, data, ref)
-                elif f in ("kill", "sigterm"):
-                    res = fault_interrupt(f, work, data, ref)
-                elif f == "corrupt":
-                    res = fault_corrupt(work, data)
-                elif f == "swap":
-                    res = fault_swap(work, data, ref)
-                elif f == "diskfull":
-                    res = fault_diskfull(work, data, ref)
-                else:
-                    res = fault_storm(f, work, data, ref)
-                results[f].append(res)
-                print(f"round {r + 1} {f:12} detected={res['detected']} exit={res['exit']} "
-                      f"{res['seconds']:.1f} s lost={res['samples_lost']} equal={res['equal']}"
-                      f"  ({res['note']})", flush=True)
+            raise Stop(f"the reference run failed ({rc}):\n{text[-3000:]}")
+        yield tmp
+
+
+def measure(r, case) -> dict:
+    """One round of one row, in a fresh work folder beside the reference."""
+    round_, row = case
+    work = r.state / f"{row.replace('@', '_')}{round_}"
+    work.mkdir()
+    kind, _, launcher = row.partition("@")
+    return {"row": row, **MEASURE[kind](kind, launcher or "mpiexec", work, r.args.data.resolve(),
+                                        r.state / "reference")}
+
+
+def summary(r) -> dict:
+    """Per row: runs, detected, seconds, samples lost, resumes equal; every result by row."""
+    results: dict[str, list[dict]] = {f: [] for f in rows(r.args)}
+    for res in r.results:
+        results[res.pop("row")].append(res)
     table = {}
     for f, rs in results.items():
         table[f] = {"runs": len(rs), "detected": sum(bool(x["detected"]) for x in rs),
-                   "seconds_median": statistics.median(x["seconds"] for x in rs),
-                   "seconds_max": max(x["seconds"] for x in rs),
-                   "samples_lost_max": max(x["samples_lost"] for x in rs),
-                   "lost_within_checkpoint_interval": all(
-                       x["samples_lost"] <= max(x["since_checkpoint"], 0) or
-                       x["samples_lost"] <= EVERY for x in rs),
-                   "equal": (None if all(x["equal"] is None for x in rs)
-                             else sum(bool(x["equal"]) for x in rs))}
-    rec.update(wall_s=round(time.time() - t_start, 1), rows=table, results=results)
-    print(f"\n{'fault':20} {'runs':>4} {'detected':>8} {'s median':>9} {'s max':>6} "
-          f"{'lost max':>8}  equal to uninterrupted")
-    for f, row in table.items():
+                    "seconds_median": statistics.median(x["seconds"] for x in rs),
+                    "seconds_max": max(x["seconds"] for x in rs),
+                    "samples_lost_max": max(x["samples_lost"] for x in rs),
+                    "lost_within_checkpoint_interval": all(
+                        x["samples_lost"] <= max(x["since_checkpoint"], 0) or
+                        x["samples_lost"] <= EVERY for x in rs),
+                    "equal": (None if all(x["equal"] is None for x in rs)
+                              else sum(bool(x["equal"]) for x in rs))}
+    return {"rows": table, "results": results}
+
+
+def table(rec: dict) -> str:
+    lines = ["", "| fault | runs | detected | s median | s max | lost max | equal to "
+             "uninterrupted |", "|---|---|---|---|---|---|---|"]
+    for f, row in rec["rows"].items():
         eq = "n/a" if row["equal"] is None else f"{row['equal']}/{row['runs']}"
-        print(f"{f:20} {row['runs']:4d} {row['detected']:>4}/{row['runs']:<3} "
-              f"{row['seconds_median']:9.1f} {row['seconds_max']:6.1f} "
-              f"{row['samples_lost_max']:8d}  {eq}")
-    finish(rec, a.out)
-    return 0
+        lines.append(f"| {f} | {row['runs']} | {row['detected']}/{row['runs']} | "
+                     f"{row['seconds_median']:.1f} | {row['seconds_max']:.1f} | "
+                     f"{row['samples_lost_max']} | {eq} |")
+    return "\n".join(lines)
+
+
+def progress(r, case, res) -> str:
+    return (f"round {case[0] + 1} {case[1]:12} detected={res['detected']} exit={res['exit']} "
+            f"{res['seconds']:.1f} s lost={res['samples_lost']} equal={res['equal']}"
+            f"  ({res['note']})")
+
+
+BENCHMARK = Benchmark(
+    "faults", __doc__, measure,
+    cases=lambda r: [(k, f) for k in range(r.args.runs) for f in rows(r.args)],
+    options=(option("--runs", type=int, default=3),
+             option("--data", type=Path, default=ROOT / "data" / "cpu128"),
+             option("--faults", type=listed(FAULTS, what="fault"), default=",".join(FAULTS)),
+             option("--launchers", type=listed(LAUNCHERS, what="launcher"), default="mpiexec",
+                    help=f"the launchers of the signal rows ({', '.join(SIGNALS)}): any of "
+                         f"{', '.join(LAUNCHERS)}"),
+             out(None)),
+    fields=lambda a: dict(runs=a.runs, faults=a.faults, launchers=a.launchers,
+                          config=str(CONFIG.name), overrides=overrides(Path("DATA")),
+                          data=str(a.data)),
+    setup=reference, progress=progress, summary=summary, table=table,
+    goals=(Goal("every_fault_detected", "every round of every row ends with the exit status "
+                "and the words its fault must give",
+                lambda rec: all(x["detected"] == x["runs"] for x in rec["rows"].values())),
+           Goal("lost_within_checkpoint_interval", "no fault loses more samples than were "
+                "trained since the checkpoint kept (or the interval)",
+                lambda rec: all(x["lost_within_checkpoint_interval"]
+                                for x in rec["rows"].values())),
+           Goal("every_resume_equal", "every resumed or live run ends equal to the "
+                "uninterrupted one (where one trains)",
+                lambda rec: all(x["equal"] in (None, x["runs"]) for x in rec["rows"].values()))))
+
+
+def main(argv=None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

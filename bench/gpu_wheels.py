@@ -18,7 +18,6 @@ anything (``--dry-run``, a temporary ``--target``).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import subprocess
@@ -26,7 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import REPO, finish, record
+from bench.common import REPO
+from bench.harness import Benchmark, Goal, Stop, option, run
 
 GPU_REQUIREMENTS = REPO / "requirements-gpu.txt"
 NO_DEPS = REPO / "requirements-data.txt"
@@ -85,39 +85,63 @@ def resolve(requirements: Path, python: str, glibc: str, deps: bool = True) -> d
             if proc.returncode else ""}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.gpu_wheels",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--python", default="3.12", help="the GPU machine's CPython (default 3.12)")
-    ap.add_argument("--glibc", default="2.35", help="its glibc (default 2.35: Ubuntu 22.04)")
-    ap.add_argument("--out", type=Path, help="write the record here")
-    a = ap.parse_args(argv)
-    rec = record("gpu_wheels", sys.argv[1:] if argv is None else list(argv), python=a.python,
-                 platform=f"manylinux x86_64, glibc {a.glibc}")
+SETS = (("requirements_gpu", GPU_REQUIREMENTS, True), ("requirements_data", NO_DEPS, False))
+"""The sets resolved: the record's key, the file, whether with dependencies."""
+
+
+def measure(r, case) -> dict:
+    _, requirements, deps = case
     try:
-        gpu = resolve(GPU_REQUIREMENTS, a.python, a.glibc)
-        data = resolve(NO_DEPS, a.python, a.glibc, deps=False)
+        return resolve(requirements, r.args.python, r.args.glibc, deps)
     except (OSError, ValueError, subprocess.TimeoutExpired) as e:
-        print(f"bench.gpu_wheels: pip could not run: {e}", file=sys.stderr)
-        return 2
-    print(f"| package | version | wheel (CPython {a.python}, manylinux x86_64, glibc "
-          f"{a.glibc}) |\n|---|---|---|")
-    for p in gpu["packages"] + data["packages"]:
-        print(f"| {p['name']} | {p['version']} | {p['file']} |")
+        raise Stop(f"pip could not run: {e}", 2) from None
+
+
+def summary(r) -> dict:
+    gpu, data = r.results
     cuda = cuda_build(gpu["packages"])
     torch = next((p for p in gpu["packages"] if p["name"] == "torch"), None)
-    ok = not gpu["returncode"] and not data["returncode"] and bool(cuda) and torch is not None
-    for which, r in (("requirements-gpu.txt", gpu), ("requirements-data.txt", data)):
-        print(f"{which}: " + (f"resolves, {len(r['packages'])} packages" if not r["returncode"]
-                              else f"does not resolve: {r['error']}"))
-    print(f"torch {torch and torch['version']}: " + (
+    return {"resolves": not gpu["returncode"] and not data["returncode"] and bool(cuda)
+            and torch is not None, "requirements_gpu": gpu, "requirements_data": data,
+            "cuda_packages": cuda}
+
+
+def table(rec: dict) -> str:
+    gpu, data, cuda = rec["requirements_gpu"], rec["requirements_data"], rec["cuda_packages"]
+    lines = [f"| package | version | wheel (CPython {rec['python']}, {rec['platform']}) |",
+             "|---|---|---|"]
+    lines += [f"| {p['name']} | {p['version']} | {p['file']} |"
+              for p in gpu["packages"] + data["packages"]]
+    for which, x in (("requirements-gpu.txt", gpu), ("requirements-data.txt", data)):
+        lines.append(f"{which}: " + (f"resolves, {len(x['packages'])} packages"
+                                     if not x["returncode"] else
+                                     f"does not resolve: {x['error']}"))
+    torch = next((p for p in gpu["packages"] if p["name"] == "torch"), None)
+    lines.append(f"torch {torch and torch['version']}: " + (
         f"the CUDA build ({len(cuda)} CUDA packages: "
         f"{', '.join(c for c in cuda if 'cuda-runtime' in c or 'cudnn' in c or 'nccl' in c)})"
         if cuda else "NOT a CUDA build (no CUDA package in the set)"))
-    rec.update(resolves=ok, requirements_gpu=gpu, requirements_data=data, cuda_packages=cuda)
-    finish(rec, a.out, line={"resolves": ok, "packages": len(gpu["packages"]) +
-                             len(data["packages"]), "cuda_packages": len(cuda)})
-    return 0 if ok else 1
+    return "\n".join(lines)
+
+
+BENCHMARK = Benchmark(
+    "gpu_wheels", __doc__, measure, cases=lambda r: SETS,
+    options=(option("--python", default="3.12",
+                    help="the GPU machine's CPython (default 3.12)"),
+             option("--glibc", default="2.35", help="its glibc (default 2.35: Ubuntu 22.04)"),
+             option("--out", type=Path, help="write the record here")),
+    fields=lambda a: {"python": a.python, "platform": f"manylinux x86_64, glibc {a.glibc}"},
+    summary=summary, table=table,
+    goals=(Goal("resolves", "both sets resolve and torch is the CUDA build",
+                lambda rec: rec["resolves"], gate=True),),
+    line=lambda rec: {"resolves": rec["resolves"],
+                      "packages": len(rec["requirements_gpu"]["packages"])
+                      + len(rec["requirements_data"]["packages"]),
+                      "cuda_packages": len(rec["cuda_packages"])})
+
+
+def main(argv=None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

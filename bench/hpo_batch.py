@@ -26,7 +26,7 @@ does if its wall times matter. Several hours on 2 cores with the defaults.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -37,7 +37,8 @@ from typing import Optional
 
 from bench.batch_scaling import (BASE_LR, CONFIG, DATA, PROXY, crossing, ensure_data,
                                  reusable, run_plan, set_aside)
-from bench.common import REPO, finish, record, run_runtime, tail, write
+from bench.common import REPO, run_runtime, tail
+from bench.harness import Benchmark, Column, listed, markdown, option, out, run
 
 SPACE = """# bench.hpo_batch's search space: everything Samsung re-tuned for ADAM at 16K
 [params."optim.lr"]
@@ -201,73 +202,90 @@ def answer(table: list[dict]) -> str:
     return "no: searched LAMB needs no more samples than searched AdamW"
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m bench.hpo_batch",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, default=1024)
-    ap.add_argument("--trials", type=int, default=12, help="trials per optimizer's search")
-    ap.add_argument("--seeds", default="1,2,3", help="seeds of the confirmation runs")
-    ap.add_argument("--search-seed", type=int, default=0, help="the sampler's seed")
-    ap.add_argument("--optimizers", default="adamw,lamb")
-    ap.add_argument("--target", type=float, default=0.10)
-    ap.add_argument("--data", type=Path, default=DATA)
-    ap.add_argument("--run-timeout", type=float, default=1800)
-    ap.add_argument("--workdir", type=Path, default=REPO / "results" / "hpo_batch")
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "hpo_batch.json")
-    ap.add_argument("--reuse-study", type=Path, default=None, metavar="RECORD",
+def settings(o: str, args, best: Optional[dict]) -> dict[str, list[str]]:
+    """The settings to confirm for optimizer ``o``: the two scaled defaults, and the searched
+    best when a trial reached the target (on the √ default's overrides)."""
+    out = {"linear": plan(o, "linear", args.batch, args.target),
+           "sqrt": plan(o, "sqrt", args.batch, args.target)}
+    if best and best.get("censored"):   # nothing reached: no setting to confirm
+        print(f"  {o}: no trial of the search reached the target; nothing to confirm",
+              flush=True)
+    elif best:
+        out["searched"] = [*out["sqrt"]] + [
+            f"{k}={json.dumps(v) if isinstance(v, str) else repr(v)}"
+            for k, v in sorted(best["params"].items())]
+    return out
+
+
+def cases(r):
+    """Each optimizer's search, then each setting's confirmation (the searched one is known
+    once its search ran)."""
+    for o in r.args.optimizers:
+        yield ("search", o, None, None)
+    for o in r.args.optimizers:
+        for s, over in settings(o, r.args, r.record["searches"][o]["best"]).items():
+            yield ("confirm", o, s, over)
+
+
+def measure(r, case) -> dict:
+    """A search, or one setting's confirmation runs; the record takes it in place (it is
+    written after every case: an interrupted run keeps its data)."""
+    phase, o, setting, over = case
+    if phase == "search":
+        r.record["searches"][o] = search(o, r.args, r.args.workdir)
+        return r.record["searches"][o]
+    runs = confirm(o, setting, over, r.args, r.args.workdir, r.state)
+    r.record["confirmation"][f"{o}/{setting}"] = runs
+    r.record["table"].append(summary_row(o, setting, runs))
+    return r.record["table"][-1]
+
+
+@contextlib.contextmanager
+def study(r):
+    """The batch-scaling study's runs to reuse (``--reuse-study``), the data, the folder."""
+    ensure_data(r.args.data)
+    r.args.workdir.mkdir(parents=True, exist_ok=True)
+    r.record.update(complete=False, searches={}, confirmation={}, table=[])
+    yield study_runs(r.args.reuse_study, r.args.batch, r.args.target)
+
+
+def table(rec: dict) -> str:
+    lines = ["", markdown((Column("optimizer", "optimizer"), Column("setting", "setting"),
+                           Column("reached", lambda x: f"{x['reached']}/{x['runs']}"),
+                           Column("mean samples to target", "mean_samples", ",.0f"),
+                           Column("stdev", "stdev_samples", ",.0f")), rec["table"])]
+    lines += [f"{o}: the search first beat the √-rule default at trial "
+              f"{s['first_beating_default']}" for o, s in rec["searches"].items()]
+    return "\n".join(lines + [f"answer: {rec['answer']}"])
+
+
+BENCHMARK = Benchmark(
+    "hpo_batch", __doc__, measure, cases,
+    options=(option("--batch", type=int, default=1024),
+             option("--trials", type=int, default=12, help="trials per optimizer's search"),
+             option("--seeds", type=listed(kind=int, what="seed"), default="1,2,3",
+                    help="seeds of the confirmation runs"),
+             option("--search-seed", type=int, default=0, help="the sampler's seed"),
+             option("--optimizers", type=listed(BASE, what="optimizer"), default="adamw,lamb",
+                    help="of the study's base lrs: " + ", ".join(BASE)),
+             option("--target", type=float, default=0.10),
+             option("--data", type=Path, default=DATA),
+             option("--run-timeout", type=float, default=1800),
+             option("--workdir", type=Path, default=REPO / "results" / "hpo_batch"),
+             out(REPO / "bench" / "results" / "hpo_batch.json"),
+             option("--reuse-study", type=Path, default=None, metavar="RECORD",
                     help="bench.batch_scaling's record: its runs of the scaled defaults at "
-                         "--batch (same overrides, same seed) are taken, not rerun")
-    args = ap.parse_args(argv)
-    args.seeds = [int(s) for s in args.seeds.split(",")]
-    optimizers = args.optimizers.split(",")
-    unknown = [o for o in optimizers if o not in BASE]
-    if unknown:
-        ap.error(f"--optimizers: {unknown} not in {sorted(BASE)} (the study's base lrs)")
-    ensure_data(args.data)
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    rec = record("hpo_batch", argv, batch=args.batch, trials=args.trials, seeds=args.seeds,
-                 target=args.target, proxy=PROXY, base_lr=BASE, expected=EXPECTED,
-                 cap_factor=CAP, data=str(args.data), default_base_lr=BASE_LR)
-    earlier = study_runs(args.reuse_study, args.batch, args.target)
-    t0 = time.perf_counter()
-    rec["complete"] = False   # rewritten after every phase: an interrupted run keeps its data
-    rec["searches"] = {}
-    for o in optimizers:
-        rec["searches"][o] = search(o, args, args.workdir)
-        write(rec, args.out)
-    runs, table = {}, []
-    rec.update(confirmation=runs, table=table)   # filled in place, written after every setting
-    for o in optimizers:
-        settings = {"linear": plan(o, "linear", args.batch, args.target),
-                    "sqrt": plan(o, "sqrt", args.batch, args.target)}
-        best = rec["searches"][o]["best"]
-        if best and best.get("censored"):   # nothing reached: no setting to confirm
-            print(f"  {o}: no trial of the search reached the target; nothing to confirm",
-                  flush=True)
-        elif best:
-            settings["searched"] = [*settings["sqrt"]] + [
-                f"{k}={json.dumps(v) if isinstance(v, str) else repr(v)}"
-                for k, v in sorted(best["params"].items())]
-        for s, over in settings.items():
-            runs[f"{o}/{s}"] = confirm(o, s, over, args, args.workdir, earlier)
-            table.append(summary_row(o, s, runs[f"{o}/{s}"]))
-            write(rec, args.out)
-    rec.update(answer=answer(table), complete=True,
-               wall_s=round(time.perf_counter() - t0, 1))
-    print("\n| optimizer | setting | reached | mean samples to target | stdev |")
-    print("|---|---|---|---|---|")
-    for r in table:
-        print(f"| {r['optimizer']} | {r['setting']} | {r['reached']}/{r['runs']} | "
-              f"{'-' if r['mean_samples'] is None else format(r['mean_samples'], ',.0f')} | "
-              f"{'-' if r['stdev_samples'] is None else format(r['stdev_samples'], ',.0f')} |")
-    for o in optimizers:
-        print(f"{o}: the search first beat the √-rule default at trial "
-              f"{rec['searches'][o]['first_beating_default']}")
-    print(f"answer: {rec['answer']}")
-    finish(rec, args.out, line={"benchmark": "hpo_batch", "answer": rec["answer"],
-                                "wall_s": rec["wall_s"]})
-    return 0
+                         "--batch (same overrides, same seed) are taken, not rerun")),
+    fields=lambda a: dict(batch=a.batch, trials=a.trials, seeds=a.seeds, target=a.target,
+                          proxy=PROXY, base_lr=BASE, expected=EXPECTED, cap_factor=CAP,
+                          data=str(a.data), default_base_lr=BASE_LR),
+    setup=study, partial=True,
+    summary=lambda r: {"answer": answer(r.record["table"]), "complete": True},
+    table=table, line=("answer", "wall_s"))
+
+
+def main(argv=None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

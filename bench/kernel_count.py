@@ -176,21 +176,18 @@ def matched_bucket_cap(narrow) -> float:
 
 
 def _grad_element_size(cfg) -> int:
-    from runtime.choices import PRECISIONS
-    return {"fp32": 4, "bf16": 2, "fp16": 2}[PRECISIONS[cfg.train.precision].params]
+    """Bytes of a gradient element: the parameters' dtype (the run's runtime.numerics)."""
+    return cfg.numerics().param_bytes
 
 
 def _grad_sizes(cfg) -> list[int]:
-    """The trainable parameters' sizes in reverse registration order (the model built on the
+    """The trainable parameters' sizes in reverse registration order (the model as
+    runtime.train.build makes it - its converters, fusion qkv's one Wqkv, applied - on the
     meta device)."""
     import torch
-    from loaders.balance_spec import PACKED_MODES
-    from runtime.model.bert import BertForPreTraining
-    m = cfg.model
+    from runtime.train.build import build_model
     with torch.device("meta"):
-        model = BertForPreTraining(m.bert_config(), attention=m.attention,
-                                   packed=cfg.data.balance in PACKED_MODES,
-                                   fusions=tuple(m.fusions))
+        model = build_model(cfg, torch.device("cpu"))
     return [p.numel() for p in model.parameters() if p.requires_grad][::-1]
 
 
@@ -289,27 +286,27 @@ def _count_replay(trainer) -> list[tuple[str, str, str, int]]:
     without it)."""
     from runtime.train.graphs import batch_tensors
     graph = trainer.runner.graph
-    graph.warmup_steps = 10 ** 9  # the simulated device captures nothing: run the body
+    graph.warmup_steps = 10 ** 9  # the simulated device captures nothing: run the step
     it = iter(trainer.train_loader)
     for _ in range(WARMUP_STEPS):
         trainer.train_step(it)
     trainer.step_log.flush()
     count_inductor_kernels()
     batches = [next(it) for _ in range(trainer.body.accum)]
-    body, timeline = graph.body, trainer.body.timeline
+    step, timeline = graph.captured_step, trainer.body.timeline
     with counting(host=[t for b in batches for t in batch_tensors(b)]) as counter:
 
         def counted_body(slots):
             counter.phase = "step"
-            values = body(slots)
+            values = step(slots)
             counter.phase = "output"
             return values
-        graph.body, trainer.body.timeline = counted_body, Phases(counter)
+        graph.captured_step, trainer.body.timeline = counted_body, Phases(counter)
         try:
             counter.phase = "input"
             graph.step(batches)
         finally:
-            graph.body, trainer.body.timeline = body, timeline
+            graph.captured_step, trainer.body.timeline = step, timeline
         counter.add("clone", "copy/fill")  # the replay's copy-out, in phase "output"
     if count_inductor_kernels():
         raise RuntimeError("the counted step compiled code (whose kernels went uncounted): "

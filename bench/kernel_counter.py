@@ -12,8 +12,13 @@ op on empty tensors or the host's work on the batch; each other op is one launch
 ``KERNELS_PER_OP`` names (read from PyTorch's CUDA sources) and the multi-tensor ops
 (``MULTI_TENSOR_DEPTH``: counted as ATen's multi_tensor_apply splits them into launches).
 
+With ``counting(costs=True)`` each record also gets one bench.op_cost.Cost per kernel (its
+FLOPs and bytes, for the device-time model: bench.device_time), and a ``tagger`` set on the
+counter labels each record (``tags``: bench.device_cases marks the encoder's ops and the
+gradient buffer's).
+
 Owns: the rules, the categories and phases, the counter, the wrapping of Inductor's generated
-kernels, the summary of a count.
+kernels (with their parameters' read/write roles), the summary of a count.
 Never: builds or runs a step (bench.kernel_count does), needs a GPU, or changes what an op
 computes.
 """
@@ -68,11 +73,13 @@ driver that allows them, compute capability >= 7: the H100 and H200 machines), b
 with 4 KB arguments 110/64/48/36/30 tensors and 320 chunks."""
 
 
-def multi_tensor_launches(depth: int, numels: Iterable[int]) -> int:
-    """Kernels ``multi_tensor_apply`` launches for tensors of ``numels`` elements at ``depth``:
-    its loop - a launch when the tensors (the last one whole) or the chunks are full, and one
-    for what is left; empty tensors are skipped."""
-    launches = tensors = chunks_in = 0
+def multi_tensor_launch_elements(depth: int, numels: Iterable[int]) -> list[int]:
+    """The elements of each kernel ``multi_tensor_apply`` launches for tensors of ``numels``
+    elements at ``depth``: its loop - a launch when the tensors (the last one whole) or the
+    chunks are full, and one for what is left; empty tensors are skipped."""
+    max_tensors, max_chunks = MTA_MAX_TENSORS[depth - 1], MTA_MAX_CHUNKS
+    launches: list[int] = []
+    tensors = chunks_in = elements = 0
     for n in numels:
         if n == 0:
             continue
@@ -80,18 +87,34 @@ def multi_tensor_launches(depth: int, numels: Iterable[int]) -> int:
         chunks = -(-n // MTA_CHUNK)
         for c in range(chunks):
             chunks_in += 1
-            if (tensors == MTA_MAX_TENSORS[depth - 1] and c == chunks - 1) \
-                    or chunks_in == MTA_MAX_CHUNKS:
-                launches, chunks_in = launches + 1, 0
+            elements += min(MTA_CHUNK, n - c * MTA_CHUNK)
+            if (tensors == max_tensors and c == chunks - 1) or chunks_in == max_chunks:
+                launches.append(elements)
+                chunks_in = elements = 0
                 tensors = 0 if c == chunks - 1 else 1
-    return launches + (chunks_in > 0)
+    return launches + ([elements] if chunks_in > 0 else [])
+
+
+def multi_tensor_launches(depth: int, numels: Iterable[int]) -> int:
+    """Kernels ``multi_tensor_apply`` launches for tensors of ``numels`` elements at
+    ``depth`` (``multi_tensor_launch_elements``)."""
+    return len(multi_tensor_launch_elements(depth, numels))
+
+
+def launch_elements(name: str, args: tuple) -> list[int] | None:
+    """A multi-tensor op's elements per launch (None: not one)."""
+    if name in MULTI_TENSOR_DEPTH:
+        return multi_tensor_launch_elements(MULTI_TENSOR_DEPTH[name],
+                                            (t.numel() for t in args[0]))
+    return None
 
 
 def kernels_of(name: str, args: tuple) -> int:
     """The CUDA kernels one call of op ``name`` launches (``KERNELS_PER_OP``,
     ``MULTI_TENSOR_DEPTH``; else 1)."""
-    if name in MULTI_TENSOR_DEPTH:
-        return multi_tensor_launches(MULTI_TENSOR_DEPTH[name], (t.numel() for t in args[0]))
+    launches = launch_elements(name, args)
+    if launches is not None:
+        return len(launches)
     return KERNELS_PER_OP.get(name, 1)
 
 CATEGORIES = ("gemm", "attention", "cast", "elementwise", "reduction", "norm", "index",
@@ -188,9 +211,14 @@ def _counter_class():
         def ignore_compile_internals(cls) -> bool:
             return True  # compiled artifacts run under the mode; their tracing does not
 
-        def __init__(self, host: Iterable = ()):
+        def __init__(self, host: Iterable = (), costs: bool = False):
             super().__init__()
             self.records: list[tuple[str, str, str, int]] = []
+            # with ``costs``: per record, one bench.op_cost.Cost per kernel (its FLOPs, bytes)
+            self.costs: list[list] | None = [] if costs else None
+            # tagger(name, args, kwargs, out) -> str: a label of each record, in ``tags``
+            self.tagger = None
+            self.tags: list[str] = []
             self.phase = "step"
             self._host: dict[int, Any] = {}  # storage address -> a tensor keeping it alive
             for t in host:
@@ -215,17 +243,38 @@ def _counter_class():
                 return out
             name = func.overloadpacket.__name__
             if _launches(func, name, args, kwargs, out):
-                self.add(name, category(name, args, out), kernels_of(name, args))
+                kernels = kernels_of(name, args)
+                costs = None
+                if self.costs is not None:
+                    from bench.op_cost import op_costs
+                    costs = op_costs(name, args, kwargs, out, kernels,
+                                     launch_elements(name, args), func)
+                tag = self.tagger(name, args, kwargs, out) if self.tagger else None
+                self.add(name, category(name, args, out), kernels, costs, tag)
             return out
 
-        def add(self, name: str, cat: str, kernels: int = 1) -> None:
+        def add(self, name: str, cat: str, kernels: int = 1, costs: list | None = None,
+                tag: str | None = None) -> None:
             if self.phase == "optimizer":
                 cat = "optimizer"
             self.records.append((self.phase, cat, name, kernels))
+            if self.tagger is not None:
+                self.tags.append(tag if tag is not None else self.tagger(name, (), {}, None))
+            if self.costs is not None:
+                if costs is None:
+                    from bench.op_cost import Cost
+                    costs = [Cost("memory", 0.0)] * kernels
+                self.costs.append(costs)
 
-        def generated_kernel(self, name: str) -> None:
-            """One call of an Inductor-generated kernel."""
-            self.add(name, "compiled")
+        def generated_kernel(self, name: str, args: tuple = (), roles=None) -> None:
+            """One call of an Inductor-generated kernel (``args``: what the wrapper passed it,
+            ``roles``: its parameters' read/write roles, bench.op_cost.kernel_roles)."""
+            costs = None
+            if self.costs is not None:
+                from bench.op_cost import generated_costs
+                costs = generated_costs(roles, args)
+            tag = self.tagger(name, args, {}, None) if self.tagger else None
+            self.add(name, "compiled", 1, costs, tag)
 
     return KernelCounter
 
@@ -245,22 +294,23 @@ def count_inductor_kernels() -> int:
         if getattr(mod, "_kernel_count_wrapped", False):
             continue
         try:
-            names = _KERNEL_DEF.findall(Path(mod.__file__).read_text())
+            source = Path(mod.__file__).read_text()
         except (OSError, TypeError):
-            names = []
-        for name in names:
+            source = ""
+        from bench.op_cost import kernel_roles
+        for name in _KERNEL_DEF.findall(source):
             fn = getattr(mod, name, None)
             if callable(fn):
-                setattr(mod, name, _counted(fn, name))
+                setattr(mod, name, _counted(fn, name, kernel_roles(source, name)))
                 wrapped += 1
         mod._kernel_count_wrapped = True
     return wrapped
 
 
-def _counted(fn, name: str):
+def _counted(fn, name: str, roles=None):
     def kernel(*args, **kwargs):
         if _ACTIVE:
-            _ACTIVE[-1].generated_kernel(name)
+            _ACTIVE[-1].generated_kernel(name, args, roles)
         return fn(*args, **kwargs)
     return kernel
 
@@ -281,9 +331,10 @@ class Phases:
 
 
 @contextlib.contextmanager
-def counting(host: Iterable = ()):
-    """A KernelCounter active inside the ``with`` (generated kernels included)."""
-    counter = _counter_class()(host)
+def counting(host: Iterable = (), costs: bool = False):
+    """A KernelCounter active inside the ``with`` (generated kernels included); ``costs``:
+    each kernel's FLOPs and bytes too (``counter.costs``, bench.op_cost)."""
+    counter = _counter_class()(host, costs)
     _ACTIVE.append(counter)
     try:
         with counter:

@@ -31,17 +31,19 @@ and 2-4 minutes per checkpoint (1,024 sequences, one core) on the 2-core machine
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-from bench.common import REPO, finish, record, run_runtime
+from bench.common import REPO, run_runtime
+from bench.harness import Benchmark, Goal, Stop, listed, option, out, run
 
 CONFIG = REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
 GROUPS = 8  # jackknife groups
@@ -58,8 +60,8 @@ def train(args, workdir: Path) -> Path:
     name = time.strftime("noise_check_%Y%m%d_%H%M%S")  # a fresh run directory every time
     r = run_runtime(CONFIG, args.seed, over, workdir, timeout=args.run_timeout, name=name)
     if r.get("rc") not in (0, 1):
-        raise SystemExit(f"the training run failed (exit {r.get('rc')}): {r.get('error')}; "
-                         f"its console: {workdir}/{name}_seed{args.seed}.out")
+        raise Stop(f"the training run failed (exit {r.get('rc')}): {r.get('error')}; "
+                   f"its console: {workdir}/{name}_seed{args.seed}.out")
     return Path(r["run_dir"])
 
 
@@ -211,103 +213,148 @@ def per_example(ckpt: Path, batch_list: list, check: Optional[tuple] = None) -> 
             "loss_definition_rel_err": rel, "per_example_s": round(grad_s, 1)}
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m bench.noise_check",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--every", type=int, default=50, help="steps between checkpoints")
-    ap.add_argument("--examples", type=int, default=1024, help="sequences per checkpoint "
-                    "(>= 256)")
-    ap.add_argument("--seed", type=int, default=1, help="the training run's SEED")
-    ap.add_argument("--draw-seed", type=int, default=12345)
-    ap.add_argument("--horizons", default="0,256,512,1024,2048,6400",
-                    help="horizons (samples) to replay from the run's raw norms")
-    ap.add_argument("--goal", type=float, default=1.5)
-    ap.add_argument("--run-dir", type=Path, default=None, help="a finished run to check "
-                    "instead of training one (its checkpoints and metrics.jsonl)")
-    ap.add_argument("--override", action="append", default=[],
-                    help="a config override for the training run (repeatable)")
-    ap.add_argument("--run-timeout", type=float, default=1800)
-    ap.add_argument("--workdir", type=Path, default=REPO / "results" / "noise_check")
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "noise_check.json")
-    args = ap.parse_args(argv)
-    if args.examples < 256:
-        ap.error("--examples must be >= 256 (the check's method)")
-    horizons = [int(h) for h in args.horizons.split(",") if h]
+@dataclass
+class Checked:
+    """What every checkpoint's measurement shares: the run, what it logged and the draw."""
+
+    run_dir: Path
+    steps: dict          # step -> its record in metrics.jsonl
+    replays: dict        # horizon -> step -> what that horizon would have logged
+    checkpoints: list    # the run's checkpoint folders, by step
+    pairs: np.ndarray    # the draw: (shard, row) of every example
+    shards: dict
+    batch_list: list     # the draw, one batch a sequence
+    b_big: int
+
+
+def _step(ckpt: Path) -> int:
+    return int(ckpt.name.split("_")[1])
+
+
+@contextlib.contextmanager
+def checked_run(r):
+    """Train (or take ``--run-dir``), read its logs, replay the horizons, draw the examples."""
     import torch
     torch.set_num_threads(1)  # the machine is shared: one core for the per-example pass
     from runtime.config import load_config
-    cfg = load_config(CONFIG, list(args.override))
-    rec = record("noise_check", argv, config=str(CONFIG.relative_to(REPO)), steps=args.steps,
-                 every=args.every, examples=args.examples, seed=args.seed,
-                 horizon_samples=cfg.train.noise_scale_horizon_samples,
-                 tied_embedding_sync=cfg.train.tied_embedding_sync, goal=args.goal)
+    a = r.args
+    cfg = load_config(CONFIG, list(a.override))
     t0 = time.perf_counter()
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    run_dir = args.run_dir or train(args, args.workdir)
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    run_dir = a.run_dir or train(a, a.workdir)
     train_s = round(time.perf_counter() - t0, 1)
     steps = logged_steps(run_dir)
-    ranks = cfg.system.nodes * cfg.system.ranks_per_node
     b_big = cfg.train.global_batch_size
-    b_small = b_big // ranks
-    replays = {h: replay(steps, b_small, b_big, h) for h in horizons}
-    ckpts = sorted((p for p in (run_dir / "checkpoints").glob("step_*") if p.is_dir()),
-                   key=lambda p: int(p.name.split("_")[1]))
+    b_small = b_big // (cfg.system.nodes * cfg.system.ranks_per_node)
+    ckpts = sorted((p for p in (run_dir / "checkpoints").glob("step_*") if p.is_dir()), key=_step)
     data = Path(cfg.data.data_dir)
-    pairs, shards = draw(data if data.is_absolute() else REPO / data, args.examples,
-                         args.draw_seed)
-    batch_list = batches(pairs, shards)
-    rows = []
-    for i, ck in enumerate(ckpts):
-        step = int(ck.name.split("_")[1])
-        pe = per_example(ck, batch_list, (pairs[:16], shards) if i == 0 else None)
-        log = steps.get(step, {})
-        row = {"step": step, "samples": step * b_big, **pe,
-               "logged": log.get("noise_scale"),
-               "logged_window_samples": log.get("noise_scale_window_samples"),
-               "replayed": {str(h): replays[h][step]["noise_scale"] for h in horizons
-                            if step in replays[h]}}
-        row["ratio"] = row["logged"] / pe["b_simple"] if row["logged"] and pe["b_simple"] \
-            else None
-        rows.append(row)
-        print(f"  step {step}: per-example B {pe['b_simple']:.1f} ± {pe['b_simple_se']:.1f} "
-              f"(non-embedding {pe['b_simple_non_embedding']:.1f}), logged "
-              f"{_f(row['logged'])} over {row['logged_window_samples']} samples, ratio "
-              f"{_f(row['ratio'], '.2f')}; {pe['per_example_s']} s", flush=True)
-    horizon = rec["horizon_samples"]
-    after = [r for r in rows if r["samples"] >= horizon]
-    rec.update(run_dir=str(run_dir), train_s=train_s, checkpoints=rows, b_small=b_small,
-               b_big=b_big)
-    rec["goal_met"] = None if not after else all(  # None: no checkpoint past the horizon
-        r["ratio"] is not None and 1 / args.goal <= r["ratio"] <= args.goal for r in after)
-    rec["worst_ratio"] = max((max(r["ratio"], 1 / r["ratio"]) for r in after
-                              if r["ratio"]), default=None)
-    rec["replayed_worst_ratio"] = {}
-    for h in horizons:
+    pairs, shards = draw(data if data.is_absolute() else REPO / data, a.examples, a.draw_seed)
+    r.record.update(run_dir=str(run_dir), train_s=train_s, b_small=b_small, b_big=b_big)
+    yield Checked(run_dir, steps, {h: replay(steps, b_small, b_big, h) for h in a.horizons},
+                  ckpts, pairs, shards, batches(pairs, shards), b_big)
+
+
+def measure(r, ck: Path) -> dict:
+    """One checkpoint: the per-example B beside the logged and the replayed ones."""
+    s: Checked = r.state
+    step = _step(ck)
+    first = ck == s.checkpoints[0]
+    pe = per_example(ck, s.batch_list, (s.pairs[:16], s.shards) if first else None)
+    log = s.steps.get(step, {})
+    row = {"step": step, "samples": step * s.b_big, **pe,
+           "logged": log.get("noise_scale"),
+           "logged_window_samples": log.get("noise_scale_window_samples"),
+           "replayed": {str(h): s.replays[h][step]["noise_scale"] for h in r.args.horizons
+                        if step in s.replays[h]}}
+    row["ratio"] = row["logged"] / pe["b_simple"] if row["logged"] and pe["b_simple"] else None
+    return row
+
+
+def progress(r, ck, row) -> str:
+    return (f"  step {row['step']}: per-example B {row['b_simple']:.1f} ± "
+            f"{row['b_simple_se']:.1f} (non-embedding {row['b_simple_non_embedding']:.1f}), "
+            f"logged {_f(row['logged'])} over {row['logged_window_samples']} samples, ratio "
+            f"{_f(row['ratio'], '.2f')}; {row['per_example_s']} s")
+
+
+def summary(r) -> dict:
+    """The goal (within --goal after the first horizon) and the worst ratio per horizon."""
+    rows, goal = r.results, r.args.goal
+    after = [x for x in rows if x["samples"] >= r.record["horizon_samples"]]
+    met = None if not after else all(  # None: no checkpoint past the horizon
+        x["ratio"] is not None and 1 / goal <= x["ratio"] <= goal for x in after)
+    replayed = {}
+    for h in r.args.horizons:
         worst = None
-        for r in rows:
-            v = r["replayed"].get(str(h))
-            if r["samples"] < h:
+        for x in rows:
+            v = x["replayed"].get(str(h))
+            if x["samples"] < h:
                 continue
-            x = math.inf if not v else max(v / r["b_simple"], r["b_simple"] / v)
-            worst = x if worst is None else max(worst, x)
-        rec["replayed_worst_ratio"][str(h)] = worst
-    rec["wall_s"] = round(time.perf_counter() - t0, 1)
-    print("\n| step | per-example B (± se) | non-embedding | logged (window) | ratio | "
-          + " | ".join(f"H={h}" for h in horizons) + " |")
-    for r in rows:
-        print(f"| {r['step']} | {r['b_simple']:.1f} ± {r['b_simple_se']:.1f} | "
-              f"{r['b_simple_non_embedding']:.1f} | {_f(r['logged'])} "
-              f"({r['logged_window_samples']}) | {_f(r['ratio'], '.2f')} | "
-              + " | ".join(_f(r["replayed"].get(str(h))) for h in horizons) + " |")
-    verdict = {True: "met", False: "MISSED", None: "no checkpoint past it"}[rec["goal_met"]]
-    print(f"goal (within {args.goal}x after the first horizon of {horizon} samples): "
-          f"{verdict}; worst {_f(rec['worst_ratio'], '.2f')}x; "
-          f"replayed worst by horizon: {rec['replayed_worst_ratio']}")
-    finish(rec, args.out, line={k: rec[k] for k in ("benchmark", "goal_met", "worst_ratio",
-                                                    "wall_s")})
-    return 0
+            ratio = math.inf if not v else max(v / x["b_simple"], x["b_simple"] / v)
+            worst = ratio if worst is None else max(worst, ratio)
+        replayed[str(h)] = worst
+    return {"goal_met": met,
+            "worst_ratio": max((max(x["ratio"], 1 / x["ratio"]) for x in after if x["ratio"]),
+                               default=None),
+            "replayed_worst_ratio": replayed}
+
+
+def table(rec: dict) -> str:
+    horizons = list(rec["replayed_worst_ratio"])
+    lines = ["", "| step | per-example B (± se) | non-embedding | logged (window) | ratio | "
+             + " | ".join(f"H={h}" for h in horizons) + " |",
+             "|" + "---|" * (5 + len(horizons))]
+    for x in rec["checkpoints"]:
+        lines.append(f"| {x['step']} | {x['b_simple']:.1f} ± {x['b_simple_se']:.1f} | "
+                     f"{x['b_simple_non_embedding']:.1f} | {_f(x['logged'])} "
+                     f"({x['logged_window_samples']}) | {_f(x['ratio'], '.2f')} | "
+                     + " | ".join(_f(x["replayed"].get(h)) for h in horizons) + " |")
+    lines.append(f"worst {_f(rec['worst_ratio'], '.2f')}x after the first horizon of "
+                 f"{rec['horizon_samples']} samples; replayed worst by horizon: "
+                 f"{rec['replayed_worst_ratio']}")
+    return "\n".join(lines)
+
+
+def fields(a) -> dict:
+    from runtime.config import load_config
+    cfg = load_config(CONFIG, list(a.override))
+    return dict(config=str(CONFIG.relative_to(REPO)), steps=a.steps, every=a.every,
+                examples=a.examples, seed=a.seed,
+                horizon_samples=cfg.train.noise_scale_horizon_samples,
+                tied_embedding_sync=cfg.train.tied_embedding_sync, goal=a.goal)
+
+
+BENCHMARK = Benchmark(
+    "noise_check", __doc__, measure, cases=lambda r: r.state.checkpoints,
+    options=(option("--steps", type=int, default=300),
+             option("--every", type=int, default=50, help="steps between checkpoints"),
+             option("--examples", type=int, default=1024,
+                    help="sequences per checkpoint (>= 256)"),
+             option("--seed", type=int, default=1, help="the training run's SEED"),
+             option("--draw-seed", type=int, default=12345),
+             option("--horizons", type=listed(kind=int, what="horizon"),
+                    default="0,256,512,1024,2048,6400",
+                    help="horizons (samples) to replay from the run's raw norms"),
+             option("--goal", type=float, default=1.5),
+             option("--run-dir", type=Path, default=None, help="a finished run to check "
+                    "instead of training one (its checkpoints and metrics.jsonl)"),
+             option("--override", action="append", default=[],
+                    help="a config override for the training run (repeatable)"),
+             option("--run-timeout", type=float, default=1800),
+             option("--workdir", type=Path, default=REPO / "results" / "noise_check"),
+             out(REPO / "bench" / "results" / "noise_check.json")),
+    check=lambda a: "--examples must be >= 256 (the check's method)" if a.examples < 256
+    else None,
+    fields=fields, setup=checked_run, results="checkpoints", progress=progress,
+    summary=summary, table=table,
+    goals=(Goal("within_goal_after_the_first_horizon", "the logged B within --goal (1.5x) of "
+                "the per-example B at every checkpoint after the first horizon",
+                lambda rec: rec["goal_met"]),),
+    line=("goal_met", "worst_ratio", "wall_s"))
+
+
+def main(argv=None) -> int:
+    return run(BENCHMARK, argv)
 
 
 def _f(v, spec: str = ".1f") -> str:

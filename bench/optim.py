@@ -50,7 +50,7 @@ test: keep the machine otherwise idle (on the shared dev machine: under
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import importlib
 import json
 import statistics
@@ -60,9 +60,9 @@ import time
 import types
 from pathlib import Path
 
-from bench.common import finish, record
+from bench.harness import Benchmark, Goal, hidden, listed, option, out, run
 from kernels.optim_flat import BYTES_PER_ELEMENT  # the byte counts above, one place
-from loaders.model_shape import size
+from basis.model_shape import size
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "optim.json"
@@ -312,67 +312,86 @@ def goals(records: list[dict]) -> dict:
     return out
 
 
-def print_table(records: list[dict]) -> None:
+def table(rec: dict) -> str:
+    """One line per (model, implementation), then each model's goals."""
     head = (f"{'model':6} {'opt':6} {'implementation':18} {'min s':>8} {'median s':>9} "
             f"{'limit s':>8} {'ratio':>6} {'ratio ip':>8} {'peak MiB':>9} {'compile s':>9}  "
             "note")
-    print(head)
-    print("-" * len(head))
-    for r in records:
+    lines = [head, "-" * len(head)]
+    for r in rec["results"]:
         name = f"{r['model']:6} {r['optimizer']:6} {r['impl']:18}"
         if "error" in r:
-            print(f"{name} {'n/a':>8}  {r['error']}")
+            lines.append(f"{name} {'n/a':>8}  {r['error']}")
             continue
         peak = "-" if r.get("peak_growth_mib") is None else f"{r['peak_growth_mib']:.0f}"
         comp = f"{r['compile_s']:.1f}" if r.get("compile_s") else "-"
         ip = r.get("ratio_to_limit_inplace")
         ip = "-" if ip is None else f"{ip:.2f}"
-        print(f"{name} {r['step_min_s']:8.3f} {r['step_median_s']:9.3f} {r['limit_s']:8.3f} "
-              f"{r['ratio_to_limit']:6.2f} {ip:>8} {peak:>9} {comp:>9}  {r.get('note', '')}")
+        lines.append(f"{name} {r['step_min_s']:8.3f} {r['step_median_s']:9.3f} "
+                     f"{r['limit_s']:8.3f} {r['ratio_to_limit']:6.2f} {ip:>8} {peak:>9} "
+                     f"{comp:>9}  {r.get('note', '')}")
+    return "\n".join(lines + [f"goals {model}: {json.dumps(g)}"
+                              for model, g in rec["goals"].items()])
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.optim", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="base,large")
-    ap.add_argument("--only", default="lamb,adamw,lars", help="optimizers to run")
-    ap.add_argument("--reps", type=int, default=3, help="timed steps per implementation")
-    ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--model", help=argparse.SUPPRESS)
-    ap.add_argument("--optimizer", help=argparse.SUPPRESS)
-    ap.add_argument("--impl", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.worker:
-        worker_main(args)
-        return 0
-    import torch
-    models = [m for m in args.models.split(",") if m]
-    only = set(args.only.split(","))
-    result = record("optim", sys.argv[1:] if argv is None else argv,
-                    threads=torch.get_num_threads(), reps=args.reps)
-    started = time.time()
+@contextlib.contextmanager
+def bandwidth(r):
+    """The copy bandwidth the limits divide by, measured before the cases."""
     bw = measure_bandwidth()
     print(f"bandwidth: copy {bw['copy_GBps']:.1f} GB/s, in-place scale "
           f"{bw['inplace_scale_GBps']:.1f}, read {bw['read_sum_GBps']:.1f} "
           f"({bw['threads']} threads)", flush=True)
-    records = []
-    for model in models:
-        for optimizer, impl in CASES:
-            if optimizer in only:
-                rec = run_worker(model, optimizer, impl, args.reps)
-                add_limits(rec, bw["copy_GBps"], bw["inplace_scale_GBps"])
-                records.append(rec)
-                print(json.dumps(rec), file=sys.stderr, flush=True)
-    bw_end = measure_bandwidth()
-    print_table(records)
-    result.update(bandwidth_start=bw, bandwidth_end=bw_end,
-                  limit_uses="bandwidth_start.copy_GBps", bytes_per_element=BYTES_PER_ELEMENT,
-                  wall_s=round(time.time() - started, 1), results=records,
-                  goals=goals(records))
-    for model, g in result["goals"].items():
-        print(f"goals {model}: {json.dumps(g)}")
-    finish(result, Path(args.out))
-    return 0
+    r.record["bandwidth_start"] = bw
+    yield bw
+
+
+def measure(r, case) -> dict:
+    """One (model, optimizer, implementation) in its own process, held to the limit."""
+    rec = run_worker(*case, r.args.reps)
+    add_limits(rec, r.state["copy_GBps"], r.state["inplace_scale_GBps"])
+    print(json.dumps(rec), file=sys.stderr, flush=True)
+    return rec
+
+
+def _goal(key: str):
+    """Met when every model measured it met it (None when no model measured it)."""
+    def met(rec: dict):
+        got = [g[key] for g in rec["goals"].values() if key in g]
+        return all(got) if got else None
+    return met
+
+
+def _threads(a) -> dict:
+    import torch
+    return {"threads": torch.get_num_threads(), "reps": a.reps}
+
+
+BENCHMARK = Benchmark(
+    "optim", __doc__, measure,
+    cases=lambda r: [(m, o, i) for m in r.args.models for o, i in CASES if o in r.args.only],
+    options=(option("--models", type=listed(MODELS, what="model"), default="base,large"),
+             option("--only", type=listed(("lamb", "adamw", "lars"), what="optimizer"),
+                    default="lamb,adamw,lars", help="optimizers to run"),
+             option("--reps", type=int, default=3, help="timed steps per implementation"),
+             out(RESULTS),
+             hidden("--worker", action="store_true"), hidden("--model"),
+             hidden("--optimizer"), hidden("--impl")),
+    instead=(("--worker", worker_main),),
+    fields=_threads, setup=bandwidth, results="results",
+    summary=lambda r: dict(bandwidth_end=measure_bandwidth(),
+                           limit_uses="bandwidth_start.copy_GBps",
+                           bytes_per_element=BYTES_PER_ELEMENT, goals=goals(r.results)),
+    table=table,
+    goals=(Goal("lamb_within_1.5x_limit", "the fastest LAMB within 1.5x of its bandwidth "
+                "limit", _goal("lamb_within_1.5x_limit")),
+           Goal("lamb_2x_faster_than_every_peer", "the fastest LAMB at least 2x faster than "
+                "every peer LAMB", _goal("lamb_2x_faster_than_every_peer")),
+           Goal("adamw_at_least_as_fast_as_torch_fused", "the fastest AdamW at least as fast "
+                "as torch's fused AdamW", _goal("adamw_at_least_as_fast_as_torch_fused"))))
+
+
+def main(argv=None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

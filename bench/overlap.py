@@ -46,7 +46,7 @@ otherwise idle (run it under ``flock /tmp/presto_cpu.lock``).
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 from typing import get_args
 
-from bench import common
+from bench.harness import SET, Benchmark, Goal, Stop, hidden, listed, option, out, run
 from runtime.choices import ClipMode
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,15 +92,15 @@ def worker(args) -> None:
                 "system.device=cpu"]
         cfg0 = load_config(args.config, base)
         record = {"calibration": allreduce_calibration(cfg0, ctx, args.repeat)}
-        names = args.variants.split(",")
+        names = args.variants
         runs = {n: VariantRun(load_config(args.config, base + VARIANTS[n]), ctx) for n in names}
         settings = [False] if args.calibrate_only else [True, False]
         rounds = interleaved(names, settings, args.warmup + args.steps)
         for i, (name, communicate) in enumerate(rounds):
             runs[name].step(communicate, keep=i >= len(names) * len(settings) * args.warmup)
-        record["variants"] = {n: run.summary() for n, run in runs.items()}
-        for run in runs.values():
-            run.close()
+        record["variants"] = {n: v.summary() for n, v in runs.items()}
+        for v in runs.values():
+            v.close()
         if ctx.rank == 0:
             Path(args.worker_out).write_text(json.dumps(record))
         shutdown()
@@ -155,7 +155,6 @@ class VariantRun:
         self.rows: dict[bool, list[dict]] = {True: [], False: []}
 
     def step(self, communicate: bool, keep: bool) -> None:
-        import contextlib
         t = self.trainers.get(communicate, self.trainers[True])
         it = self.its.get(communicate, self.its[True])
         quiet = contextlib.nullcontext()
@@ -290,13 +289,13 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def run_ranks(bed, args, work: Path, tag: str, variants: str, steps: int,
+def run_ranks(bed, args, work: Path, tag: str, variants: list[str], steps: int,
               calibrate_only: bool = False) -> dict:
     """Both ranks of the worker in the test bed; rank 0's record."""
     out = work / f"{tag}.json"
     cmd = [sys.executable, "-m", "bench.overlap", "--worker", "--config", str(args.config),
            "--steps", str(steps), "--warmup", str(args.warmup), "--repeat", str(args.repeat),
-           "--variants", variants, "--worker-out", str(out),
+           "--variants", ",".join(variants), "--worker-out", str(out),
            *(["--calibrate-only"] if calibrate_only else []),
            *[a for s in args.set for a in ("--set", s)]]
     ranks = bed.run(cmd, timeout=args.timeout)
@@ -313,7 +312,8 @@ def auto_rate(bed, args, work: Path) -> dict:
     are equal (allreduce time ∝ 1/rate at these sizes) and switch the link to it."""
     first = 400.0
     bed.set_rate(first)
-    rec = run_ranks(bed, args, work, "calibrate", "after_backward", steps=5, calibrate_only=True)
+    rec = run_ranks(bed, args, work, "calibrate", ["after_backward"], steps=5,
+                    calibrate_only=True)
     backward = rec["variants"]["after_backward"]["nocomm"]["backward_s"]
     rate = round(first * rec["calibration"]["allreduce_full_s"] / backward / 10) * 10
     bed.set_rate(rate)
@@ -322,67 +322,82 @@ def auto_rate(bed, args, work: Path) -> dict:
             "chosen_rate_mbit": rate}
 
 
-def orchestrate(args) -> int:
+def measure(r, case) -> dict:
+    """Both ranks in the test bed (the rate calibrated first unless --rate-mbit): every
+    variant's medians, derived into exposed communication and the goals."""
     from bench.netns import Testbed, TestbedError
-    out_file = Path(args.out)
-    work = Path(args.workdir or REPO / "results" / f"overlap_{datetime.datetime.now():%Y%m%d_%H%M%S}")
-    work.mkdir(parents=True, exist_ok=True)
-    header = common.record("overlap", args.argv)
-    start = time.time()
+    args, work = r.args, r.state
     chosen = None
     try:
         with Testbed(args.rate_mbit) as bed:
             if args.rate_mbit is None:
                 chosen = auto_rate(bed, args, work)
                 args.rate_mbit = chosen["chosen_rate_mbit"]
-            record = run_ranks(bed, args, work, "ranks", args.variants, args.steps)
+            ranks = run_ranks(bed, args, work, "ranks", args.variants, args.steps)
     except TestbedError as e:
-        print(f"bench.overlap: {e}", file=sys.stderr)
-        return 2
+        raise Stop(str(e), 2) from None
     except RuntimeError as e:
-        print(f"bench.overlap: {e}", file=sys.stderr)
-        return 1
-    result = derive(record)
+        raise Stop(str(e), 1) from None
+    result = derive(ranks)
     result["calibration"]["auto_rate"] = chosen
-    result = {**header, "rate_mbit": args.rate_mbit, "steps": args.steps,
-              "warmup": args.warmup, "config": str(args.config), "overrides": args.set,
-              "wall_s": round(time.time() - start, 1), **result}
-    print(table(result))
-    for goal, value in result["goals"].items():
-        print(f"goal {goal}: {value}")
-    common.finish(result, out_file)
-    return 0
+    return {"rate_mbit": args.rate_mbit, **result}
+
+
+@contextlib.contextmanager
+def workdir(r):
+    work = Path(r.args.workdir or REPO / "results" /
+                f"overlap_{datetime.datetime.now():%Y%m%d_%H%M%S}")
+    work.mkdir(parents=True, exist_ok=True)
+    yield work
+
+
+def _goal(name: str):
+    """Met when every variant it covers met it (None when not measured)."""
+    def met(rec: dict):
+        g = rec["goals"].get(name)
+        if g is None:
+            return None
+        return g["met"] if "met" in g else all(v["met"] for v in g.values())
+    return met
+
+
+def _table(rec: dict) -> str:
+    return "\n".join([table(rec)] + [f"goal {goal}: {value}"
+                                     for goal, value in rec["goals"].items()])
+
+
+BENCHMARK = Benchmark(
+    "overlap", __doc__, measure,
+    options=(option("--rate-mbit", type=float, default=None, help="test-bed link rate each "
+                    "way (default: chosen so one full allreduce takes as long as backward)"),
+             option("--config", default=str(DEFAULT_CONFIG)), SET,
+             option("--steps", type=int, default=15,
+                    help="measured steps per variant and setting"),
+             option("--warmup", type=int, default=3, help="steps before measuring (>= 2: the "
+                    "buckets re-cut their plan after step 1)"),
+             option("--repeat", type=int, default=5, help="full-size allreduces to calibrate"),
+             option("--variants", type=listed(VARIANTS, what="variant"),
+                    default=",".join(VARIANTS)),
+             option("--timeout", type=float, default=1800), out(RESULTS),
+             option("--workdir", default=None, help="the ranks' records and output (default "
+                    "results/overlap_<date>/)"),
+             hidden("--worker", action="store_true"), hidden("--worker-out"),
+             hidden("--calibrate-only", action="store_true")),
+    instead=(("--worker", worker),), setup=workdir,
+    summary=lambda r: {"steps": r.args.steps, "warmup": r.args.warmup,
+                       "config": str(r.args.config), "overrides": r.args.set, **r.results[0]},
+    table=_table,
+    goals=(Goal("exposed_le_20pct_of_a", "exposed communication at most 20 % of the "
+                "no-overlap step's (buckets global_after, bucket_before, +split)",
+                _goal("exposed_le_20pct_of_a")),
+           Goal("bucket_before_within_5pct_of_global_after", "bucket_before's step within "
+                "5 % of global_after's", _goal("bucket_before_within_5pct_of_global_after")),
+           Goal("runtime_at_least_as_fast_as_ddp", "the runtime's buckets at least as fast "
+                "as torch DDP", _goal("runtime_at_least_as_fast_as_ddp"))))
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m bench.overlap",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rate-mbit", type=float, default=None, help="test-bed link rate each way "
-                    "(default: chosen so one full allreduce takes as long as backward)")
-    ap.add_argument("--config", default=str(DEFAULT_CONFIG))
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    ap.add_argument("--steps", type=int, default=15, help="measured steps per variant and setting")
-    ap.add_argument("--warmup", type=int, default=3, help="steps before measuring (>= 2: the "
-                    "buckets re-cut their plan after step 1)")
-    ap.add_argument("--repeat", type=int, default=5, help="full-size allreduces to calibrate")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--workdir", default=None, help="the ranks' records and output (default "
-                    "results/overlap_<date>/)")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
-    ap.add_argument("--calibrate-only", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    args.argv = argv
-    unknown = set(args.variants.split(",")) - set(VARIANTS)
-    if unknown:
-        ap.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    if args.worker:
-        worker(args)
-        return 0
-    return orchestrate(args)
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,13 @@ afterwards. Not a test: it measures, on whatever machine runs it.
 """
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import finish, record
+from bench.harness import Benchmark, option, out, run
 from loaders.prepare import DEFAULT_SOURCES, PrepareConfig, build
 
 PHASES = ("hash_inputs", "extract", "tokenize", "create_instances", "write", "checksums")
@@ -42,32 +41,42 @@ def run_once(workers: int, sources: Path, debian_docs: bool) -> dict:
             "documents": s["documents"], "parameters": s["parameters"]}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.prepare",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=1, help="builds to time; the fastest is kept")
-    p.add_argument("--sources", type=Path, default=DEFAULT_SOURCES)
-    p.add_argument("--debian-docs", action="store_true")
-    p.add_argument("--results", type=Path, default=RESULTS)
-    a = p.parse_args(argv)
-    header = record("prepare", sys.argv[1:] if argv is None else argv)
-    runs = [run_once(a.workers, a.sources, a.debian_docs) for _ in range(a.repeat)]
-    best = min(runs, key=lambda r: r["total_s"])
-    seq_per_s = (best["train_sequences"] + best["eval_sequences"]) / best["total_s"]
-    print(f"{'phase':<18}{'seconds':>10}")
-    for k in PHASES:
-        print(f"{k:<18}{best['seconds'][k]:>10.2f}")
-    print(f"{'total':<18}{best['total_s']:>10.2f}")
-    print(f"train sequences {best['train_sequences']}, eval {best['eval_sequences']}, "
-          f"{seq_per_s:,.0f} sequences/s")
-    finish({**header,
-            "build": f"python -m loaders.prepare --out TMP --workers {a.workers}"
+def summary(r) -> dict:
+    """The fastest build, its rate, how it was run."""
+    a = r.args
+    best = min(r.results, key=lambda x: x["total_s"])
+    return {"build": f"python -m loaders.prepare --out TMP --workers {a.workers}"
                      + (" --debian-docs" if a.debian_docs else ""),
             "workers": a.workers, "repeat": a.repeat,
-            "all_totals_s": [r["total_s"] for r in runs],
-            "sequences_per_s": round(seq_per_s, 1), **best}, a.results)
-    return 0
+            "all_totals_s": [x["total_s"] for x in r.results],
+            "sequences_per_s": round((best["train_sequences"] + best["eval_sequences"])
+                                     / best["total_s"], 1), **best}
+
+
+def table(rec: dict) -> str:
+    lines = [f"{'phase':<18}{'seconds':>10}"]
+    lines += [f"{k:<18}{rec['seconds'][k]:>10.2f}" for k in PHASES]
+    lines.append(f"{'total':<18}{rec['total_s']:>10.2f}")
+    lines.append(f"train sequences {rec['train_sequences']}, eval {rec['eval_sequences']}, "
+                 f"{rec['sequences_per_s']:,.0f} sequences/s")
+    return "\n".join(lines)
+
+
+BENCHMARK = Benchmark(
+    "prepare", __doc__,
+    lambda r, k: run_once(r.args.workers, r.args.sources, r.args.debian_docs),
+    cases=lambda r: range(r.args.repeat),
+    options=(option("--workers", type=int, default=2),
+             option("--repeat", type=int, default=1,
+                    help="builds to time; the fastest is kept"),
+             option("--sources", type=Path, default=DEFAULT_SOURCES),
+             option("--debian-docs", action="store_true"),
+             out(RESULTS, "--results")),
+    out_dest="results", summary=summary, table=table)
+
+
+def main(argv=None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ its 32.85 MB eval.txt. Not a test: it measures, on whatever machine runs it.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import random
 import resource
 import shutil
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import finish, record
+from bench.harness import Benchmark, option, out, run
 from loaders import corpus
 from loaders.prepare import DEFAULT_SOURCES, PrepareConfig, build
 
@@ -92,48 +92,67 @@ def run_once(text: Path, workers: int, vocab: Path | None) -> dict:
             "documents": s["documents"]}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.prepare_mlperf",
-                                description="Measure the rate of loaders.prepare --mlperf-text on text in the "
-                                "MLPerf reference's format, and extrapolate it to the full 500 "
-                                "parts.")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=3, help="builds to time; the median is kept")
-    p.add_argument("--parts", type=int, default=2)
-    p.add_argument("--part-mb", type=float, default=PUBLISHED_PART_MB[0],
-                   help="MB per part file (default: part-00000-of-00500's size)")
-    p.add_argument("--eval-mb", type=float, default=2.0)
-    p.add_argument("--sources", type=Path, default=DEFAULT_SOURCES)
-    p.add_argument("--vocab", type=Path, default=None)
-    p.add_argument("--results", type=Path, default=RESULTS)
-    a = p.parse_args(argv)
-    header = record("prepare_mlperf", sys.argv[1:] if argv is None else argv)
-    text = Path(tempfile.mkdtemp(prefix="bench-mlperf-text-"))
+@contextlib.contextmanager
+def text(r):
+    """The parts and eval.txt in the reference's format, in a folder removed afterwards; its
+    bytes."""
+    a = r.args
+    folder = Path(tempfile.mkdtemp(prefix="bench-mlperf-text-"))
     try:
-        text_bytes = write_text(local_documents(a.sources), text, a.parts, a.part_mb, a.eval_mb)
-        runs = [run_once(text, a.workers, a.vocab) for _ in range(a.repeat)]
+        yield folder, write_text(local_documents(a.sources), folder, a.parts, a.part_mb,
+                                 a.eval_mb)
     finally:
-        shutil.rmtree(text, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def summary(r) -> dict:
+    """The median build's rate, the workers' peak memory, the full run extrapolated."""
+    a, runs = r.args, r.results
+    text_bytes = r.state[1]
     peak_worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    median_s = statistics.median(r["total_s"] for r in runs)
+    median_s = statistics.median(x["total_s"] for x in runs)
     rate = text_bytes / 1e6 / median_s                       # MB of text per second, all workers
     full_mb = PARTS * statistics.mean(PUBLISHED_PART_MB) + EVAL_TXT_MB
-    full_h = full_mb / rate / 3600
-    print(f"{a.parts} parts of {a.part_mb:.2f} MB + eval.txt of {a.eval_mb:.2f} MB "
-          f"({text_bytes / 1e6:.1f} MB), {a.workers} workers, seq 512 / 76 / dupe 10:")
-    builds = ", ".join(f"{r['total_s']:.1f} s" for r in runs)
-    print(f"  builds: {builds} (median {median_s:.1f} s) = {rate:.3f} MB/s")
-    print(f"  train sequences {runs[0]['train_sequences']:,}, eval candidates "
-          f"{runs[0]['eval_candidates']:,}; peak RSS of a worker {peak_worker_mb:,.0f} MB")
-    print(f"  the reference's 500 parts + eval.txt (~{full_mb / 1e3:.2f} GB) at this rate: "
-          f"{full_h:.1f} h")
-    finish({**header, "workers": a.workers, "repeat": a.repeat, "parts": a.parts,
-            "part_mb": a.part_mb, "eval_mb": a.eval_mb, "text_mb": round(text_bytes / 1e6, 3),
-            "all_totals_s": [r["total_s"] for r in runs], "median_s": median_s,
+    return {"workers": a.workers, "repeat": a.repeat, "parts": a.parts, "part_mb": a.part_mb,
+            "eval_mb": a.eval_mb, "text_mb": round(text_bytes / 1e6, 3),
+            "all_totals_s": [x["total_s"] for x in runs], "median_s": median_s,
             "mb_per_s": round(rate, 4), "peak_worker_rss_mb": round(peak_worker_mb),
-            "full_text_mb_estimate": round(full_mb, 1), "full_build_hours_at_rate":
-                round(full_h, 2), "runs": runs}, a.results)
-    return 0
+            "full_text_mb_estimate": round(full_mb, 1),
+            "full_build_hours_at_rate": round(full_mb / rate / 3600, 2), "runs": runs}
+
+
+def table(rec: dict) -> str:
+    runs = rec["runs"]
+    return "\n".join([
+        f"{rec['parts']} parts of {rec['part_mb']:.2f} MB + eval.txt of {rec['eval_mb']:.2f} MB "
+        f"({rec['text_mb']:.1f} MB), {rec['workers']} workers, seq 512 / 76 / dupe 10:",
+        f"  builds: {', '.join(f'{x:.1f} s' for x in rec['all_totals_s'])} (median "
+        f"{rec['median_s']:.1f} s) = {rec['mb_per_s']:.3f} MB/s",
+        f"  train sequences {runs[0]['train_sequences']:,}, eval candidates "
+        f"{runs[0]['eval_candidates']:,}; peak RSS of a worker {rec['peak_worker_rss_mb']:,} MB",
+        f"  the reference's 500 parts + eval.txt (~{rec['full_text_mb_estimate'] / 1e3:.2f} GB) "
+        f"at this rate: {rec['full_build_hours_at_rate']:.1f} h"])
+
+
+BENCHMARK = Benchmark(
+    "prepare_mlperf", "Measure the rate of loaders.prepare --mlperf-text on text in the MLPerf "
+    "reference's format, and extrapolate it to the full 500 parts.",
+    lambda r, k: run_once(r.state[0], r.args.workers, r.args.vocab),
+    cases=lambda r: range(r.args.repeat),
+    options=(option("--workers", type=int, default=2),
+             option("--repeat", type=int, default=3, help="builds to time; the median is kept"),
+             option("--parts", type=int, default=2),
+             option("--part-mb", type=float, default=PUBLISHED_PART_MB[0],
+                    help="MB per part file (default: part-00000-of-00500's size)"),
+             option("--eval-mb", type=float, default=2.0),
+             option("--sources", type=Path, default=DEFAULT_SOURCES),
+             option("--vocab", type=Path, default=None),
+             out(RESULTS, "--results")),
+    out_dest="results", setup=text, summary=summary, table=table)
+
+
+def main(argv=None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from runtime.observe.metrics import read_records
 CLOCK = frozenset({
     "time_s", "step_time_s", "device_step_s", "compute_s_max", "compute_s_mean", "load_s_max",
     "elapsed_s", "tflops", "mfu", "imbalance_compute", "samples_per_s", "tokens_per_s",
-    "eval_time_s", "throughput"})
+    "eval_time_s", "throughput", "mfu_fp8"})
 """Fields measured on a clock (or divided by one): they differ from run to run by design."""
 
 

@@ -28,7 +28,6 @@ not a test: keep the machine otherwise idle (the record notes the load average a
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -36,6 +35,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench.harness import Benchmark, Stop, listed, option, out, run
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "shard.json"
@@ -46,7 +47,7 @@ MODELS = {"cpu": [], "base": None}  # base: BERT-base's shape over the CPU confi
 def _overrides(model: str) -> list[str]:
     if MODELS[model] is not None:
         return MODELS[model]
-    from loaders.model_shape import SIZES
+    from basis.model_shape import SIZES
     return [f"model.{k}={v}" for k, v in SIZES[model].items()]
 MODES = ("none", "world")
 
@@ -147,44 +148,43 @@ def _collectives(reps: int) -> list[dict]:
     return out
 
 
-def worker(models: list[str], reps: int) -> None:
-    import warnings
-    warnings.simplefilter("ignore", FutureWarning)  # gloo's deprecated collective names
+def _build(models_overrides: list[str], ctx) -> tuple[dict, dict]:
+    """Both variants' parts of one model (the sharded one first: its growth is not hidden)
+    and each one's memory; each variant warmed up (first touch, caches) untimed."""
     import torch
-    import torch.distributed as d
     from runtime.config import load_config
-    from runtime.launch.dist import init_distributed, shutdown
-    from runtime.launch.env import discover
     from runtime.optim.grad_scale import DynamicLossScale
     from runtime.train.build import build_parts
-    ctx = init_distributed(discover(), device="cpu", timeout_s=600)
-    torch.set_num_threads(1)
-    result = {"models": {}, "threads_per_rank": torch.get_num_threads(),
-              "world_size": ctx.world_size}
-    for model in models:
-        built, memory = {}, {}
-        for mode in reversed(MODES):  # the sharded one first: its growth is not hidden
-            cfg = load_config(CONFIG, [*_overrides(model), f"optim.shard={mode}"])
-            rss = _rss_kib()
-            parts = build_parts(cfg, ctx, train_loader=False, eval_batches=False)
-            memory[mode] = {**_buffers(parts), "rss_growth_bytes": (_rss_kib() - rss) * 1024}
-            built[mode] = (cfg, parts, DynamicLossScale(1.0, enabled=False))
-        for mode, (cfg, parts, scale) in built.items():
-            torch.manual_seed(1 + ctx.rank)
+    built, memory = {}, {}
+    for mode in reversed(MODES):
+        cfg = load_config(CONFIG, [*models_overrides, f"optim.shard={mode}"])
+        rss = _rss_kib()
+        parts = build_parts(cfg, ctx, train_loader=False, eval_batches=False)
+        memory[mode] = {**_buffers(parts), "rss_growth_bytes": (_rss_kib() - rss) * 1024}
+        built[mode] = (cfg, parts, DynamicLossScale(1.0, enabled=False))
+    for mode, (cfg, parts, scale) in built.items():
+        torch.manual_seed(1 + ctx.rank)
+        parts.grad_sync.flat.normal_()
+        for _ in range(2):
             parts.grad_sync.flat.normal_()
-            for _ in range(2):   # untimed: first touch, caches
-                parts.grad_sync.flat.normal_()
-                optimizer_phase(parts, cfg, scale)
-        timers = _Timers()
-        for _, parts, _ in built.values():  # the step's own reference to the shard's sum
-            (part,) = parts.optimizer.flat_binding.parts
-            if part.shard is not None:
-                part.engine.combine = part.shard.sum_
-        times = {m: [] for m in MODES}
-        parts_of = {m: {"sum_": [], "gather": [], "zero": []} for m in MODES}
-        order = list(MODES)
+            optimizer_phase(parts, cfg, scale)
+    for _, parts, _ in built.values():  # the step's own reference to the shard's sum
+        (part,) = parts.optimizer.flat_binding.parts
+        if part.shard is not None:
+            part.engine.combine = part.shard.sum_
+    return built, memory
+
+
+def _rounds(built: dict, reps: int) -> tuple[dict, dict]:
+    """Each variant's optimizer phase in alternating rounds (A B B A ...): this rank's
+    seconds, and its parts' (the shard's collectives, the zeroing)."""
+    import torch.distributed as d
+    timers = _Timers()
+    times = {m: [] for m in MODES}
+    parts_of = {m: {"sum_": [], "gather": [], "zero": []} for m in MODES}
+    try:
         for r in range(reps):
-            for mode in (order if r % 2 == 0 else order[::-1]):
+            for mode in (MODES if r % 2 == 0 else MODES[::-1]):
                 cfg, parts, scale = built[mode]
                 parts.grad_sync.flat.normal_()  # outside the timed phase
                 d.barrier()
@@ -194,38 +194,68 @@ def worker(models: list[str], reps: int) -> None:
                 parts_of[mode]["zero"].append(zero)
                 for k, v in timers.take().items():
                     parts_of[mode][k].append(v)
+    finally:
         timers.restore()
-        summary = {}
-        for mode in MODES:
-            worst = torch.tensor(times[mode], dtype=torch.float64)
-            d.all_reduce(worst, op=d.ReduceOp.MAX)
-            w = worst.tolist()
-            # without the zeroing: this rank's phase minus its zeroing, the slower rank's
-            rest = torch.tensor([t - z for t, z in zip(times[mode], parts_of[mode]["zero"])],
-                                dtype=torch.float64)
-            d.all_reduce(rest, op=d.ReduceOp.MAX)
-            summary[mode] = {"median_s": statistics.median(w), "min_s": min(w),
-                             "times_s": [round(x, 5) for x in w],
-                             "without_zeroing_median_s": statistics.median(rest.tolist()),
-                             "zeroing_median_s": statistics.median(parts_of[mode]["zero"]),
-                             "norm_and_partials_allreduce_median_s":
-                                 statistics.median(parts_of[mode]["sum_"]),
-                             "parameter_gather_median_s":
-                                 statistics.median(parts_of[mode]["gather"]),
-                             "memory": memory[mode],
-                             "shard": built[mode][1].grad_sync.shard.describe()
-                             if built[mode][1].grad_sync.shard is not None else None}
-        summary["ratio_median"] = summary["world"]["median_s"] / summary["none"]["median_s"]
-        summary["ratio_without_zeroing_median"] = (summary["world"]["without_zeroing_median_s"]
-                                                   / summary["none"]["without_zeroing_median_s"])
-        summary["ratio_min"] = summary["world"]["min_s"] / summary["none"]["min_s"]
-        summary["state_ratio"] = (memory["world"]["optimizer_state_bytes"]
-                                  / memory["none"]["optimizer_state_bytes"])
-        result["models"][model] = summary
+    return times, parts_of
+
+
+def _slowest(values: list[float]) -> list[float]:
+    """Per round, the slower rank's value (a phase ends for the job when its last rank does)."""
+    import torch
+    import torch.distributed as d
+    worst = torch.tensor(values, dtype=torch.float64)
+    d.all_reduce(worst, op=d.ReduceOp.MAX)
+    return worst.tolist()
+
+
+def _summary(built: dict, memory: dict, times: dict, parts_of: dict) -> dict:
+    """Medians and minima of the slower rank's phases, the parts, memory, and the ratios."""
+    summary = {}
+    for mode in MODES:
+        w = _slowest(times[mode])
+        # without the zeroing: this rank's phase minus its zeroing, the slower rank's
+        rest = _slowest([t - z for t, z in zip(times[mode], parts_of[mode]["zero"])])
+        shard = built[mode][1].grad_sync.shard
+        summary[mode] = {"median_s": statistics.median(w), "min_s": min(w),
+                         "times_s": [round(x, 5) for x in w],
+                         "without_zeroing_median_s": statistics.median(rest),
+                         "zeroing_median_s": statistics.median(parts_of[mode]["zero"]),
+                         "norm_and_partials_allreduce_median_s":
+                             statistics.median(parts_of[mode]["sum_"]),
+                         "parameter_gather_median_s":
+                             statistics.median(parts_of[mode]["gather"]),
+                         "memory": memory[mode],
+                         "shard": shard.describe() if shard is not None else None}
+    w, u = summary["world"], summary["none"]
+    summary["ratio_median"] = w["median_s"] / u["median_s"]
+    summary["ratio_without_zeroing_median"] = (w["without_zeroing_median_s"]
+                                               / u["without_zeroing_median_s"])
+    summary["ratio_min"] = w["min_s"] / u["min_s"]
+    summary["state_ratio"] = (memory["world"]["optimizer_state_bytes"]
+                              / memory["none"]["optimizer_state_bytes"])
+    return summary
+
+
+def worker(args) -> None:
+    """One rank of the ``mpiexec -n 2`` launch: every model's variants, then the collectives;
+    rank 0 prints the result as a ``RESULT`` line."""
+    import warnings
+    warnings.simplefilter("ignore", FutureWarning)  # gloo's deprecated collective names
+    import torch
+    from runtime.launch.dist import init_distributed, shutdown
+    from runtime.launch.env import discover
+    ctx = init_distributed(discover(), device="cpu", timeout_s=600)
+    torch.set_num_threads(1)
+    result = {"models": {}, "threads_per_rank": torch.get_num_threads(),
+              "world_size": ctx.world_size}
+    for model in args.models:
+        built, memory = _build(_overrides(model), ctx)
+        times, parts_of = _rounds(built, args.reps)
+        result["models"][model] = _summary(built, memory, times, parts_of)
         for _, parts, _ in built.values():
             parts.grad_sync.close()
         del built
-    result["collectives"] = _collectives(max(3, reps // 2))
+    result["collectives"] = _collectives(max(3, args.reps // 2))
     if ctx.rank == 0:
         print("RESULT " + json.dumps(result), flush=True)
     shutdown()
@@ -262,42 +292,37 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.shard", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="cpu,base")
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    models = args.models.split(",")
-    bad = [m for m in models if m not in MODELS]
-    if bad or args.reps < 2:
-        print(f"bench.shard: models are {', '.join(MODELS)} (got {bad}); --reps >= 2",
-              file=sys.stderr)
-        return 2
-    if args.worker:
-        worker(models, args.reps)
-        return 0
-    from bench.common import finish, record
-    rec = record("shard", list(argv if argv is not None else sys.argv[1:]),
-                 models=models, reps=args.reps, ranks=2, config=str(CONFIG.relative_to(REPO)),
-                 load_avg_1m_at_start=round(os.getloadavg()[0], 2))
+def launch(r, case) -> dict:
+    """The two ranks, ``mpiexec -n 2`` (the venv's): their result."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [str(mpiexec), "-n", "2", sys.executable, "-m", "bench.shard", "--worker",
-           "--models", args.models, "--reps", str(args.reps)]
+           "--models", ",".join(r.args.models), "--reps", str(r.args.reps)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=3600)
     found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not found:
-        print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
-        return 1
-    res = json.loads(found[-1][len("RESULT "):])
-    rec.update(res)
-    print(table(res))
-    finish(rec, args.out, line={"benchmark": "shard", **{
+        raise Stop("the ranks failed (exit {}):\n{}".format(
+            proc.returncode, proc.stdout[-3000:] + proc.stderr[-3000:]))
+    return json.loads(found[-1][len("RESULT "):])
+
+
+BENCHMARK = Benchmark(
+    "shard", __doc__, launch,
+    options=(option("--models", type=listed(MODELS, what="model"), default="cpu,base"),
+             option("--reps", type=int, default=10), out(RESULTS)),
+    check=lambda a: "--reps >= 2" if a.reps < 2 else None,
+    instead=(("--worker", worker),),
+    fields=lambda a: dict(models=a.models, reps=a.reps, ranks=2,
+                          config=str(CONFIG.relative_to(REPO)),
+                          load_avg_1m_at_start=round(os.getloadavg()[0], 2)),
+    summary=lambda r: r.results[0], table=table,
+    line=lambda rec: {"benchmark": "shard", **{
         m: {"ratio_median": s["ratio_median"], "state_ratio": s["state_ratio"]}
-        for m, s in res["models"].items()}})
-    return 0
+        for m, s in rec["models"].items()}})
+
+
+def main(argv=None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

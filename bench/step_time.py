@@ -18,17 +18,17 @@ writes the record to ``--out``.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench.common import finish, git_commit, record
+from bench.common import git_commit
+from bench.harness import SET, Benchmark, option, out, run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,52 +60,81 @@ def seconds_per_step(steps: list[dict], skip: int) -> float:
     return (by_step[last] - by_step[skip]) / (last - skip)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.step_time",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trees", required=True, help="A,B: two checkouts to compare")
-    ap.add_argument("--config", required=True, help="config TOML (path relative to each tree)")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--skip", type=int, default=40, help="steps not timed at the start")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--label", default="", help="a name for the shape, for the record")
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args(argv)
-    trees = [Path(t).resolve() for t in args.trees.split(",")]
-    if len(trees) != 2 or args.skip >= args.steps:
-        ap.error("give two trees, and --skip < --steps")
-    names = ["A", "B"]
-    rec = record("step_time", sys.argv[1:] if argv is None else argv, label=args.label,
-                 config=args.config, overrides=args.set, steps=args.steps, skip=args.skip,
-                 rounds=args.rounds, ranks=args.ranks,
-                 trees={n: {"path": str(t), "commit": git_commit(t)}
-                        for n, t in zip(names, trees)})
-    times: dict[str, list[float]] = {n: [] for n in names}
-    t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="step_time_") as tmp:
-        for r in range(args.rounds):
-            for name, tree in zip(names, trees):
-                work = Path(tmp) / f"{name}{r}"
-                work.mkdir()
-                steps = run_once(tree, tree / args.config, args.set, args.steps, args.ranks, work)
-                times[name].append(seconds_per_step(steps, args.skip))
-                print(f"round {r + 1} {name} ({tree.name}): {times[name][-1] * 1000:.1f} ms/step",
-                      flush=True)
-    med = {n: statistics.median(v) for n, v in times.items()}
+NAMES = ("A", "B")
+
+
+def _trees(a) -> list[Path]:
+    return [Path(t).resolve() for t in a.trees.split(",")]
+
+
+def check(a) -> str | None:
+    if len(_trees(a)) != 2 or a.skip >= a.steps:
+        return "give two trees, and --skip < --steps"
+    return None
+
+
+def measure(r, case) -> dict:
+    """One round's run in one tree: its seconds per step."""
+    round_, name, tree = case
+    work = r.state / f"{name}{round_}"
+    work.mkdir()
+    a = r.args
+    steps = run_once(tree, tree / a.config, a.set, a.steps, a.ranks, work)
+    return {"tree": name, "round": round_, "seconds_per_step": seconds_per_step(steps, a.skip)}
+
+
+def summary(r) -> dict:
+    times = {n: [x["seconds_per_step"] for x in r.results if x["tree"] == n] for n in NAMES}
     ratios = [b / a for a, b in zip(times["A"], times["B"])]
-    rec.update(seconds_per_step=times, median_s=med,
-               ratio_B_over_A={"per_round": ratios, "median": statistics.median(ratios)},
-               wall_s=round(time.time() - t0, 1))
-    print(f"\n{'tree':4} {'commit':14} {'median ms/step':>15}  per round")
-    for n in names:
-        print(f"{n:4} {rec['trees'][n]['commit']:14} {med[n] * 1000:15.1f}  "
-              + " ".join(f"{x * 1000:.1f}" for x in times[n]))
-    print(f"B/A: median {rec['ratio_B_over_A']['median']:.3f} "
-          f"(per round {' '.join(f'{x:.3f}' for x in ratios)})")
-    finish(rec, args.out)
-    return 0
+    return {"seconds_per_step": times,
+            "median_s": {n: statistics.median(v) for n, v in times.items()},
+            "ratio_B_over_A": {"per_round": ratios, "median": statistics.median(ratios)}}
+
+
+def table(rec: dict) -> str:
+    lines = ["", f"{'tree':4} {'commit':14} {'median ms/step':>15}  per round"]
+    for n in NAMES:
+        lines.append(f"{n:4} {rec['trees'][n]['commit']:14} {rec['median_s'][n] * 1000:15.1f}  "
+                     + " ".join(f"{x * 1000:.1f}" for x in rec["seconds_per_step"][n]))
+    ratio = rec["ratio_B_over_A"]
+    lines.append(f"B/A: median {ratio['median']:.3f} "
+                 f"(per round {' '.join(f'{x:.3f}' for x in ratio['per_round'])})")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def scratch(r):
+    with tempfile.TemporaryDirectory(prefix="step_time_") as tmp:
+        yield Path(tmp)
+
+
+BENCHMARK = Benchmark(
+    "step_time", __doc__, measure,
+    cases=lambda r: [(k, n, t) for k in range(r.args.rounds)
+                     for n, t in zip(NAMES, _trees(r.args))],
+    options=(option("--trees", required=True, help="A,B: two checkouts to compare"),
+             option("--config", required=True,
+                    help="config TOML (path relative to each tree)"),
+             SET,
+             option("--steps", type=int, default=200),
+             option("--skip", type=int, default=40, help="steps not timed at the start"),
+             option("--rounds", type=int, default=3),
+             option("--ranks", type=int, default=2),
+             option("--label", default="", help="a name for the shape, for the record"),
+             out(None)),
+    check=check,
+    fields=lambda a: dict(label=a.label, config=a.config, overrides=a.set, steps=a.steps,
+                          skip=a.skip, rounds=a.rounds, ranks=a.ranks,
+                          trees={n: {"path": str(t), "commit": git_commit(t)}
+                                 for n, t in zip(NAMES, _trees(a))}),
+    setup=scratch,
+    progress=lambda r, case, res: f"round {case[0] + 1} {case[1]} ({case[2].name}): "
+                                  f"{res['seconds_per_step'] * 1000:.1f} ms/step",
+    summary=summary, table=table)
+
+
+def main(argv=None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

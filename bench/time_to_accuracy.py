@@ -43,17 +43,18 @@ runs it; keep the machine otherwise idle.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import datetime
 import json
 import os
 import shlex
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from bench.common import (REPO, failed_run, finish, fmt, launch, record as new_record,
-                          run_runtime, tail)
+from bench.common import REPO, failed_run, fmt, launch, run_runtime, tail
+from bench.harness import TIMEOUT, Benchmark, listed, option, out, run, seeds
 
 RESULTS = REPO / "bench" / "results" / "time_to_accuracy.json"
 BASELINE = REPO / "bench" / "baseline_ddp.py"
@@ -156,26 +157,6 @@ def ablation_overrides(variant: str, adamw_lr: float | None = None,
             for o in ABLATION[variant][1]]
 
 
-def run_ablation(config: Path, seeds: list[int], variants: list[str], overrides: list[str],
-                 workdir: Path, lrs: dict, timeout: float | None) -> dict:
-    """Every variant on every seed; the variant order rotates per seed so drift of the machine
-    falls on all. Returns {variant: summarize(runs)} plus the order used."""
-    runs: dict[str, list[dict]] = {v: [] for v in variants}
-    order = []
-    for i, seed in enumerate(seeds):
-        k = i % len(variants)
-        seq = variants[k:] + variants[:k]
-        order.append(seq)
-        for v in seq:
-            rec = run_runtime(config, seed, [*overrides, *ablation_overrides(v, **lrs)],
-                              workdir, timeout, name=v)
-            runs[v].append(rec)
-            print_run(seed, v, rec)
-    return {"variants": {v: dict(summarize(runs[v]), what=ABLATION[v][0],
-                                 overrides=ablation_overrides(v, **lrs)) for v in variants},
-            "order": order}
-
-
 def ablation_table(record: dict) -> str:
     """One row per variant: medians, and the best configuration's time as a ratio (time of the
     variant / time of best: how much slower switching that mechanism off makes the run)."""
@@ -194,41 +175,19 @@ def ablation_table(record: dict) -> str:
     return "\n".join(lines)
 
 
-def run_lr_sweep(config: Path, seed: int, lrs: list[float], overrides: list[str],
-                 workdir: Path, nproc: int, timeout: float | None) -> dict:
-    """The baseline (plain AdamW) at each lr, one seed, with the caller's overrides (typically
-    a shorter budget). The chosen lr reaches the target in the fewest samples; if none reaches
-    it, the highest last eval accuracy wins."""
-    rows = []
-    for lr in lrs:
-        rec = run_baseline(config, seed, overrides, workdir, nproc, lr, timeout,
-                           name=f"sweep_lr{lr:g}")
-        rows.append({"lr": lr, "status": rec["status"],
-                     "samples_to_target": rec.get("samples_to_target"),
-                     "eval_accuracy": rec.get("eval_accuracy"),
-                     "eval_history": [h[:2] for h in rec.get("eval_history", [])],
-                     "console": rec.get("console")})
-        print(f"  sweep lr {lr:g}: {rec['status']}, eval history "
-              f"{[(int(h[0]), round(h[1], 4)) for h in rec.get('eval_history', [])]}", flush=True)
-    ok = [r for r in rows if r["samples_to_target"]]
-    pick = (min(ok, key=lambda r: r["samples_to_target"]) if ok
-            else max(rows, key=lambda r: r["eval_accuracy"] or -1.0))
-    return {"seed": seed, "rows": rows, "chosen_lr": pick["lr"],
-            "rule": "fewest samples to target; else highest last eval accuracy"}
-
-
 # ---------------------------------------------------------------------------------- report
 
-def print_run(seed: int, label: str, rec: dict) -> None:
+def run_line(seed: int, label: str, rec: dict) -> str:
     """One line per finished run (and the error's tail when it failed), as the runs go."""
-    print(f"  seed {seed} {label:<16} {rec['status']:<8} time_to_target "
-          f"{fmt(rec['time_to_target_s'], '.1f')} s, samples "
-          f"{fmt(rec.get('samples_to_target'), 'd')}, "
-          f"{fmt(rec.get('throughput_samples_per_s'), '.1f')} samples/s, last acc "
-          f"{fmt(rec.get('eval_accuracy'), '.4f')} (wall {rec['wall_s']:.0f} s)", flush=True)
+    line = (f"  seed {seed} {label:<16} {rec['status']:<8} time_to_target "
+            f"{fmt(rec['time_to_target_s'], '.1f')} s, samples "
+            f"{fmt(rec.get('samples_to_target'), 'd')}, "
+            f"{fmt(rec.get('throughput_samples_per_s'), '.1f')} samples/s, last acc "
+            f"{fmt(rec.get('eval_accuracy'), '.4f')} (wall {rec['wall_s']:.0f} s)")
     if rec["status"] == "failed":
-        print(f"    failed (rc {rec['rc']}); see {rec['console']}:\n"
-              + "\n".join("    " + ln for ln in rec.get("error", "").splitlines()), flush=True)
+        line += (f"\n    failed (rc {rec['rc']}); see {rec['console']}:\n"
+                 + "\n".join("    " + ln for ln in rec.get("error", "").splitlines()))
+    return line
 
 
 def table(record: dict) -> str:
@@ -288,119 +247,182 @@ def compact(record: dict) -> dict:
     return out
 
 
-# ------------------------------------------------------------------------------------ main
+# ------------------------------------------------------------------------------------ rows
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m bench.time_to_accuracy",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", type=Path,
-                    default=REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml")
-    ap.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="config override for both systems (repeatable)")
-    ap.add_argument("--baseline-lr", type=float, default=None,
+def check(a) -> str | None:
+    """The config must load; an ablation's variants must exist and have their lrs. Completes
+    the arguments: the config, its rank count, the work folder."""
+    from runtime.config import ConfigError, load_config
+    try:
+        a.cfg = load_config(a.config, a.set)
+    except (ValueError, ConfigError) as e:
+        return str(e)
+    a.nproc = a.cfg.system.nodes * a.cfg.system.ranks_per_node
+    stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
+    a.workdir = (a.workdir or REPO / "results" / f"time_to_accuracy_{stamp}").resolve()
+    if a.ablation and not a.sweep_baseline_lr:
+        a.variants = (default_variants(a.cfg.optim.name) if a.ablation == "auto" else
+                      [v.strip() for v in a.ablation.split(",") if v.strip()])
+        unknown = [v for v in a.variants if v not in ABLATION]
+        if unknown:
+            return f"unknown ablation variant(s) {unknown}: choose from {', '.join(ABLATION)}"
+        lrs = {"adamw": a.baseline_lr, "lamb": a.lamb_lr}
+        for v, flag in LR_FLAG.items():
+            if v in a.variants and lrs[v] is None:
+                return f"the {v} variant needs {flag} (its tuned lr)"
+    return None
+
+
+@contextlib.contextmanager
+def workdir(r):
+    a = r.args
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    print(f"time_to_accuracy: {a.config.name}, seeds {a.seeds}, {a.nproc} ranks, target "
+          f"{a.cfg.train.target_mlm_accuracy}, max_steps {a.cfg.train.max_steps}; logs in "
+          f"{a.workdir}", flush=True)
+    yield a.workdir
+
+
+def systems(r):
+    """Per seed both systems, the one first alternating (1st seed runtime first, ...)."""
+    for i, seed in enumerate(r.args.seeds):
+        pair = ["runtime", "baseline"] if i % 2 == 0 else ["baseline", "runtime"]
+        for system in pair:
+            yield seed, system
+
+
+def measure_system(r, case) -> dict:
+    seed, system = case
+    a = r.args
+    if system == "runtime":
+        return run_runtime(a.config.resolve(), seed, a.set, a.workdir, a.timeout)
+    return run_baseline(a.config.resolve(), seed, a.set, a.workdir, a.nproc, a.baseline_lr,
+                        a.timeout)
+
+
+def side_by_side(r) -> dict:
+    runs = {s: [x for x in r.results if x["system"] == s] for s in ("runtime", "baseline")}
+    return dict(order=["runtime" if i % 2 == 0 else "baseline"
+                       for i in range(len(r.args.seeds))],
+                baseline_lr=runs["baseline"][0].get("lr") if runs["baseline"] else None,
+                runtime=summarize(runs["runtime"]), baseline=summarize(runs["baseline"]),
+                **compare(runs["runtime"], runs["baseline"]))
+
+
+def fields(a) -> dict:
+    return dict(config=str(a.config), overrides=a.set, seeds=a.seeds,
+                target_mlm_accuracy=a.cfg.train.target_mlm_accuracy, workdir=str(a.workdir))
+
+
+BENCHMARK = Benchmark(
+    "time_to_accuracy", __doc__, measure_system, systems,
+    options=(option("--config", type=Path,
+                    default=REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"),
+             seeds("1,2,3"),
+             option("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="config override for both systems (repeatable)"),
+             option("--baseline-lr", type=float, default=None,
                     help="baseline AdamW lr when the config's optimizer is not adamw "
-                         "(default: bench/baseline_ddp.py's)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--workdir", type=Path, default=None,
-                    help="run directories and console logs (default results/time_to_accuracy_<date>)")
-    ap.add_argument("--timeout", type=float, default=None, help="seconds per run (default none)")
-    ap.add_argument("--ablation", nargs="?", const="auto", default=None, metavar="VARIANTS",
+                         "(default: bench/baseline_ddp.py's)"),
+             out(RESULTS),
+             option("--workdir", type=Path, default=None, help="run directories and console "
+                    "logs (default results/time_to_accuracy_<date>)"),
+             TIMEOUT,
+             option("--ablation", nargs="?", const="auto", default=None, metavar="VARIANTS",
                     help="instead of runtime vs baseline: the runtime with one mechanism "
                          "switched off at a time (comma-separated from "
                          + ", ".join(ABLATION) + "; default: all, with the optimizer swap "
                          "the config's optimizer calls for); adamw uses --baseline-lr, "
-                         "lamb --lamb-lr")
-    ap.add_argument("--lamb-lr", type=float, default=None,
-                    help="LAMB's lr for the ablation's lamb variant")
-    ap.add_argument("--sweep-baseline-lr", default=None, metavar="LRS",
-                    help="instead: the baseline at each of these AdamW lrs (comma-separated) "
-                         "on the first seed; pass a shorter budget with --set")
-    return ap.parse_args(argv)
+                         "lamb --lamb-lr"),
+             option("--lamb-lr", type=float, default=None,
+                    help="LAMB's lr for the ablation's lamb variant"),
+             option("--sweep-baseline-lr", type=listed(kind=float, what="lr"), default=None,
+                    metavar="LRS", help="instead: the baseline at each of these AdamW lrs "
+                    "(comma-separated) on the first seed; pass a shorter budget with --set")),
+    check=check, fields=fields, setup=workdir,
+    progress=lambda r, case, x: run_line(case[0], case[1], x),
+    summary=side_by_side, table=table, line=compact,
+    mode=lambda a: SWEEP if a.sweep_baseline_lr else ABLATE if a.ablation else None)
+
+
+def sweep_row(r, lr: float) -> dict:
+    """The baseline (plain AdamW) at one lr, the first seed, the caller's overrides
+    (typically a shorter budget)."""
+    a = r.args
+    rec = run_baseline(a.config.resolve(), a.seeds[0], a.set, a.workdir, a.nproc, lr,
+                       a.timeout, name=f"sweep_lr{lr:g}")
+    return {"lr": lr, "status": rec["status"],
+            "samples_to_target": rec.get("samples_to_target"),
+            "eval_accuracy": rec.get("eval_accuracy"),
+            "eval_history": [h[:2] for h in rec.get("eval_history", [])],
+            "console": rec.get("console")}
+
+
+def sweep_pick(r) -> dict:
+    """The lr reaching the target in the fewest samples; else the highest last accuracy."""
+    rows = r.results
+    ok = [x for x in rows if x["samples_to_target"]]
+    pick = (min(ok, key=lambda x: x["samples_to_target"]) if ok
+            else max(rows, key=lambda x: x["eval_accuracy"] or -1.0))
+    return {"seed": r.args.seeds[0], "rows": rows, "chosen_lr": pick["lr"],
+            "rule": "fewest samples to target; else highest last eval accuracy"}
+
+
+def sweep_table(rec: dict) -> str:
+    return "\n".join([f"lr {x['lr']:<8g} {x['status']:<8} samples_to_target "
+                      f"{fmt(x['samples_to_target'], 'd'):>6}  last acc "
+                      f"{fmt(x['eval_accuracy'], '.4f')}" for x in rec["rows"]]
+                     + [f"chosen lr: {rec['chosen_lr']:g} ({rec['rule']})"])
+
+
+SWEEP = replace(
+    BENCHMARK, name="baseline_lr_sweep", module="bench.time_to_accuracy", measure=sweep_row,
+    cases=lambda r: r.args.sweep_baseline_lr, summary=sweep_pick, table=sweep_table,
+    progress=lambda r, lr, x: f"  sweep lr {lr:g}: {x['status']}, eval history "
+                              f"{[(int(h[0]), round(h[1], 4)) for h in x['eval_history']]}",
+    line=lambda rec: dict(rec, rows=[{k: x[k] for k in ("lr", "status", "samples_to_target",
+                                                        "eval_accuracy")}
+                                     for x in rec["rows"]]), mode=None)
+"""``--sweep-baseline-lr``: the baseline's lr sweep (module docstring)."""
+
+
+def ablation_cases(r):
+    """Every variant on every seed, the variant order rotated per seed."""
+    v = r.args.variants
+    for i, seed in enumerate(r.args.seeds):
+        for name in v[i % len(v):] + v[:i % len(v)]:
+            yield seed, name
+
+
+def ablation_run(r, case) -> dict:
+    seed, v = case
+    a = r.args
+    return run_runtime(a.config.resolve(), seed,
+                       [*a.set, *ablation_overrides(v, a.baseline_lr, a.lamb_lr)], a.workdir,
+                       a.timeout, name=v)
+
+
+def ablation_summary(r) -> dict:
+    a, v = r.args, r.args.variants
+    return {"adamw_lr": a.baseline_lr, "lamb_lr": a.lamb_lr,
+            "variants": {n: dict(summarize([x for x in r.results if x["system"] == n]),
+                                 what=ABLATION[n][0],
+                                 overrides=ablation_overrides(n, a.baseline_lr, a.lamb_lr))
+                         for n in v},
+            "order": [v[i % len(v):] + v[:i % len(v)] for i in range(len(a.seeds))]}
+
+
+ABLATE = replace(
+    BENCHMARK, name="ablation", module="bench.time_to_accuracy", measure=ablation_run,
+    cases=ablation_cases, summary=ablation_summary, table=ablation_table,
+    line=lambda rec: dict(rec, variants={v: {k: x for k, x in s.items() if k != "runs"}
+                                         for v, s in rec["variants"].items()}), mode=None)
+"""``--ablation``: the runtime with one mechanism switched off at a time."""
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    a = parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from runtime.config import ConfigError, load_config
-    try:
-        seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
-        cfg = load_config(a.config, a.set)
-    except (ValueError, ConfigError) as e:
-        print(f"time_to_accuracy: {e}", file=sys.stderr)
-        return 2
-    config = a.config.resolve()
-    nproc = cfg.system.nodes * cfg.system.ranks_per_node
-    stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
-    workdir = (a.workdir or REPO / "results" / f"time_to_accuracy_{stamp}").resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    print(f"time_to_accuracy: {config.name}, seeds {seeds}, {nproc} ranks, target "
-          f"{cfg.train.target_mlm_accuracy}, max_steps {cfg.train.max_steps}; logs in {workdir}",
-          flush=True)
-
-    name = ("baseline_lr_sweep" if a.sweep_baseline_lr else "ablation" if a.ablation
-            else "time_to_accuracy")
-    record = new_record(name, argv, module="bench.time_to_accuracy", config=str(a.config),
-                        overrides=a.set, seeds=seeds,
-                        target_mlm_accuracy=cfg.train.target_mlm_accuracy, workdir=str(workdir))
-    if name != "time_to_accuracy":
-        return _main_other(a, record, cfg, config, seeds, nproc, workdir)
-
-    runtime_runs, baseline_runs, order = [], [], []
-    for i, seed in enumerate(seeds):
-        first = "runtime" if i % 2 == 0 else "baseline"
-        order.append(first)
-        for system in ((["runtime", "baseline"]) if first == "runtime" else ["baseline", "runtime"]):
-            if system == "runtime":
-                rec = run_runtime(config, seed, a.set, workdir, a.timeout)
-                runtime_runs.append(rec)
-            else:
-                rec = run_baseline(config, seed, a.set, workdir, nproc, a.baseline_lr, a.timeout)
-                baseline_runs.append(rec)
-            print_run(seed, system, rec)
-
-    record.update(order=order,
-                  baseline_lr=baseline_runs[0].get("lr") if baseline_runs else None,
-                  runtime=summarize(runtime_runs), baseline=summarize(baseline_runs),
-                  **compare(runtime_runs, baseline_runs))
-    print(table(record))
-    finish(record, a.out, line=compact(record))
-    return 0
-
-
-def _main_other(a, record, cfg, config, seeds, nproc, workdir) -> int:
-    """--sweep-baseline-lr and --ablation: their own table and record."""
-    if a.sweep_baseline_lr:
-        lrs = [float(x) for x in a.sweep_baseline_lr.split(",") if x.strip()]
-        record.update(run_lr_sweep(config, seeds[0], lrs, a.set, workdir, nproc, a.timeout))
-        for r in record["rows"]:
-            print(f"lr {r['lr']:<8g} {r['status']:<8} samples_to_target "
-                  f"{fmt(r['samples_to_target'], 'd'):>6}  last acc {fmt(r['eval_accuracy'], '.4f')}")
-        print(f"chosen lr: {record['chosen_lr']:g} ({record['rule']})")
-        line = dict(record, rows=[{k: r[k] for k in ("lr", "status", "samples_to_target",
-                                                     "eval_accuracy")} for r in record["rows"]])
-    else:
-        variants = (default_variants(cfg.optim.name) if a.ablation == "auto" else
-                    [v.strip() for v in a.ablation.split(",") if v.strip()])
-        unknown = [v for v in variants if v not in ABLATION]
-        if unknown:
-            print(f"time_to_accuracy: unknown ablation variant(s) {unknown}: choose from "
-                  f"{', '.join(ABLATION)}", file=sys.stderr)
-            return 2
-        lrs = {"adamw_lr": a.baseline_lr, "lamb_lr": a.lamb_lr}
-        for v, flag in LR_FLAG.items():
-            if v in variants and lrs[f"{v}_lr"] is None:
-                print(f"time_to_accuracy: the {v} variant needs {flag} (its tuned lr)",
-                      file=sys.stderr)
-                return 2
-        record.update(**lrs,
-                      **run_ablation(config, seeds, variants, a.set, workdir, lrs, a.timeout))
-        print(ablation_table(record))
-        line = dict(record, variants={v: {k: x for k, x in s.items() if k != "runs"}
-                                      for v, s in record["variants"].items()})
-    finish(record, a.out, line=line)
-    return 0
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

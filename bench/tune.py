@@ -27,15 +27,15 @@ benchmark config (2 layers, H 128); ``l12`` = 12 layers, H 384, FFN 1536, local 
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import datetime
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from bench import common
+from bench.harness import SET, Benchmark, Goal, Stop, hidden, listed, option, out, run
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "submission" / "configs" / "config_CPU_1x2x32x1.toml"
@@ -153,82 +153,98 @@ def validate(bed, args, rec: dict, work: Path, tag: str) -> dict:
     return json.loads(out.read_text())
 
 
+def _buckets(plan_file: str) -> list:
+    return json.loads(Path(plan_file).read_text())["buckets"]
+
+
+def _paired(mine: list[float], other: list[float]) -> dict | None:
+    """mine / other per round (every plan ran once a round, interleaved): median and
+    quartiles, and the rounds where mine was the slower."""
+    ratios = sorted(x / y for x, y in zip(mine, other))
+    if not ratios:
+        return None
+    q = (lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))])
+    return {"median": statistics.median(ratios), "q25": q(0.25), "q75": q(0.75),
+            "slower_rounds": sum(x > 1 for x in ratios), "rounds": len(ratios)}
+
+
+def _row(pred: dict, m: dict, same: list[str], recommended: bool) -> dict:
+    """One measured plan beside its prediction."""
+    return {"plan": pred["name"], "same_plan_as": same, "buckets": pred["buckets"],
+            "tied_sync": pred["tied_sync"], "predicted_step_s": pred["predicted_step_s"],
+            "tuner_measured_step_s": pred.get("measured_step_s"), "recommended": recommended,
+            "measured_step_s": m["step_s"], "error": pred["predicted_step_s"] / m["step_s"] - 1,
+            "predicted_exposed_s": pred["predicted_exposed_s"],
+            "measured_exposed_tl_s": m.get("exposed_tl_s"),
+            "measured_backward_s": m.get("backward_s"),
+            "measured_forward_s": m.get("forward_s"), "measured_sync_s": m.get("sync_s")}
+
+
+def _goals(rows, chosen, tuned, singles, others, spread, arb) -> dict:
+    """The checks: predictions within 15 %; the recommended (and the tuned) plan at least as
+    fast as every other; the recommended never measurably slower (module docstring)."""
+    paired = [r for r in others if "paired_vs_recommended" in r]
+    return {"all_within_15pct": all(abs(r["error"]) <= 0.15 for r in rows),
+            "worst_error": max(rows, key=lambda r: abs(r["error"]))["error"],
+            "recommended": chosen["plan"], "decided_by": arb["decided_by"],
+            "recommended_at_least_as_fast_as_every_single_size": all(
+                chosen["measured_step_s"] <= r["measured_step_s"] for r in others),
+            "recommended_vs_best_other": (min(r["measured_step_s"] for r in others)
+                                          / chosen["measured_step_s"]) if others else None,
+            "tuned_at_least_as_fast_as_every_single_size": all(
+                tuned["measured_step_s"] <= r["measured_step_s"] for r in singles),
+            "tuned_vs_best_other": min(r["measured_step_s"] for r in singles)
+            / tuned["measured_step_s"],
+            "recommended_never_measurably_slower": all(
+                r["paired_vs_recommended"]["q75"] >= 1 for r in paired),
+            "measurably_faster_than_recommended": [
+                r["plan"] for r in paired if r["paired_vs_recommended"]["q75"] < 1],
+            "recommended_round_spread": spread}
+
+
 def compare(rec: dict, measured: dict) -> dict:
-    rows = []
+    """Every measured plan against its prediction, and the goals (``_goals``)."""
     by_name = {r["name"]: r for r in rec["table"]}
     arb = rec.get("arbitration") or {"recommended": "tuned", "decided_by": "prediction",
                                      "reason": "a record from before arbitration"}
-    rec_plan = json.loads(Path(by_name[arb["recommended"]]["plan_file"]).read_text())["buckets"]
+    rec_plan = _buckets(by_name[arb["recommended"]]["plan_file"])
+    rows = []
     for name, m in measured["measured"].items():
         pred = by_name[name]
-        same = [r["name"] for r in rec["table"] if r["name"] != name and
-                json.loads(Path(r["plan_file"]).read_text())["buckets"]
-                == json.loads(Path(pred["plan_file"]).read_text())["buckets"]]
-        rows.append({"plan": name, "same_plan_as": same, "buckets": pred["buckets"],
-                     "tied_sync": pred["tied_sync"],
-                     "predicted_step_s": pred["predicted_step_s"],
-                     "tuner_measured_step_s": pred.get("measured_step_s"),
-                     "recommended": json.loads(Path(pred["plan_file"]).read_text())["buckets"]
-                     == rec_plan and (pred["name"] == arb["recommended"]
-                                      or arb["recommended"] in same),
-                     "measured_step_s": m["step_s"],
-                     "error": pred["predicted_step_s"] / m["step_s"] - 1,
-                     "predicted_exposed_s": pred["predicted_exposed_s"],
-                     "measured_exposed_tl_s": m.get("exposed_tl_s"),
-                     "measured_backward_s": m.get("backward_s"),
-                     "measured_forward_s": m.get("forward_s"),
-                     "measured_sync_s": m.get("sync_s")})
+        mine = _buckets(pred["plan_file"])
+        same = [r["name"] for r in rec["table"] if r["name"] != name
+                and _buckets(r["plan_file"]) == mine]
+        rows.append(_row(pred, m, same, mine == rec_plan and (
+            name == arb["recommended"] or arb["recommended"] in same)))
     tuned = next(r for r in rows if r["plan"] == "tuned")
     chosen = next(r for r in rows if r["recommended"])
     singles = [r for r in rows if r["plan"] != "tuned" and not r["plan"].startswith("tuned")]
-    # paired by round (every plan ran once per round, interleaved): other / tuned per round
     steps = {n: [x["step_s"] for x in v] for n, v in measured.get("all", {}).items()}
     for r in singles:
-        a, b = steps.get(r["plan"], []), steps.get("tuned", [])
-        ratios = sorted(x / y for x, y in zip(a, b))
-        if ratios:
-            q = (lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))])
-            r["paired_vs_tuned"] = {"median": statistics.median(ratios), "q25": q(0.25),
-                                    "q75": q(0.75), "tuned_faster_rounds":
-                                    sum(x > 1 for x in ratios), "rounds": len(ratios)}
+        p = _paired(steps.get(r["plan"], []), steps.get("tuned", []))
+        if p:
+            r["paired_vs_tuned"] = {"median": p["median"], "q25": p["q25"], "q75": p["q75"],
+                                    "tuned_faster_rounds": p["slower_rounds"],
+                                    "rounds": p["rounds"]}
     others = [r for r in rows if r is not chosen and (r is tuned or r in singles)]
     # "Measurably" slower: the noise is the rounds' own - another plan is measurably faster
     # than the recommended one only when it was faster in more than 3 of every 4 rounds
     # (the paired ratio's upper quartile below 1).
     mine = steps.get(chosen["plan"], [])
     for r in others:
-        ratios = sorted(x / y for x, y in zip(steps.get(r["plan"], []), mine))
-        if ratios:
-            q = (lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))])
-            r["paired_vs_recommended"] = {"median": statistics.median(ratios), "q25": q(0.25),
-                                          "q75": q(0.75), "rounds": len(ratios),
-                                          "recommended_faster_rounds":
-                                          sum(x > 1 for x in ratios)}
+        p = _paired(steps.get(r["plan"], []), mine)
+        if p:
+            r["paired_vs_recommended"] = {"median": p["median"], "q25": p["q25"],
+                                          "q75": p["q75"], "rounds": p["rounds"],
+                                          "recommended_faster_rounds": p["slower_rounds"]}
     spread = None
     if len(mine) > 2:
         med = statistics.median(mine)
         spread = statistics.median(abs(x - med) for x in mine) / med
-    goals = {"all_within_15pct": all(abs(r["error"]) <= 0.15 for r in rows),
-             "worst_error": max(rows, key=lambda r: abs(r["error"]))["error"],
-             "recommended": chosen["plan"], "decided_by": arb["decided_by"],
-             "recommended_at_least_as_fast_as_every_single_size": all(
-                 chosen["measured_step_s"] <= r["measured_step_s"] for r in others),
-             "recommended_vs_best_other": (min(r["measured_step_s"] for r in others)
-                                           / chosen["measured_step_s"]) if others else None,
-             "tuned_at_least_as_fast_as_every_single_size": all(
-                 tuned["measured_step_s"] <= r["measured_step_s"] for r in singles),
-             "tuned_vs_best_other": min(r["measured_step_s"] for r in singles)
-             / tuned["measured_step_s"],
-             "recommended_never_measurably_slower": all(
-                 r["paired_vs_recommended"]["q75"] >= 1 for r in others
-                 if "paired_vs_recommended" in r),
-             "measurably_faster_than_recommended": [
-                 r["plan"] for r in others if "paired_vs_recommended" in r
-                 and r["paired_vs_recommended"]["q75"] < 1],
-             "recommended_round_spread": spread}
-    return {"rows": rows, "goals": goals, "arbitration": {
-        k: arb.get(k) for k in ("recommended", "decided_by", "reason", "model_error",
-                                "contenders", "measured", "left_out", "steps")}}
+    return {"rows": rows, "goals": _goals(rows, chosen, tuned, singles, others, spread, arb),
+            "arbitration": {k: arb.get(k) for k in (
+                "recommended", "decided_by", "reason", "model_error", "contenders",
+                "measured", "left_out", "steps")}}
 
 
 def rescore(record_path: str) -> None:
@@ -287,81 +303,114 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def orchestrate(args) -> int:
-    from bench.netns import Testbed, TestbedError
-    from runtime.calibrate.tune.costmodel import CommModel
-    work = Path(args.workdir or REPO / "results" / f"tune_validation_{datetime.datetime.now():%Y%m%d_%H%M%S}")
+class Beds:
+    """The test bed of the shape being measured, and its calibration: a new shape closes the
+    last one's bed and opens its own (two namespaces, calibrated at the first rate)."""
+
+    def __init__(self, args, work: Path):
+        self.args, self.work = args, work
+        self.shape, self.bed, self.backward, self.full = None, None, None, None
+        self.stack = contextlib.ExitStack()
+
+    def of(self, shape: str):
+        from bench.netns import Testbed
+        if shape != self.shape:
+            self.stack.close()
+            self.shape = shape
+            self.bed = self.stack.enter_context(Testbed(FIRST_RATE))
+            cal = tuner(self.bed, self.args, self.overrides(shape), self.work,
+                        f"{shape}_calibrate", steps=3, arbitrate=False)  # backward, comm model
+            self.backward, self.full = cal["profile"]["backward_s"], full_allreduce_s(cal)
+        return self.bed
+
+    def overrides(self, shape: str) -> list[str]:
+        return COMMON + SHAPES[shape] + self.args.set
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stack.close()
+
+
+@contextlib.contextmanager
+def beds(r):
+    work = Path(r.args.workdir or REPO / "results" /
+                f"tune_validation_{datetime.datetime.now():%Y%m%d_%H%M%S}")
     work.mkdir(parents=True, exist_ok=True)
-    header = common.record("tune_validation", args.argv, module="bench.tune")
-    start = time.time()
-    results = []
+    from bench.netns import TestbedError
     try:
-        for shape in args.shapes.split(","):
-            overrides = COMMON + SHAPES[shape] + args.set
-            with Testbed(FIRST_RATE) as bed:
-                cal = tuner(bed, args, overrides, work, f"{shape}_calibrate", steps=3,
-                            arbitrate=False)   # only backward and the allreduce model
-                backward = cal["profile"]["backward_s"]
-                full = full_allreduce_s(cal)
-                for ratio in [float(r) for r in args.ratios.split(",")]:
-                    rate = max(10.0, round(FIRST_RATE * full / (ratio * backward) / 10) * 10)
-                    bed.set_rate(rate)
-                    tag = f"{shape}_x{ratio:g}"
-                    rec = tuner(bed, args, overrides, work, tag, steps=args.tune_steps)
-                    measured = validate(bed, args, rec, work, tag)
-                    res = compare(rec, measured)
-                    comm = CommModel.from_json(rec["allreduce_model"])
-                    res.update(shape=shape, ratio_asked=ratio, rate_mbit=rate,
-                               backward_s=rec["profile"]["backward_s"],
-                               full_allreduce_s=full_allreduce_s(rec),
-                               ratio_measured=full_allreduce_s(rec) / rec["profile"]["backward_s"],
-                               fit=comm.describe(), tune_json=str(Path(rec["plan"]).parent / "tune.json"),
-                               overrides=overrides)
-                    print(table(res), flush=True)
-                    results.append(res)
+        with Beds(r.args, work) as b:
+            yield b
     except TestbedError as e:
-        print(f"bench.tune: {e}", file=sys.stderr)
-        return 2
+        raise Stop(str(e), 2) from None
     except RuntimeError as e:
-        print(f"bench.tune: {e}", file=sys.stderr)
-        return 1
-    record = {**header, "steps": args.steps, "warmup": args.warmup,
-              "wall_s": round(time.time() - start, 1), "results": results}
-    line = {k: v for k, v in record.items() if k != "results"}
-    common.finish(record, Path(args.out), line=line | {"goals": [r["goals"] for r in results]})
-    return 0
+        raise Stop(str(e), 1) from None
+
+
+def measure(r, case) -> dict:
+    """One shape at one ratio: the link's rate, the tuner's table, the real step on every
+    distinct plan."""
+    from runtime.calibrate.tune.costmodel import CommModel
+    shape, ratio = case
+    b, args = r.state, r.args
+    bed = b.of(shape)
+    rate = max(10.0, round(FIRST_RATE * b.full / (ratio * b.backward) / 10) * 10)
+    bed.set_rate(rate)
+    tag = f"{shape}_x{ratio:g}"
+    rec = tuner(bed, args, b.overrides(shape), b.work, tag, steps=args.tune_steps)
+    res = compare(rec, validate(bed, args, rec, b.work, tag))
+    res.update(shape=shape, ratio_asked=ratio, rate_mbit=rate,
+               backward_s=rec["profile"]["backward_s"], full_allreduce_s=full_allreduce_s(rec),
+               ratio_measured=full_allreduce_s(rec) / rec["profile"]["backward_s"],
+               fit=CommModel.from_json(rec["allreduce_model"]).describe(),
+               tune_json=str(Path(rec["plan"]).parent / "tune.json"),
+               overrides=b.overrides(shape))
+    return res
+
+
+def _every(key: str):
+    """A goal met when every shape and ratio met it (None before any result)."""
+    return lambda rec: all(x["goals"].get(key) for x in rec["results"]) \
+        if rec["results"] else None
+
+
+BENCHMARK = Benchmark(
+    "tune_validation", __doc__, measure,
+    cases=lambda r: [(shape, ratio) for shape in r.args.shapes for ratio in r.args.ratios],
+    module="bench.tune",
+    options=(option("--config", default=str(CONFIG)),
+             option("--shapes", type=listed(SHAPES, what="shape"), default="cpu,l12"),
+             option("--ratios", type=listed(kind=float, what="ratio"), default="1,3",
+                    help="full allreduce / backward"),
+             SET,
+             option("--steps", type=int, default=8, help="measured steps per plan"),
+             option("--warmup", type=int, default=3),
+             option("--tune-steps", type=int, default=6, help="the tuner's measured steps"),
+             option("--repeats", type=int, default=3, help="the tuner's allreduce repeats"),
+             option("--arbitrate-steps", type=int, default=12,
+                    help="the tuner's most rounds of measured steps when it arbitrates"),
+             option("--timeout", type=float, default=1800),
+             out(REPO / "bench" / "results" / "tune_validation.json"),
+             option("--workdir", default=None),
+             option("--rescore", metavar="RECORD", help="recompute the tables of a finished "
+                    "record from its work files"),
+             hidden("--worker", action="store_true"), hidden("--tune-json"),
+             hidden("--worker-out")),
+    instead=(("--worker", worker), ("--rescore", lambda a: rescore(a.rescore))),
+    fields=lambda a: {"steps": a.steps, "warmup": a.warmup},
+    setup=beds, results="results", progress=lambda r, case, res: table(res),
+    goals=(Goal("all_within_15pct", "every plan's predicted step time within 15 % of its "
+                "measured one", _every("all_within_15pct")),
+           Goal("recommended_never_measurably_slower", "no plan faster than the recommended "
+                "one in more than 3 of 4 paired rounds",
+                _every("recommended_never_measurably_slower"))),
+    line=lambda rec: {**{k: v for k, v in rec.items() if k != "results"},
+                      "goals": [x["goals"] for x in rec["results"]]})
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m bench.tune", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default=str(CONFIG))
-    ap.add_argument("--shapes", default="cpu,l12")
-    ap.add_argument("--ratios", default="1,3", help="full allreduce / backward")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    ap.add_argument("--steps", type=int, default=8, help="measured steps per plan")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--tune-steps", type=int, default=6, help="the tuner's measured steps")
-    ap.add_argument("--repeats", type=int, default=3, help="the tuner's allreduce repeats")
-    ap.add_argument("--arbitrate-steps", type=int, default=12,
-                    help="the tuner's most rounds of measured steps when it arbitrates")
-    ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "tune_validation.json"))
-    ap.add_argument("--workdir", default=None)
-    ap.add_argument("--rescore", metavar="RECORD", help="recompute the tables of a finished "
-                    "record from its work files")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--tune-json", help=argparse.SUPPRESS)
-    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    args.argv = argv
-    if args.worker:
-        worker(args)
-        return 0
-    if args.rescore:
-        rescore(args.rescore)
-        return 0
-    return orchestrate(args)
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -34,13 +34,13 @@ import shutil
 import sys
 from pathlib import Path
 
+from basis import cli, staging
+from basis.staging import OutputError, Staging
 from loaders import tokenization
 from loaders.build_record import STATS_FILE, VOCAB_FILE
 from loaders.shards import (CHECKSUM_FILE, EVAL_FILE, PUBLISHED_EVAL_MD5, TRAIN_DIR, DataError,
                             Limits, check_samples, input_ids_md5, read_shard, sha256_file)
-from loaders.workers import WorkerDied, Workers
-
-
+from loaders.workers import WorkerDied, Workers, defer_stop
 
 def _inspect(task: tuple[str, int, int, int]) -> dict:
     """Read one shard whole: its rows, longest sequence, most predictions, sha256."""
@@ -74,6 +74,7 @@ def adopt(train: Path, eval_file: Path, vocab_path: Path, out: Path, seq_len: in
         raise DataError(f"--train {train}: no *.hdf5 shards in it")
     if not eval_file.is_file():
         raise DataError(f"--eval {eval_file}: no such file")
+    staging.refuse_live(out, log, "adoption")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"--out {out}: exists and is not an empty directory; pick another --out")
     vocab = tokenization.load_vocab(vocab_path)
@@ -98,10 +99,9 @@ def adopt(train: Path, eval_file: Path, vocab_path: Path, out: Path, seq_len: in
         "observed": {"max_length": max(f["max_length"] for f in facts),
                      "max_predictions": max(f["max_predictions"] for f in facts)},
     }
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    stage = Staging(out, "adoption").open()
+    tmp = stage.dir
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
         (tmp / TRAIN_DIR).mkdir(parents=True)
         (tmp / EVAL_FILE).parent.mkdir(parents=True)
         place = shutil.copyfile if copy else (lambda src, dst: os.symlink(src, dst))
@@ -113,14 +113,13 @@ def adopt(train: Path, eval_file: Path, vocab_path: Path, out: Path, seq_len: in
         sums.update({VOCAB_FILE: sha256_file(tmp / VOCAB_FILE),
                      STATS_FILE: sha256_file(tmp / STATS_FILE)})
         (tmp / CHECKSUM_FILE).write_text("".join(f"{d}  {r}\n" for r, d in sorted(sums.items())))
-        if out.exists():
-            out.rmdir()
-        os.rename(tmp, out)
+        with cli.commit_window():
+            stage.commit(stage.contents(last=STATS_FILE))
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        stage.discard()
         raise DataError(f"{out}: cannot write the data set ({e})") from e
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        stage.discard()
         raise
     log(f"[adopt] wrote {out}: {len(shards)} train shards ({stats['sequences']['train']} "
         f"sequences) and {stats['sequences']['eval']} eval sequences, "
@@ -144,18 +143,9 @@ def main(argv=None) -> int:
     p.add_argument("--copy", action="store_true", help="copy the shards (default: symlinks)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     a = p.parse_args(argv)
-    try:
-        adopt(a.train, a.eval, a.vocab, a.out, a.seq_len, a.max_pred, a.copy, a.workers)
-        return 0
-    except DataError as e:
-        print(f"adopt: error: {e}", file=sys.stderr)
-        return 2
-    except WorkerDied as e:
-        print(f"adopt: error: {e}", file=sys.stderr)
-        return 3
-    except KeyboardInterrupt:
-        print("adopt: interrupted; nothing was written to --out", file=sys.stderr)
-        return 130
+    return cli.run("adopt", lambda: adopt(a.train, a.eval, a.vocab, a.out, a.seq_len,
+                                          a.max_pred, a.copy, a.workers),
+                   {DataError: 2, WorkerDied: 3, OutputError: None}, defer=defer_stop)
 
 
 if __name__ == "__main__":

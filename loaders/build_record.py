@@ -1,21 +1,21 @@
 """The build record of a prepared data set: ``stats.json`` and the fingerprint that makes a
-build "up to date", written the same way by both text builders - ``loaders.prepare``'s own
-sources and its MLPerf text source (``loaders.mlperf_text``) - and read back by the next build.
+build "up to date", written by the one stage runner (``loaders.builder``) for every source -
+the corpus (``loaders.corpus_source``) and the MLPerf reference's text
+(``loaders.mlperf_text``) - and read back by the next build.
 
 Owns: the record's file names, the fingerprint (the options that shape the content, the
 vocabulary's and every source's hash, the library versions that shape the bytes), the check
 of an existing ``--out`` against it, the length statistics of a split, the order of the
 record's keys and its JSON layout, the rows of packed instances as shard samples, and writing
 the record with the checksums as the build's last step. Never: how instances are made
-(pretraining.py), the HDF5 schema or checksum format (shards.py), the builders' pipelines or
-command line (prepare.py, mlperf_text.py).
+(pretraining.py), the HDF5 schema or checksum format (shards.py), the order of a build
+(builder.py), the command line (prepare.py), where and how ``--out`` is written
+(basis.staging).
 """
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,28 +97,6 @@ def check_existing(out: Path, fingerprint_: dict, made_by: str = "loaders.prepar
         raise DataError(f"{e}. {out} was built with these same options but is damaged; "
                         "delete it and run prepare again") from None
     return True
-
-
-def build_dir(out: Path) -> Path:
-    """The temporary directory a build of ``out`` writes into (renamed to ``out`` at the end),
-    made empty; earlier builds' temporaries whose process is gone (SIGKILL skips clean-up)
-    are removed first."""
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        for stale in out.parent.glob(f".{out.name}.tmp-*"):
-            try:
-                os.kill(int(stale.name.rsplit("-", 1)[1]), 0)
-            except ProcessLookupError:
-                shutil.rmtree(stale, ignore_errors=True)
-            except (ValueError, PermissionError):
-                pass
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    except OSError as e:
-        raise DataError(f"{tmp}: cannot create the build directory next to --out ({e}); "
-                        "pick another --out") from e
-    return tmp
 
 
 def length_stats(lengths: np.ndarray, npred: np.ndarray, nsp: np.ndarray, seq_len: int) -> dict:

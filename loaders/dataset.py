@@ -67,7 +67,7 @@ from loaders.build_record import STATS_FILE
 from loaders.balance import BalanceSpec, make_plan, describe as describe_balance
 from loaders.collate import (Batch, Rows, StaticShape, best_fit_rows, bucket_width, collate,
                              masked_slots_per_row, pad_rows, pad_rows_static, sample_rows)
-from loaders.presets import build_hint
+from basis.presets import build_hint
 from loaders.shard_plan import PLAN_NAME, ShardPlan  # noqa: F401 (re-exported)
 from loaders.shards import (EVAL_FILE, VLEN_INT16, DataError, Limits, Samples, check_samples,
                             read_checksums, read_shard, verify_checksums)
@@ -134,7 +134,7 @@ def _build(root: Path, seq_len: int | None, max_pred: int | None) -> str:
 
 def check_data_dir(root: Path, seq_len: int | None = None, max_pred: int | None = None) -> None:
     """A missing data directory is said so, with how to make one (of the config's
-    ``seq_len`` and ``max_pred`` when given: loaders.presets.build_hint)."""
+    ``seq_len`` and ``max_pred`` when given: basis.presets.build_hint)."""
     if not root.exists():
         raise DataError(f"data.data_dir {root} does not exist: build the data set - "
                         f"{_build(root, seq_len, max_pred)} - or set data.data_dir to where it "

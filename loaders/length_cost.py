@@ -4,7 +4,7 @@ Owns: the cost model (``LengthCost``: a layout and its coefficients, in seconds)
 each layout computes from a batch's lengths, the least-squares fit of the coefficients from
 measured step times (``fit``), their JSON file (``save`` / ``load``), the default for a model
 shape (``default_cost``: coefficients measured on this machine where ``length_costs.json``
-has the shape, else a FLOP count from the model's formula in loaders.model_shape), per-rank
+has the shape, else a FLOP count from the model's formula in basis.model_shape), per-rank
 costs of a batch (``LengthCost.of_rows``,
 ``of_lengths``, ``of_batch``) and the imbalance statistic (``imbalance``). Never: timing a
 model (``python -m runtime.calibrate.length_cost`` measures and calls ``fit``), choosing batches
@@ -54,7 +54,7 @@ from typing import Literal, Sequence, get_args
 
 import numpy as np
 
-from loaders.model_shape import SHAPE_KEYS, forward_flops_per_unit
+from basis.model_shape import SHAPE_KEYS, forward_flops_per_unit
 
 Layout = Literal["padded", "unpadded", "repad"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)

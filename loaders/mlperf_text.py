@@ -4,10 +4,11 @@ Wikipedia 2020-01-01 dump cut into ``part-00000-of-00500`` ... files plus the he
 the way the reference's ``create_pretraining_data.py`` turns each of them into TFRecords.
 
 Owns: finding and checking the part files, reading the text format, the reference's
-procedure per input file, the eval set, and laying the results out as ``--shards`` shards.
-Never: pairing and masking (pretraining.py), the tokenizer (tokenization.py), the build
-record and its fingerprint (build_record.py), the atomic directory and command line
-(prepare.py, which calls ``build_into``), the HDF5 schema (shards.py).
+procedure per input file, the eval set, and the training sequences in part order - one stage,
+``create_instances``, that the builder (loaders.builder) runs. Never: pairing and masking
+(pretraining.py), the tokenizer (tokenization.py), the cut into ``--shards`` shards, the
+record and its fingerprint, the staging directory and the errors' exit statuses (builder.py,
+build_record.py, basis), the command line (prepare.py), the HDF5 schema (shards.py).
 
 The reference (``mlcommons/training``, ``language_model/tensorflow/bert``, README "Generate
 the TFRecords"; NVIDIA's ``parallel_create_hdf5.sh`` runs it the same way) runs
@@ -37,18 +38,16 @@ from __future__ import annotations
 
 import random
 import re
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
-from loaders import build_record, pretraining, tokenization
-from loaders.build_record import VOCAB_FILE, BuildReport, length_stats, select_rows
-from loaders.shards import (EVAL_FILE, PUBLISHED_EVAL_MD5, TRAIN_DIR, DataError, input_ids_md5,
-                            shard_name, write_shard)
-from loaders.presets import MLPERF_DEFAULTS
-from loaders.workers import Workers
+from basis.presets import MLPERF_DEFAULTS
+from loaders import pretraining, tokenization
+from loaders.build_record import select_rows
+from loaders.builder import STATE, Made, Source, Stage
+from loaders.shards import PUBLISHED_EVAL_MD5, DataError, Samples, input_ids_md5
 
 PART = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 EVAL_NAME = "eval.txt"
@@ -56,13 +55,6 @@ OFFICIAL = {**MLPERF_DEFAULTS, "masked_lm_prob": 0.15, "short_seq_prob": 0.1, "s
             "source": "mlperf-text"}
 """Every recorded option of the official eval set (whose hash NVIDIA publishes)."""
 _ARRAYS = ("input_ids", "id_off", "len_a", "positions", "labels", "pred_off", "nsp")
-_STATE: dict = {}   # what the tasks read (vocab, params, cfg, work): set by _set_state
-
-
-def _set_state(state: dict) -> None:
-    """In each worker (and here when the tasks run inline): the state the tasks read."""
-    _STATE.clear()
-    _STATE.update(state)
 
 
 # ------------------------------------------------------------------------------ the files
@@ -217,12 +209,12 @@ def file_instances(path: Path, tokenizer, params, seed: int, dupe_factor: int):
 def _task(task: tuple[str, int, str]) -> dict:
     """One file, in a worker: its instances saved under the work directory, its counts."""
     kind, index, path = task
-    tok = _STATE.get("tokenizer")
+    tok = STATE.get("tokenizer")
     if tok is None:
-        tok = _STATE["tokenizer"] = tokenization.build_tokenizer(
-            _STATE["vocab"], max_chars_per_word=tokenization.GOOGLE_MAX_CHARS_PER_WORD)
-    cfg = _STATE["cfg"]
-    packed, docs, lines, tokens = file_instances(Path(path), tok, _STATE["params"], cfg.seed,
+        tok = STATE["tokenizer"] = tokenization.build_tokenizer(
+            STATE["vocab"], max_chars_per_word=tokenization.GOOGLE_MAX_CHARS_PER_WORD)
+    cfg = STATE["cfg"]
+    packed, docs, lines, tokens = file_instances(Path(path), tok, STATE["params"], cfg.seed,
                                                  cfg.dupe_factor)
     candidates = len(packed)
     if kind == "eval":
@@ -230,7 +222,7 @@ def _task(task: tuple[str, int, str]) -> dict:
             raise DataError(f"{path}: gives {candidates} sequences, fewer than --eval-samples "
                             f"{cfg.eval_samples}; lower --eval-samples")
         packed = reorder(packed, eval_rows(candidates, cfg.eval_samples))
-    work = Path(_STATE["work"]) / f"{kind}-{index:05d}.npz"
+    work = Path(STATE["work"]) / f"{kind}-{index:05d}.npz"
     np.savez(work, **{k: getattr(packed, k) for k in _ARRAYS})
     return {"file": Path(path).name, "documents": docs, "sentences": lines,
             "corpus_tokens": tokens, "candidates": candidates, "sequences": len(packed),
@@ -245,118 +237,88 @@ def _load(work: str) -> pretraining.PackedInstances:
     return pretraining.PackedInstances(**arrays, doc_a=empty, doc_b=empty)
 
 
-# ------------------------------------------------------------------------------ the build
+# ------------------------------------------------------------------------------ the stage
 
-def build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files_, fingerprint,
-               seconds, log) -> BuildReport:
-    """prepare's ``_build_into`` for the MLPerf text: every file a task, then the shards."""
-    t0 = time.perf_counter()
-    parts = [p for name, p in source_files_ if name == "mlperf-part"]
-    evalf = next(p for name, p in source_files_ if name == "mlperf-eval")
-    work = tmp / ".work"
-    work.mkdir()
-    params = pretraining.InstanceParams(
-        max_seq_length=cfg.seq_len, short_seq_prob=cfg.short_seq_prob,
-        masked_lm_prob=cfg.masked_lm_prob, max_predictions_per_seq=cfg.max_pred,
-        vocab_size=len(vocab))
-    state = dict(vocab=vocab, params=params, cfg=cfg, work=str(work))
+def create_instances(build, _):
+    """Every file a task (the eval text first), then the training sequences in part order and
+    the eval set, for the builder."""
+    cfg = build.cfg
+    evalf = next(p for name, p in build.files if name == "mlperf-eval")
+    parts = [p for name, p in build.files if name == "mlperf-part"]
+    state = dict(vocab=build.vocab, params=build.params(), cfg=cfg, work=str(build.scratch))
     tasks = [("eval", 0, str(evalf))] + [("part", i, str(p)) for i, p in enumerate(parts)]
+    results = _run_files(build, tasks, state)
+    ev, part_results = results[0], results[1:]
+    for s, r in zip(build.sources, results):
+        s["documents"] = r["documents"]
+    evals = _load(ev["work"])
+    eval_set = select_rows(evals, np.arange(len(evals)))
+    eval_md5 = input_ids_md5(eval_set.input_ids)
+    extra = {"input_ids_md5": eval_md5}
+    if {k: v for k, v in cfg.recorded().items() if k != "shards"} == OFFICIAL:
+        extra["matches_published_eval"] = eval_md5 == PUBLISHED_EVAL_MD5
+        build.log(f"eval set: input_ids md5 {eval_md5} "
+                  + ("= NVIDIA's published part_eval_10k.hdf5 (eval_varlength.chk): the MLPerf "
+                     "eval set" if eval_md5 == PUBLISHED_EVAL_MD5 else
+                     f"!= NVIDIA's published {PUBLISHED_EVAL_MD5}: NOT the MLPerf eval set - "
+                     "are the text and vocab.txt the official ones (check their md5s)?"))
+    total = lambda key: sum(r[key] for r in part_results)   # noqa: E731
+    return Made(
+        train_sequences=total("sequences"), shard=_shards_of(part_results), eval=eval_set,
+        eval_candidates=ev["candidates"], origin=(len(parts), "part files"),
+        documents={"train": total("documents"), "eval": ev["documents"]},
+        sentences={"train": total("sentences"), "eval": ev["sentences"]},
+        corpus_tokens={"train": total("corpus_tokens"), "eval": ev["corpus_tokens"]},
+        mask_kinds={k: total(f"n_{k}") for k in ("mask", "random", "kept")},
+        eval_extra=extra, parts=[{"file": r["file"], "documents": r["documents"],
+                                  "sequences": r["sequences"]} for r in part_results]), None
+
+
+def _run_files(build, tasks: list, state: dict) -> list[dict]:
+    """The files' tasks in ``--workers`` processes, in task order, with progress lines."""
+    t0 = time.perf_counter()
     total_bytes = sum(Path(t[2]).stat().st_size for t in tasks)
     done_bytes, results = 0, []
-    try:
-        with Workers(cfg.workers, setup=(_set_state, (state,))) as pool:
-            for task, res in zip(tasks, pool.imap(_task, tasks,
-                                                  describe=lambda t: f"making the instances of {t[2]}")):
-                results.append(res)
-                done_bytes += Path(task[2]).stat().st_size
-                if len(results) % max(1, len(tasks) // 20) == 0 or len(results) == len(tasks):
-                    log(f"mlperf-text: {len(results)}/{len(tasks)} files, "
-                        f"{done_bytes / 1e6:,.2f} of {total_bytes / 1e6:,.2f} MB in "
-                        f"{time.perf_counter() - t0:.1f} s")
-    finally:
-        _STATE.clear()
-    seconds["create_instances"] = time.perf_counter() - t0
-    ev, part_results = results[0], results[1:]
-    for s, r in zip(sources, [ev] + part_results):
-        s["documents"] = r["documents"]
-    n_train = sum(r["sequences"] for r in part_results)
-    if n_train < cfg.shards:
-        raise DataError(f"only {n_train} training sequences from {len(parts)} part file(s) for "
-                        f"--shards {cfg.shards}; lower --shards")
+    with build.workers(state) as pool:
+        for task, res in zip(tasks, pool.imap(_task, tasks, describe=lambda t: (
+                f"making the instances of {t[2]}"))):
+            results.append(res)
+            done_bytes += Path(task[2]).stat().st_size
+            if len(results) % max(1, len(tasks) // 20) == 0 or len(results) == len(tasks):
+                build.log(f"mlperf-text: {len(results)}/{len(tasks)} files, "
+                          f"{done_bytes / 1e6:,.2f} of {total_bytes / 1e6:,.2f} MB in "
+                          f"{time.perf_counter() - t0:.1f} s")
+    return results
 
-    t = time.perf_counter()
-    (tmp / TRAIN_DIR).mkdir()
-    (tmp / EVAL_FILE).parent.mkdir(parents=True)
-    sizes = np.full(cfg.shards, n_train // cfg.shards)
-    sizes[: n_train % cfg.shards] += 1
+
+def _shards_of(part_results: list[dict]):
+    """``shard(lo, hi)``: the training sequences [lo, hi) of the parts in part order, each
+    part's instances read from its work file once (the shards are asked for in order)."""
     starts = np.cumsum([0] + [r["sequences"] for r in part_results])
-    relpaths, train_shards, loaded = [], [], {}
-    lengths, npred, nsp = [], [], []
-    lo = 0
-    for k, size in enumerate(sizes):
+    loaded: dict = {}
+
+    def shard(lo: int, hi: int) -> Samples:
         chunks = []
-        for i, r in enumerate(part_results):            # the parts this shard's rows are in
-            a, b = max(lo, starts[i]), min(lo + size, starts[i + 1])
+        for i, r in enumerate(part_results):            # the parts these rows are in
+            a, b = max(lo, starts[i]), min(hi, starts[i + 1])
             if a >= b:
                 continue
             if i not in loaded:
-                loaded = {i: _load(r["work"])}          # parts are read once, in order
-            chunks.append((loaded[i], np.arange(a - starts[i], b - starts[i])))
-        samples = [select_rows(p, rows) for p, rows in chunks]
-        merged = samples[0]
-        for extra in samples[1:]:
+                loaded.clear()
+                loaded[i] = _load(r["work"])
+            chunks.append(select_rows(loaded[i], np.arange(a - starts[i], b - starts[i])))
+        merged = chunks[0]
+        for extra in chunks[1:]:
             for key in ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids"):
                 getattr(merged, key).extend(getattr(extra, key))
             merged.next_sentence_labels = np.concatenate([merged.next_sentence_labels,
                                                           extra.next_sentence_labels])
-        rel = f"{TRAIN_DIR}/{shard_name(k, cfg.shards)}"
-        write_shard(tmp / rel, merged)
-        relpaths.append(rel)
-        train_shards.append({"file": rel, "samples": int(size)})
-        lengths.append(merged.lengths())
-        npred.append(np.fromiter((len(x) for x in merged.masked_lm_positions), np.int64,
-                                 count=len(merged)))
-        nsp.append(merged.next_sentence_labels)
-        lo += size
-    evals = _load(ev["work"])
-    eval_samples = select_rows(evals, np.arange(len(evals)))
-    write_shard(tmp / EVAL_FILE, eval_samples)
-    eval_md5 = input_ids_md5(eval_samples.input_ids)
-    official = {k: v for k, v in cfg.recorded().items() if k != "shards"} == OFFICIAL
-    shutil.copyfile(vocab_path, tmp / VOCAB_FILE)
-    shutil.rmtree(work)
+        return merged
+    return shard
 
-    train_stats = length_stats(np.concatenate(lengths), np.concatenate(npred),
-                               np.concatenate(nsp), cfg.seq_len)
-    eval_stats = length_stats(evals.lengths(), np.diff(evals.pred_off), evals.nsp, cfg.seq_len)
-    eval_stats["input_ids_md5"] = eval_md5
-    if official:
-        eval_stats["matches_published_eval"] = eval_md5 == PUBLISHED_EVAL_MD5
-        log(f"eval set: input_ids md5 {eval_md5} "
-            + ("= NVIDIA's published part_eval_10k.hdf5 (eval_varlength.chk): the MLPerf eval "
-               "set" if eval_md5 == PUBLISHED_EVAL_MD5 else
-               f"!= NVIDIA's published {PUBLISHED_EVAL_MD5}: NOT the MLPerf eval set - are "
-               "the text and vocab.txt the official ones (check their md5s)?"))
-    stats = build_record.record(
-        created_by="python -m loaders.prepare --mlperf-text",
-        procedure="the reference's create_pretraining_data.py per file (seed each file), eval "
-                  "picked as pick_eval_samples.py",
-        documents={"train": sum(r["documents"] for r in part_results), "eval": ev["documents"]},
-        sentences={"train": sum(r["sentences"] for r in part_results), "eval": ev["sentences"]},
-        sequences={"train": n_train, "eval": cfg.eval_samples,
-                   "eval_candidates": ev["candidates"]},
-        corpus_tokens={"train": sum(r["corpus_tokens"] for r in part_results),
-                       "eval": ev["corpus_tokens"]},
-        train=train_stats, eval_=eval_stats,
-        mask_kinds={k: sum(r[f"n_{k}"] for r in part_results) for k in ("mask", "random", "kept")},
-        parts=[{"file": r["file"], "documents": r["documents"], "sequences": r["sequences"]}
-               for r in part_results],
-        train_shards=train_shards, eval_samples=cfg.eval_samples,
-        vocab={"file": VOCAB_FILE, "source": Path(vocab_path).name, "size": len(vocab),
-               "sha256": fingerprint["vocab_sha256"]},
-        sources=sources, parameters=cfg.recorded(), fingerprint_=fingerprint)
-    seconds["write"] = time.perf_counter() - t
-    build_record.write(tmp, stats, relpaths, seconds)
-    log(f"write: {cfg.shards} shards ({n_train} sequences) + eval ({cfg.eval_samples} of "
-        f"{ev['candidates']}) in {seconds['write']:.1f} s")
-    return BuildReport(out=tmp, up_to_date=False, stats=stats, seconds=seconds)
+
+SOURCE = Source(
+    created_by="python -m loaders.prepare --mlperf-text", files=source_files,
+    stages=(Stage("create_instances", create_instances),),
+    procedure="the reference's create_pretraining_data.py per file (seed each file), eval "
+              "picked as pick_eval_samples.py")

@@ -1,11 +1,13 @@
 """``python -m loaders.prepare``: real English text -> MLPerf-format BERT pre-training shards.
 
-Owns: the build pipeline and its command line - hashing the inputs, running extraction,
-tokenisation and example creation in worker processes, the train/eval selection, writing the
-data set atomically; the MLPerf text source's pipeline is mlperf_text.py's (``build`` hands it
-the build directory). Never: markup or sentence rules (corpus.py), tokeniser details
-(tokenization.py), pairing/masking semantics (pretraining.py), the HDF5 schema (shards.py),
-stats.json, the fingerprint and the checksums' place in a build (build_record.py).
+Owns: the command line and the options of a build (``PrepareConfig``: their checks, which of
+them the record keeps), and which source a build reads - the corpus (corpus_source.py) or,
+with ``--mlperf-text``, the MLPerf reference's text (mlperf_text.py). Never: runs a build's
+stages, writes shards or the record, or stages ``--out`` (builder.py, build_record.py,
+basis.staging), markup or sentence rules (corpus.py), tokeniser details (tokenization.py),
+pairing/masking semantics (pretraining.py), the HDF5 schema (shards.py), or the shell's
+signals and exit statuses (basis.cli: 2 a data error, 3 a worker's death or a full disk, 130
+a stop).
 
 Usage::
 
@@ -18,9 +20,10 @@ Guarantees:
 - Deterministic: the same inputs, options and seed give byte-identical files whatever
   ``--workers`` is (worker results are gathered in task order; RNGs are derived from
   (seed, split, dupe pass, chunk), never from a worker).
-- Atomic: the set is built in ``.<out>.tmp-<pid>`` next to ``--out`` and renamed at the
-  end; on an error or SIGTERM/Ctrl-C the temporary directory is removed, so ``--out`` is
-  either absent, untouched, or complete.
+- Atomic: the set is built in ``.<out>.tmp-<pid>`` next to ``--out`` (inside it when it is an
+  existing empty directory: a mount point) and moved into place at the end; on an error or
+  SIGTERM/SIGHUP/Ctrl-C the temporary directory is removed, so ``--out`` is either absent,
+  untouched, or complete (basis.staging).
 - Idempotent: if ``--out`` already holds a set built from the same inputs and options it
   is verified and left as is ("up to date", exit 0); a different set there is an error.
 - Options that cannot change the content (``--out``, ``--workers``) are not recorded in
@@ -29,28 +32,21 @@ Guarantees:
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
-import shutil
-import signal
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from loaders import build_record, corpus, mlperf_text, pretraining, tokenization
-from loaders.build_record import STATS_FILE, VOCAB_FILE, BuildReport
-from loaders.presets import PREPARE_DEFAULTS
-from loaders.workers import WorkerDied, Workers, defer_stop
-from loaders.shards import EVAL_FILE, TRAIN_DIR, DataError, sha256_file, shard_name, write_shard
+from basis import cli
+from basis.presets import PREPARE_DEFAULTS
+from basis.staging import OutputError
+from loaders import builder, corpus_source, mlperf_text
+from loaders.build_record import BuildReport
+from loaders.shards import DataError
+from loaders.workers import WorkerDied, defer_stop
 
 DEFAULT_SOURCES = Path(".cache/sources")
 DEFAULT_DUPE_FACTOR = 5
-TOKENIZE_BATCH = tokenization.ENCODE_BATCH   # sentences per tokenisation task
-EXTRACT_BATCH = 256         # summaries per extraction task
 
 
 @dataclass
@@ -120,286 +116,11 @@ def _log(msg: str) -> None:
     print(f"[prepare] {msg}", file=sys.stderr, flush=True)
 
 
-# ---------------------------------------------------------------------------------------
-# Worker processes
-# ---------------------------------------------------------------------------------------
-
-_STATE: dict = {}   # what the tasks read (vocab; documents, params, seed): set by _set_state
-
-
-def _set_state(state: dict) -> None:
-    """In each worker (and here when the tasks run inline): the state the tasks read."""
-    _STATE.clear()
-    _STATE.update(state)
-
-
-def _extract_summaries(batch):
-    return [corpus.paragraphs_to_document(i, t, paras) for i, t, paras in batch]
-
-
-def _extract_wiki(item):
-    doc_id, title, wikitext = item
-    return corpus.paragraphs_to_document(doc_id, title, corpus.wikitext_to_paragraphs(wikitext))
-
-
-def _extract_html(item):
-    doc_id, path_title, markup = item
-    title, paras = corpus.html_to_paragraphs(markup)
-    return corpus.paragraphs_to_document(doc_id, title or path_title, paras)
-
-
-def _tokenize_batch(sentences):
-    tok = _STATE.get("tokenizer")
-    if tok is None:
-        tok = _STATE["tokenizer"] = tokenization.build_tokenizer(_STATE["vocab"])
-    return tokenization.encode_sentences(tok, sentences)
-
-
-def _create_chunk(task):
-    split, dupe, chunk = task
-    docs = _STATE["documents"][split]
-    params: pretraining.InstanceParams = _STATE["params"]
-    rng = random.Random(pretraining.derive_seed(_STATE["seed"], split, dupe, chunk))
-    lo = chunk * pretraining.CHUNK_DOCS
-    return pretraining.create_chunk(docs, range(lo, min(lo + pretraining.CHUNK_DOCS, len(docs))),
-                                    params, rng)
-
-
-# ---------------------------------------------------------------------------------------
-# Inputs and fingerprint
-# ---------------------------------------------------------------------------------------
-
-def _source_files(cfg: PrepareConfig) -> list[tuple[str, Path]]:
-    if cfg.mlperf_text is not None:
-        return mlperf_text.source_files(cfg)
-    files = [("wiki-summaries", corpus.summaries_path())]
-    xml = cfg.sources / corpus.WIKI_XML_NAME
-    if not xml.is_file():
-        raise DataError(f"{xml}: Wikipedia XML dump not found; run `make sources` (it takes "
-                        "the file from the gensim wheel on PyPI) or pass --sources DIR")
-    files.append(("enwiki", xml))
-    if cfg.debian_docs:
-        files += [("debian-docs", deb) for deb in corpus.debian_deb_files(cfg.sources)]
-    return files
-
-
-# ---------------------------------------------------------------------------------------
-# Phases
-# ---------------------------------------------------------------------------------------
-
-def _extract(cfg: PrepareConfig, source_files, pool: Workers):
-    """Documents from every source file in order, capped at --max-docs; the number of
-    documents taken from each file (same order as ``source_files``)."""
-    cap = cfg.max_docs if cfg.max_docs is not None else 1 << 62
-    docs: list[corpus.Document] = []
-    per_file: list[int] = []
-    for name, path in source_files:
-        if len(docs) >= cap:
-            per_file.append(0)
-            continue
-        if name == "wiki-summaries":
-            items = corpus.read_summaries(path)
-            got, lo = [], 0
-            while lo < len(items) and len(got) < cap - len(docs):
-                # Only as many items as the cap needs (+ margin for dropped short ones).
-                hi = min(len(items), lo + int((cap - len(docs) - len(got)) * 1.2) + 64)
-                batches = [items[i:min(i + EXTRACT_BATCH, hi)]
-                           for i in range(lo, hi, EXTRACT_BATCH)]
-                got += [d for b in pool.map(_extract_summaries, batches, describe=lambda b: (
-                    f"extracting {len(b)} summaries from {b[0][1]!r}")) for d in b if d]
-                lo = hi
-        else:
-            items = (corpus.read_wiki_xml(path) if name == "enwiki"
-                     else corpus.read_debian_html(path))
-            fn = _extract_wiki if name == "enwiki" else _extract_html
-            # Largest first so one big article does not finish last on its own.
-            order = sorted(range(len(items)), key=lambda k: -len(items[k][2]))
-            done = pool.map(fn, [items[k] for k in order],
-                            describe=lambda item: f"extracting {item[1]!r} from {path.name}")
-            got = [None] * len(items)
-            for k, d in zip(order, done):
-                got[k] = d
-        got = [d for d in got if d is not None][:cap - len(docs)]
-        per_file.append(len(got))
-        docs.extend(got)
-    return docs, per_file
-
-
-def _split_key(doc: corpus.Document) -> str:
-    # A lead section (wiki-summaries) and the full article (enwiki) of the same title
-    # share text: hold them out together.
-    if doc.doc_id.startswith(("wiki-summaries:", "enwiki:")):
-        return "wikipedia:" + doc.title.strip().casefold()
-    return doc.doc_id
-
-
-def _tokenize(docs: list[corpus.Document], pool: Workers):
-    """Each document as a list of segments (lists of ids); empty sentences/docs dropped."""
-    flat = [s for d in docs for s in d.sentences]
-    batches = [flat[i:i + TOKENIZE_BATCH] for i in range(0, len(flat), TOKENIZE_BATCH)]
-    encoded = [a for part in pool.map(_tokenize_batch, batches, describe=lambda b: (
-        f"tokenizing {len(b)} sentences from {b[0][:40]!r}")) for a in part]
-    out, k = [], 0
-    for d in docs:
-        segs = [encoded[k + j].tolist() for j in range(len(d.sentences))
-                if len(encoded[k + j])]
-        k += len(d.sentences)
-        out.append(segs)
-    return out
-
-
 def build(cfg: PrepareConfig, log=_log) -> BuildReport:
-    """Build the data set described by ``cfg`` (see the module docstring)."""
-    t_start = time.perf_counter()
-    seconds: dict[str, float] = {}
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-    vocab_path = cfg.vocab or tokenization.default_vocab_path()
-    vocab = tokenization.load_vocab(vocab_path)
-    source_files = _source_files(cfg)
-    sources = [{"name": n, "file": p.name, "sha256": sha256_file(p)} for n, p in source_files]
-    fingerprint = build_record.fingerprint(cfg.recorded(), sha256_file(vocab_path), sources)
-    out = cfg.out.resolve()
-    if build_record.check_existing(out, fingerprint):
-        log(f"{out} is up to date (same inputs and options; checksums verified)")
-        stats = json.loads((out / STATS_FILE).read_text())
-        return BuildReport(out, True, stats, {"total": time.perf_counter() - t_start})
-    seconds["hash_inputs"] = time.perf_counter() - t_start
-
-    tmp = build_record.build_dir(out)
-    into = mlperf_text.build_into if cfg.mlperf_text is not None else _build_into
-    try:
-        report = into(cfg, tmp, vocab, vocab_path, sources, source_files, fingerprint, seconds,
-                      log)
-        if out.exists():
-            out.rmdir()          # an empty directory (checked above)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        _STATE.clear()
-    report.out = out
-    seconds["total"] = time.perf_counter() - t_start
-    log(f"wrote {out} in {seconds['total']:.1f} s")
-    return report
-
-
-def _build_into(cfg, tmp: Path, vocab, vocab_path, sources, source_files, fingerprint,
-                seconds, log) -> BuildReport:
-    def phase(name, t0):
-        seconds[name] = time.perf_counter() - t0
-        return time.perf_counter()
-
-    t = time.perf_counter()
-    with Workers(cfg.workers) as pool:
-        docs, per_file = _extract(cfg, source_files, pool)
-    if not docs:
-        raise DataError(f"no documents after extraction from {[str(p) for _, p in source_files]}"
-                        "; the corpus is empty - check the source files (run `make sources`)")
-    per_source: dict[str, int] = {}
-    for s, n in zip(sources, per_file):
-        s["documents"] = n
-        per_source[s["name"]] = per_source.get(s["name"], 0) + n
-    t = phase("extract", t)
-    log(f"extract: {len(docs)} documents {per_source} in {seconds['extract']:.1f} s")
-
-    with Workers(cfg.workers, setup=(_set_state, ({"vocab": vocab},))) as pool:
-        segments = _tokenize(docs, pool)
-    split: dict[str, list] = {"train": [], "eval": []}
-    for d, segs in zip(docs, segments):
-        if segs:
-            side = "eval" if corpus.is_eval_document(_split_key(d), cfg.eval_doc_fraction) \
-                else "train"
-            split[side].append((d.doc_id, segs))
-    for side in ("train", "eval"):
-        # The reference shuffles the documents before pairing (random "next" pools).
-        random.Random(pretraining.derive_seed(cfg.seed, "documents", side)).shuffle(split[side])
-    if len(split["train"]) < 2:
-        raise DataError(f"only {len(split['train'])} training document(s) after tokenisation; "
-                        "the corpus is too small - raise --max-docs or lower --eval-doc-fraction")
-    if not split["eval"]:
-        raise DataError("no held-out eval documents; raise --eval-doc-fraction or --max-docs")
-    t = phase("tokenize", t)
-    n_sent = {k: sum(len(s) for _, s in v) for k, v in split.items()}
-    log(f"tokenize: {n_sent} sentences in {seconds['tokenize']:.1f} s")
-
-    params = pretraining.InstanceParams(
-        max_seq_length=cfg.seq_len, short_seq_prob=cfg.short_seq_prob,
-        masked_lm_prob=cfg.masked_lm_prob, max_predictions_per_seq=cfg.max_pred,
-        vocab_size=len(vocab))
-    state = dict(documents={k: [s for _, s in v] for k, v in split.items()}, params=params,
-                 seed=cfg.seed)
-    n_chunks = {k: -(-len(v) // pretraining.CHUNK_DOCS) for k, v in split.items()}
-    tasks = [("train", dupe, c) for dupe in range(cfg.dupe_factor)
-             for c in range(n_chunks["train"])]
-    tasks += [("eval", 0, c) for c in range(n_chunks["eval"])]
-    with Workers(cfg.workers, setup=(_set_state, (state,))) as pool:
-        parts = pool.map(_create_chunk, tasks,
-                         describe=lambda t: f"making the {t[0]} instances of chunk {t[2]}")
-    del state
-    n_train_tasks = cfg.dupe_factor * n_chunks["train"]
-    train = pretraining.PackedInstances.concat(parts[:n_train_tasks])
-    evals = pretraining.PackedInstances.concat(parts[n_train_tasks:])
-    del parts
-    if len(evals) < cfg.eval_samples:
-        raise DataError(f"--eval-samples {cfg.eval_samples} requested but the held-out "
-                        f"documents give only {len(evals)} sequences; lower --eval-samples or "
-                        "raise --eval-doc-fraction")
-    if len(train) < cfg.shards:
-        raise DataError(f"only {len(train)} training sequences for --shards {cfg.shards}; "
-                        "lower --shards or use more documents")
-    perm = np.random.Generator(np.random.PCG64(
-        pretraining.derive_seed(cfg.seed, "shuffle", "train"))).permutation(len(train))
-    eval_rows = (np.arange(cfg.eval_samples, dtype=np.int64) * len(evals)) // cfg.eval_samples
-    t = phase("create_instances", t)
-    log(f"create_instances: {len(train)} train, {len(evals)} eval candidates in "
-        f"{seconds['create_instances']:.1f} s")
-
-    (tmp / TRAIN_DIR).mkdir()
-    (tmp / EVAL_FILE).parent.mkdir(parents=True)
-    # Contiguous blocks of the shuffled order; sizes differ by at most 1 (the larger ones first).
-    sizes = np.full(cfg.shards, len(train) // cfg.shards)
-    sizes[: len(train) % cfg.shards] += 1
-    lo = 0
-    relpaths, train_shards = [], []
-    for k, size in enumerate(sizes):
-        rel = f"{TRAIN_DIR}/{shard_name(k, cfg.shards)}"
-        rows = perm[lo:lo + size]
-        write_shard(tmp / rel, build_record.select_rows(train, rows))
-        train_shards.append({"file": rel, "samples": int(size)})
-        relpaths.append(rel)
-        lo += size
-    write_shard(tmp / EVAL_FILE, build_record.select_rows(evals, eval_rows))
-    shutil.copyfile(vocab_path, tmp / VOCAB_FILE)
-
-    train_stats = build_record.packed_stats(train, np.arange(len(train)), cfg.seq_len)
-    eval_stats = build_record.packed_stats(evals, eval_rows, cfg.seq_len)
-    stats = build_record.record(
-        created_by="python -m loaders.prepare",
-        documents={k: len(v) for k, v in split.items()},
-        sentences=n_sent,
-        sequences={"train": len(train), "eval": cfg.eval_samples, "eval_candidates": len(evals)},
-        corpus_tokens={k: int(sum(len(seg) for _, segs in v for seg in segs))
-                       for k, v in split.items()},
-        train=train_stats, eval_=eval_stats,
-        mask_kinds={"mask": train.n_mask, "random": train.n_random, "kept": train.n_kept},
-        train_shards=train_shards, eval_samples=cfg.eval_samples,
-        vocab={"file": VOCAB_FILE, "source": vocab_path.name, "size": len(vocab),
-               "sha256": fingerprint["vocab_sha256"]},
-        sources=sources, parameters=cfg.recorded(), fingerprint_=fingerprint)
-    phase("write", t)
-    log(f"write: {cfg.shards} shards + eval in {seconds['write']:.1f} s")
-    build_record.write(tmp, stats, relpaths, seconds)
-
-    doc_ids = {k: [i for i, _ in v] for k, v in split.items()}
-    return BuildReport(
-        out=tmp, up_to_date=False, stats=stats, seconds=seconds,
-        train_doc_ids=doc_ids["train"], eval_doc_ids=doc_ids["eval"],
-        train_instance_docs={doc_ids["train"][i] for i in
-                             np.union1d(train.doc_a, train.doc_b).tolist()},
-        eval_instance_docs={doc_ids["eval"][i] for i in
-                            np.union1d(evals.doc_a[eval_rows], evals.doc_b[eval_rows]).tolist()})
+    """Build the data set described by ``cfg`` (see the module docstring) from its source:
+    the MLPerf reference's text with ``--mlperf-text``, else the corpus."""
+    source = mlperf_text.SOURCE if cfg.mlperf_text is not None else corpus_source.SOURCE
+    return builder.run(cfg, source, log)
 
 
 # ---------------------------------------------------------------------------------------
@@ -456,36 +177,9 @@ def parse_args(argv=None) -> PrepareConfig:
     return PrepareConfig(**values)
 
 
-class _Terminated(BaseException):
-    pass
-
-
-def _on_sigterm(signum, frame):
-    if not defer_stop():  # a pool wait raises at its next poll (loaders.workers)
-        raise _Terminated()
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)   # Ctrl-C is KeyboardInterrupt already
-
-
 def main(argv=None) -> int:
-    old = {s: signal.signal(s, _on_sigterm) for s in STOP_SIGNALS}
-    try:
-        cfg = parse_args(argv)
-        build(cfg)
-        return 0
-    except DataError as e:
-        print(f"prepare: error: {e}", file=sys.stderr)
-        return 2
-    except WorkerDied as e:
-        print(f"prepare: error: {e}", file=sys.stderr)
-        return 3
-    except (KeyboardInterrupt, _Terminated):
-        print("prepare: interrupted; nothing was written to --out", file=sys.stderr)
-        return 130
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+    return cli.run("prepare", lambda: build(parse_args(argv)),
+                   {DataError: 2, WorkerDied: 3, OutputError: None}, defer=defer_stop)
 
 
 if __name__ == "__main__":

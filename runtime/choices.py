@@ -149,11 +149,12 @@ GRAPH_MODES: dict[str, GraphMode] = {m.name: m for m in (
 
 @dataclass(frozen=True)
 class PrecisionMode:
-    """What a ``train.precision`` value is, for everything that must know (the model's and
-    the gradients' dtype at build, the optimizer's master weights, the step's autocast, the
-    loss scale, the peak a run's MFU divides by, the memory estimate, the config's checks and
-    help text): one row per ``Precision``. Dtypes are names ("fp32", "bf16", "fp16"): this
-    module imports no torch."""
+    """What a ``train.precision`` value is: one row per ``Precision``, composed with model.fp8
+    and train.allreduce_dtype into the run's one ``runtime.numerics.Numerics`` (what the
+    builder, the step, the optimizer, the loss scale, the memory estimate and the MFU peak
+    read), and read by the config's checks (``needs``) and help text. Dtypes are names
+    (basis.dtypes): this module imports no torch. A new precision over the
+    dtypes there is one row here and its name in ``Precision``."""
 
     name: str
     help: str
@@ -167,15 +168,6 @@ class PrecisionMode:
     loss_scale: bool = False
     """fp16's dynamic loss scale (overflow skips the step, the scale halves)"""
     needs: tuple[Need, ...] = ()
-
-    @property
-    def compute(self) -> str:
-        """The dtype the GEMMs run in (the peak table's key)."""
-        return self.autocast or self.params
-
-    @property
-    def activation_bytes(self) -> int:
-        return 4 if self.compute == "fp32" else 2
 
 
 _CUDA = Need("system.device", ("auto", "cuda"), "a CUDA device, system.device 'auto' or 'cuda' "
@@ -257,23 +249,20 @@ class Fp8Mode:
     needs: tuple[Need, ...] = ()
 
 
-# What an FP8 recipe needs of the other keys (runtime.config.checks reads them like the
-# precisions' and graph modes' needs; runtime/model/fp8.py's docstring has the reasons at length).
-_FP8_NEEDS = (
-    Need("train.precision", ("fp32", "bf16", "bf16_master"),
-         "train.precision 'bf16_master', 'bf16' or 'fp32' (fp16's loss scale multiplies the "
-         "gradients that torchao casts to e5m2 with a scale of its own, and an overflow skip "
-         "is judged on gradients FP8 already saturated; torchao's float8 training is bf16's)"),
-)
+FP8_UNSCALED_WHY = ("fp16's loss scale multiplies the gradients that torchao casts to e5m2 "
+                    "with a scale of its own, and an overflow skip is judged on gradients FP8 "
+                    "already saturated; torchao's float8 training is bf16's")
+"""Why model.fp8 refuses a precision whose loss is scaled (runtime.numerics.resolve refuses
+the pair, the one place; runtime/model/fp8.py's docstring has the reasons at length)."""
 
 FP8_RECIPES: dict[str, Fp8Mode] = {r.name: r for r in (
     Fp8Mode("none", "every GEMM in the precision's dtype"),
     Fp8Mode("tensorwise", "one dynamic scale per tensor: inputs and weights in e4m3, "
                "gradients in e5m2, cuBLAS's FP8 GEMM (torchao's default and fastest recipe)",
-               "tensorwise", _FP8_NEEDS),
+               "tensorwise"),
     Fp8Mode("rowwise", "a dynamic scale per row (per column of the weight), rounded down to "
                "a power of two, e4m3 throughout: more accurate, a CUTLASS GEMM, slower than "
-               "tensorwise", "rowwise", _FP8_NEEDS),
+               "tensorwise", "rowwise"),
 )}
 """Every ``Fp8Recipe`` (tests/unit/test_configs.py holds the two to the same names)."""
 
@@ -292,7 +281,9 @@ def fp8_help() -> str:
     return ("the encoder's Linear layers (model.fp8_layers) trained in FP8 with torchao "
             "(torchao.float8, dynamic scaling; runtime/model/fp8.py, docs/GPU.md): "
             + " | ".join(f"'{r.name}' ({r.help})" for r in FP8_RECIPES.values())
-            + ". Needs " + "; ".join(n.why for n in _FP8_NEEDS) + ". A GPU of compute "
+            + ". Needs a train.precision without a loss scale ("
+            + ", ".join(repr(n) for n, m in PRECISIONS.items() if not m.loss_scale) + "): "
+            + FP8_UNSCALED_WHY + ". A GPU of compute "
             "capability 8.9 or more (Ada, Hopper, Blackwell) runs real FP8 GEMMs; elsewhere "
             "model.fp8_emulate decides. Weights, gradients, optimizer state, checkpoints and "
             "exported files stay in the precision's dtypes: FP8 lives only inside the GEMMs")

@@ -14,7 +14,8 @@ What is logged where (docs/MLPERF_LOGGING.md has the full table):
     INIT_START   cache_clear, init_start, submission_{benchmark,org,platform,division,status}
                  (+ submission_poc_name/email when given)
     INIT_STOP    hyperparameters (each exactly once), presto_step_choices (how the step computes:
-                 precision, allreduce dtype, model.fp8 - keys the MLPerf rules do not have),
+                 the run's numerics - precision, dtypes, masters, loss scale, model.fp8 - keys
+                 the MLPerf rules do not have),
                  train_samples/eval_samples when known, init_stop
     RUN_START    run_start
     BLOCK_START  block_start {first_epoch_num: samples before the block, epoch_count: samples in it}
@@ -410,13 +411,16 @@ def hyperparameters(state: RunState) -> dict[str, Any]:
 
 def step_choices(state: RunState) -> dict[str, Any]:
     """How the run's step computes - what changes its numbers or its kernels but has no MLPerf
-    key: train.precision (with fp32 master weights or not), the allreduce's dtype, model.fp8
-    (with its roles and whether it is emulated, as the run built it, when on)."""
-    t, m = state.config.train, state.config.model
-    out = {"precision": t.precision, "allreduce_dtype": t.allreduce_dtype, "fp8": m.fp8}
-    if m.fp8 != "none":
-        built = state.derived.get("fp8", {})
-        out.update(fp8_layers=list(m.fp8_layers), fp8_emulated=built.get("emulated"))
+    key: the run's numerics as it built them (runtime.numerics.Numerics.describe: the
+    precision, the parameters', autocast's, the GEMMs' and the allreduce's dtypes, fp32 master
+    weights, the loss scale, model.fp8) and, when FP8 converted Linears, their roles and
+    whether they are emulated. (A state of no built run - a test's - has its config's,
+    resolved alike.)"""
+    out = dict(state.derived.get("numerics") or state.config.numerics().describe())
+    built = state.derived.get("fp8", {})
+    if built.get("linears"):
+        out.update(fp8_layers=list(state.config.model.fp8_layers),
+                   fp8_emulated=built.get("emulated"))
     return out
 
 

@@ -31,7 +31,7 @@ from submission.slurm import ROOT, SubmitError, check_token, load_checked, read_
 
 BENCHMARK = "bert"
 CODE = ("run_and_time.sh", "Makefile", "requirements.txt", "requirements-data.txt",
-        "README.md", "submission", "runtime", "kernels", "loaders", "docs", "tests")
+        "README.md", "submission", "runtime", "kernels", "loaders", "basis", "docs", "tests")
 SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 CHECK_TIMEOUT_S = 600
 

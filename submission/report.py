@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from loaders.model_shape import size
+from basis.model_shape import size
 from submission.mllog_callback import COMPLIANCE_RULESET
 from submission.rank_status import read_all
 from submission.slurm import read_job

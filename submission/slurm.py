@@ -110,7 +110,7 @@ def repo_path(value: str) -> Path:
 
 def check_data(cfg: Config) -> None:
     from loaders.dataset import DataSetInfo, check_data_set
-    from loaders.presets import build_hint
+    from basis.presets import build_hint
     from loaders.shards import DataError
 
     data = repo_path(cfg.data.data_dir)

@@ -356,6 +356,8 @@ def finish(cfg, state, out: Path) -> None:
                # achieved TFLOP/s per device and MFU over the run's steps (runtime.observe.mfu)
                "throughput": state.derived.get("throughput", {}),
                "attention_layout": state.derived.get("attention_layout"),
+               # how the numbers were kept (runtime.numerics: precision, dtypes, masters)
+               "numerics": state.derived.get("numerics"),
                # model.fp8 as built: recipe, emulated and why, Linears and roles
                "fp8": state.derived.get("fp8", {"recipe": "none"})}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -71,7 +71,7 @@ if _WORKERS > 1:
 # A real one-node Slurm cluster (munged, slurmctld, slurmd by PID) shared by the whole session:
 # test_dist's srun tests and test_slurm use it.
 from slurm_cluster import slurm_cluster  # noqa: F401,E402
-from loaders.presets import SMALL_DATASET_OPTIONS, SOURCES
+from basis.presets import SMALL_DATASET_OPTIONS, SOURCES
 from tests.support.data import eval_truth, synthetic_dataset  # noqa: F401
 from tests.support.launch import bindir  # noqa: F401
 from tests.support.runs import reference_run  # noqa: F401
@@ -275,6 +275,22 @@ def _no_process_group_left_by_a_test(request):
         _shut_down_left_group()
         pytest.fail("this test left a torch.distributed process group behind: shut it down "
                     "(runtime.launch.dist.shutdown()) or use the single_ctx fixture",
+                    pytrace=False)
+
+
+# runtime.launch.signals.install() blocks the stop signals in the process that calls it (so
+# the children it starts - compilers - never get them). A test that calls it in the pytest
+# worker and leaves the mask would hand blocked stop signals to every child a later test
+# starts: a launcher or rank that a test stops with SIGTERM would not stop.
+@pytest.fixture(autouse=True)
+def _no_signal_mask_left_by_a_test():
+    import signal
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    after = signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    if after != before:
+        pytest.fail(f"this test left signals blocked in the pytest worker ({sorted(after - before)}"
+                    "): restore the mask (signal.pthread_sigmask(signal.SIG_SETMASK, saved))",
                     pytrace=False)
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
-from loaders.model_shape import size
+from basis.model_shape import size
 
 ROOT = Path(__file__).resolve().parents[2]
 DGX_CONFIG = ROOT / "submission" / "configs" / "config_DGXA100_1x8x56x1.toml"

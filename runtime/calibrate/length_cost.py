@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from loaders import length_cost as lc
-from loaders import model_shape
+from basis import model_shape
 from loaders.collate import best_fit_rows, pad_rows, sample_rows
 from loaders.dataset import DataSetInfo, ShardStore, read_lengths, take
 

@@ -4,8 +4,9 @@ Owns: a ``Literal`` key's value against its choices (``check_choice``: the error
 key, the choices and the nearest one), and the rules that tie keys of different sections
 together - the model's positions against the sequence length, the precision against the
 device, the static shapes' sizes against the local batch, what a ``train.cuda_graphs`` mode,
-an ``optim.shard`` scope and a ``model.fp8`` recipe need (their rows' ``Need``s in runtime.choices: one check reads
-both), the closed division's target. Each refusal names the keys and what to set.
+an ``optim.shard`` scope and a ``model.fp8`` recipe need (their rows' ``Need``s in
+runtime.choices: one check reads them all), the numerics' keys together (runtime.numerics.resolve
+refuses what does not compose), the closed division's target. Each refusal names the keys and what to set.
 Never: reads files or overrides (runtime.config.load), or checks a key that one section's
 ``validate`` can check alone (runtime.config.sections).
 """
@@ -46,6 +47,7 @@ def check_run(cfg: Any) -> None:
         raise ConfigError(why)
     _check_needs(cfg, "optim.shard", shard_scope(cfg.optim.shard).needs)
     _check_needs(cfg, "model.fp8", FP8_RECIPES[cfg.model.fp8].needs)
+    cfg.numerics()   # precision, FP8 and the allreduce's dtype: what does not compose
     if cfg.model.fp8 != "none" and cfg.model.fp8_emulate == "off" and \
             cfg.system.device == "cpu":
         raise ConfigError(f"model.fp8='{cfg.model.fp8}' with model.fp8_emulate='off' and "

@@ -120,12 +120,12 @@ REQUIRED_IN_A_FILE = ("model.hidden_size", "model.num_hidden_layers",
 
 
 def _apply_size(cfg: Config, named: set) -> None:
-    """model.size: the named shape's keys (loaders.model_shape.SIZES); one of them set
+    """model.size: the named shape's keys (basis.model_shape.SIZES); one of them set
     beside it to another value is refused, naming both."""
     m = cfg.model
     if not m.size:
         return
-    from loaders.model_shape import SHAPE_KEYS, sized
+    from basis.model_shape import SHAPE_KEYS, sized
     try:
         shape = sized(m.size, {k: getattr(m, k) for k in SHAPE_KEYS if f"model.{k}" in named})
     except ValueError as e:

@@ -3,7 +3,7 @@
 Owns: the sections a run has (``SECTIONS``, in file order) and each key's declared type
 (``section_types``), validating a whole config (each key against its choices, each section
 alone, then the cross-section checks), the quantities derived from several sections (the
-local batch, tokens per step, what the run compiles) and the fingerprint ranks compare at
+local batch, tokens per step, the numerics, what the run compiles) and the fingerprint ranks compare at
 start.
 Never: reads files or overrides (runtime.config.load); a rule of its own (sections.py and
 checks.py hold them).
@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
 from kernels.fusions import COMPILED
-from runtime.choices import ConfigError
+from runtime import numerics
+from runtime.choices import COMPILE_MODES, ConfigError
 from runtime.config.checks import check_choice, check_run
 from runtime.config.sections import (DataConfig, ModelConfig, OptimConfig, ScheduleConfig,
                                      TrainConfig)
@@ -58,22 +59,34 @@ class Config:
                 f"({self.train.gradient_accumulation_steps}) = {per}; pick a multiple of {per}")
         return self.train.global_batch_size // per
 
+    def numerics(self) -> numerics.Numerics:
+        """How this run keeps its numbers: train.precision, model.fp8 and
+        train.allreduce_dtype resolved into one value (runtime.numerics.resolve, which refuses
+        the pairs that do not compose)."""
+        return numerics.resolve(self.train.precision, self.model.fp8,
+                                self.train.allreduce_dtype)
+
     def tokens_per_step(self, world_size: int) -> int:
         """At most how many tokens one rank feeds one optimizer step: local batch x
         accumulation x sequence length (what the tied sync's row buffer is sized by)."""
         return self.local_batch_size(world_size) * self.train.gradient_accumulation_steps \
             * self.data.max_seq_length
 
-    def compiles(self) -> list[str]:
-        """What of this run torch.compile builds with Inductor, in words (empty: nothing) - a
-        run that compiles writes Inductor's cache (runtime.model.inductor_cache)."""
+    def compiles(self, on_first_use: bool = False) -> list[str]:
+        """What of this run torch.compile builds with Inductor, in the config's words (empty:
+        nothing) - a run that compiles writes Inductor's cache (runtime.model.inductor_cache).
+        ``on_first_use``: only what compiles lazily, in a process's first step (the layers,
+        the compiled fusions), which the trainer says before that step - a compiled layer
+        takes tens of seconds on a CPU with nothing else printed; the fused optimizer's step
+        compiles when it is built."""
         out = []
-        if self.model.compile != "none":
-            out.append(f"model.compile='{self.model.compile}'")
+        if COMPILE_MODES[self.model.compile].layers:
+            out.append(f"model.compile='{self.model.compile}' (each encoder layer's forward "
+                       f"and backward)")
         fused = [f for f in self.model.fusions if f in COMPILED]
         if fused:
-            out.append(f"model.fusions {fused}")
-        if self.optim.backend in ("auto", "fused"):   # auto is fused on CPU and CUDA
+            out.append(f"model.fusions {', '.join(fused)}")
+        if self.optim.backend in ("auto", "fused") and not on_first_use:  # auto: fused on
             out.append(f"optim.backend='{self.optim.backend}', whose fused step is compiled")
         return out
 

@@ -1,7 +1,7 @@
 """The model's arithmetic over a batch: the FLOPs of a training step and the attention path's
 cost layout - what the trainer reports (achieved TFLOP/s and MFU) and the balancer's cost
 model compute from. The shape, the named sizes (``SIZES``, ``size``), the parameter count and
-the per-unit FLOP formula are loaders.model_shape's (torch-free, one statement), re-exported
+the per-unit FLOP formula are basis.model_shape's (torch-free, one statement), re-exported
 here for the runtime's callers.
 
 Owns:
@@ -11,7 +11,7 @@ Owns:
     layers 2·(4H² + 2·H·I) per token and layer, the attention 4·H·n² per sequence of n
     tokens and layer (QKᵀ and the weighted values), the masked-LM head 2·(H² + H·V) per
     masked position, the pooler and NSP head 2·(H² + 2·H) per sequence. These per-unit
-    figures are written once, in loaders.model_shape.forward_flops_per_unit, for this sum and
+    figures are written once, in basis.model_shape.forward_flops_per_unit, for this sum and
     the balancer's FLOP-count cost alike. Padding,
     recomputation and kernels' own overheads are not the model's work: achieved / peak of
     these is the MFU of PaLM (Chowdhery et al. 2022, appendix B), torchtitan's and nanoGPT's
@@ -28,14 +28,14 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from kernels.attention_rule import cost_layout
-from loaders.model_shape import forward_flops_per_unit
+from basis.model_shape import forward_flops_per_unit
 
 
 def forward_flops(m: Any, *, real_tokens: int, squared_lengths: int, masked: int,
                   sequences: int) -> float:
     """The model FLOPs of one forward over sequences holding ``real_tokens`` in all (Σ n),
     ``squared_lengths`` (Σ n²), ``masked`` masked-LM positions and ``sequences`` [CLS]s: the
-    per-unit FLOPs of loaders.model_shape.forward_flops_per_unit (the one statement of the
+    per-unit FLOPs of basis.model_shape.forward_flops_per_unit (the one statement of the
     formula, which the balancer's FLOP-count default reads too), summed."""
     per = forward_flops_per_unit(m)
     return float(per["token"] * real_tokens + per["score"] * squared_lengths

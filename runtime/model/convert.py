@@ -2,23 +2,24 @@
 the MLPerf phase-1 ``model.ckpt-28252`` - to ``DIR/model.safetensors`` in Hugging Face's
 ``BertForPreTraining`` layout, which ``model.init = "DIR"`` loads. No TensorFlow needed.
 
-Owns: the map from Google BERT's variable names to HF keys (``NAME_RULES``: kernels
-transposed from TF's [in, out] to torch's [out, in]; ``cls/seq_relationship/output_weights``
-is already [2, hidden]; the MLM decoder is the word embedding, tied, and its bias
-``cls/predictions/output_bias``), which names are optimizer state (``OPTIMIZER_STATE``: the
-LAMB/Adam slots ``<var>/adam_m``, ``<var>/adam_v``, ``<var>/LAMB``..., ``global_step``, ...;
-skipped unless ``--keep-optimizer-state``), the checks against the model's config, the
+Owns: classifying a checkpoint's names - BERT weights mapped to HF keys (the names, their
+keys and transpositions are basis.tf_names's, one list with the fixture generator and the
+benchmark; the MLM decoder is the word embedding, tied, and its bias
+``cls/predictions/output_bias``: ``TIED``), optimizer state (the LAMB/Adam slots
+``<var>/adam_m``, ``<var>/adam_v``, ``<var>/LAMB``..., ``global_step``, ...; skipped unless
+``--keep-optimizer-state``), or unknown -, the checks against the model's config, the
 manifest and the command line (exit 0 written or up to date; 2 bad input or an --out that
 cannot be written; 3 a full disk; 130 stopped by TERM, INT or HUP - always with nothing
-written). Never: the bundle format (runtime.model.tf_bundle), where and how DIR is written
-(runtime.model.staging), loading weights into a model (runtime.model.hf), or training.
+written; the shell is basis.cli's). Never: the bundle format (runtime.model.tf_bundle), where
+and how DIR is written (basis.staging), loading weights into a model (runtime.model.hf), or
+training.
 
 Order of work: the index is parsed, every name classified (an unknown one is an error), every
 shape checked against the config and every data shard's presence and length checked - all
 before one tensor byte is read; then the place of the output is made ready (temporary
 directories of killed runs removed, ours created and locked, the free space checked); then
 each tensor is read with its CRC-32C checked; only then is DIR written, in a temporary
-directory moved into place, so DIR is absent, untouched or complete (runtime.model.staging:
+directory moved into place, so DIR is absent, untouched or complete (basis.staging:
 an absent DIR is renamed into being; an existing empty one - a mount point - is written into).
 Rerunning with the same inputs finds DIR up to date (its manifest's source hashes, options and
 model config agree, and its files' hashes) and exits 0; with other files, options or config
@@ -38,23 +39,22 @@ variable's mapping, what was skipped and why, the CRC-32C implementation).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import re
-import signal
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from runtime.model import staging
+from basis import cli, staging
+from basis.staging import OutputError, Staging
+from basis.tf_names import OPTIMIZER_STATE, SLOT, Mapped, map_name
 from runtime.model.config import BertConfig
 from runtime.model.crc32c import IMPLEMENTATION as CRC32C_IMPLEMENTATION
-from runtime.model.staging import OutputError, Staging
 from runtime.model.tf_bundle import DTYPES, Bundle, BundleError
 
 MODEL_FILE = "model.safetensors"
@@ -63,65 +63,14 @@ MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.json"
 FORMAT = "presto-tf-bert-conversion-1"
 
-_L = r"bert/encoder/layer_(\d+)"
-NAME_RULES: tuple[tuple[str, str, bool], ...] = (
-    # (TF name, a full match; HF key template (groups \1.., "/" becomes "."); transpose)
-    (r"bert/embeddings/(word|position|token_type)_embeddings",
-     r"bert.embeddings.\1_embeddings.weight", False),
-    (_L + r"/attention/self/(query|key|value)/kernel",
-     r"bert.encoder.layer.\1.attention.self.\2.weight", True),
-    (_L + r"/attention/self/(query|key|value)/bias",
-     r"bert.encoder.layer.\1.attention.self.\2.bias", False),
-    (_L + r"/(attention/output|intermediate|output)/dense/kernel",
-     r"bert.encoder.layer.\1.\2.dense.weight", True),
-    (_L + r"/(attention/output|intermediate|output)/dense/bias",
-     r"bert.encoder.layer.\1.\2.dense.bias", False),
-    (r"(bert/embeddings|cls/predictions/transform)/LayerNorm/gamma", r"\1.LayerNorm.weight",
-     False),
-    (r"(bert/embeddings|cls/predictions/transform)/LayerNorm/beta", r"\1.LayerNorm.bias", False),
-    (_L + r"/(attention/output|output)/LayerNorm/gamma",
-     r"bert.encoder.layer.\1.\2.LayerNorm.weight", False),
-    (_L + r"/(attention/output|output)/LayerNorm/beta",
-     r"bert.encoder.layer.\1.\2.LayerNorm.bias", False),
-    (r"(bert/pooler|cls/predictions/transform)/dense/kernel", r"\1.dense.weight", True),
-    (r"(bert/pooler|cls/predictions/transform)/dense/bias", r"\1.dense.bias", False),
-    (r"cls/predictions/output_bias", "cls.predictions.bias", False),
-    (r"cls/seq_relationship/output_weights", "cls.seq_relationship.weight", False),
-    (r"cls/seq_relationship/output_bias", "cls.seq_relationship.bias", False),
-)
 TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias"}
 """HF keys that are another key's tensor (the tied MLM decoder): written as copies, as the
 runtime's own HF files are, so HF's from_pretrained and model.init both read them."""
 
-# Optimizer state of the TF BERT trainers: the reference's LAMB/AdamW slots (``<var>/adam_m``,
-# ``<var>/adam_v``), tf.train optimizers' slots (``<var>/LAMB``, ``<var>/Adam_1``...), gradient
-# accumulation (``<var>/GradientAccumulator``) and their scalars; a TF2 object graph.
-SLOT = re.compile(r"^(?P<var>.+)/(?P<slot>adam_m|adam_v|LAMB|LAMB_1|Adam|Adam_1|Momentum|"
-                  r"GradientAccumulator)$")
-OPTIMIZER_STATE = frozenset(("global_step", "beta1_power", "beta2_power", "update_count",
-                             "good_steps", "loss_scale", "current_loss_scale",
-                             "_CHECKPOINTABLE_OBJECT_GRAPH"))
-
 
 class ConvertError(ValueError):
     """A checkpoint, config or output directory this command refuses; exit status 2."""
-
-
-@dataclass(frozen=True)
-class Mapped:
-    tf: str
-    hf: str
-    transpose: bool
-
-
-def map_name(name: str) -> Mapped | None:
-    """The HF key of a TF weight name (None: not a BERT weight)."""
-    for pattern, template, transpose in NAME_RULES:
-        m = re.fullmatch(pattern, name)
-        if m:
-            return Mapped(name, m.expand(template).replace("/", "."), transpose)
-    return None
 
 
 def classify(names) -> tuple[list[Mapped], list[tuple[str, str]], list[str]]:
@@ -224,12 +173,12 @@ def load_config(path: Path | None, prefix: Path) -> tuple[BertConfig, str]:
 
 def _model_of_run_config(path: Path) -> BertConfig:
     """The model a run config TOML names (its ``[model]`` table: a named ``size`` and the
-    keys it sets, by loaders.model_shape.sized - the run config's own rule: a shape key beside
+    keys it sets, by basis.model_shape.sized - the run config's own rule: a shape key beside
     ``size`` that disagrees with it is refused the same way), read here rather than through
     runtime.config: the model room never imports the config. The run's other keys (init,
     attention, fusions) are not the checkpoint's business."""
     import tomllib
-    from loaders.model_shape import sized
+    from basis.model_shape import sized
     table = tomllib.loads(path.read_text(encoding="utf-8-sig")).get("model", {})
     known = {f.name for f in dataclasses.fields(BertConfig)}
     given = {k: v for k, v in table.items() if k in known}
@@ -360,11 +309,7 @@ def convert(prefix: str | os.PathLike, out: str | os.PathLike, config: Path | No
             if bundle.entries[name].dtype in DTYPES] if keep_optimizer_state else []
     bundle.check_layout([w.tf for w in weights] + kept)
     options = {"keep_optimizer_state": keep_optimizer_state}
-    live = staging.clear_stale(out, log)
-    if live:
-        tmp, pid = live[0]
-        raise ConvertError(f"--out {out}: another conversion (pid {pid}) is writing it now "
-                           f"(it holds {tmp}); wait for it to end, or stop it")
+    staging.refuse_live(out, log, "conversion")
     sources = _sources(bundle)
     if _up_to_date(out, sources, options, asdict(cfg)):
         log(f"{out} is up to date (the same checkpoint, options and config; files verified)")
@@ -442,7 +387,7 @@ def _write(stage: Staging, tensors: dict, slots: dict, cfg: BertConfig, manifest
             path = tmp / name     # safetensors writes 0600; the ranks of other hosts read it
             path.chmod(0o666 & ~umask)
         path = stage.out
-        with _signals_deferred():
+        with cli.commit_window():
             stage.commit(outputs + [CONFIG_FILE, MANIFEST_FILE])
     except Exception as e:  # noqa: BLE001 - an OS error of any layer (safetensors' included)
         err = stage.error(e, path)
@@ -452,32 +397,6 @@ def _write(stage: Staging, tensors: dict, slots: dict, cfg: BertConfig, manifest
 
 
 # ------------------------------------------------------------------------- command line
-
-class _Terminated(BaseException):
-    pass
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-"""Each stops a conversion as Ctrl-C does (exit 130, nothing written): HUP is the terminal
-closing, whose default would kill the process and leave its temporary directory behind."""
-_STOP = {"deferred": False}
-
-
-def _on_stop(signum, frame):
-    if not _STOP["deferred"]:
-        raise _Terminated()
-
-
-@contextlib.contextmanager
-def _signals_deferred():
-    """While the output moves into place a stop signal is ignored: the conversion is then
-    complete a moment later (exit 0), never half-moved."""
-    _STOP["deferred"] = True
-    try:
-        yield
-    finally:
-        _STOP["deferred"] = False
-
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
@@ -495,33 +414,9 @@ def main(argv=None) -> int:
                    help=f"also write the optimizer slots to {OPTIMIZER_FILE} (HF key + "
                         "'.adam_m' ...; transposed like their weights)")
     a = p.parse_args(argv)
-    # A signal ignored when we start (nohup, a background job) stays ignored.
-    old = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-    for s, handler in old.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(s, _on_stop)
-    try:
-        convert(a.prefix, a.out, a.config, a.keep_optimizer_state)
-        return 0
-    except (ConvertError, BundleError) as e:
-        _say(f"convert: error: {e}")
-        return 2
-    except OutputError as e:
-        _say(f"convert: error: {e}")
-        return e.exit_code
-    except (KeyboardInterrupt, _Terminated):
-        _say("convert: interrupted; nothing was written to --out")
-        return 130
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-
-
-def _say(line: str) -> None:
-    try:
-        print(line, file=sys.stderr)
-    except OSError:               # a hung-up terminal: the exit status says it
-        pass
+    return cli.run("convert", lambda: convert(a.prefix, a.out, a.config,
+                                              a.keep_optimizer_state),
+                   {ConvertError: 2, BundleError: 2, OutputError: None})
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """The parts of a training run, built from a config in one fixed order: the one builder that
 the trainer, the bucket tuner's measurement, the length-cost command and the benchmarks use.
 
-Owns: the order (torchtitan's lesson) - seeds → model (with its initial weights) → gradient
-sync → optimizer (on the sync's gradient buffer) → schedule → loss scale → the batch cost →
-the training loader and the evaluation batches -, the observers of the steps
+Owns: the order (torchtitan's lesson) - seeds → the numerics (runtime.numerics: resolved once,
+handed to each part that reads them) → model (with its initial weights, then the model
+converters in their declared order) → gradient sync → optimizer (on the sync's gradient
+buffer) → schedule → loss scale → the batch cost → the training loader and the evaluation
+batches -, the observers of the steps
 (``build_observers``: balance meter, step log, step profiler), and turning the config's declared fields
 into each part's arguments: the optimizer gets every ``[optim]`` field its registry entry
 accepts (``runtime.optim.optimizer_hparam_names``), the schedule every ``[schedule]`` field
@@ -23,20 +25,21 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from loaders import length_cost, model_shape
+from basis import model_shape
+from loaders import length_cost
 from loaders.balance_spec import PACKED_MODES
 from loaders.dataset import TrainLoader, load_eval_batches
 from loaders.shards import Limits
-from runtime.choices import COMPILE_MODES, PRECISIONS
+from kernels.fusions import CONVERTED
 from runtime.config import Config
 from runtime.grad_sync import GradSync, build_grad_sync
 from runtime.launch.dist import DistContext
 from runtime.model.arithmetic import attention_layout
 from runtime.model.bert import BertForPreTraining
-from runtime.model import fp8
-from runtime.model.compile import compile_layers
+from runtime.model import converters, fp8
 from runtime.model.hf import load_error_reason, load_hf_state_dict, minilm_path, read_state_dict
-from runtime.model.precision import to_params_dtype
+from runtime.model.precision import DTYPES, to_params_dtype
+from runtime.numerics import Numerics
 from runtime.observe.timeline import StepTimeline
 from runtime.optim.grad_scale import DynamicLossScale
 from runtime.optim.optimizers import build_optimizer, optimizer_hparam_names
@@ -56,6 +59,7 @@ class Parts:
     """What a training step needs, built and wired together (see the module docstring)."""
 
     model: BertForPreTraining
+    numerics: Numerics
     grad_sync: GradSync
     optimizer: torch.optim.Optimizer
     schedule: Callable[[int], float]
@@ -80,33 +84,34 @@ def build_parts(cfg: Config, dist: DistContext, *, bucket_plan: Optional[Path] =
     compute alone, and bench.overlap's step without communication; the one off-switch (the
     engine has no knob of its own). ``timeline``: record each step's timeline (default: train.timeline)."""
     t = cfg.train
+    numerics = cfg.numerics()   # how the numbers are kept: resolved here, read by every part
     limits = Limits(cfg.model.vocab_size, cfg.data.max_seq_length, cfg.model.type_vocab_size)
     torch.manual_seed(t.seed)  # the same initial weights on every rank
     model = build_model(cfg, dist.device).to(dist.device)
-    # the training dtype (train.precision) before the gradient buffers are laid out in it;
-    # with master weights, their exact fp32 values for the optimizer
-    masters = to_params_dtype(model, t.precision)
+    # the training dtype before the gradient buffers are laid out in it; with master
+    # weights, their exact fp32 values for the optimizer
+    masters = to_params_dtype(model, numerics)
     tl = StepTimeline(dist.device) if (t.timeline if timeline is None else timeline) else None
     train_cfg = t
     if bucket_plan is not None and t.grad_sync == "buckets" and not t.bucket_plan:
         train_cfg = dataclasses.replace(t, bucket_plan=str(bucket_plan))
     grad_sync = build_grad_sync(
         model, train_cfg, world_size=dist.world_size if communicate else 1, device=dist.device,
-        group=dist.group, timeline=tl, tokens_per_step=cfg.tokens_per_step(dist.world_size),
+        reduce_dtype=DTYPES[numerics.reduce], group=dist.group, timeline=tl,
+        tokens_per_step=cfg.tokens_per_step(dist.world_size),
         shard=cfg.optim.shard, local_rank=dist.local_rank,
         local_world_size=dist.local_world_size)
     base_lr = learning_rate(cfg)
     optimizer = build_optimizer(cfg.optim.name, list(model.named_parameters()),
                                 **optimizer_hparams(cfg, base_lr),
-                                master_weights=masters is not None)
-    if masters is not None:
+                                master_weights=numerics.master)
+    if numerics.master:
         optimizer.seed_masters(masters)
-        del masters
+    del masters
     grad_sync.on_layout(optimizer.share_gradients)  # one gradient buffer, the sync's
-    parts = Parts(model=model, grad_sync=grad_sync, optimizer=optimizer,
+    parts = Parts(model=model, numerics=numerics, grad_sync=grad_sync, optimizer=optimizer,
                   schedule=schedule_of(cfg, base_lr), base_lr=base_lr,
-                  loss_scale=DynamicLossScale(t.init_loss_scale,
-                                              enabled=PRECISIONS[t.precision].loss_scale,
+                  loss_scale=DynamicLossScale(t.init_loss_scale, enabled=numerics.loss_scale,
                                               device=dist.device),
                   batch_cost=batch_cost(cfg, dist.device.type), limits=limits, timeline=tl)
     torch.manual_seed(t.seed * 1000 + dist.rank)  # dropout differs per rank
@@ -123,15 +128,14 @@ def build_parts(cfg: Config, dist: DistContext, *, bucket_plan: Optional[Path] =
 
 def build_model(cfg: Config, device: Optional[torch.device] = None) -> BertForPreTraining:
     """The model ``cfg.model`` describes (a ``BertConfig`` with the run's choices), with its
-    initial weights (``model.init``), its encoder Linears in FP8 when ``model.fp8`` says so
-    (runtime.model.fp8: real or emulated by the ``device`` it will run on - default: the
-    config's system.device, 'auto' being CUDA where present), its layers compiled when
-    ``model.compile`` says so (runtime.model.compile: static shapes under data.shapes =
-    'static')."""
+    initial weights (``model.init``), then changed by the model converters the run asks for,
+    in their declared order (runtime.model.converters.CONVERTERS: fusion qkv's one Wqkv, the
+    FP8 Linears - real or emulated by the ``device`` it will run on, default the config's
+    system.device, 'auto' being CUDA where present -, the compiled layers)."""
     m = cfg.model
     model = BertForPreTraining(m.bert_config(), attention=m.attention,
                                packed=cfg.data.balance in PACKED_MODES,
-                               fusions=tuple(m.fusions))
+                               fusions=tuple(f for f in m.fusions if f not in CONVERTED))
     if m.init != "scratch":
         path = minilm_path() if m.init == "minilm" else m.init
         where = f"model.init = {m.init!r}" + (f" ({path})" if str(path) != m.init else "")
@@ -154,13 +158,7 @@ def build_model(cfg: Config, device: Optional[torch.device] = None) -> BertForPr
         except (ValueError, KeyError, RuntimeError) as e:
             raise InitCheckpointError(f"{where}: does not fit this model ({e}) - set the "
                                       f"[model] keys to the checkpoint's shape") from None
-    if m.fp8 != "none":  # after the weights are set (the same Parameters), before compiling
-        if device is None:
-            device = torch.device("cuda" if cfg.system.device != "cpu" and
-                                  torch.cuda.is_available() else "cpu")
-        fp8.convert(model, m.fp8, m.fp8_layers, fp8.emulation(m.fp8_emulate, device).emulate)
-    if COMPILE_MODES[m.compile].layers:
-        compile_layers(model, static_shapes=cfg.data.shapes == "static")
+    converters.convert(model, cfg, device)   # after the weights are set
     return model
 
 
@@ -242,7 +240,8 @@ def describe(parts: Parts, cfg: Config, dist: DistContext) -> dict:
     s, opt = cfg.schedule, parts.optimizer
     start, every = cfg.train.eval_cadence()
     binding = getattr(opt, "flat_binding", None)
-    return dict(fp8=fp8.facts(parts.model, cfg.model.fp8, cfg.model.fp8_emulate, dist.device),
+    return dict(numerics=parts.numerics.describe(),
+                fp8=fp8.facts(parts.model, cfg.model.fp8, cfg.model.fp8_emulate, dist.device),
                 local_batch_size=cfg.local_batch_size(dist.world_size),
                 gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
                 world_size=dist.world_size, lr=parts.base_lr,
@@ -272,8 +271,10 @@ class Observers:
     peak: Any
 
 
-def build_observers(cfg: Config, dist: DistContext, model, cost, say) -> Observers:
-    """The observers of a run of ``model`` (runtime.observe), for the trainer."""
+def build_observers(cfg: Config, dist: DistContext, model, cost, say,
+                    numerics: Numerics) -> Observers:
+    """The observers of a run of ``model`` (runtime.observe) with ``numerics`` (the peak
+    of each of its GEMM dtypes, for MFU), for the trainer."""
     from runtime.observe import noise_scale
     from runtime.observe.balance_meter import BalanceMeter
     from runtime.observe.clock import DeviceClock
@@ -286,7 +287,7 @@ def build_observers(cfg: Config, dist: DistContext, model, cost, say) -> Observe
                                 t.gradient_accumulation_steps, dist.world_size,
                                 t.noise_scale_horizon_samples)
     name = torch.cuda.get_device_name(dist.device) if dist.device.type == "cuda" else None
-    peak = peak_of(name, PRECISIONS[t.precision].compute, cfg.system.peak_tflops)
+    peak = peak_of(name, numerics.peak_dtypes, cfg.system.peak_tflops)
     profiler = StepProfiler(t.profile_steps, t.output_dir, dist.rank, dist.device, say) \
         if t.profile_steps else None
     return Observers(meter, StepLog(dist.world_size, meter, noise, peak,

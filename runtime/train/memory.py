@@ -6,8 +6,9 @@ node has before any rank starts.
 Owns: the estimate - the parameter count of the configured BERT (exact: the same count as the
 built model's, tests/unit/test_memory.py checks it), the bytes per parameter kept on a rank
 (weights, gradients and the gradient buckets in the parameters' dtype - fp32, or bf16/fp16
-under a '*_master' train.precision -, the optimizer's state: 8 bytes for LAMB and AdamW's two
-moments, 4 for LARS's momentum, plus 4 for fp32 master weights, divided by the shard count
+under a '*_master' train.precision: the run's runtime.numerics.Numerics, its bytes -, the
+optimizer's state: 8 bytes for LAMB and AdamW's two moments, 4 for LARS's momentum, plus the
+fp32 master weights' 4, divided by the shard count
 under ``optim.shard`` -
 the ranks of a node, or every rank: ``optimizer_shards``; the parameters that one host's sharded
 CPU ranks share are still counted per rank), the activations of one micro-batch (Korthikanti et
@@ -39,9 +40,9 @@ from pathlib import Path
 from typing import Optional
 
 from kernels.attention_rule import resolve
-from loaders import model_shape
+from basis import model_shape
 from loaders.shapes import STATIC_SEQS_PER_ROW, masked_slots_per_row
-from runtime.choices import PRECISIONS, shard_scope
+from runtime.choices import shard_scope
 from runtime.config import Config, ConfigError, load_config
 
 GIB = 1024 ** 3
@@ -51,7 +52,7 @@ HEADROOM = 0.9                     # of the memory there is: the OS and the page
 
 def parameter_count(cfg: Config) -> int:
     """Parameters of BertForPreTraining with the tied decoder counted once (the model's
-    arithmetic: loaders.model_shape.parameter_count)."""
+    arithmetic: basis.model_shape.parameter_count)."""
     return model_shape.parameter_count(cfg.model)
 
 
@@ -115,11 +116,11 @@ def estimate(cfg: Config, world_size: Optional[int] = None) -> Estimate:
     world = world_size or s.nodes * s.ranks_per_node
     micro = cfg.local_batch_size(world)   # global / (ranks x accumulation): one micro-batch
     p = parameter_count(cfg)
-    row = PRECISIONS[cfg.train.precision]
-    weight = 4 if row.params == "fp32" else 2   # weights, gradients and buckets in this dtype
-    state = ((4 if cfg.optim.name == "lars" else 8) + (4 if row.master else 0)) \
+    n = cfg.numerics()
+    state = ((4 if cfg.optim.name == "lars" else 8) + n.master_bytes) \
         / optimizer_shards(cfg, world)            # moments (and fp32 masters): per shard
-    static = int(p * (3 * weight + state))  # weights, gradients, buckets, optimizer state
+    # weights, gradients and buckets in the parameters' dtype; the optimizer's state
+    static = int(p * (3 * n.param_bytes + state))
     rows = activation_rows(cfg, micro)
     return Estimate(p, static, row_bytes(cfg, rows), micro, rows)
 
@@ -157,7 +158,6 @@ def row_bytes(cfg: Config, rows: ActivationRows) -> int:
     the padded q/k/v/output copies when there are several, the masked-LM logits of its slots
     with their softmax and gradient, the embeddings; static rows add their slot tables."""
     m, w, n = cfg.model, rows.width, rows.segments
-    act_bytes = 2 if PRECISIONS[cfg.train.precision].compute == "fp32" else 1
     per_layer = w * m.hidden_size * 34 + 5 * m.num_attention_heads * w * w * n
     if n > 1:   # repad: q, k, v and the output, each [segments x width, hidden]
         per_layer += 8 * m.hidden_size * w * n
@@ -166,7 +166,8 @@ def row_bytes(cfg: Config, rows: ActivationRows) -> int:
     if rows.static:   # token index, position, segment (int64 per token); CLS and NSP per
         #               slot; masked positions twice; cu_seqlens; the repad key mask
         tables = 8 * (3 * w + 2 * rows.slots + 2 * rows.masked) + 4 * n + n * w
-    return int(m.num_hidden_layers * per_layer * act_bytes + logits
+    # the formula's bytes are 16-bit activations': scaled by the GEMMs' dtype (fp32 doubles)
+    return int(m.num_hidden_layers * per_layer * cfg.numerics().activation_bytes // 2 + logits
                + w * m.hidden_size * 4 * 4 + tables)   # embeddings and their gradient
 
 

@@ -33,22 +33,24 @@ from runtime.launch.dist import all_reduce_sum
 
 @dataclass
 class DivergenceGuard:
-    """Consecutive non-finite steps (a loss or gradient that is NaN or inf). fp16's overflow
-    skips are normal loss scaling and count only once the loss scale is at its floor (1)."""
+    """Consecutive non-finite steps (a loss or gradient that is NaN or inf). Where the loss
+    is scaled (fp16, fp16_master), overflow skips are normal loss scaling and count only once
+    the loss scale is at its floor (1)."""
 
     run: int = 0                 # consecutive bad steps now
     nonfinite_steps: int = 0     # bad steps in the whole run
-    overflow_skips: int = 0      # fp16 steps skipped for overflow (any scale)
+    overflow_skips: int = 0      # loss-scaled steps skipped for overflow (any scale)
     first_bad_step: int = 0      # where the current run of bad steps began
     scale_before: float = 1.0    # the loss scale the next logged step started with
 
-    def observe(self, logged: list, fp16: bool) -> bool:
+    def observe(self, logged: list, loss_scaled: bool) -> bool:
         """Count the logged steps (identical on every rank: the losses are all-reduced, the
-        skip flag comes from the averaged gradient); returns whether the window was finite."""
+        skip flag comes from the averaged gradient) of a run whose loss is scaled or not;
+        returns whether the window was finite."""
         window_finite = True
         for m in logged:
             loss_bad = not math.isfinite(m.loss)
-            if fp16:
+            if loss_scaled:
                 overflow = m.skipped and not loss_bad
                 self.overflow_skips += int(overflow)
                 bad = loss_bad or (overflow and self.scale_before <= 1.0)
@@ -76,16 +78,18 @@ class DivergenceGuard:
 class RunControl:
     """See the module docstring. ``checkpoints``: a runtime.train.checkpoint.CheckpointManager
     (tracking the run's parts); ``params_finite()``: whether the weights are finite;
-    ``fp16()``: whether the loss is scaled (the run's loss scale is enabled);
+    ``loss_scaled()``: whether the loss is scaled (the run's loss scale is enabled: fp16 and
+    fp16_master - asked at each logging point, a test may swap the scale);
     ``say(message)``: rank 0's voice."""
 
     def __init__(self, train_cfg: Any, checkpoints: Any, *, params_finite: Callable[[], bool],
-                 say: Callable[[str], None], fp16: Callable[[], bool], device: torch.device):
+                 say: Callable[[str], None], loss_scaled: Callable[[], bool],
+                 device: torch.device):
         self.cfg = train_cfg
         self.checkpoints = checkpoints
         self.params_finite = params_finite
         self.say = say
-        self.fp16 = fp16
+        self.loss_scaled = loss_scaled
         self.device = device
         self.guard = DivergenceGuard(scale_before=float(train_cfg.init_loss_scale))
         self.next_checkpoint = train_cfg.checkpoint_every_samples
@@ -107,7 +111,7 @@ class RunControl:
     # ---- the decisions --------------------------------------------------------------------
     def at_log_point(self, logged: list, flags: list, state: Any) -> None:
         """Decide at a logging point; ``flags[0]``: the ranks' stop requests, summed."""
-        finite = self.guard.observe(logged, self.fp16())
+        finite = self.guard.observe(logged, self.loss_scaled())
         limit = self.cfg.max_nonfinite_steps
         if self.guard.run > limit:
             self.stop = "diverged"

@@ -201,7 +201,7 @@ class Full(Runner):
                                      dtype=torch.float64).to(self.device)
         self.device_step = torch.zeros((), dtype=torch.int64, device=self.device)
         self.device_step.fill_(drive.start_step)
-        self.graph = FullStepGraph(self.body, self.device, pause=drive.meter.paused)
+        self.graph = FullStepGraph(self.captured_step, self.device, pause=drive.meter.paused)
         return self
 
     def step(self, it, lr: float, seen: list) -> dict:
@@ -209,8 +209,9 @@ class Full(Runner):
         with self.drive.meter.span():
             return self.graph.step(seen)
 
-    def body(self, slots) -> dict:
-        """What the graph captures: the learning rate from the table, then the step."""
+    def captured_step(self, slots) -> dict:
+        """What the graph captures: the learning rate from the table, then the step body
+        (``drive.body``, runtime.train.step) on the graph's static batches."""
         at = self.device_step.clamp(max=self.lr_table.shape[0] - 1).reshape(1)
         self.drive.body.set_lr(self.lr_table.index_select(0, at).reshape(()))
         self.device_step.add_(1)

@@ -10,8 +10,8 @@ body never asks which mode that is, and nothing in it reads the host.
 
 Owns: the order of one step's work and its device values (losses, gradient norm, clip
 coefficient, skip flag, loss scale, the sync's metrics), the step's mixed precision
-(``autocast``: train.precision, the weight-cast cache off under capture), the learning rate
-handed to the optimizer.
+(``autocast``: the run's runtime.numerics.Numerics, the weight-cast cache off under capture),
+the learning rate handed to the optimizer.
 Never: builds its parts (runtime.train.build), decides how it runs (runtime.train.runners) or
 when it runs (runtime.train.trainer), launches an allreduce itself or asks which gradient sync
 it has (runtime.grad_sync: one ``GradSync``), clips or scales gradients itself
@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from runtime.model import precision
+from runtime.numerics import Numerics
 from runtime.model.bert import run_batch
 from runtime.optim.grad_scale import step_multiplier
 from runtime.optim.optimizers import set_lr
@@ -44,8 +45,8 @@ rest are the sync's metrics."""
 class StepBody:
     """The device work of one optimizer step (see the module docstring), built from the parts
     it steps: ``net`` (what forward is called on: the model or DDP's wrapper), ``grad_sync``,
-    ``optimizer``, ``loss_scale``; ``accum`` micro-batches a step, ``precision``
-    (train.precision), ``max_grad_norm``, the ``device`` its losses live on, an optional
+    ``optimizer``, ``loss_scale``; ``accum`` micro-batches a step, ``numerics`` (the run's
+    runtime.numerics.Numerics), ``max_grad_norm``, the ``device`` its losses live on, an optional
     ``timeline`` (train.timeline) whose spans mark the phases."""
 
     captured = False
@@ -53,12 +54,12 @@ class StepBody:
     sets it when it attaches): autocast's weight-cast cache is then off - a graph would
     replay the casts it captured once."""
 
-    def __init__(self, net, grad_sync, optimizer, loss_scale, *, accum: int, precision: str,
+    def __init__(self, net, grad_sync, optimizer, loss_scale, *, accum: int, numerics: Numerics,
                  max_grad_norm: float, device: torch.device, timeline=None,
                  simulated: bool = False):
         self.net, self.grad_sync, self.optimizer, self.loss_scale = (net, grad_sync, optimizer,
                                                                      loss_scale)
-        self.accum, self.precision, self.max_grad_norm = accum, precision, max_grad_norm
+        self.accum, self.numerics, self.max_grad_norm = accum, numerics, max_grad_norm
         self.device, self.timeline = torch.device(device), timeline
         self.simulated = simulated  # a CPU standing in for a GPU: the GPU's ops, not the CPU's
 
@@ -66,15 +67,15 @@ class StepBody:
     def of(cls, parts, cfg, dist) -> "StepBody":
         """The body of runtime.train.build's ``parts`` under ``cfg`` on ``dist``'s device."""
         return cls(parts.grad_sync.module, parts.grad_sync, parts.optimizer, parts.loss_scale,
-                   accum=cfg.train.gradient_accumulation_steps, precision=cfg.train.precision,
+                   accum=cfg.train.gradient_accumulation_steps, numerics=parts.numerics,
                    max_grad_norm=cfg.train.max_grad_norm, device=dist.device,
                    timeline=parts.timeline, simulated=dist.simulates_cuda)
 
     def autocast(self):
-        """The step's autocast (train.precision's row: bf16 and fp16 over fp32 parameters;
-        nothing for fp32 and for the master-weight precisions, whose parameters are already
-        in the training dtype)."""
-        return precision.autocast(self.precision, self.device, cache=not self.captured,
+        """The step's autocast (the numerics' ``autocast``: bf16 and fp16 over fp32
+        parameters; nothing for fp32 and for the master-weight precisions, whose parameters
+        are already in the training dtype)."""
+        return precision.autocast(self.numerics, self.device, cache=not self.captured,
                                   cpu_gemms=not self.simulated)
 
     def set_lr(self, lr) -> None:

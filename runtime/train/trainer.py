@@ -41,8 +41,6 @@ from runtime.launch import signals
 from runtime.launch.dist import DistContext, all_reduce_sum, barrier, broadcast_object
 from runtime.model.arithmetic import batch_flops, computed_tokens
 from runtime.model.bert import run_batch
-from kernels.fusions import COMPILED
-from runtime.choices import COMPILE_MODES
 from runtime.observe.metrics import LogWriteError
 from runtime.observe.step_log import StepRecord
 from runtime.train import resume_rules
@@ -64,19 +62,6 @@ class EvalResult:
     count: int
 
 
-def compiled_on_first_use(cfg: Config) -> list[str]:
-    """What torch.compile builds lazily in a process's first step, in the config's words:
-    said before it, since a compiled layer takes tens of seconds on a CPU with nothing else
-    printed meanwhile."""
-    m, what = cfg.model, []
-    if COMPILE_MODES[m.compile].layers:
-        what.append("model.compile='layers' (each encoder layer's forward and backward)")
-    fused = [f for f in m.fusions if f in COMPILED]
-    if fused:
-        what.append(f"model.fusions {', '.join(fused)}")
-    return what
-
-
 class Trainer:
     def __init__(self, cfg: Config, dist: DistContext, callbacks: CallbackList | None = None,
                  log=None):
@@ -95,7 +80,7 @@ class Trainer:
             world_size=dist.world_size, barrier=barrier, broadcast=broadcast_object,
             log=self._say)
         self.control = RunControl(t, self.checkpoints, params_finite=self._params_finite,
-                                  say=self._say, fp16=lambda: self.loss_scale.enabled,
+                                  say=self._say, loss_scaled=lambda: self.loss_scale.enabled,
                                   device=dist.device)
         self.resume_from = None
 
@@ -142,7 +127,8 @@ class Trainer:
         t = cfg.train
         self.local_batch = cfg.local_batch_size(dist.world_size)
         self.control.base_lr = self.base_lr
-        obs = build_observers(cfg, dist, self.model, self.batch_cost, self._say)
+        obs = build_observers(cfg, dist, self.model, self.batch_cost, self._say,
+                              parts.numerics)
         self.balance_meter, self.step_log, self.profiler = obs.balance_meter, obs.step_log, \
             obs.profiler
         self.layout, self.peak, self.noise = obs.layout, obs.peak, self.step_log.noise
@@ -362,7 +348,7 @@ class Trainer:
 
     @property
     def compiled_on_first_use(self) -> list[str]:
-        return compiled_on_first_use(self.cfg)
+        return self.cfg.compiles(on_first_use=True)
 
     def _say_first_step(self, seconds: float) -> None:
         every = self.cfg.train.log_every_steps

@@ -100,9 +100,10 @@ def tied_truth(w: torch.Tensor, u: torch.Tensor) -> float:
 def tied_sync(model, ctx, sync_kind: str, tied: str):
     """The gradient sync the trainer would build for this model (runtime.grad_sync)."""
     cfg = SimpleNamespace(grad_sync=sync_kind, tied_embedding_sync=tied, clip_mode="global_after",
-                          max_grad_norm=1e6, bucket_plan="", allreduce_dtype="fp32",
+                          max_grad_norm=1e6, bucket_plan="",
                           bucket_cap_mb=16 * 4 / 2 ** 20)  # 16-element buckets: W in pieces
-    return build_grad_sync(model, cfg, world_size=ctx.world_size, device=ctx.device)
+    return build_grad_sync(model, cfg, world_size=ctx.world_size, device=ctx.device,
+                           reduce_dtype=torch.float32)
 
 
 def run_tied_case(ctx, steps: int, accum: int, sync_kind: str, loss_scale: float, seed: int,

@@ -476,7 +476,7 @@ def count_one(ctx, data_dir, clip, extra, reduction):
             n, e = len(syncs.trace), len(syncs.events)
             coll = Collectives()
             try:
-                values = trainer.runner.body(graph.inputs.slots)
+                values = trainer.runner.captured_step(graph.inputs.slots)
             finally:
                 coll.restore()
             events += [str(x) for x in syncs.events[e:]]

@@ -113,7 +113,7 @@ def test_package_layout_and_checks(tool_env, tmp_path):
         (logs / "run_3" / "mlperf_bert.log").read_bytes()
     impl = top / "benchmarks" / "bert" / "implementations" / "presto_pytorch"
     for f in ("run_and_time.sh", "submission/run.sub", "submission/configs/config_CPU_1x2x32x1.toml",
-              "runtime/config/__init__.py", "README.md"):
+              "runtime/config/__init__.py", "basis/model_shape.py", "README.md"):
         assert (impl / f).is_file(), f
     assert not list(impl.rglob("__pycache__"))
     res = json.loads((out / "package_report.json").read_text())

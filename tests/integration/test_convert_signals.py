@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from runtime.model import convert as cv
-from runtime.model import staging
+from basis import staging
 from tests.support.launch import ROOT, clean_env, default_stop_signals
 from tests.support.tf_checkpoint import PREFIX
 

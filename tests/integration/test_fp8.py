@@ -90,9 +90,11 @@ def test_a_short_emulated_run_trains_and_says_so_once(uninterrupted):
     f8 = state.derived["fp8"]
     assert f8["recipe"] == "tensorwise" and f8["emulated"] and f8["linears"] == 6
     from submission.mllog_callback import step_choices
-    assert step_choices(state) == {"precision": "bf16_master", "allreduce_dtype": "auto",
-                                   "fp8": "tensorwise", "fp8_layers": list(FP8_ROLES),
-                                   "fp8_emulated": True}
+    assert step_choices(state) == {"precision": "bf16_master", "fp8": "tensorwise",
+                                   "params_dtype": "bf16", "autocast_dtype": None,
+                                   "gemm_dtype": "bf16", "allreduce_dtype": "bf16",
+                                   "master_weights": True, "loss_scale": False,
+                                   "fp8_layers": list(FP8_ROLES), "fp8_emulated": True}
     # the parameters stayed the precision's, FP8 lived only in the GEMMs
     assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
 

@@ -110,7 +110,7 @@ def test_the_captured_step_is_capture_safe_on_the_simulated_device(small_dataset
             batches = [next(it) for _ in range(trainer.body.accum)]
             graph.inputs.load(batches)  # outside the region, as before a replay
             n, e = len(syncs.trace), len(syncs.events)
-            values = trainer.runner.body(graph.inputs.slots)  # the region the graph captures
+            values = trainer.runner.captured_step(graph.inputs.slots)  # the region the graph captures
             assert syncs.events[e:] == [], HostSyncs.report(syncs)
             traces.append(syncs.trace[n:])
             _Packed(values).pack(values)  # what the graph copies out
@@ -182,9 +182,9 @@ def test_graphs_are_captured_after_the_recut_on_the_live_buffers(small_dataset, 
 
         class Replay:
             def replay(self):
-                values = graph.body(graph.inputs.slots)
+                values = graph.captured_step(graph.inputs.slots)
                 graph._out = graph._packed.pack(values)
-        values = graph.body(graph.inputs.slots)
+        values = graph.captured_step(graph.inputs.slots)
         graph._packed = _Packed(values)
         graph._out = graph._packed.pack(values)
         graph.graph = Replay()

@@ -129,8 +129,47 @@ def test_existing_same_set_is_up_to_date_and_different_set_is_refused(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["data"]   # no temp dir left
 
 
-def test_failure_midway_leaves_no_partial_output(tmp_path, monkeypatch):
-    import loaders.prepare as prep
+def test_an_empty_out_is_built_into_and_killed_builds_leftovers_go(small_dataset, tmp_path,
+                                                                   small_dataset_options,
+                                                                   capsys):
+    """--out an existing empty directory (a mount point, which can be neither removed nor
+    renamed onto) is built into: the same bytes as a fresh --out. The temporary directories
+    killed builds left - beside it and inside it - are removed first (basis.staging: their
+    lock is free); one whose lock is held is another build at work: refused, exit 2."""
+    import fcntl
+    import os
+    opts = dict(small_dataset_options)
+    vocab = opts.pop("vocab")
+    out = tmp_path / "mnt"
+    out.mkdir()
+    left = [tmp_path / ".mnt.tmp-1", out / ".mnt.tmp-2"]     # pids alive, locks free: stale
+    for tmp in left:
+        (tmp / "train").mkdir(parents=True)
+        (tmp / ".lock").touch()
+    said = []
+    build(_small(out, workers=1, vocab=vocab), log=said.append)
+    assert _files(out) == _files(small_dataset)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mnt"]
+    assert any(f"removed {left[1]}: the temporary directory of an interrupted build" in m
+               for m in said), said
+    held = tmp_path / ".other.tmp-1"
+    (held / "train").mkdir(parents=True)
+    fd = os.open(held / ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert main(["--out", str(tmp_path / "other"), "--sources", str(SOURCES)]) == 2
+    finally:
+        os.close(fd)
+    assert f"prepare: error: --out {tmp_path / 'other'}: another build (pid 1) is writing it " \
+        "now" in capsys.readouterr().err
+    assert held.exists() and not (tmp_path / "other").exists()
+
+
+def test_failure_midway_leaves_no_partial_output(tmp_path, monkeypatch, capsys):
+    """A failure while the shards are written leaves nothing; a full disk there (an OSError of
+    a file being written) is the one line basis.staging says for it, exit 3."""
+    import errno
+    from loaders import builder
 
     calls = []
 
@@ -138,23 +177,33 @@ def test_failure_midway_leaves_no_partial_output(tmp_path, monkeypatch):
         calls.append(path)
         if len(calls) == 2:
             raise OSError("disk full (simulated)")
+        if len(calls) == 4:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
         return real_write(path, samples)
 
-    real_write = prep.write_shard
-    monkeypatch.setattr(prep, "write_shard", failing_write)
+    real_write = builder.write_shard
+    monkeypatch.setattr(builder, "write_shard", failing_write)
     with pytest.raises(OSError, match="simulated"):
         build(_small(tmp_path / "data"), **QUIET)
+    assert list(tmp_path.iterdir()) == []
+    args = ["--out", str(tmp_path / "data"), "--sources", str(SOURCES), "--workers", "1",
+            *[f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]]
+    assert main(args) == 3
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"prepare: error: --out {tmp_path / 'data'}: No space left on device "
+                          "while writing part_00001_of_00004.hdf5 (") and \
+        err.endswith("free space or pick another --out (nothing was written)"), err
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_killed_worker_fails_the_build_and_leaves_no_partial_output(tmp_path, monkeypatch):
     """A tokenizing worker SIGKILLed (the OOM killer's way): the build fails at once, naming
     the task the worker held, instead of waiting forever for it (loaders.workers)."""
-    import loaders.prepare as prep
+    from loaders import corpus_source
     from loaders.workers import WorkerDied
     from tests.support import workers as tasks
 
-    monkeypatch.setattr(prep, "_tokenize_batch", tasks.dies)  # pickled by name
+    monkeypatch.setattr(corpus_source, "_tokenize_batch", tasks.dies)  # pickled by name
     with pytest.raises(WorkerDied, match=r"killed by signal 9 \(SIGKILL\) while "
                                          r"tokenizing \d+ sentences from '"):
         build(_small(tmp_path / "data"), **QUIET)
@@ -232,25 +281,26 @@ def test_debian_docs_build(tmp_path, monkeypatch):
                            capture_output=True, text=True)
         if r.returncode != 0:
             pytest.skip(f"apt-get download failed: {r.stderr.strip()[:200]}")
-    from loaders import prepare
+    import dataclasses
+    from loaders import corpus_source
     # workers=1: no forked pool inside a pytest-xdist worker (execnet's threads at the fork
     # hung this build once in 600 s on 2026-11-27); the pool is the small_dataset fixture's
     cfg = PrepareConfig(out=tmp_path / "d", sources=SOURCES, debian_docs=True, dupe_factor=1,
                         shards=4, eval_samples=500, workers=1)
-    files = prepare._source_files(cfg)
+    files = corpus_source.source_files(cfg)
     debs = [f for f in files if f[0] == "debian-docs"]
     assert [n for n, _ in files] == ["wiki-summaries", "enwiki"] + ["debian-docs"] * 3
-    assert prepare._source_files(PrepareConfig(out=cfg.out, sources=SOURCES)) == files[:2]
+    assert corpus_source.source_files(PrepareConfig(out=cfg.out, sources=SOURCES)) == files[:2]
     # The Linux kernel's 3,185 pages are read and a sample converted (all of them take the
     # stdlib HTML parser ~15 s); the build runs over the other two packages alone (the
     # Wikipedia sources' path is every other build's).
     (linux,) = [p for _, p in debs if p.name.startswith("linux-doc")]
     pages = corpus.read_debian_html(linux)
     assert len(pages) > 3000
-    sample = [prepare._extract_html(item) for item in pages[::100]]
+    sample = [corpus_source._extract_html(item) for item in pages[::100]]
     assert sum(d is not None and len(d.sentences) > 1 for d in sample) > len(sample) // 2
-    monkeypatch.setattr(prepare, "_source_files",
-                        lambda c: [f for f in debs if f[1] != linux])
+    monkeypatch.setattr(corpus_source, "SOURCE", dataclasses.replace(
+        corpus_source.SOURCE, files=lambda c: [f for f in debs if f[1] != linux]))
     rep = build(cfg, **QUIET)
     by_name = {}
     for s in rep.stats["sources"]:

@@ -19,7 +19,7 @@ import torch
 
 from loaders.collate import IGNORE_INDEX, Batch
 from loaders.dataset import STATS_FILE, DataSetInfo
-from loaders.presets import SOURCES  # noqa: F401 - `make sources`: the tests take it from here
+from basis.presets import SOURCES  # noqa: F401 - `make sources`: the tests take it from here
 from loaders.shards import (CHECKSUM_FILE, EVAL_FILE, TRAIN_DIR, Samples, read_shard, shard_name,
                             write_checksums, write_shard)
 from tests.support.nvidia_layout import write_nvidia_varlength  # noqa: F401 - for the tests

@@ -2,14 +2,14 @@
 ``pytest -m grad_sync`` runs every test of ``runtime/grad_sync`` across the tiers, with no
 hand-kept list to go stale.
 
-A room is a top-level package (``kernels``, ``loaders``, ``submission``, ``bench``) or a room
-of ``runtime/`` (each of its packages and top-level modules: ``config``, ``grad_sync``,
-``model``, ``choices``, ...), found on disk, so a new room gets its marker with no edit here;
-``run_and_time`` marks the tests that start ``run_and_time.sh``. A test file belongs to a room
-when it imports a module of it (anywhere in the file, ``tests/support`` not followed: a helper
-module says nothing of what a test holds), names one of its modules in a string (``-m
-runtime.calibrate.tune``, ``runtime/grad_sync/buckets.py``), or names a rank script of
-``tests/dist_scripts/`` whose own imports reach the room.
+A room is a top-level package (``basis``, ``kernels``, ``loaders``, ``submission``,
+``bench``) or a room of ``runtime/`` (each of its packages and top-level modules: ``config``,
+``grad_sync``, ``model``, ``choices``, ...), found on disk, so a new room of runtime/ gets its
+marker with no edit here; ``run_and_time`` marks the tests that start ``run_and_time.sh``. A
+test file belongs to a room when it imports a module of it (anywhere in the file,
+``tests/support`` not followed: a helper module says nothing of what a test holds), names one
+of its modules in a string (``-m runtime.calibrate.tune``, ``runtime/grad_sync/buckets.py``),
+or names a rank script of ``tests/dist_scripts/`` whose own imports reach the room.
 
 ``python -m tests.support.rooms`` prints each room with its test files (docs/DEVELOPING.md).
 Owns: the rooms and the rule. Never: runs or selects tests (tests/conftest.py marks them).
@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TOP = ("kernels", "loaders", "submission", "bench")
+TOP = ("basis", "kernels", "loaders", "submission", "bench")
 SCRIPTS = ROOT / "tests" / "dist_scripts"
 RUN_AND_TIME = "run_and_time"
 
@@ -41,7 +41,7 @@ def all_rooms() -> tuple[str, ...]:
     return tuple(sorted(TOP + runtime_rooms() + (RUN_AND_TIME,)))
 
 
-_NAME = re.compile(r"\b(runtime|kernels|loaders|submission|bench)(?:[./](\w+))?")
+_NAME = re.compile(r"\b(runtime|basis|kernels|loaders|submission|bench)(?:[./](\w+))?")
 
 
 def _room(top: str, sub: str | None) -> str | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loaders.model_shape import SIZES
+from basis.model_shape import SIZES
 
 VOCAB_ROWS = 8192
 """The tiny model's vocabulary: every special token, every character and every '##' letter

@@ -12,7 +12,7 @@ from kernels import attention as attn
 from kernels.attention_rule import COST_LAYOUT, KERNELS, cost_layout, resolve
 from loaders.dataset import TrainLoader
 from runtime.calibrate.length_cost import KERNEL
-from loaders import model_shape
+from basis import model_shape
 from runtime.model import arithmetic as ar
 from runtime.model.bert import BertForPreTraining
 from runtime.model.config import BertConfig

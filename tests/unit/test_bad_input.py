@@ -90,7 +90,7 @@ def test_bad_eval_file_and_a_missing_data_directory(small_dataset, tmp_path):
 def test_a_missing_data_set_is_told_the_build_of_the_configs_shape(tmp_path):
     """The hint names the build that gives the config's sequence length and predictions:
     MLPerf's text (or NVIDIA's HDF5 adopted) for seq 512 / 76, the PyPI text with its flags
-    otherwise (loaders.presets.build_hint); the trainer and `submit` both say it."""
+    otherwise (basis.presets.build_hint); the trainer and `submit` both say it."""
     from submission import slurm
     missing = tmp_path / "bert_wiki_512"
     with pytest.raises(DataError) as e:

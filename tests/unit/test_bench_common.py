@@ -11,10 +11,16 @@ from bench import common
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 # Not benchmarks with a record: the runtime's and baseline's helpers, the test bed.
 NO_RECORD = {"__init__.py", "common.py", "baseline_ddp.py", "fault_rank.py", "netns.py",
+             "harness.py",           # the benchmarks' runner: it records through common
              "same_metrics.py",      # a check of two runs' records: it measures nothing
+             "compare_commits.py",   # two runs and same_metrics on them: nothing recorded
              "tf_bundle_writer.py",  # bench.convert_crc's input writer
              "cuda_dispatch.py",     # bench.kernel_count's CUDA dispatch on a CPU
-             "kernel_counter.py"}    # bench.kernel_count's counter and its rules
+             "kernel_counter.py",    # bench.kernel_count's counter and its rules
+             # bench.device_time's helpers: a case counted in a child process, the model,
+             # the node's projection, the tables, each op's FLOPs and bytes
+             "device_cases.py", "device_model.py", "device_node.py", "device_tables.py",
+             "op_cost.py"}
 
 
 def test_record_header_and_finish(tmp_path, capsys):
@@ -43,7 +49,8 @@ def test_every_benchmark_writes_its_record_through_common():
         if path.name in NO_RECORD:
             continue
         text = path.read_text()
-        assert "from bench.common import" in text or "from bench import common" in text, path
+        assert any(f in text for f in ("from bench.common import", "from bench import common",
+                                       "from bench.harness import")), path
         assert '"bench":' not in text and "platform.python_version" not in text, path
 
 

@@ -7,7 +7,7 @@ import json
 
 from bench import convert_crc
 from runtime.model import convert as cv
-from loaders.model_shape import parameter_count
+from basis.model_shape import parameter_count
 from runtime.model.tf_bundle import Bundle
 
 

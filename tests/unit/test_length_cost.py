@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from loaders import length_cost as lc
-from loaders import model_shape
+from basis import model_shape
 from loaders.collate import collate_packed
 from loaders.shards import Samples
 

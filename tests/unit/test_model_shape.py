@@ -1,8 +1,8 @@
-"""loaders.model_shape: the model's shape keys, sizes and the one rule for ``model.size``
+"""basis.model_shape: the model's shape keys, sizes and the one rule for ``model.size``
 beside shape keys - the run config's and the converter's ``--config`` TOML read it alike."""
 import pytest
 
-from loaders import model_shape
+from basis import model_shape
 from runtime.choices import ConfigError
 from runtime.config import load_config
 from runtime.model import convert

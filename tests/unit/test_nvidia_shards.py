@@ -84,6 +84,26 @@ def test_adopt_makes_a_data_set_the_trainer_reads(nvidia_dir, tmp_path, capsys):
         [raw_fingerprint(evals, r) for r in range(10)]
 
 
+def test_adopt_writes_into_an_empty_out_and_removes_a_killed_adoptions_leftovers(
+        nvidia_dir, tmp_path, capsys):
+    """--out an existing empty directory (a mount point) is written into; the temporary
+    directory a killed adoption left inside it (its lock free) is removed first, as the
+    converter's and prepare's are (basis.staging)."""
+    root, _, _ = nvidia_dir
+    out = tmp_path / "mnt"
+    (out / ".mnt.tmp-1" / "train").mkdir(parents=True)
+    (out / ".mnt.tmp-1" / ".lock").touch()
+    rc = adopt.main(["--train", str(root / "hdf5_4_shards_varlength"),
+                     "--eval", str(root / "eval_varlength" / "part_eval_10k.hdf5"),
+                     "--vocab", str(root / "vocab.txt"), "--out", str(out), "--seq-len", "128",
+                     "--max-pred", "20", "--workers", "1"])
+    assert rc == 0, capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["checksums.sha256", "eval", "stats.json",
+                                                     "train", "vocab.txt"]
+    verify_checksums(out)
+    assert list(tmp_path.iterdir()) == [out]
+
+
 def test_adopt_refuses_shards_the_model_cannot_take(nvidia_dir, tmp_path, capsys):
     root, _, _ = nvidia_dir
     args = ["--train", str(root / "hdf5_4_shards_varlength"), "--eval",

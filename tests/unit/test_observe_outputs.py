@@ -92,8 +92,10 @@ def test_every_field_of_the_metrics_writer_is_on_the_schema_page(tmp_path):
 def test_what_compiles_on_first_use_is_named_in_the_configs_words():
     """The trainer says it before the first step (runtime.train.trainer), so that a compile of
     tens of seconds is not silence; nothing compiles lazily by default."""
-    from runtime.train.trainer import compiled_on_first_use
-    assert compiled_on_first_use(load_config(None)) == []
+    def compiled_on_first_use(cfg):
+        return cfg.compiles(on_first_use=True)
+    # (the default's fused optimizer compiles when it is built, not in the first step)
+    assert compiled_on_first_use(load_config(None)) == [] != load_config(None).compiles()
     layers = compiled_on_first_use(load_config(None, ["model.compile=layers"]))
     assert layers == ["model.compile='layers' (each encoder layer's forward and backward)"]
     fused = compiled_on_first_use(load_config(None, ['model.fusions=["bias_gelu", "qkv"]']))

@@ -11,6 +11,7 @@ from kernels import cpu_gemm
 from runtime.choices import PRECISIONS, ConfigError, Precision
 from runtime.config import load_config
 from runtime.model import precision
+from runtime.numerics import resolve
 
 CPU_CONFIG = "submission/configs/config_CPU_1x2x32x1.toml"
 
@@ -27,6 +28,21 @@ def test_one_row_per_precision_and_the_help_names_each():
     for name, row in PRECISIONS.items():
         assert row.master == name.endswith("_master")
         assert row.loss_scale == name.startswith("fp16")
+
+
+
+def test_the_dtype_names_are_one_list():
+    """The precision rows, ``train.allreduce_dtype`` and the one torch table (the rows', which
+    the gradient sync's reduce dtype is read from: runtime.numerics) speak of the dtypes
+    basis.dtypes names."""
+    from basis.dtypes import TORCH_NAMES
+    from runtime.choices import ReduceDtype
+    assert precision.DTYPES == {
+        "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    assert set(TORCH_NAMES) == set(precision.DTYPES)
+    named = {r.params for r in PRECISIONS.values()} | {r.autocast for r in PRECISIONS.values()}
+    assert named - {None} <= set(TORCH_NAMES)
+    assert set(get_args(ReduceDtype)) == set(TORCH_NAMES) | {"auto"}
 
 
 @pytest.mark.parametrize("overrides,keys", [
@@ -55,9 +71,9 @@ def test_master_weights_keep_the_bytes_per_parameter_and_halve_activations():
 
 def test_the_step_runs_its_rows_forward():
     cpu = torch.device("cpu")
-    assert isinstance(precision.autocast("bf16_master", cpu), cpu_gemm.Fp32Gemms)
-    assert not isinstance(precision.autocast("fp32", cpu), cpu_gemm.Fp32Gemms)
-    assert isinstance(precision.autocast("bf16", cpu), torch.autocast)
+    assert isinstance(precision.autocast(resolve("bf16_master"), cpu), cpu_gemm.Fp32Gemms)
+    assert not isinstance(precision.autocast(resolve("fp32"), cpu), cpu_gemm.Fp32Gemms)
+    assert isinstance(precision.autocast(resolve("bf16"), cpu), torch.autocast)
 
 
 def test_the_cpus_16_bit_gemms_equal_their_reference_forward_and_backward():

@@ -67,9 +67,10 @@ def test_what_a_config_compiles():
     assert load_config(None, []).compiles() == [
         "optim.backend='auto', whose fused step is compiled"]
     assert load_config(None, [*as_overrides(TINY), "model.compile='layers'",
-                              "data.shapes='static'"]).compiles() == ["model.compile='layers'"]
+                              "data.shapes='static'"]).compiles() == [
+        "model.compile='layers' (each encoder layer's forward and backward)"]
     assert load_config(None, [*as_overrides(TINY), "model.fusions=['bias_gelu', 'qkv']"]
-                       ).compiles() == ["model.fusions ['bias_gelu']"]
+                       ).compiles() == ["model.fusions bias_gelu"]
 
 
 def test_a_cuda_device_on_a_torch_without_cuda_is_refused_naming_the_key(monkeypatch):

@@ -83,7 +83,7 @@ def test_eval_split_is_a_function_of_the_document():
     assert 0.08 < len(held) / len(ids) < 0.12
     assert held == [i for i in ids if corpus.is_eval_document(i, 0.1)]
     # A lead section and the full article of the same title land on the same side.
-    from loaders.prepare import _split_key
+    from loaders.corpus_source import _split_key
     a = corpus.Document("wiki-summaries:Autism", "Autism", ["x"])
     b = corpus.Document("enwiki:25", "Autism", ["y"])
     assert _split_key(a) == _split_key(b)

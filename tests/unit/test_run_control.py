@@ -25,22 +25,22 @@ def m(step, loss=1.0, skipped=False, scale=1.0, lr=0.1):
 
 def test_the_guard_counts_consecutive_bad_steps_and_resets_on_a_good_one():
     g = DivergenceGuard()
-    assert g.observe([m(1), m(2, math.nan), m(3, math.inf)], fp16=False) is False
+    assert g.observe([m(1), m(2, math.nan), m(3, math.inf)], loss_scaled=False) is False
     assert (g.run, g.nonfinite_steps, g.first_bad_step) == (2, 2, 2)
-    assert g.observe([m(4)], fp16=False) is True and g.run == 0
-    assert g.observe([m(5, skipped=True)], fp16=False) is False  # a skip is bad in fp32/bf16
+    assert g.observe([m(4)], loss_scaled=False) is True and g.run == 0
+    assert g.observe([m(5, skipped=True)], loss_scaled=False) is False  # a skip is bad in fp32/bf16
     assert (g.run, g.first_bad_step, g.nonfinite_steps) == (1, 5, 3)
 
 
-def test_fp16_skips_count_only_at_the_loss_scale_floor():
+def test_loss_scaled_skips_count_only_at_the_loss_scale_floor():
     g = DivergenceGuard(scale_before=4.0)
     # the scale halves 4 -> 2 -> 1: those skips are loss scaling, not divergence
     assert g.observe([m(1, skipped=True, scale=2.0), m(2, skipped=True, scale=1.0)],
-                     fp16=True) is False
+                     loss_scaled=True) is False
     assert (g.run, g.overflow_skips) == (0, 2)
-    g.observe([m(3, skipped=True, scale=1.0), m(4, skipped=True, scale=1.0)], fp16=True)
+    g.observe([m(3, skipped=True, scale=1.0), m(4, skipped=True, scale=1.0)], loss_scaled=True)
     assert (g.run, g.overflow_skips, g.nonfinite_steps, g.first_bad_step) == (2, 4, 2, 3)
-    g.observe([m(5, loss=math.nan, scale=1.0)], fp16=True)  # a NaN loss is bad at any scale
+    g.observe([m(5, loss=math.nan, scale=1.0)], loss_scaled=True)  # a NaN loss is bad at any scale
     assert g.run == 3
 
 
@@ -69,12 +69,12 @@ class Checkpoints:
         return self.last_saved
 
 
-def control(every=0, limit=3, finite=True, fp16=False, batch=8):
+def control(every=0, limit=3, finite=True, loss_scaled=False, batch=8):
     cfg = SimpleNamespace(checkpoint_every_samples=every, max_nonfinite_steps=limit,
                           global_batch_size=batch, init_loss_scale=1.0)
     said: list[str] = []
     rc = RunControl(cfg, Checkpoints(), params_finite=lambda: finite, say=said.append,
-                    fp16=lambda: fp16, device=torch.device("cpu"))
+                    loss_scaled=lambda: loss_scaled, device=torch.device("cpu"))
     return rc, said
 
 

@@ -89,7 +89,7 @@ def stage_data(run: Run) -> dict:
     bench/gpu/table.py), built here with loaders.prepare from the real text (the smoke run
     builds ``small`` and reads it wherever the others would)."""
     from loaders.prepare import PrepareConfig, build
-    from loaders.presets import SMALL_DATASET_OPTIONS, SOURCES
+    from basis.presets import SMALL_DATASET_OPTIONS, SOURCES
     workers = min(16, os.cpu_count() or 1)
     options = {"small": dict(SMALL_DATASET_OPTIONS), "cpu128": {},
                "seq512": dict(seq_len=SEQ, max_pred=MAX_PRED, shards=8, eval_samples=512)}

@@ -213,7 +213,8 @@ def _throughput(run: Run, cases: list) -> dict:
             batch, r, probes = largest_that_runs(
                 measure, 8, 8, total, run.smoke, steps=10 if not run.smoke else 3,
                 warmup=3 if not run.smoke else 1, known=known)
-            peak = peak_of(device_name, prec, trainer.cfg.system.peak_tflops)
+            peak = peak_of(device_name, trainer.body.numerics.peak_dtypes,
+                           trainer.cfg.system.peak_tflops)
             tflops = r["flops"] / r["seconds"] / 1e12
             busy = _busy(run, trainer, cfg, spec, batch) if not run.smoke or not any(
                 "busy_s" in v for v in out.values() if isinstance(v, dict)) else {}
@@ -224,6 +225,7 @@ def _throughput(run: Run, cases: list) -> dict:
                         "tokens_per_s": r["tokens"] / r["seconds"],
                         "step_s": r["seconds"] / r["steps"],
                         "tflops": tflops, "mfu": tflops / peak.tflops if peak.tflops else None,
+                        **{f"mfu_{d}": tflops / v for d, v in peak.others},  # (FP8 cases)
                         "of_gemm_peak": tflops / gemm if gemm else None,
                         "peak_tflops": peak.tflops, **busy,
                         "peak_memory_GiB": round(r["peak_bytes"] / 2**30, 2),

@@ -107,7 +107,16 @@ class GpuProfile:
     """where the numbers come from"""
 
 
-def load_profile(path: str | Path) -> tuple[GpuProfile, StepProfile, dict]:
+def load_profile(path: str | Path,
+                 models: Optional[Path] = None) -> tuple[GpuProfile, StepProfile, dict]:
+    """A profile file, or ``model:GPU[:MODE[:CONFIG]]``: the device-time model's prediction
+    (runtime.calibrate.tune.model_profile; ``models``: its file, default the one beside it)."""
+    from runtime.calibrate.tune.model_profile import PROFILES, is_model, model_profile_fields
+    if is_model(str(path)):
+        fields, split = model_profile_fields(str(path), models or PROFILES)
+        rec = json.loads(split.read_text())
+        return (GpuProfile(**fields), with_tied_embedding(StepProfile.from_json(rec["profile"])),
+                rec)
     path = Path(path)
     if not path.is_file():
         raise FabricError(f"profile file {path} does not exist (see runtime/calibrate/tune/systems/*.toml)")
