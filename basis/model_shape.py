@@ -5,8 +5,9 @@ Every room that needs them imports this one: the balancer's FLOP-count cost
 (loaders.length_cost), the trainer's FLOPs, TFLOP/s and MFU and the memory check
 (runtime.model.arithmetic, runtime.train.memory), the config's ``model.size``
 (runtime.config), the converter's sizes, the report's check of a closed-division model
-(submission.report), the benchmarks. It sits in the leaf room ``loaders`` because loaders may
-import nothing of the runtime, and the balancer needs the formula.
+(submission.report), the benchmarks. It sits in basis/, the room below loaders and runtime:
+the balancer (loaders) and the trainer (runtime) both need the formula, and neither may
+import the other.
 
 Owns:
   * ``SHAPE_KEYS``: the fields a shape is (HF config.json's names, runtime.model.config's
@@ -18,7 +19,8 @@ Owns:
     (tests/unit/test_arithmetic.py holds it to the built model's count);
   * ``forward_flops_per_unit``: the FLOP formula (see its docstring), which
     runtime.model.arithmetic sums over a batch and loaders.length_cost lays on its features.
-Never: imports torch or the runtime, builds a model, or knows a device.
+Never: imports anything but the standard library (no torch, nothing of the project), builds a
+model, or knows a device.
 """
 from __future__ import annotations
 

@@ -3,13 +3,13 @@
 
 Owns: ``MLPERF_DEFAULTS``, the MLPerf reference's flags (what ``--mlperf-text`` builds when
 they are not given); ``build_hint``, the command that builds (or adopts) a data set a config
-asks for, for the errors that find none; ``SMALL_DATASET_OPTIONS``, the small real-text set (400 Wikipedia lead sections, seq 128,
-4 training shards, 64 eval samples: built in a second or two) that the test suite shares
-(tests/conftest.py ``small_dataset``) and that ``python -m bench.gpu`` builds on the machine
-(its ``small`` set, and every set of a ``--smoke`` run); and ``SOURCES``, where ``make sources``
-puts the text, from any working directory.
-Never: builds anything (loaders.prepare does) or imports the pipeline (no numpy, no tokenizer:
-the test suite imports this at collection).
+asks for, for the errors that find none; ``SMALL_DATASET_OPTIONS``, the small real-text set
+(400 Wikipedia lead sections, seq 128, 4 training shards, 64 eval samples: built in a second or
+two) that the test suite shares (tests/conftest.py ``small_dataset``) and that ``python -m
+bench.gpu`` builds on the machine (its ``small`` set, and every set of a ``--smoke`` run); and
+``SOURCES``, where ``make sources`` puts the text, from any working directory.
+Never: builds anything (loaders.prepare does) or imports anything but the standard library
+(basis/: no numpy, no tokenizer - the test suite imports this at collection).
 """
 from __future__ import annotations
 

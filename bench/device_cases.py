@@ -305,19 +305,19 @@ def _count_one(trainer, it, graph: bool, tagger, counting, batch_tensors) -> lis
             with tagger.hooks(trainer.model):
                 if graph:
                     g = trainer.runner.graph
-                    inner = g.body
+                    inner = g.captured_step
 
                     def counted_body(slots):
                         counter.phase = "step"
                         values = inner(slots)
                         counter.phase = "output"
                         return values
-                    g.body = counted_body
+                    g.captured_step = counted_body
                     try:
                         counter.phase = "input"
                         g.step(batches)
                     finally:
-                        g.body = inner
+                        g.captured_step = inner
                     counter.add("clone", "copy/fill")  # the replay's copy-out of the values
                 else:
                     counter.phase = "step"

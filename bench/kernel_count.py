@@ -70,7 +70,6 @@ not attention's: bench.cuda_dispatch).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -80,7 +79,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import finish, record
+from bench.harness import Benchmark, Goal, Stop, option, run
 from bench.kernel_counter import (CATEGORIES, PHASES, Phases, count_inductor_kernels,
                                   counting, summarize)
 
@@ -176,21 +175,18 @@ def matched_bucket_cap(narrow) -> float:
 
 
 def _grad_element_size(cfg) -> int:
-    from runtime.choices import PRECISIONS
-    return {"fp32": 4, "bf16": 2, "fp16": 2}[PRECISIONS[cfg.train.precision].params]
+    """Bytes of a gradient element: the parameters' dtype (the run's runtime.numerics)."""
+    return cfg.numerics().param_bytes
 
 
 def _grad_sizes(cfg) -> list[int]:
-    """The trainable parameters' sizes in reverse registration order (the model built on the
+    """The trainable parameters' sizes in reverse registration order (the model as
+    runtime.train.build makes it - its converters, fusion qkv's one Wqkv, applied - on the
     meta device)."""
     import torch
-    from loaders.balance_spec import PACKED_MODES
-    from runtime.model.bert import BertForPreTraining
-    m = cfg.model
+    from runtime.train.build import build_model
     with torch.device("meta"):
-        model = BertForPreTraining(m.bert_config(), attention=m.attention,
-                                   packed=cfg.data.balance in PACKED_MODES,
-                                   fusions=tuple(m.fusions))
+        model = build_model(cfg, torch.device("cpu"))
     return [p.numel() for p in model.parameters() if p.requires_grad][::-1]
 
 
@@ -289,27 +285,27 @@ def _count_replay(trainer) -> list[tuple[str, str, str, int]]:
     without it)."""
     from runtime.train.graphs import batch_tensors
     graph = trainer.runner.graph
-    graph.warmup_steps = 10 ** 9  # the simulated device captures nothing: run the body
+    graph.warmup_steps = 10 ** 9  # the simulated device captures nothing: run the step
     it = iter(trainer.train_loader)
     for _ in range(WARMUP_STEPS):
         trainer.train_step(it)
     trainer.step_log.flush()
     count_inductor_kernels()
     batches = [next(it) for _ in range(trainer.body.accum)]
-    body, timeline = graph.body, trainer.body.timeline
+    step, timeline = graph.captured_step, trainer.body.timeline
     with counting(host=[t for b in batches for t in batch_tensors(b)]) as counter:
 
         def counted_body(slots):
             counter.phase = "step"
-            values = body(slots)
+            values = step(slots)
             counter.phase = "output"
             return values
-        graph.body, trainer.body.timeline = counted_body, Phases(counter)
+        graph.captured_step, trainer.body.timeline = counted_body, Phases(counter)
         try:
             counter.phase = "input"
             graph.step(batches)
         finally:
-            graph.body, trainer.body.timeline = body, timeline
+            graph.captured_step, trainer.body.timeline = step, timeline
         counter.add("clone", "copy/fill")  # the replay's copy-out, in phase "output"
     if count_inductor_kernels():
         raise RuntimeError("the counted step compiled code (whose kernels went uncounted): "
@@ -319,129 +315,170 @@ def _count_replay(trainer) -> list[tuple[str, str, str, int]]:
 
 # ------------------------------------------------------------------------------ the bench
 
-def _print_table(counts: dict[str, dict]) -> None:
+def _table(counts: dict[str, dict]) -> list[str]:
     names = list(counts)
     width = max(14, *(len(n) + 2 for n in names))
 
     def row(label, cells):
-        print(f"{label:18}" + "".join(f"{c:>{width}}" for c in cells))
-    row("kernels a step", names)
+        return f"{label:18}" + "".join(f"{c:>{width}}" for c in cells)
+    lines = [row("kernels a step", names)]
     for cat in CATEGORIES:
         cells = [counts[n]["by_category"].get(cat, {}).get("kernels", 0) for n in names]
         if any(cells):
-            row(cat, cells)
-    row("total kernels", [counts[n]["kernels"] for n in names])
-    row("total ops", [counts[n]["ops"] for n in names])
-    row("per layer", [counts[n].get("per_layer", "-") for n in names])
-    print()
-    row("by phase", names)
-    for phase in PHASES:
-        row(phase, [counts[n]["by_phase"].get(phase, {}).get("kernels", 0) for n in names])
+            lines.append(row(cat, cells))
+    lines += [row("total kernels", [counts[n]["kernels"] for n in names]),
+              row("total ops", [counts[n]["ops"] for n in names]),
+              row("per layer", [counts[n].get("per_layer", "-") for n in names]), "",
+              row("by phase", names)]
+    lines += [row(phase, [counts[n]["by_phase"].get(phase, {}).get("kernels", 0)
+                          for n in names]) for phase in PHASES]
+    return lines
+
+
+def table(rec: dict) -> str:
+    counts, best = rec["counts"], rec["best"]
+    lines = ["", *_table(counts)]
+    if "vs_h200" in rec:
+        v = rec["vs_h200"]
+        lines.append(f"\n{H200_RECORD['mode']}: {v['counted']} counted, {v['measured']} "
+                     f"measured on the H200 ({v['ratio']:.3f}); with the CPU's own autocast "
+                     f"lists {rec['cpu_autocast_lists']['kernels']}")
+    lines.append(f"best: {best['mode']}, {best['kernels']} kernels (goal <= {GOAL})")
+    return "\n".join(lines)
+
+
+def _modes(a) -> list[str]:
+    return [m for m in a.modes.split(",") if m]
+
+
+def _widths(a) -> list[int]:
+    return [int(w) for w in a.widths.split(",") if w]
+
+
+def check(a) -> str | None:
+    """The flags, each refused by its own name (not by a config key it turns into)."""
+    modes = _modes(a)
+    if not modes:
+        return (f"--modes names no mode; give one or more of {', '.join(MODES)} "
+                f"(comma-separated), or leave it out for all")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        return f"--modes: unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}"
+    if a.layers < 1:
+        return f"--layers {a.layers}: count at least 1 encoder layer (BERT-large: 24)"
+    if a.hidden < 1:
+        return (f"--hidden {a.hidden}: the hidden size must be a positive number (heads of "
+                f"64; 128 is the default)")
+    try:
+        widths = _widths(a)
+    except ValueError:
+        return (f"--widths {a.widths!r}: give hidden sizes as comma-separated numbers ('' for "
+                f"none)")
+    if any(w < 1 for w in widths):
+        return f"--widths {a.widths!r}: every hidden size must be a positive number"
+    if a.small_layers < 0 or a.small_layers >= a.layers:
+        return (f"--small-layers {a.small_layers}: must be 0 (none) or from 1 to --layers - 1 "
+                f"({a.layers - 1})")
+    return None
+
+
+def _count(a, mode: str, hidden: int, layers: int, **kw) -> dict:
+    """One count of ``mode`` at a width and depth (the printed line as it ends)."""
+    from loaders.shards import DataError
+    from runtime.choices import ConfigError
+    shape = [f"model.num_hidden_layers={layers}", f"model.hidden_size={hidden}",
+             f"model.num_attention_heads={max(1, hidden // 64)}",
+             f"model.intermediate_size={4 * hidden}", f"model.vocab_size={4 * hidden}"]
+    try:
+        got = count_step_kernels(*MODES[mode], *shape, *a.set, **kw)
+    except (ConfigError, DataError) as e:
+        raise Stop(str(e), 2) from None
+    lists = "" if kw.get("cuda_autocast", True) else ", the CPU's autocast lists"
+    print(f"{mode} ({layers} layers, hidden {hidden}{lists}): {got['kernels']} kernels "
+          f"({got['ops']} ops), {got['seconds']} s", flush=True)
+    return got
+
+
+def cases(r):
+    """Each mode; then the H200's mode again with the CPU's own autocast lists."""
+    yield from ((mode, True) for mode in _modes(r.args))
+    if H200_RECORD["mode"] in _modes(r.args):
+        yield H200_RECORD["mode"], False
+
+
+def measure(r, case) -> dict:
+    """A mode's count, at each other width (the same ops?) and at the small depth (kernels
+    per layer); or its count with the CPU's autocast lists."""
+    mode, cuda_lists = case
+    a = r.args
+    if not cuda_lists:
+        cpu = _count(a, mode, a.hidden, a.layers, cuda_autocast=False)
+        return {"mode": mode, "cpu_lists": {k: cpu[k] for k in ("kernels", "ops", "by_op")}}
+    c = _count(a, mode, a.hidden, a.layers)
+    c["width_checks"] = {}
+    for w in _widths(a):
+        other = _count(a, mode, w, a.layers)
+        c["width_checks"][str(w)] = {"kernels": other["kernels"], "ops": other["ops"],
+                                     "same_ops": other["by_op"] == c["by_op"]}
+    if a.small_layers:
+        small = _count(a, mode, a.hidden, a.small_layers)
+        per = (c["kernels"] - small["kernels"]) / (a.layers - a.small_layers)
+        c["small"] = {"layers": a.small_layers, "kernels": small["kernels"],
+                      "ops": small["ops"], "by_category": small["by_category"]}
+        c["per_layer"] = round(per, 2)
+        c["outside_layers"] = round(c["kernels"] - per * a.layers, 2)
+    return {"mode": mode, "count": c}
+
+
+def summary(r) -> dict:
+    """The counts by mode, the H200 comparison, the best mode against the goal."""
+    counts = {x["mode"]: x["count"] for x in r.results if "count" in x}
+    out = {}
+    for x in r.results:
+        if "cpu_lists" in x:
+            out["cpu_autocast_lists"] = {"mode": x["mode"], **x["cpu_lists"]}
+    base = H200_RECORD["mode"]
+    if base in counts:
+        got = counts[base]["kernels"]
+        out["vs_h200"] = {"counted": got, "measured": H200_RECORD["kernels"],
+                          "ratio": round(got / H200_RECORD["kernels"], 3)}
+    best = min(counts, key=lambda m: counts[m]["kernels"])
+    return {**out, "counts": counts,
+            "best": {"mode": best, "kernels": counts[best]["kernels"], "goal": GOAL,
+                     "met": counts[best]["kernels"] <= GOAL}}
+
+
+BENCHMARK = Benchmark(
+    "kernel_count", __doc__, measure, cases,
+    options=(option("--layers", type=int, default=24,
+                    help="encoder layers (BERT-large: 24)"),
+             option("--hidden", type=int, default=128,
+                    help="hidden size counted (heads of 64, FFN and vocabulary 4x)"),
+             option("--widths", default="256",
+                    help="other hidden sizes each mode is counted at too: the count must not "
+                         "change ('' = none)"),
+             option("--small-layers", type=int, default=2,
+                    help="layers of a second count per mode: kernels per layer from the "
+                         "difference (the CPU test's shape; 0 = none)"),
+             option("--modes", default=",".join(MODES),
+                    help=f"rows of MODES to count (default: all: {', '.join(MODES)})"),
+             option("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="more config overrides for every count"),
+             option("--out", type=Path, help="write the JSON record here")),
+    check=check,
+    fields=lambda a: dict(step=list(BASE), modes={m: list(MODES[m]) for m in _modes(a)},
+                          extra_overrides=a.set, h200_record=H200_RECORD, goal_kernels=GOAL),
+    summary=summary, table=table,
+    goals=(Goal("best_mode_under_1000", f"the best mode's step at most {GOAL} kernels",
+                lambda rec: rec["best"]["met"]),),
+    line=lambda rec: {"benchmark": "kernel_count",
+                      "kernels": {m: c["kernels"] for m, c in rec["counts"].items()},
+                      "width_checks_same": all(w["same_ops"] for c in rec["counts"].values()
+                                               for w in c["width_checks"].values())})
 
 
 def main(argv=None) -> int:
-    from loaders.shards import DataError
-    from runtime.choices import ConfigError
-    ap = argparse.ArgumentParser(prog="python -m bench.kernel_count",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layers", type=int, default=24, help="encoder layers (BERT-large: 24)")
-    ap.add_argument("--hidden", type=int, default=128,
-                    help="hidden size counted (heads of 64, FFN and vocabulary 4x)")
-    ap.add_argument("--widths", default="256",
-                    help="other hidden sizes each mode is counted at too: the count must not "
-                         "change ('' = none)")
-    ap.add_argument("--small-layers", type=int, default=2,
-                    help="layers of a second count per mode: kernels per layer from the "
-                         "difference (the CPU test's shape; 0 = none)")
-    ap.add_argument("--modes", default=",".join(MODES),
-                    help=f"rows of MODES to count (default: all: {', '.join(MODES)})")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="more config overrides for every count")
-    ap.add_argument("--out", type=Path, help="write the JSON record here")
-    args = ap.parse_args(argv)
-    modes = [m for m in args.modes.split(",") if m]
-    if not modes:
-        ap.error(f"--modes names no mode; give one or more of {', '.join(MODES)} "
-                 f"(comma-separated), or leave it out for all")
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        ap.error(f"--modes: unknown mode(s) {', '.join(unknown)}; choose from "
-                 f"{', '.join(MODES)}")
-    if args.layers < 1:
-        ap.error(f"--layers {args.layers}: count at least 1 encoder layer (BERT-large: 24)")
-    if args.hidden < 1:
-        ap.error(f"--hidden {args.hidden}: the hidden size must be a positive number "
-                 f"(heads of 64; 128 is the default)")
-    try:
-        widths = [int(w) for w in args.widths.split(",") if w]
-    except ValueError:
-        ap.error(f"--widths {args.widths!r}: give hidden sizes as comma-separated numbers "
-                 f"('' for none)")
-    if any(w < 1 for w in widths):
-        ap.error(f"--widths {args.widths!r}: every hidden size must be a positive number")
-    if args.small_layers < 0 or args.small_layers >= args.layers:
-        ap.error(f"--small-layers {args.small_layers}: must be 0 (none) or from 1 to "
-                 f"--layers - 1 ({args.layers - 1})")
-
-    def shape(hidden: int, layers: int) -> list[str]:
-        return [f"model.num_hidden_layers={layers}", f"model.hidden_size={hidden}",
-                f"model.num_attention_heads={max(1, hidden // 64)}",
-                f"model.intermediate_size={4 * hidden}", f"model.vocab_size={4 * hidden}"]
-
-    def count(mode: str, hidden: int, layers: int, **kw) -> dict:
-        got = count_step_kernels(*MODES[mode], *shape(hidden, layers), *args.set, **kw)
-        lists = "" if kw.get("cuda_autocast", True) else ", the CPU's autocast lists"
-        print(f"{mode} ({layers} layers, hidden {hidden}{lists}): {got['kernels']} kernels "
-              f"({got['ops']} ops), {got['seconds']} s", flush=True)
-        return got
-
-    rec = record("kernel_count", sys.argv[1:] if argv is None else argv,
-                 step=list(BASE), modes={m: list(MODES[m]) for m in modes},
-                 extra_overrides=args.set, h200_record=H200_RECORD, goal_kernels=GOAL)
-    counts: dict[str, dict] = {}
-    try:
-        for mode in modes:
-            c = counts[mode] = count(mode, args.hidden, args.layers)
-            c["width_checks"] = {}
-            for w in widths:
-                other = count(mode, w, args.layers)
-                c["width_checks"][str(w)] = {"kernels": other["kernels"], "ops": other["ops"],
-                                             "same_ops": other["by_op"] == c["by_op"]}
-            if args.small_layers:
-                small = count(mode, args.hidden, args.small_layers)
-                per = (c["kernels"] - small["kernels"]) / (args.layers - args.small_layers)
-                c["small"] = {"layers": args.small_layers, "kernels": small["kernels"],
-                              "ops": small["ops"], "by_category": small["by_category"]}
-                c["per_layer"] = round(per, 2)
-                c["outside_layers"] = round(c["kernels"] - per * args.layers, 2)
-        base = H200_RECORD["mode"]
-        if base in counts:
-            cpu = count(base, args.hidden, args.layers, cuda_autocast=False)
-            rec["cpu_autocast_lists"] = {"mode": base, "kernels": cpu["kernels"],
-                                         "ops": cpu["ops"], "by_op": cpu["by_op"]}
-    except (ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if base in counts:
-        got = counts[base]["kernels"]
-        rec["vs_h200"] = {"counted": got, "measured": H200_RECORD["kernels"],
-                          "ratio": round(got / H200_RECORD["kernels"], 3)}
-    best = min(counts, key=lambda m: counts[m]["kernels"])
-    rec.update(counts=counts, best={"mode": best, "kernels": counts[best]["kernels"],
-                                    "goal": GOAL, "met": counts[best]["kernels"] <= GOAL})
-    print()
-    _print_table(counts)
-    if "vs_h200" in rec:
-        v = rec["vs_h200"]
-        print(f"\n{base}: {v['counted']} counted, {v['measured']} measured on the H200 "
-              f"({v['ratio']:.3f}); with the CPU's own autocast lists "
-              f"{rec['cpu_autocast_lists']['kernels']}")
-    print(f"best: {best}, {counts[best]['kernels']} kernels (goal <= {GOAL})")
-    same = all(w["same_ops"] for c in counts.values() for w in c["width_checks"].values())
-    finish(rec, args.out, line={"benchmark": "kernel_count",
-                                 "kernels": {m: c["kernels"] for m, c in counts.items()},
-                                 "width_checks_same": same})
-    return 0
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The fusions a model can use (``model.fusions``), by name: declared here, torch-free, so the
 config checks them without importing torch; the kernels are kernels.fused's, the padded
-vocabulary and the one QKV projection runtime.model.bert's.
+vocabulary runtime.model.bert's, the one QKV projection runtime.model.converters'.
 
-Owns: ``FUSIONS``, ``COMPILED`` (the ones kernels.fused compiles), ``check_fusions``.
+Owns: ``FUSIONS``, ``CONVERTED`` (the ones made on a built model), ``COMPILED`` (the ones
+kernels.fused compiles), ``check_fusions``.
 Never: imports torch or implements a kernel.
 """
 from __future__ import annotations
@@ -12,6 +13,10 @@ FUSIONS = ("bias_gelu", "dropout_add_norm", "pad_vocab", "qkv")
 LayerNorm(dropout(y + bias) + residual) after the attention-output and output GEMMs, one
 pass; pad_vocab: the tied embedding and the MLM decoder GEMM on a vocabulary padded to a
 multiple of 64; qkv: each layer's Q, K and V projections as one [3H, H] GEMM with one bias."""
+
+CONVERTED = ("qkv",)
+"""The fusions made on a built model (runtime.model.converters: a row of the same name) rather
+than by its constructor - runtime.model.bert refuses them there."""
 
 COMPILED = ("bias_gelu", "dropout_add_norm")
 """The fusions that are compiled functions of their own (kernels.fused); what a compiled whole

@@ -278,6 +278,22 @@ def _no_process_group_left_by_a_test(request):
                     pytrace=False)
 
 
+# runtime.launch.signals.install() blocks the stop signals in the process that calls it (so
+# the children it starts - compilers - never get them). A test that calls it in the pytest
+# worker and leaves the mask would hand blocked stop signals to every child a later test
+# starts: a launcher or rank that a test stops with SIGTERM would not stop.
+@pytest.fixture(autouse=True)
+def _no_signal_mask_left_by_a_test():
+    import signal
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    after = signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    if after != before:
+        pytest.fail(f"this test left signals blocked in the pytest worker ({sorted(after - before)}"
+                    "): restore the mask (signal.pthread_sigmask(signal.SIG_SETMASK, saved))",
+                    pytrace=False)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _no_process_group_left_by_a_module():
     yield

@@ -18,7 +18,6 @@ from typing import Any, Optional
 
 import torch
 
-from basis.dtypes import torch_dtypes
 from runtime.choices import ConfigError, clip_spec, shard_scope
 from runtime.launch.dist import BlockGroups, all_gather_object, block_groups, broadcast_tensors
 from runtime.grad_sync.buckets import CLIP_MODES, GRAD_ALIGN, GradientBuckets
@@ -29,18 +28,10 @@ from runtime.grad_sync.protocol import GradSync, SyncReport
 from runtime.grad_sync.shard import Shard
 from runtime.grad_sync.tied import TiedEmbeddingSplit, find_tied_head
 
-__all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "REDUCE_DTYPES", "reduce_dtype_of", "BucketPlan", "DDPSync", "GradLayout",
+__all__ = ["CLIP_MODES", "GRAD_ALIGN", "MB", "BucketPlan", "DDPSync", "GradLayout",
            "GradSync", "GradientBuckets", "Piece", "PlanError", "Shard",
            "SyncReport", "TiedEmbeddingSplit", "alone_bucket", "build_grad_sync", "resolve_tied_sync",
            "reverse_registration_order", "shard_groups", "split_pays"]
-
-REDUCE_DTYPES = torch_dtypes(torch)
-"""``train.allreduce_dtype``'s names (but 'auto') -> their dtypes (the names: basis.dtypes)."""
-
-
-def reduce_dtype_of(name: str, grad_dtype: torch.dtype) -> torch.dtype:
-    """train.allreduce_dtype ``name`` for gradients of ``grad_dtype`` ('auto': their own)."""
-    return grad_dtype if name == "auto" else REDUCE_DTYPES[name]
 
 
 def build_grad_sync(model: torch.nn.Module, train_cfg: Any, *, world_size: int,

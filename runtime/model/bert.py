@@ -19,9 +19,10 @@ The choices that set the cost of a step:
   once (``TokenLayout``), runs every layer on [T, H] with T = Σ lengths, and attends within
   each sequence through ``kernels.attention.varlen_attention`` (cu_seqlens). Both give the
   same outputs on the real tokens (tests/unit/test_model.py holds them equal).
-- ``fusions=("qkv", ...)``: each layer's Q, K and V projections are one [3H, H] GEMM with one
-  bias add (``BertSelfAttention.Wqkv``) instead of three; the state dicts runtime.model.hf
-  writes and reads keep HF's three keys either way, and one seed draws the same weights.
+- Fusion ``qkv`` (made on the built model by runtime.model.converters.FuseQKV): each layer's
+  Q, K and V projections are one [3H, H] GEMM with one bias add (``BertSelfAttention.Wqkv``)
+  instead of three, holding the split layout's numbers; the state dicts runtime.model.hf
+  writes and reads keep HF's three keys either way.
 - Packed rows (several sequences per row, ``attention_mask`` = 1-based sequence index, see
   ``loaders.collate.Batch``): position ids restart per sequence and NSP reads each sequence's
   own [CLS], both derived from the mask (``TokenLayout``); the padded path masks attention
@@ -58,7 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import fused
-from kernels.fusions import check_fusions
+from kernels.fusions import CONVERTED, check_fusions
 from kernels.attention import Varlen, varlen_attention
 from runtime.choices import AttentionMode
 from runtime.model.config import BertConfig
@@ -207,23 +208,21 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
-    """The Q, K and V projections and the attention over them. Split (HF's layout): three
-    Linears ``query``, ``key``, ``value``, three GEMMs and three bias adds. ``fused_qkv``
-    (fusion ``qkv``): one Linear ``Wqkv`` whose [3H, H] weight holds Q's, K's and V's rows in
-    that order (and its [3H] bias likewise) - one GEMM with its bias, Q, K and V then views of
-    its output (NVIDIA's MLPerf BERT and MosaicBERT keep one Wqkv). Both layouts hold the same
-    numbers: runtime.model.hf reads and writes HF's three keys for either."""
+    """The Q, K and V projections and the attention over them. Built split (HF's layout):
+    three Linears ``query``, ``key``, ``value``, three GEMMs and three bias adds. Fused
+    (``fused_qkv``: fusion ``qkv``, made on the built model by
+    runtime.model.converters.FuseQKV): one Linear ``Wqkv`` whose [3H, H] weight holds Q's,
+    K's and V's rows in that order (and its [3H] bias likewise) - one GEMM with its bias, Q,
+    K and V then views of its output. Both layouts hold the same numbers: runtime.model.hf
+    reads and writes HF's three keys for either."""
 
-    def __init__(self, cfg: BertConfig, fused_qkv: bool = False):
+    def __init__(self, cfg: BertConfig):
         super().__init__()
         self.num_heads = cfg.num_attention_heads
-        self.fused_qkv = fused_qkv
-        if fused_qkv:
-            self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
-        else:
-            self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-            self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-            self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.fused_qkv = False
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -287,7 +286,7 @@ class BertSelfOutput(_DenseDropoutAddNorm):
 class BertAttention(nn.Module):
     def __init__(self, cfg: BertConfig, fusions: tuple = ()):
         super().__init__()
-        self.self = BertSelfAttention(cfg, "qkv" in fusions)
+        self.self = BertSelfAttention(cfg)
         self.output = BertSelfOutput(cfg, "dropout_add_norm" in fusions)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
@@ -495,6 +494,11 @@ class BertForPreTraining(nn.Module):
                  kernel: str = "auto", fusions: tuple = ()):
         super().__init__()
         check_fusions(fusions)
+        made_later = [f for f in fusions if f in CONVERTED]
+        if made_later:
+            raise ValueError(f"fusion(s) {', '.join(map(repr, made_later))} are made on the "
+                             f"built model: build it without, then runtime.model.converters "
+                             f"(build_model applies them for model.fusions)")
         self.config = cfg
         # pad_vocab: the tied embedding and the decoder GEMM on a vocabulary padded to a
         # multiple of VOCAB_MULTIPLE (MosaicBERT pads 30,522 to 30,528: a tensor-core-friendly
@@ -524,18 +528,13 @@ class BertForPreTraining(nn.Module):
         """HF initialisation: weights ~ N(0, initializer_range), biases 0, LayerNorm 1/0,
         the [PAD] word-embedding row 0. Seed torch beforehand for a reproducible init."""
         std, v = self.config.initializer_range, self.config.vocab_size
-        # a fused Wqkv draws its Q, K and V blocks one after another, as the split layout's
-        # three Linears do: one seed, the same initial weights in either layout
-        fused_qkv = {id(m.Wqkv) for m in self.modules()
-                     if isinstance(m, BertSelfAttention) and m.fused_qkv}
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)) and module is not self.cls.predictions.decoder:
                 # the decoder weight is the word embedding; only the vocabulary's rows are
                 # drawn, so a padded vocabulary (pad_vocab) leaves every weight as without it
                 rows = module.weight[:v] if module is self.bert.embeddings.word_embeddings \
                     else module.weight
-                for block in rows.chunk(3) if id(module) in fused_qkv else (rows,):
-                    block.normal_(0.0, std)
+                rows.normal_(0.0, std)
             if isinstance(module, (nn.Linear, nn.LayerNorm)) and module.bias is not None:
                 module.bias.zero_()
             if isinstance(module, nn.LayerNorm):

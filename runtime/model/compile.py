@@ -1,6 +1,7 @@
 """Whole encoder layers compiled with Inductor (``model.compile = 'layers'``), applied from
 outside the model as torchtitan compiles each transformer block: the model is written eager,
-for one device; the builder (runtime.train.build) hands it here after its weights are set.
+for one device; its converter (runtime.model.converters ``CompiledLayers``, the last row of the
+list the builder applies) hands it here after its weights are set and the other changes made.
 
 Owns: ``compile_layers(model, static_shapes)``: each ``BertLayer``'s forward becomes a
 ``CompiledLayer`` - its own ``forward`` compiled by ``torch.compile(fullgraph=True)`` (forward

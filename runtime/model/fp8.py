@@ -1,6 +1,7 @@
 """FP8 training of the encoder's GEMMs with torchao (``model.fp8``), applied from outside the
-model as ``model.compile`` is: the builder (runtime.train.build) hands the model here after its
-weights are set and before its layers are compiled.
+model as ``model.compile`` is: its converter (runtime.model.converters ``Fp8Linears``, a row of
+the list the builder applies) hands the model here after its weights are set and fusion qkv
+made, before its layers are compiled.
 
 Owns: which Linears are converted - the encoder layers' by role (``ROLE_MODULES``: model.fp8_layers
 names roles, runtime.choices.FP8_ROLES says what each is), in either QKV layout (three [H, H]
@@ -19,8 +20,8 @@ the GEMM of the dequantised values in fp32 - on a CPU, or on a GPU below compute
 exit 2 on every rank before the first step); and what a converted model says about itself
 (``facts``: the run's log, summary and MLPerf log).
 
-Why the combinations are what they are (runtime.choices.FP8_RECIPES' needs, the config's
-checks): a ``Float8Linear`` keeps the ``nn.Linear``'s own weight and bias Parameters (the same
+Why the combinations are what they are (runtime.numerics.resolve refuses a scaled loss beside
+FP8; the config's checks the rest): a ``Float8Linear`` keeps the ``nn.Linear``'s own weight and bias Parameters (the same
 objects, names and dtypes), and dynamic scaling keeps no state (no amax history) - so the state
 dict, the Hugging Face export, checkpoints and a bitwise resume, the gradient buffers, the fused
 and sharded optimizers and the fp32 master weights see the model they would see without FP8.

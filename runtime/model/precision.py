@@ -26,16 +26,11 @@ from torch import nn
 
 from basis.dtypes import torch_dtypes
 from kernels.cpu_gemm import Fp32Gemms
-from runtime.choices import PRECISIONS, PrecisionMode
 from runtime.numerics import Numerics
 
 DTYPES: dict[str, torch.dtype] = torch_dtypes(torch)
 """The torch dtype each dtype name of the rows stands for (the names, their torch attributes
 and their widths: basis.dtypes)."""
-
-
-def mode(name: str) -> PrecisionMode:
-    return PRECISIONS[name]
 
 
 def autocast(n: Numerics, device: torch.device, cache: bool = True, cpu_gemms: bool = True):

@@ -17,9 +17,9 @@ peak to read MFU against it.
 Under model.fp8 only the encoder's converted Linears run in FP8 (attention, embeddings and
 heads stay in the precision's dtype), so ``mfu`` stays against the precision's peak - as
 torchtitan's MFU is (its ``get_peak_flops`` is the bf16 peak whatever float8 does) - and
-``mfu_fp8`` beside it reads the same
-FLOPs against the FP8 peak (twice the bf16 one on Hopper): the first a ceiling no FP8 run
-should pass by much, the second what an all-FP8 step would get. The peak's source says both.
+``mfu_fp8`` beside it reads the same FLOPs against the FP8 peak (twice the bf16 one on
+Hopper): the first comparable with a bf16 run's, the second the share of the FP8 tensor cores'
+peak the step used. The peak's source says both.
 """
 from __future__ import annotations
 
@@ -68,12 +68,7 @@ def peak_of(device_name: Optional[str], dtypes, override: float = 0.0) -> Peak:
     main, rest = dtypes[0], dtypes[1:]
     row = _table(device_name)
     others = tuple((d, row[1][d]) for d in rest if row is not None and d in row[1])
-    note = "".join(
-        f"; the {d} GEMMs' peak beside it: mfu_{d} against {row[0]} {d} dense, "
-        f"{dict(others)[d]:g} TFLOP/s" if d in dict(others) else
-        f"; the {d} GEMMs run beside the {main} ones, MFU counts them against the {main} "
-        f"peak (no {d} peak " + (f"for {device_name}" if device_name else "on a CPU") + ")"
-        for d in rest)
+    note = "".join(_beside(main, d, row, device_name) for d in rest)
     if override > 0:
         return Peak(float(override), "system.peak_tflops" + note, others)
     if device_name is None:
@@ -83,6 +78,16 @@ def peak_of(device_name: Optional[str], dtypes, override: float = 0.0) -> Peak:
         return Peak(row[1][main], f"{row[0]} {main} dense, datasheet" + note, others)
     return Peak(None, f"none: {device_name} is not in the table (set system.peak_tflops)"
                 + note, others)
+
+
+def _beside(main: str, dtype: str, row, device_name: Optional[str]) -> str:
+    """What the peak's source says of the step's ``dtype`` GEMMs beside its ``main`` ones."""
+    if row is not None and dtype in row[1]:
+        return (f"; the {dtype} GEMMs' peak beside it: mfu_{dtype} against {row[0]} {dtype} "
+                f"dense, {row[1][dtype]:g} TFLOP/s")
+    where = f"for {device_name}" if device_name else "on a CPU"
+    return (f"; the {dtype} GEMMs run beside the {main} ones, MFU counts them against the "
+            f"{main} peak (no {dtype} peak {where})")
 
 
 def figures(model_flops_all: float, world_size: int, seconds: float, peak: Peak) -> dict:

@@ -2,7 +2,8 @@
 the trainer, the bucket tuner's measurement, the length-cost command and the benchmarks use.
 
 Owns: the order (torchtitan's lesson) - seeds → the numerics (runtime.numerics: resolved once,
-handed to each part that reads them) → model (with its initial weights) → gradient sync → optimizer (on the sync's gradient
+handed to each part that reads them) → model (with its initial weights, then the model
+converters in their declared order) → gradient sync → optimizer (on the sync's gradient
 buffer) → schedule → loss scale → the batch cost → the training loader and the evaluation
 batches -, the observers of the steps
 (``build_observers``: balance meter, step log, step profiler), and turning the config's declared fields
@@ -29,14 +30,13 @@ from loaders import length_cost
 from loaders.balance_spec import PACKED_MODES
 from loaders.dataset import TrainLoader, load_eval_batches
 from loaders.shards import Limits
-from runtime.choices import COMPILE_MODES
+from kernels.fusions import CONVERTED
 from runtime.config import Config
 from runtime.grad_sync import GradSync, build_grad_sync
 from runtime.launch.dist import DistContext
 from runtime.model.arithmetic import attention_layout
 from runtime.model.bert import BertForPreTraining
-from runtime.model import fp8
-from runtime.model.compile import compile_layers
+from runtime.model import converters, fp8
 from runtime.model.hf import load_error_reason, load_hf_state_dict, minilm_path, read_state_dict
 from runtime.model.precision import DTYPES, to_params_dtype
 from runtime.numerics import Numerics
@@ -128,15 +128,14 @@ def build_parts(cfg: Config, dist: DistContext, *, bucket_plan: Optional[Path] =
 
 def build_model(cfg: Config, device: Optional[torch.device] = None) -> BertForPreTraining:
     """The model ``cfg.model`` describes (a ``BertConfig`` with the run's choices), with its
-    initial weights (``model.init``), its encoder Linears in FP8 when ``model.fp8`` says so
-    (runtime.model.fp8: real or emulated by the ``device`` it will run on - default: the
-    config's system.device, 'auto' being CUDA where present), its layers compiled when
-    ``model.compile`` says so (runtime.model.compile: static shapes under data.shapes =
-    'static')."""
+    initial weights (``model.init``), then changed by the model converters the run asks for,
+    in their declared order (runtime.model.converters.CONVERTERS: fusion qkv's one Wqkv, the
+    FP8 Linears - real or emulated by the ``device`` it will run on, default the config's
+    system.device, 'auto' being CUDA where present -, the compiled layers)."""
     m = cfg.model
     model = BertForPreTraining(m.bert_config(), attention=m.attention,
                                packed=cfg.data.balance in PACKED_MODES,
-                               fusions=tuple(m.fusions))
+                               fusions=tuple(f for f in m.fusions if f not in CONVERTED))
     if m.init != "scratch":
         path = minilm_path() if m.init == "minilm" else m.init
         where = f"model.init = {m.init!r}" + (f" ({path})" if str(path) != m.init else "")
@@ -159,13 +158,7 @@ def build_model(cfg: Config, device: Optional[torch.device] = None) -> BertForPr
         except (ValueError, KeyError, RuntimeError) as e:
             raise InitCheckpointError(f"{where}: does not fit this model ({e}) - set the "
                                       f"[model] keys to the checkpoint's shape") from None
-    if m.fp8 != "none":  # after the weights are set (the same Parameters), before compiling
-        if device is None:
-            device = torch.device("cuda" if cfg.system.device != "cpu" and
-                                  torch.cuda.is_available() else "cpu")
-        fp8.convert(model, m.fp8, m.fp8_layers, fp8.emulation(m.fp8_emulate, device).emulate)
-    if COMPILE_MODES[m.compile].layers:
-        compile_layers(model, static_shapes=cfg.data.shapes == "static")
+    converters.convert(model, cfg, device)   # after the weights are set
     return model
 
 

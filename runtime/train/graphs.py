@@ -174,12 +174,14 @@ class _Packed:
 
 class FullStepGraph:
     """The whole step as one CUDA graph (``train.cuda_graphs = 'full'``); see the module
-    docstring. ``body(slots) -> {name: tensor or number}`` is the trainer's step on device
-    batches; it must leave every piece of state it changes changed in place."""
+    docstring. ``captured_step(slots) -> {name: tensor or number}`` is what the graph captures:
+    the trainer's step on device batches (runtime.train.runners ``Full.captured_step``: the
+    learning rate, then the step body); it must leave every piece of state it changes changed
+    in place."""
 
-    def __init__(self, body: Callable[[list[Batch]], dict], device: torch.device,
+    def __init__(self, captured_step: Callable[[list[Batch]], dict], device: torch.device,
                  warmup_steps: int = WARMUP_STEPS, pause: Optional[Callable] = None):
-        self.body, self.device = body, torch.device(device)
+        self.captured_step, self.device = captured_step, torch.device(device)
         self.warmup_steps = warmup_steps
         self.pause = pause or contextlib.nullcontext  # e.g. the balance meter's hooks
         self.inputs: Optional[StaticInputs] = None
@@ -201,7 +203,7 @@ class FullStepGraph:
         self.inputs.load(batches)
         self.steps += 1
         if self.steps <= self.warmup_steps:
-            values = self.body(self.inputs.slots)
+            values = self.captured_step(self.inputs.slots)
             return _Packed(values).unpack(_Packed(values).pack(values))  # a copy of its own
         if self.graph is None:
             self._capture()
@@ -221,7 +223,7 @@ class FullStepGraph:
         # records into the capturing stream.
         with self.pause(), torch.cuda.graph(graph, stream=stream,
                                             capture_error_mode="thread_local"):
-            values = self.body(self.inputs.slots)
+            values = self.captured_step(self.inputs.slots)
             self._packed = _Packed(values)
             self._out = self._packed.pack(values)
         self.graph = graph

@@ -462,6 +462,9 @@ def test_run_sub_a_walltime_kill_is_no_lost_rank_and_is_not_requeued(stubs, tmp_
     assert "exit 137 (a rank or node was lost): job 77 requeued" in proc.stdout, proc.stdout
 
 
+NEVER_EMPTY = ("TRAIN", "CMD", "SESSION", "TEES", "step", "BUDGET", "STATUS")   # set whole
+
+
 def test_run_sub_shell_pitfalls(stubs, tmp_path, srun_config):
     """Read in the probe (R2): under set -u, bash before 4.4 takes an empty "${A[@]}" for an
     unbound variable (no overrides, one node) - every array that may be empty is expanded
@@ -472,7 +475,7 @@ def test_run_sub_shell_pitfalls(stubs, tmp_path, srun_config):
         text = "\n".join(line for line in script.read_text().splitlines()
                          if not line.lstrip().startswith("#"))
         bare = [m.group(0) for m in re.finditer(r'(?<!\+)"\$\{(\w+)\[@\]\}"', text)
-                if m.group(1) not in ("TRAIN", "CMD", "SESSION", "TEES", "step")]
+                if m.group(1) not in NEVER_EMPTY]
         assert not bare, (script.name, bare)
     assert not re.search(r"^[^#]*(?<![\w$/\"])scontrol ", RUN_SUB.read_text(), re.M)
     bindir, env, calls = stubs

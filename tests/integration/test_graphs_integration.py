@@ -182,9 +182,9 @@ def test_graphs_are_captured_after_the_recut_on_the_live_buffers(small_dataset, 
 
         class Replay:
             def replay(self):
-                values = graph.body(graph.inputs.slots)
+                values = graph.captured_step(graph.inputs.slots)
                 graph._out = graph._packed.pack(values)
-        values = graph.body(graph.inputs.slots)
+        values = graph.captured_step(graph.inputs.slots)
         graph._packed = _Packed(values)
         graph._out = graph._packed.pack(values)
         graph.graph = Replay()

@@ -4,6 +4,7 @@ docs/MLPERF.md's fixture commands from a fresh directory (what those commands do
 tests/e2e/test_mlperf_walkthrough.py)."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -15,9 +16,12 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make he
 
 
 def recipe(*args: str) -> list[str]:
-    """The recipe lines `make -n` prints for ``args`` (prerequisites' lines included)."""
-    proc = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    """The recipe lines `make -n` prints for ``args`` (prerequisites' lines included). As a
+    top-level make: under `make test` the suite inherits MAKELEVEL and MAKEFLAGS, and a
+    sub-make prints "Entering/Leaving directory" lines around its recipe."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    proc = subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
 

@@ -8,6 +8,7 @@ import torch
 
 from runtime.model.bert import BertForPreTraining
 from runtime.model.config import BertConfig
+from runtime.model.converters import FuseQKV
 from runtime.model.hf import hf_layout
 from runtime.optim.optimizers import build_optimizer
 
@@ -25,12 +26,14 @@ def config(hidden=64, heads=4, layers=2):
 
 
 def pair(attention="padded", kernel="auto", cfg=None, seed=0):
-    """(split, fused) models built from one seed."""
+    """(split, fused) models built from one seed: the fused one as build_model makes it, a
+    split model converted (runtime.model.converters.FuseQKV)."""
     cfg = cfg or config()
     torch.manual_seed(seed)
     split = BertForPreTraining(cfg, attention=attention, kernel=kernel)
     torch.manual_seed(seed)
-    fused = BertForPreTraining(cfg, attention=attention, kernel=kernel, fusions=("qkv",))
+    fused = BertForPreTraining(cfg, attention=attention, kernel=kernel)
+    FuseQKV().convert(fused)
     return split, fused
 
 

@@ -105,12 +105,24 @@ def test_hopper_configs_run_the_measured_best_step_at_a_reference_convergence_po
 
 
 @pytest.mark.parametrize("path", HOPPER, ids=lambda p: p.name)
-def test_hopper_configs_are_refused_in_one_sentence_where_they_cannot_run(path):
+def test_hopper_configs_are_refused_in_one_sentence_where_they_cannot_run(path, monkeypatch):
     """On this CPU machine, before any rank starts (run_and_time.sh's pre-launch check): srun
-    outside an allocation, and with a launcher that starts ranks here, no CUDA."""
+    outside an allocation where Slurm does not answer (its answer given here: a unit test
+    starts no srun; tests/unit/test_preflight.py and the e2e tests ask a real one), and with
+    a launcher that starts ranks here, no CUDA."""
+    import subprocess
     from submission import preflight
-    assert "inside a Slurm allocation" in preflight.problems(
+    asked = []
+
+    def no_slurm(args, **kw):
+        asked.append(args)
+        return subprocess.CompletedProcess(
+            args, 1, "", "srun: fatal: Could not establish a configuration source\n")
+    monkeypatch.setattr(preflight.subprocess, "run", no_slurm)
+    assert "outside a Slurm allocation" in preflight.problems(
         str(path), [], environ={"PATH": "/usr/bin:/bin"})[0]
+    assert asked and asked[0][:2] == ["srun", "--test-only"]
+    monkeypatch.undo()
     found = preflight.problems(str(path), ["system.launcher=mpiexec", "system.nodes=1"])
     assert any("system.device='cuda'" in p for p in found), found
 

@@ -19,6 +19,7 @@ from runtime.config import load_config
 from runtime.config.__main__ import main as config_main
 from runtime.model import fp8
 from runtime.model.bert import BertForPreTraining
+from runtime.model.converters import FuseQKV
 from runtime.model.config import BertConfig
 from tests.support.runs import CPU_CONFIG
 
@@ -31,8 +32,11 @@ def test_the_rows_are_the_literals_and_every_role_names_modules_of_the_model():
     assert tuple(FP8_ROLES) == get_args(Fp8Role) == tuple(fp8.ROLE_MODULES)
     assert [n for n, r in FP8_RECIPES.items() if r.torchao is None] == ["none"]
     names = set()
-    for fusions in ((), ("qkv",)):
-        layer = BertForPreTraining(TINY, fusions=fusions).bert.encoder.layer[0]
+    for qkv in (False, True):
+        model = BertForPreTraining(TINY)
+        if qkv:
+            FuseQKV().convert(model)
+        layer = model.bert.encoder.layer[0]
         names |= {n for n, m in layer.named_modules() if isinstance(m, nn.Linear)}
     assert names == {n for ns in fp8.ROLE_MODULES.values() for n in ns}
 
@@ -136,10 +140,12 @@ def test_the_filter_picks_roles_and_fitting_shapes_only():
         fp8.module_filter(["mlp"])
 
 
-@pytest.mark.parametrize("fusions,qkv", [((), ["query", "key", "value"]), (("qkv",), ["Wqkv"])])
-def test_both_qkv_layouts_are_converted_by_role_and_nothing_else(fusions, qkv):
+@pytest.mark.parametrize("fused,qkv", [(False, ["query", "key", "value"]), (True, ["Wqkv"])])
+def test_both_qkv_layouts_are_converted_by_role_and_nothing_else(fused, qkv):
     torch.manual_seed(0)
-    model = BertForPreTraining(TINY, fusions=fusions)
+    model = BertForPreTraining(TINY)
+    if fused:
+        FuseQKV().convert(model)
     params = dict(model.named_parameters())
     names = fp8.convert(model, "tensorwise", FP8_ROLES, emulate=True)
     got = {n for n, _ in fp8.converted(model)}

@@ -99,7 +99,8 @@ def test_an_fp8_runs_mfu_says_which_peak_it_is_against_and_gives_fp8s_beside_it(
 # Where a precision's name may still be compared: the rows (runtime/choices.py) and the one
 # resolver (runtime/numerics.py). Every other engine file reads the resolved value.
 NAMES = {"fp32", "bf16", "fp16", "bf16_master", "fp16_master"}
-READERS = ("runtime/train/build.py", "runtime/train/memory.py",
+READERS = ("runtime/model/precision.py", "runtime/train/build.py",
+           "runtime/calibrate/tune/__main__.py", "runtime/calibrate/tune/measure.py", "runtime/train/memory.py",
            "runtime/train/step.py", "runtime/observe/mfu.py", "runtime/optim/optimizers.py",
            "runtime/grad_sync/__init__.py", "runtime/train/run_control.py",
            "submission/mllog_callback.py")

@@ -32,12 +32,12 @@ def test_one_row_per_precision_and_the_help_names_each():
 
 
 def test_the_dtype_names_are_one_list():
-    """The precision rows, ``train.allreduce_dtype`` and both torch tables (the rows' and the
-    gradient sync's) speak of the dtypes basis.dtypes names, and mean the same by each."""
+    """The precision rows, ``train.allreduce_dtype`` and the one torch table (the rows', which
+    the gradient sync's reduce dtype is read from: runtime.numerics) speak of the dtypes
+    basis.dtypes names."""
     from basis.dtypes import TORCH_NAMES
     from runtime.choices import ReduceDtype
-    from runtime.grad_sync import REDUCE_DTYPES
-    assert precision.DTYPES == REDUCE_DTYPES == {
+    assert precision.DTYPES == {
         "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     assert set(TORCH_NAMES) == set(precision.DTYPES)
     named = {r.params for r in PRECISIONS.values()} | {r.autocast for r in PRECISIONS.values()}

@@ -27,6 +27,7 @@ from kernels.optim_flat import FlatBuffers, FlatLayout
 from runtime.config import ConfigError, load_config
 from runtime.model.bert import BertForPreTraining
 from runtime.model.config import BertConfig
+from runtime.model.converters import FuseQKV
 from runtime.model.hf import load_hf_state_dict, load_pretrained, save_hf_state_dict
 from runtime.optim.groups import norm_blocks
 from runtime.optim.optimizers import build_optimizer
@@ -194,7 +195,8 @@ def test_a_tensorflow_conversion_loads_into_the_fused_layout(tmp_path):
     cv.convert(PREFIX, out, log=lambda m: None)
     cfg = BertConfig(**{k: v for k, v in CONFIG.items() if k != "hidden_act"})
     split = BertForPreTraining(cfg)
-    fused = BertForPreTraining(cfg, fusions=("qkv",))
+    fused = BertForPreTraining(cfg)
+    FuseQKV().convert(fused)
     for model in (split, fused):
         assert not load_pretrained(model, out).initialised
     from safetensors.torch import load_file

@@ -181,10 +181,8 @@ def profile_only(cfg, info, args) -> int:
 
 
 def tune(cfg, info, args) -> int:
-    import torch
     from runtime.launch.dist import init_distributed, shutdown
-    from runtime.grad_sync import reduce_dtype_of
-    from runtime.model.precision import DTYPES, mode
+    from runtime.model.precision import DTYPES
     from runtime.grad_sync.plan import PlanError
     from runtime.calibrate.tune import measure
     from runtime.calibrate.tune.solve import MB
@@ -199,12 +197,11 @@ def tune(cfg, info, args) -> int:
     m = measure.measure_step(cfg, ctx, steps=args.steps, warmup=args.warmup,
                              contention_steps=args.contention_steps)
     profile = m.profile
-    reduce_dtype = reduce_dtype_of(cfg.train.allreduce_dtype,
-                                   DTYPES[mode(cfg.train.precision).params])
-    rb = torch.empty((), dtype=reduce_dtype).element_size()
+    numerics = cfg.numerics()   # the allreduce's dtype, as the trainer's build resolves it
+    reduce_dtype, rb = DTYPES[numerics.reduce], numerics.reduce_bytes
     total = profile.total_elements() * rb
     sizes = measure.sweep_sizes(total, args.min_bytes, args.sizes)
-    say(f"measuring allreduce ({cfg.train.allreduce_dtype}) at {len(sizes)} sizes, "
+    say(f"measuring allreduce ({numerics.reduce}) at {len(sizes)} sizes, "
         f"{args.min_bytes} B .. {total / MB:.1f} MiB, {args.repeats} repeats each")
     times = measure.measure_allreduce(sizes, reduce_dtype, ctx.device, args.repeats)
     # rank 0 solves and picks the plans to measure; every rank measures them side by side

@@ -36,8 +36,8 @@ import torch.distributed as torch_dist
 
 from runtime.observe.clock import DeviceClock
 from runtime.observe.timeline import DEFERRED
-from runtime.grad_sync import GRAD_ALIGN, reduce_dtype_of
-from runtime.model.precision import DTYPES, mode
+from runtime.grad_sync import GRAD_ALIGN
+from runtime.model.precision import DTYPES
 from runtime.grad_sync.plan import production_order
 from runtime.grad_sync.tied import find_tied_head
 from runtime.calibrate.tune.simulate import Gradient, StepProfile
@@ -287,7 +287,7 @@ def _contention(cfg, ctx, trainer, it, flat, steps: int,
     on gloo, an event on a stream that waits for it on NCCL). With W its time alone and B the
     backward time: done at d ≤ B gives κ = d/W; done after B (the rest at full speed) gives
     κ = B / (W − (d − B))."""
-    dtype = reduce_dtype_of(cfg.train.allreduce_dtype, DTYPES[mode(cfg.train.precision).params])
+    dtype = DTYPES[trainer.body.numerics.reduce]
     buf = torch.ones(max(1, flat.numel() // 2), dtype=dtype, device=ctx.device)
     torch_dist.all_reduce(buf)
     alone = []
