@@ -271,6 +271,56 @@ def flash_on_cpu() -> Iterator[None]:
         lib._destroy()
 
 
+def _cudnn_sdpa(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+                return_debug_mask=False, *, scale=None):
+    """cuDNN's fused attention's outputs on [batch, heads, L, d], shaped and typed as
+    ``_scaled_dot_product_cudnn_attention`` returns them; the output is ``v``."""
+    b, h, L = q.shape[0], q.shape[1], q.shape[2]
+    lse = torch.zeros(b, h, L, dtype=torch.float32, device=q.device)
+    seed = torch.zeros((), dtype=torch.int64, device=q.device)
+    none = torch.empty(0, dtype=torch.int64, device=q.device)
+    return (v.clone(), lse, none, none.clone(), L, k.shape[2], seed, seed.clone(),
+            torch.empty(0, dtype=q.dtype, device=q.device))
+
+
+def _cudnn_sdpa_backward(grad_out, q, k, v, out, lse, seed, offset, attn_bias, cum_q, cum_k,
+                         max_q, max_k, dropout_p, is_causal, *, scale=None):
+    """The gradients of ``out = v``."""
+    return torch.zeros_like(q), torch.zeros_like(k), grad_out.clone()
+
+
+@contextlib.contextmanager
+def sdpa_as_on_cuda() -> Iterator[None]:
+    """The padded path's ``F.scaled_dot_product_attention`` in bf16/fp16 as CUDA runs it on
+    Hopper with an additive mask: cuDNN's fused attention, one forward and one backward kernel
+    (the H100 record's checks stage: ``cudnn_generated_fort_native_sdpa_sm90_flash_fprop`` and
+    ``..._bprop`` for padded and packed batches) - on the CPU the math path's ~12 ops a layer
+    each way run instead. A CPU kernel stands in for the cuDNN ops (output ``v``, as flash's),
+    and SDPA calls them; restored on exit."""
+    import torch.nn.functional as F
+    lib = torch.library.Library("aten", "IMPL")
+    original = F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+        if q.dtype not in (torch.bfloat16, torch.float16) or q.dim() != 4 or kw:
+            return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                            is_causal=is_causal, scale=scale, **kw)
+        return torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, attn_mask, True, dropout_p, is_causal, False, scale=scale)[0]
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", ".*(overriding a previously registered kernel"
+                                    "|may also be overridden)")
+            lib.impl("_scaled_dot_product_cudnn_attention", _cudnn_sdpa, "CPU")
+            lib.impl("_scaled_dot_product_cudnn_attention_backward", _cudnn_sdpa_backward,
+                     "CPU")
+        F.scaled_dot_product_attention = sdpa
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+        lib._destroy()
+
+
 # ------------------------------------------------------------------------------ _scaled_mm
 
 def check_scaled_mm(mat1, mat2, scale_result=None, bias=None, out_dtype=None) -> None:

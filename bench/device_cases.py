@@ -196,7 +196,7 @@ def _attr(obj, *names):
 def count_step(spec: dict) -> dict:
     """Count a "step" spec (module docstring)."""
     import torch
-    from bench.cuda_dispatch import as_on_cuda, attention_as_on_cuda
+    from bench.cuda_dispatch import as_on_cuda, attention_as_on_cuda, sdpa_as_on_cuda
     from bench.gpu.harness import world_of_one
     from bench.kernel_counter import count_inductor_kernels, counting
     from runtime.observe.hostsync import simulated
@@ -220,7 +220,7 @@ def count_step(spec: dict) -> dict:
             trainer = Trainer(cfg, simulated(world_of_one("cpu")))
             try:
                 trainer.setup()
-                with attention_as_on_cuda(trainer.model):
+                with attention_as_on_cuda(trainer.model), sdpa_as_on_cuda():
                     tagger = _Tagger()
                     it = iter(trainer.train_loader)
                     if graph:
@@ -372,14 +372,23 @@ def count_optimizer(spec: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print("usage: python -m bench.device_cases SPEC.json OUT.json", file=sys.stderr)
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m bench.device_cases",
+                                 description="Count one case of the device-time model (a "
+                                             "step's kernels with their FLOPs and bytes): "
+                                             "bench.device_time's child process.")
+    ap.add_argument("spec", type=Path, help="the case, a JSON object (module docstring)")
+    ap.add_argument("out", type=Path, help="where the count is written (JSON)")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        spec = json.loads(args.spec.read_text())
+    except (OSError, ValueError) as e:
+        print(f"python -m bench.device_cases: {args.spec}: not a readable JSON spec ({e})",
+              file=sys.stderr)
         return 2
-    spec = json.loads(Path(argv[0]).read_text())
     out = count_optimizer(spec) if spec["kind"] == "optimizer" else count_step(spec)
     out["spec"] = spec
-    Path(argv[1]).write_text(json.dumps(out))
+    args.out.write_text(json.dumps(out))
     return 0
 
 

@@ -35,10 +35,25 @@ TOKENS_PER_SEQUENCE = {"rows2": 256.0, "throughput": 127.933}
 seq-512 set's (its mean length)."""
 
 
-def profiles(predictions: dict, commit: str, layer_split: str | Path = LAYER_SPLIT) -> dict:
-    """The profile file's content (runtime.calibrate.tune.model_profile reads it)."""
+def element_sizes(overrides: list[str]) -> dict:
+    """Bytes of a parameter and its gradient, and of a gradient in the all-reduce, in the mode
+    of ``overrides`` on the DGX config (train.allreduce_dtype 'fp32' there: 4 in every mode)."""
+    from bench.gpu.harness import DGX_CONFIG
+    from runtime.config import load_config
+    cfg = load_config(DGX_CONFIG, overrides)
+    master = cfg.train.precision.endswith("_master")
+    reduce = {"fp32": 4, "bf16": 2, "fp16": 2}.get(cfg.train.allreduce_dtype,
+                                                   2 if master else 4)
+    return {"element_bytes": 2 if master else 4, "reduce_bytes": reduce}
+
+
+def profiles(predictions: dict, commit: str, modes: dict,
+             layer_split: str | Path = LAYER_SPLIT) -> dict:
+    """The profile file's content (runtime.calibrate.tune.model_profile reads it); ``modes``:
+    each mode's config overrides (bench.device_time.modes)."""
     out: dict = {}
     for mode, per_gpu in predictions.items():
+        sizes = element_sizes(modes[mode])
         for gpu, p in per_gpu.items():
             if "error" in p:
                 continue
@@ -46,21 +61,22 @@ def profiles(predictions: dict, commit: str, layer_split: str | Path = LAYER_SPL
                 c = p[config]
                 out.setdefault(gpu, {}).setdefault(mode, {})[config] = {
                     "local_batch": c["local_batch"], "tokens_per_sequence":
-                        TOKENS_PER_SEQUENCE[config], "busy_ms": c["ms"],
+                        TOKENS_PER_SEQUENCE[config], **sizes, "busy_ms": c["ms"],
                     "optimizer_ms": c["by_part"]["optimizer"]["ms"],
                     "by_part_ms": {k: v["ms"] for k, v in c["by_part"].items()}}
     return {"source": f"python -m bench.device_time at {commit} (bench/results/device_time.json)",
             "layer_split": str(layer_split), "profiles": out}
 
 
-def write_profiles(predictions: dict, path: Path, commit: str) -> Path:
+def write_profiles(predictions: dict, path: Path, commit: str, modes: dict) -> Path:
     path = Path(path)
-    path.write_text(json.dumps(profiles(predictions, commit), indent=1) + "\n")
+    path.write_text(json.dumps(profiles(predictions, commit, modes), indent=1) + "\n")
     print(f"profiles: {path}")
     return path
 
 
-def node_predictions(predictions: dict, gpus: int = 8, local_batch: int = 4) -> dict:
+def node_predictions(predictions: dict, modes: dict, gpus: int = 8,
+                     local_batch: int = 4) -> dict:
     """Each mode and GPU at ``gpus`` GPUs of a node, 2 full rows a GPU: the tuner's tuned step
     unsharded and with optim.shard = node (module docstring)."""
     from runtime.calibrate.tune.fabric import load_fabric
@@ -68,7 +84,8 @@ def node_predictions(predictions: dict, gpus: int = 8, local_batch: int = 4) -> 
     out: dict = {"nvidia_step_ms": NVIDIA_STEP_MS, "gpus": gpus, "local_batch": local_batch}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model_profiles.json"
-        path.write_text(json.dumps(profiles(predictions, "this run", SYSTEMS / LAYER_SPLIT)))
+        path.write_text(json.dumps(profiles(predictions, "this run", modes,
+                                            SYSTEMS / LAYER_SPLIT)))
         for mode, per_gpu in predictions.items():
             for g, p in per_gpu.items():
                 if "error" in p:

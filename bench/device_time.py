@@ -1,6 +1,7 @@
-"""The step's device time on a named GPU, predicted on a CPU: ``python -m bench.device_time``.
+"""The step's device time on a named GPU - each kernel priced from its FLOPs and bytes -
+predicted on a CPU, checked against the GPU records' busy times.
 
-    python -m bench.device_time [--validate] [--predict] [--gpus h100,h200,a100]
+    python -m bench.device_time [--no-validate] [--no-predict] [--gpus h100,h200,a100]
         [--modes NAME,...] [--depths 2,4] [--out bench/results/device_time.json]
         [--profiles runtime/calibrate/tune/systems/model_profiles.json]
 
@@ -24,14 +25,17 @@ reads (``python -m runtime.calibrate.tune --simulate F --profile model:h100``).
 Counts are cached in results/device_time/ by spec, tree and the counting files' content (a
 count takes 30-90 s on the 2-core dev machine; the whole record about an hour the first time).
 
+A bench.harness row (``BENCHMARK``): the cases are the validation cases, then the modes; the
+goal is every validation case within 15 % (a finding, not a gate: exit 0 either way).
+
 Owns: the validation cases and their measured figures' places in the records, the prediction
-modes and configurations, counting them (child processes, old trees), the tables and the
-record. Never: holds a GPU number (runtime.calibrate.gpus), counts in this process (the CUDA
+modes and configurations, counting them (child processes, old trees), the record. Never: holds a GPU number (runtime.calibrate.gpus), counts in this process (the CUDA
 stand-ins leave state behind), or times anything (a count is deterministic).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import shutil
@@ -41,7 +45,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import REPO, finish, record
+from bench.common import REPO
+from bench.harness import Benchmark, Goal, listed, option, out, run
 from bench.device_model import PARTS, batch, depth, mean, price, retarget_attention, summary, top
 from runtime.calibrate.gpus import GPUS, GpuRow
 
@@ -161,6 +166,12 @@ def validation_cases() -> list[Validation]:
 
 # ------------------------------------------------------------------------------ prediction modes
 
+def modes_names() -> tuple[str, ...]:
+    """The prediction modes' names (``--help`` imports nothing heavy)."""
+    return ("bf16_autocast", "bf16_master", "bf16_master_qkv", "bf16_master_layers",
+            "fp16_autocast", "fp8")
+
+
 def modes() -> dict[str, list[str]]:
     """bench.kernel_count's rows (a precision and compile mode each) and FP8 (model.fp8
     tensorwise) on the best of them - bf16_master, qkv, pad_vocab and compiled layers, which
@@ -194,8 +205,8 @@ def mode_cases(mode: str, overrides: list[str], gpu: str) -> dict[str, Case]:
 
 # ----------------------------------------------------------------------------------- counting
 
-STEP_CODE = ("runtime", "kernels", "loaders", "submission/configs", "bench/gpu/harness.py",
-             "bench/kernel_count.py", "bench/optim.py")
+STEP_CODE = ("runtime", ":!runtime/calibrate", "kernels", "loaders", "submission/configs",
+             "bench/gpu/harness.py", "bench/kernel_count.py", "bench/optim.py")
 """What a count of this tree depends on besides ``COPIED``: a change elsewhere keeps the cache."""
 
 
@@ -350,115 +361,163 @@ def _dig(path: str, key: str):
     return d
 
 
-def validate(depths=(2, 4)) -> list[dict]:
-    """Every validation case: predicted against measured (module docstring)."""
-    rows = []
-    stats_cache: dict = {}
-    for v in validation_cases():
-        gpu = GPUS[v.gpu]
-        target = None
-        if v.case.target is not None:
-            b = _dig(v.case.target["record"], v.case.target["key"])
-            if b not in stats_cache:
-                stats_cache[b] = real_batch(seq512(), b)
-            target = stats_cache[b]
-        got = predict(v.case, gpu, depths, target=target)
-        alt = predict(v.case, gpu, depths, additive=False, target=target)
-        measured = _dig(v.record, v.key)
-        if v.kernels_key:
-            kernels = _dig(v.record, v.kernels_key)
-        else:  # the optimizer stage keeps its kernel table: calls a step
-            table = _dig(v.record, v.key.rsplit(".", 1)[0] + ".kernels")
-            kernels = sum(k["calls"] for k in table)
-        err = got["s"] / measured - 1
-        rows.append({"case": v.case.name, "gpu": v.gpu, "record": v.record, "key": v.key,
-                     "tree": v.case.tree, "note": v.note, "measured_ms": measured * 1e3,
-                     "predicted_ms": got["s"] * 1e3, "error": err, "met": abs(err) <= GOAL,
-                     "predicted_max_form_ms": alt["s"] * 1e3,
-                     "error_max_form": alt["s"] / measured - 1,
-                     "measured_kernels": kernels, "predicted_kernels": got["kernels"],
-                     "batch": target, "summary": summary(got), "top": top(got, 12)})
-        print(f"{v.case.name:32} {v.gpu}  measured {measured * 1e3:8.2f} ms  predicted "
-              f"{got['s'] * 1e3:8.2f} ms  {err:+6.1%}  (max form {alt['s'] * 1e3:8.2f})",
-              flush=True)
-    return rows
+def validate_one(v: Validation, depths=(2, 4), batches: dict | None = None) -> dict:
+    """One validation case: predicted against measured, both forms of the price, the kernels
+    that cost most (``batches``: the real throughput batches already read, by size)."""
+    gpu = GPUS[v.gpu]
+    target = None
+    if v.case.target is not None:
+        b = _dig(v.case.target["record"], v.case.target["key"])
+        batches = {} if batches is None else batches
+        if b not in batches:
+            batches[b] = real_batch(seq512(), b)
+        target = batches[b]
+    got = predict(v.case, gpu, depths, target=target)
+    alt = predict(v.case, gpu, depths, additive=False, target=target)
+    measured = _dig(v.record, v.key)
+    if v.kernels_key:
+        kernels = _dig(v.record, v.kernels_key)
+    else:  # the optimizer stage keeps its kernel table: calls a step
+        table = _dig(v.record, v.key.rsplit(".", 1)[0] + ".kernels")
+        kernels = sum(k["calls"] for k in table)
+    err = got["s"] / measured - 1
+    return {"case": v.case.name, "gpu": v.gpu, "record": v.record, "key": v.key,
+            "tree": v.case.tree, "note": v.note, "measured_ms": measured * 1e3,
+            "predicted_ms": got["s"] * 1e3, "error": err, "met": abs(err) <= GOAL,
+            "predicted_max_form_ms": alt["s"] * 1e3,
+            "error_max_form": alt["s"] / measured - 1,
+            "measured_kernels": kernels, "predicted_kernels": got["kernels"],
+            "batch": target, "summary": summary(got), "top": top(got, 12)}
 
 
-def predict_modes(gpus: list[str], names: list[str], depths=(2, 4)) -> dict:
-    """Each mode on each GPU at 2 full rows and at the throughput batch (module docstring)."""
+def predict_mode(mode: str, gpus: list[str], depths=(2, 4)) -> dict:
+    """``mode`` on each GPU at 2 full rows and at the throughput batch (module docstring)."""
     stats = data_stats(seq512())
     out: dict = {}
-    for mode in names:
-        overrides = modes()[mode]
-        for g in gpus:
-            gpu = GPUS[g]
-            if mode == "fp8" and "fp8" not in gpu.gemm_tflops:
-                out.setdefault(mode, {})[g] = {"error": f"{gpu.name} has no FP8 GEMMs"}
-                continue
-            cases = mode_cases(mode, overrides, g)
-            rows2 = predict(cases["rows2"], gpu, depths)
-            b = THROUGHPUT_BATCH[g]
-            target = {"batch": b, "tokens": b * stats["mean"], "seq_sq": b * stats["mean_sq"],
-                      "longest": stats["longest"]}
-            thr = predict(cases["throughput"], gpu, depths, target=target)
-            out.setdefault(mode, {})[g] = {
-                "rows2": {**summary(rows2), "top": top(rows2, 10), "tokens": 1024,
-                          "local_batch": 4},
-                "throughput": {**summary(thr), "top": top(thr, 10), "local_batch": b,
-                               "tokens": target["tokens"],
-                               "tokens_per_s": target["tokens"] / thr["s"]}}
-            print(f"{mode:20} {g}: 2 rows {rows2['s'] * 1e3:7.2f} ms, batch {b} "
-                  f"{thr['s'] * 1e3:8.1f} ms ({target['tokens'] / thr['s']:,.0f} tokens/s)",
-                  flush=True)
+    overrides = modes()[mode]
+    for g in gpus:
+        gpu = GPUS[g]
+        if mode == "fp8" and "fp8" not in gpu.gemm_tflops:
+            out[g] = {"error": f"{gpu.name} has no FP8 GEMMs"}
+            continue
+        cases = mode_cases(mode, overrides, g)
+        rows2 = predict(cases["rows2"], gpu, depths)
+        b = THROUGHPUT_BATCH[g]
+        target = {"batch": b, "tokens": b * stats["mean"], "seq_sq": b * stats["mean_sq"],
+                  "longest": stats["longest"]}
+        thr = predict(cases["throughput"], gpu, depths, target=target)
+        out[g] = {"rows2": {**summary(rows2), "top": top(rows2, 10), "tokens": 1024,
+                            "local_batch": 4},
+                  "throughput": {**summary(thr), "top": top(thr, 10), "local_batch": b,
+                                 "tokens": target["tokens"],
+                                 "tokens_per_s": target["tokens"] / thr["s"]}}
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.device_time",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--validate", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--predict", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--gpus", default=",".join(GPUS))
-    ap.add_argument("--modes", default=None, help="prediction modes (default: all)")
-    ap.add_argument("--depths", default="2,4",
-                    help="encoder layers counted, extrapolated to 24 ('24': count it whole)")
-    ap.add_argument("--out", type=Path, help="write the JSON record here")
-    ap.add_argument("--profiles", type=Path, help="write the predicted profiles the tuner "
-                    "reads here (runtime/calibrate/tune/systems/model_profiles.json)")
-    args = ap.parse_args(argv)
-    gpus = [g for g in args.gpus.split(",") if g]
-    bad = [g for g in gpus if g not in GPUS]
-    if not gpus or bad:
-        ap.error(f"--gpus: choose from {', '.join(GPUS)}")
-    names = list(modes()) if args.modes is None else [m for m in args.modes.split(",") if m]
-    if not names or any(m not in modes() for m in names):
-        ap.error(f"--modes: choose from {', '.join(modes())}")
-    try:
-        depths = tuple(int(x) for x in args.depths.split(","))
-    except ValueError:
-        ap.error("--depths: one or two layer counts, e.g. 2,4")
-    if not 1 <= len(depths) <= 2 or min(depths) < 1:
-        ap.error("--depths: one or two layer counts of at least 1")
-    rec = record("device_time", sys.argv[1:] if argv is None else argv, depths=list(depths),
-                 gpus={g: {**GPUS[g].__dict__} for g in gpus}, parts=list(PARTS),
-                 method="docs/benchmarks/device_time.md")
-    if args.validate:
-        rows = validate(depths)
-        rec["validation"] = rows
-        rec["validation_met"] = sum(r["met"] for r in rows)
-        rec["validation_cases"] = len(rows)
-    if args.predict:
-        rec["predictions"] = predict_modes(gpus, names, depths)
+# ------------------------------------------------------------------------------------ the bench
+
+def _depths(a) -> tuple[int, ...]:
+    return tuple(a.depths)
+
+
+def check(a) -> str | None:
+    if not 1 <= len(a.depths) <= 2 or min(a.depths) < 1:
+        return "--depths: one or two layer counts of at least 1, e.g. 2,4 (or 24)"
+    if not (a.validate or a.predict):
+        return "--no-validate and --no-predict leave nothing to do"
+    return None
+
+
+def cases(r):
+    """Every validation case, then every prediction mode."""
+    if r.args.validate:
+        yield from (("validate", v) for v in validation_cases())
+    if r.args.predict:
+        yield from (("predict", m) for m in r.args.modes)
+
+
+def measure(r, case) -> dict:
+    kind, x = case
+    if kind == "validate":
+        return {"kind": "validation", **validate_one(x, _depths(r.args),
+                                                     r.state.setdefault("batches", {}))}
+    return {"kind": "prediction", "mode": x, "gpus": predict_mode(x, r.args.gpus,
+                                                                  _depths(r.args))}
+
+
+def progress(r, case, res) -> str:
+    if res["kind"] == "validation":
+        return (f"{res['case']:32} {res['gpu']}  measured {res['measured_ms']:8.2f} ms  "
+                f"predicted {res['predicted_ms']:8.2f} ms  {res['error']:+6.1%}  "
+                f"(max form {res['predicted_max_form_ms']:8.2f})")
+    return "\n".join(f"{res['mode']:20} {g}: " + (
+        p["error"] if "error" in p else
+        f"2 rows {p['rows2']['ms']:7.2f} ms, batch {p['throughput']['local_batch']} "
+        f"{p['throughput']['ms']:8.1f} ms ({p['throughput']['tokens_per_s']:,.0f} tokens/s)")
+        for g, p in res["gpus"].items())
+
+
+@contextlib.contextmanager
+def _shared(r):
+    yield {}
+
+
+def finish_summary(r) -> dict:
+    """The validation's rows and count met; the predictions by mode, 8 GPUs of a node, the
+    profiles file for the tuner."""
+    out: dict = {}
+    rows = [x for x in r.results if x["kind"] == "validation"]
+    if rows:
+        out.update(validation=rows, validation_met=sum(x["met"] for x in rows),
+                   validation_cases=len(rows))
+    pred = {x["mode"]: x["gpus"] for x in r.results if x["kind"] == "prediction"}
+    if pred:
         from bench.device_node import node_predictions, write_profiles
-        rec["node8"] = node_predictions(rec["predictions"])
-        if args.profiles:
-            write_profiles(rec["predictions"], args.profiles, rec["commit"])
+        out["predictions"] = pred
+        out["node8"] = node_predictions(pred, modes())
+        if r.args.profiles:
+            write_profiles(pred, r.args.profiles, r.record["commit"], modes())
+    return out
+
+
+def _table(rec: dict) -> str:
     from bench.device_tables import tables
-    print("\n" + tables(rec))
-    finish(rec, args.out, line={"benchmark": "device_time",
-                                "validation_met": rec.get("validation_met"),
-                                "validation_cases": rec.get("validation_cases")})
-    return 0
+    return "\n" + tables(rec)
+
+
+def _within(rec: dict):
+    rows = rec.get("validation")
+    return None if not rows else all(x["met"] for x in rows)
+
+
+BENCHMARK = Benchmark(
+    "device_time", __doc__, measure, cases,
+    options=(option("--validate", action=argparse.BooleanOptionalAction, default=True,
+                    help="predict every GPU record's measured busy time (default on)"),
+             option("--predict", action=argparse.BooleanOptionalAction, default=True,
+                    help="predict every mode on every GPU, 8 GPUs of a node (default on)"),
+             option("--gpus", type=listed(GPUS, what="GPU"), default=",".join(GPUS),
+                    help=f"GPU rows to predict on (default all: {', '.join(GPUS)})"),
+             option("--modes", type=listed(list(modes_names()), what="mode"),
+                    default=",".join(modes_names()),
+                    help=f"prediction modes (default all: {', '.join(modes_names())})"),
+             option("--depths", type=listed(kind=int, what="layer count"), default="2,4",
+                    help="encoder layers counted, extrapolated to 24 ('24': count it whole)"),
+             out(None),
+             option("--profiles", type=Path, default=None,
+                    help="write the predicted profiles the tuner reads here "
+                         "(runtime/calibrate/tune/systems/model_profiles.json)")),
+    fields=lambda a: {"depths": list(a.depths),
+                      "gpus": {g: dict(GPUS[g].__dict__) for g in a.gpus},
+                      "parts": list(PARTS), "method": "docs/benchmarks/device_time.md"},
+    setup=_shared, progress=progress, summary=finish_summary, table=_table, check=check,
+    goals=(Goal("every_case_within_15pct", "every validation case's predicted busy time "
+                "within 15 % of the GPU record's", _within),),
+    line=("validation_met", "validation_cases"))
+
+
+def main(argv=None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,7 @@ def model_profile_fields(spec: str, path: Path = PROFILES) -> tuple[dict, Path]:
         name=f"{row.name}, predicted (bench.device_time), {mode}, {config}",
         sequences_per_second=p["local_batch"] / compute_s, layer_split=str(split),
         hbm_GBps=hbm, optimizer_bytes_per_param=p["optimizer_ms"] / 1e3 * hbm * 1e9 / params,
-        reduce_bytes=2, tokens_per_sequence=p["tokens_per_sequence"],
+        reduce_bytes=p.get("reduce_bytes", 2), element_bytes=p.get("element_bytes", 4),
+        tokens_per_sequence=p["tokens_per_sequence"],
         max_local_batch=max(1, int(p["local_batch"])), cuda_graphs=CONFIGS[config],
         source=f"{path.name}: {data.get('source', '')}"), split

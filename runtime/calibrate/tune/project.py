@@ -84,6 +84,10 @@ class GpuProfile:
     """GPUs that share one optimizer update (a distributed optimizer shards it)"""
     reduce_bytes: int = 2
     """bytes per gradient element in the allreduce (2: fp16/bf16)"""
+    element_bytes: int = 4
+    """bytes of one parameter and of its gradient as the model holds them (4: fp32 under
+    autocast; 2: train.precision bf16_master/fp16_master): the buckets' sizes and the sharded
+    step's parameter all-gather"""
     step_overhead_ms: float = 0.0
     """per-step time outside the model (data, launch, loss scaling); 0 unless known"""
     tokens_per_sequence: float = 512.0
@@ -183,7 +187,7 @@ def gpu_step_profile(gp: GpuProfile, cpu: StepProfile, local_batch: int,
         cpu, grads=tuple(Gradient(g.name, g.numel, backward if at_end else g.ready_s * scale)
                          for g in cpu.grads),
         forward_s=cpu.forward_s * scale, backward_s=backward, optimizer_s=opt,
-        data_s=0.0, tail_s=gp.step_overhead_ms * 1e-3, element_bytes=4,
+        data_s=0.0, tail_s=gp.step_overhead_ms * 1e-3, element_bytes=gp.element_bytes,
         prescale_s_per_element=8 / hbm, norm_s_per_element=4 / hbm,
         decoder_ready_s=None if cpu.decoder_ready_s is None else
         backward if at_end else cpu.decoder_ready_s * scale,
