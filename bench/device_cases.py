@@ -305,19 +305,21 @@ def _count_one(trainer, it, graph: bool, tagger, counting, batch_tensors) -> lis
             with tagger.hooks(trainer.model):
                 if graph:
                     g = trainer.runner.graph
-                    inner = g.captured_step
+                    # the step the graph captures: ``captured_step`` (``body`` in older trees)
+                    name = "captured_step" if hasattr(g, "captured_step") else "body"
+                    inner = getattr(g, name)
 
                     def counted_body(slots):
                         counter.phase = "step"
                         values = inner(slots)
                         counter.phase = "output"
                         return values
-                    g.captured_step = counted_body
+                    setattr(g, name, counted_body)
                     try:
                         counter.phase = "input"
                         g.step(batches)
                     finally:
-                        g.captured_step = inner
+                        setattr(g, name, inner)
                     counter.add("clone", "copy/fill")  # the replay's copy-out of the values
                 else:
                     counter.phase = "step"

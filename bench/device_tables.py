@@ -78,6 +78,21 @@ def node_table(node: dict) -> str:
     return "\n".join(out)
 
 
+def cuts_table(cuts: dict) -> str:
+    out = ["| GPU | busy before -> after the buffer's copy (3a22c0e), ms | gradient buffer ms "
+           "(GB) before -> after | stored update fp32: ms | stored update bf16: ms | norm in "
+           "pass 1: ms |", "|---|---|---|---|---|---|"]
+    for g, c in cuts.items():
+        b, w = c["gradient_buffer_copy"], c["what_if"]
+        out.append(f"| {g.upper()} | {b['before_ms']:.2f} -> **{b['after_ms']:.2f}** | "
+                   f"{b['buffer_before_ms']:.2f} ({b['buffer_before_GB']:.2f}) -> "
+                   f"{b['buffer_after_ms']:.2f} ({b['buffer_after_GB']:.2f}) | "
+                   f"{w['lamb_stored_update_fp32_ms']:+.3f} | "
+                   f"{w['lamb_stored_update_bf16_ms']:+.3f} | "
+                   f"{w['grad_norm_folded_into_pass1_ms']:+.3f} |")
+    return "\n".join(out)
+
+
 def tables(rec: dict) -> str:
     parts = []
     if "validation" in rec:
@@ -88,6 +103,9 @@ def tables(rec: dict) -> str:
                   predictions_table(rec["predictions"], "rows2"), "",
                   "Predicted busy at the largest batch the records measured, ms", "",
                   predictions_table(rec["predictions"], "throughput"), ""]
+    if "cuts" in rec:
+        parts += ["The cuts, best mode at 2 full rows (what the model prices them at)", "",
+                  cuts_table(rec["cuts"]), ""]
     if "node8" in rec:
         parts += ["8 GPUs of a node, 2 full rows a GPU (the tuner's projection of the "
                   "model: profile)", "", node_table(rec["node8"]), ""]

@@ -475,6 +475,9 @@ def finish_summary(r) -> dict:
         from bench.device_node import node_predictions, write_profiles
         out["predictions"] = pred
         out["node8"] = node_predictions(pred, modes())
+        if "bf16_master_layers" in pred:
+            from bench.device_cuts import cuts
+            out["cuts"] = cuts(r.args.gpus, _depths(r.args))
         if r.args.profiles:
             write_profiles(pred, r.args.profiles, r.record["commit"], modes())
     return out

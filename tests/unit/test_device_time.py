@@ -211,3 +211,20 @@ def test_parts_and_the_two_extrapolations():
     f, b = retarget_attention(att, 100.0, 300.0, 512)
     assert f[5][0].flops == 3000.0 and b[5][0].flops == 7500.0
     assert f[5][0].cta_flops == 4 * 64 * 128 * 512 and b[5][0].cta_flops == 2.5 * 4 * 64 * 128 * 512
+
+
+def test_the_asked_for_cuts_are_priced_from_the_passes_bytes():
+    from bench.device_cuts import what_if
+    row = GPUS["h200"]
+    params = 336e6
+    priced = {"by_op": {
+        "optimizer|cpp_fused_sqrt_sum_where_0": {"s": 0, "kernels": 1, "bytes": 22 * params},
+        "optimizer|cpp_fused_sqrt_sub_where_1": {"s": 0, "kernels": 1, "bytes": 18 * params},
+        "optimizer|index_add_": {"s": 0, "kernels": 2, "bytes": 1e6},
+        "gradient buffer|linalg_vector_norm": {"s": 1.7e-4, "kernels": 1, "bytes": 2 * params}}}
+    got = what_if(priced, row)
+    assert got["parameters"] == pytest.approx(params)
+    assert got["lamb_stored_update_fp32_ms"] == pytest.approx(0.0, abs=1e-9)  # +4 B, -4 B
+    saved = 4 * params / (row.bandwidth_GBps * 1e9) * 1e3                    # -4 B in bf16
+    assert got["lamb_stored_update_bf16_ms"] == pytest.approx(-saved)
+    assert got["grad_norm_folded_into_pass1_ms"] == pytest.approx(-0.17)
