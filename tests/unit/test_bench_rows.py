@@ -394,3 +394,32 @@ def test_prepare_and_prepare_mlperf(tmp_path, monkeypatch, capsys):
     rec = record_of(out)
     assert rec["median_s"] == 2.0 and rec["text_mb"] > 0 and rec["runs"][0]["documents"] == 3
     assert "at this rate:" in capsys.readouterr().out
+
+
+def test_kernel_count(tmp_path, monkeypatch, capsys):
+    from bench import kernel_count
+
+    def count(*overrides, cuda_autocast=True):
+        layers = int(next(o for o in overrides if o.startswith("model.num_hidden_layers="))
+                     .split("=")[1])
+        kernels = 100 * layers + (50 if "train.precision=bf16" in overrides else 20) \
+            + (0 if cuda_autocast else 7)
+        return {"kernels": kernels, "ops": kernels - 10, "by_op": {"mm": layers},
+                "by_category": {"gemm": {"kernels": kernels}},
+                "by_phase": {"step": {"kernels": kernels}}, "seconds": 0.1}
+    monkeypatch.setattr(kernel_count, "count_step_kernels", count)
+    out = tmp_path / "rec.json"
+    assert kernel_count.main(["--layers", "4", "--small-layers", "2", "--widths", "256",
+                              "--modes", "bf16_autocast,bf16_master", "--out", str(out)]) == 0
+    rec = record_of(out)
+    assert list(rec["counts"]) == ["bf16_autocast", "bf16_master"]
+    c = rec["counts"]["bf16_autocast"]
+    assert c["per_layer"] == 100 and c["outside_layers"] == 50
+    assert c["width_checks"] == {"256": {"kernels": 450, "ops": 440, "same_ops": True}}
+    assert rec["cpu_autocast_lists"]["kernels"] == 457 and rec["vs_h200"]["counted"] == 450
+    assert rec["best"] == {"mode": "bf16_master", "kernels": 420, "goal": 1000, "met": True}
+    printed = capsys.readouterr().out
+    assert "best: bf16_master, 420 kernels (goal <= 1000)" in printed
+    assert json.loads(printed.strip().splitlines()[-1]) == {
+        "benchmark": "kernel_count", "kernels": {"bf16_autocast": 450, "bf16_master": 420},
+        "width_checks_same": True}
