@@ -21,9 +21,10 @@ NOT_BENCHMARKS = {"__init__.py", "common.py", "harness.py", "baseline_ddp.py", "
                   "netns.py", "same_metrics.py", "compare_commits.py", "tf_bundle_writer.py",
                   "cuda_dispatch.py", "kernel_counter.py",
                   # bench.device_time's: a case counted in a child process, the model, the
-                  # node's projection, the tables, each op's FLOPs and bytes
+                  # node's projection, the tables, the cuts' before/after, each op's FLOPs
+                  # and bytes
                   "device_cases.py", "device_model.py", "device_node.py", "device_tables.py",
-                  "op_cost.py"}
+                  "device_cuts.py", "op_cost.py"}
 # Benchmarks another change owns right now; each becomes a row there or after it lands.
 PENDING: dict[str, str] = {}
 # Entry points without --help yet, in files another change owns right now.
