@@ -13,7 +13,8 @@ best mode (bf16_master, qkv, pad_vocab, compiled layers) at 2 full rows of 512 o
         own read of the buffer gone.
 
 Owns: the cuts' before/after table. Never: changes the step (the cuts themselves are the
-runtime's), or counts (bench.device_time).
+runtime's), counts (bench.device_time, whose case and pricing it is handed), or imports
+bench.device_time (it sits below it).
 """
 from __future__ import annotations
 
@@ -52,14 +53,14 @@ def what_if(priced: dict, gpu: GpuRow, master: bool = True) -> dict:
             "parameters": params}
 
 
-def cuts(gpus: list[str], depths=(2, 4)) -> dict:
+def cuts(gpus: list[str], depths, case_of, predict) -> dict:
     """Each GPU: the best mode's busy before and after the landed cut, and the asked-for ones'
-    what-if (module docstring)."""
-    from bench.device_time import mode_cases, modes, predict
+    what-if (module docstring). ``case_of(gpu)`` is the best mode's rows2 case and ``predict``
+    prices a case (both bench.device_time's, passed in: this module sits below it)."""
     from runtime.calibrate.gpus import GPUS
     out = {}
     for g in gpus:
-        case = mode_cases(BEST, modes()[BEST], g)["rows2"]
+        case = case_of(g)
         after = predict(case, GPUS[g], depths)
         case.tree = BEFORE_F8
         before = predict(case, GPUS[g], depths)

@@ -476,8 +476,9 @@ def finish_summary(r) -> dict:
         out["predictions"] = pred
         out["node8"] = node_predictions(pred, modes())
         if "bf16_master_layers" in pred:
-            from bench.device_cuts import cuts
-            out["cuts"] = cuts(r.args.gpus, _depths(r.args))
+            from bench.device_cuts import BEST, cuts
+            out["cuts"] = cuts(r.args.gpus, _depths(r.args),
+                               lambda g: mode_cases(BEST, modes()[BEST], g)["rows2"], predict)
         if r.args.profiles:
             write_profiles(pred, r.args.profiles, r.record["commit"], modes())
     return out

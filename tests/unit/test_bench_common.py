@@ -18,9 +18,10 @@ NO_RECORD = {"__init__.py", "common.py", "baseline_ddp.py", "fault_rank.py", "ne
              "cuda_dispatch.py",     # bench.kernel_count's CUDA dispatch on a CPU
              "kernel_counter.py",    # bench.kernel_count's counter and its rules
              # bench.device_time's helpers: a case counted in a child process, the model,
-             # the node's projection, the tables, each op's FLOPs and bytes
+             # the node's projection, the tables, the cuts' before/after, each op's FLOPs
+             # and bytes
              "device_cases.py", "device_model.py", "device_node.py", "device_tables.py",
-             "op_cost.py"}
+             "device_cuts.py", "op_cost.py"}
 
 
 def test_record_header_and_finish(tmp_path, capsys):
