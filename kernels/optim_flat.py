@@ -301,6 +301,9 @@ class _FusedStep:
     name = ""
     state_names: tuple[str, ...] = ()
     pass_functions: tuple[Callable, ...] = ()
+    # The pass that writes the parameters, by whether fp32 masters are kept: (without, with).
+    # The master one takes the master rows right after the parameters' (module docstring).
+    update_passes: tuple[str, str] = ("", "")
     takes_steps = True  # step() wants per-tensor step counts (bias correction)
 
     def __init__(self, buffers: FlatBuffers, *, compile: bool = True) -> None:
@@ -309,6 +312,10 @@ class _FusedStep:
             raise ValueError(f"{self.name}: buffers lack state {sorted(missing)}")
         self.buffers = buffers
         self.master = MASTER in buffers.state   # fp32 master weights: read and written here
+        # chosen once: the rows the update writes (the parameters, then the masters where kept)
+        # and the pass that writes them - the steps below read these, never ``master``
+        self.written: tuple[str, ...] = ("params", MASTER) if self.master else ("params",)
+        self.update_pass_name = self.update_passes[self.master]
         variant = (buffers.dtype, buffers.device, buffers.layout.row,
                    buffers.block_segment is not None, self.master)
         sizes = (buffers.total, buffers.window, len(buffers.layout.segments))
@@ -333,7 +340,11 @@ class _FusedStep:
 
     def _x_rows(self) -> torch.Tensor:
         """The rows the update reads x from: the fp32 masters where kept, else the params."""
-        return self._rows(MASTER if self.master else "params")
+        return self._rows(self.written[-1])
+
+    def _update(self, *rest) -> None:
+        """The parameter-writing pass on the written rows, then ``rest``."""
+        self.kernels[self.update_pass_name](*(self._rows(n) for n in self.written), *rest)
 
     def _rows(self, name: str) -> torch.Tensor:
         b = self.buffers
@@ -492,6 +503,7 @@ class FusedLamb(_FusedStep):
     name = "lamb"
     state_names = ("exp_avg", "exp_avg_sq")
     pass_functions = (lamb_pass1, lamb_pass2, lamb_pass2_master)
+    update_passes = ("lamb_pass2", "lamb_pass2_master")
 
     @torch.no_grad()
     def step(self, *, steps, lr, beta1, beta2, eps, weight_decays, adapt_flags,
@@ -509,17 +521,14 @@ class FusedLamb(_FusedStep):
             t, self._keep(active), self._vector(clamps, "trust_clamp"),
             self._flags(adapt_flags, "adapt_flags"), self._vector(lr, "lr", per_step=True))
         seg = self.buffers.row_block
-        P, G, X = self._rows("params"), self._rows("grads"), self._x_rows()
+        G, X = self._rows("grads"), self._x_rows()
         M, V = self._rows("exp_avg"), self._rows("exp_avg_sq")
         x2, u2 = self.kernels["lamb_pass1"](X, G, M, V, keep, t, seg,
                                             self._grad_scale(grad_scale))
         w, u = self._segment_norms(x2, u2)
         phi = torch.minimum(w, clamp)
         ratio = torch.where(adapt, _trust_ratio(w, u, phi, u), torch.ones_like(w))
-        if self.master:
-            self.kernels["lamb_pass2_master"](P, X, M, V, keep, t, seg, lr * ratio)
-        else:
-            self.kernels["lamb_pass2"](P, M, V, keep, t, seg, lr * ratio)
+        self._update(M, V, keep, t, seg, lr * ratio)
 
     def _warmup_step(self) -> None:
         self.step(steps=1, lr=0.0, beta1=0.9, beta2=0.999, eps=1e-6, weight_decays=0.0,
@@ -532,6 +541,7 @@ class FusedAdamW(_FusedStep):
     name = "adamw"
     state_names = ("exp_avg", "exp_avg_sq")
     pass_functions = (adamw_pass, adamw_pass_master)
+    update_passes = ("adamw_pass", "adamw_pass_master")
 
     @torch.no_grad()
     def step(self, *, steps, lr, beta1, beta2, eps, weight_decays, bias_correction=True,
@@ -539,12 +549,9 @@ class FusedAdamW(_FusedStep):
         t = self._adam_table(steps=steps, beta1=beta1, beta2=beta2, eps=eps,
                              weight_decays=weight_decays, bias_correction=bias_correction,
                              extra=(self._vector(lr, "lr", per_step=True),))
-        rest = (self._rows("grads"), self._rows("exp_avg"), self._rows("exp_avg_sq"),
-                self._keep(active), t, self.buffers.row_segment, self._grad_scale(grad_scale))
-        if self.master:
-            self.kernels["adamw_pass_master"](self._rows("params"), self._x_rows(), *rest)
-        else:
-            self.kernels["adamw_pass"](self._rows("params"), *rest)
+        self._update(self._rows("grads"), self._rows("exp_avg"), self._rows("exp_avg_sq"),
+                     self._keep(active), t, self.buffers.row_segment,
+                     self._grad_scale(grad_scale))
 
     def _warmup_step(self) -> None:
         self.step(steps=1, lr=0.0, beta1=0.9, beta2=0.999, eps=1e-8, weight_decays=0.0,
@@ -557,6 +564,7 @@ class FusedLars(_FusedStep):
     name = "lars"
     state_names = ("momentum_buffer",)
     pass_functions = (lars_pass1, lars_pass2, lars_pass2_master)
+    update_passes = ("lars_pass2", "lars_pass2_master")
     takes_steps = False
 
     @torch.no_grad()
@@ -569,17 +577,13 @@ class FusedLars(_FusedStep):
             v(trust_coefficient, "trust_coefficient"), v(eps, "eps"),
             self._flags(adapt_flags, "adapt_flags"), v(lr, "lr", per_step=True))
         gs = self._grad_scale(grad_scale)
-        P, G, B = self._rows("params"), self._rows("grads"), self._rows("momentum_buffer")
-        X = self._x_rows()
+        G, B, X = self._rows("grads"), self._rows("momentum_buffer"), self._x_rows()
         w2, g2 = self.kernels["lars_pass1"](X, G, gs)
         w, g = self._segment_norms(w2, g2)
         local = _trust_ratio(w, g, coefficient * w, g + wd * w + eps)
         local = torch.where(adapt, local, torch.ones_like(local))
         t, seg = self._table(wd, momentum), self.buffers.row_block
-        if self.master:
-            self.kernels["lars_pass2_master"](P, X, G, B, keep, t, seg, gs, lr * local)
-        else:
-            self.kernels["lars_pass2"](P, G, B, keep, t, seg, gs, lr * local)
+        self._update(G, B, keep, t, seg, gs, lr * local)
 
     def _warmup_step(self) -> None:
         self.step(lr=0.0, momentum=0.9, trust_coefficient=0.001, eps=1e-9, weight_decays=0.0,
