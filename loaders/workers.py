@@ -137,22 +137,35 @@ def _run(fn, index: int, task):
     return result
 
 
-def _forkserver_end() -> Optional[tuple[int, str]]:
+PF_EXITING = 0x4
+"""/proc/PID/stat's flags (field 9): the process is in its exit (linux/sched.h)."""
+
+
+def _forkserver_end(wait_s: float = 2.0) -> Optional[tuple[int, str]]:
     """(its pid, how it ended) when the forkserver this process starts its workers from has
     ended, else None. Its parent is this process, which never reaps it (multiprocessing does
     when it starts another): an ended one is a zombie whose /proc stat holds its wait status
-    (field 52, Linux >= 3.5)."""
+    (field 52, Linux >= 3.5). One that is still in its exit (flag PF_EXITING: its files,
+    the workers' status pipes among them, are closed before it becomes a zombie - which is
+    how its workers came to read as "exit status 255") is waited for, up to ``wait_s``."""
     from multiprocessing import forkserver
     pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
     if not pid:
         return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return pid, "ended"
-    if fields[0] != "Z":
-        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return pid, "ended"
+        if fields[0] == "Z":
+            break
+        if not int(fields[6]) & PF_EXITING:
+            return None
+        if time.monotonic() > deadline:
+            return pid, "ended"
+        time.sleep(0.01)
     try:
         status = int(fields[49])
     except (IndexError, ValueError):

@@ -165,3 +165,21 @@ def test_lost_ranks_finds_a_peer_gone_without_a_word(run_dir):
     assert gone == [2] and len(said) == 1 and said[0].startswith("rank 2 ") and \
         "gone without a word after step 10" in said[0], said
     assert rank_status.lost_ranks(run_dir, 2) == ([], [])
+
+
+def test_the_watch_asks_to_wake_first_where_the_host_allows_it():
+    """SCHED_FIFO at priority 1 where permitted (root here): the watch then runs the moment a
+    rank ends, before the launcher's clean-up kills the others (a loaded host otherwise shows
+    the ends as a tie); where not permitted it stays as it was and says so by returning False."""
+    import os
+
+    from submission.rank_ends import wake_first
+    before = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        if wake_first():
+            assert os.sched_getscheduler(0) == os.SCHED_FIFO
+            assert os.sched_getparam(0).sched_priority == 1
+        else:
+            assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before
+    finally:
+        os.sched_setscheduler(0, *before)
