@@ -423,3 +423,54 @@ def test_kernel_count(tmp_path, monkeypatch, capsys):
     assert json.loads(printed.strip().splitlines()[-1]) == {
         "benchmark": "kernel_count", "kernels": {"bf16_autocast": 450, "bf16_master": 420},
         "width_checks_same": True}
+
+
+def test_device_time(tmp_path, monkeypatch, capsys):
+    """The row with its counting (bench.device_cases' child processes, an hour) replaced by one
+    canned step: a GEMM in the encoder, LAMB's two passes, the buffer's norm - the pricing,
+    the depth and batch extrapolations, a real record's validation case, the node's
+    projection, the cuts, the profiles file and the tables all run."""
+    from bench import device_time
+    from bench.op_cost import Cost
+
+    def rows(layers: int) -> list:
+        gemm = Cost("gemm", 6e6 * layers, 2e11 * layers, "bf16", 512).to_list()
+        return [["step", "gemm", "mm", 3 * layers, "encoder", [gemm] * (3 * layers)],
+                ["step", "elementwise", "gelu", layers, "encoder",
+                 [Cost("memory", 4e7).to_list()] * layers],
+                ["step", "reduction", "linalg_vector_norm", 1, "gradbuf",
+                 [Cost("memory", 6.7e8).to_list()]],
+                ["optimizer", "optimizer", "cpp_fused_sum_0", 1, "",
+                 [Cost("memory", 7.4e9).to_list()]],
+                ["optimizer", "optimizer", "cpp_fused_sub_0", 1, "",
+                 [Cost("memory", 6.05e9).to_list()]]]
+    trees = []
+
+    def count(spec, tree):
+        trees.append(tree)
+        return {"steps": [rows(spec.get("layers", 2))]}
+    monkeypatch.setattr(device_time, "count", count)
+    monkeypatch.setattr(device_time, "seq512", lambda: tmp_path)
+    monkeypatch.setattr(device_time, "data_stats",
+                        lambda d: {"mean": 128.0, "mean_sq": 2.0e4, "longest": 512})
+    real = device_time.validation_cases
+    monkeypatch.setattr(device_time, "validation_cases",
+                        lambda: [v for v in real() if v.case.target is None
+                                 and v.case.name.startswith("optimizer lamb")][:1])
+    out, profiles = tmp_path / "rec.json", tmp_path / "profiles.json"
+    assert device_time.main(["--gpus", "h100", "--modes", "bf16_master_layers", "--out",
+                             str(out), "--profiles", str(profiles)]) == 0
+    rec = record_of(out)
+    (v,) = rec["validation"]
+    assert v["gpu"] == "h200" and v["measured_ms"] > 0 and v["predicted_ms"] > 0
+    assert rec["validation_cases"] == 1 and rec["validation_met"] == int(v["met"])
+    p = rec["predictions"]["bf16_master_layers"]["h100"]
+    assert {"encoder GEMMs", "optimizer", "gradient buffer"} <= set(p["rows2"]["by_part"])
+    assert p["throughput"]["local_batch"] == device_time.THROUGHPUT_BATCH["h100"]
+    assert "3f8dd61" in trees     # the cuts count the best mode in the tree before the copy
+    assert rec["cuts"]["h100"]["what_if"]["lamb_stored_update_fp32_ms"] == pytest.approx(0.0,
+                                                                                         abs=1e-9)
+    assert rec["node8"]["nvidia_step_ms"] == 17.5
+    assert "bf16_master_layers" in json.loads(profiles.read_text())["profiles"]["h100"]
+    printed = capsys.readouterr().out
+    assert "Validation" in printed and "The cuts" in printed and "8 GPUs of a node" in printed
