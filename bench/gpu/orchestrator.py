@@ -474,4 +474,29 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"{', '.join(STAGE_NAMES)}", file=sys.stderr)
         return 2
     args.run_stages = stages
+    missing = None if args.smoke else no_gpu_here()
+    if missing:
+        print(f"bench.gpu: {missing}: the plan's stages measure a CUDA GPU and would only run "
+              f"out their budgets here. On a CPU, --smoke runs every stage at tiny shapes (what "
+              f"CI checks); on a GPU machine see docs/GPU_QUICKSTART.md", file=sys.stderr)
+        return 2
     return run_all(args, stages)
+
+
+NVIDIA_DRIVER = Path("/proc/driver/nvidia")
+"""Present wherever NVIDIA's kernel driver is loaded: such a machine is never refused."""
+
+
+def no_gpu_here() -> Optional[str]:
+    """Why this machine has no CUDA GPU for the stages, or None. Refused only when both say
+    so: NVIDIA's driver is not loaded and torch (in a child, as the stages import it) sees no
+    CUDA device - a lent GPU machine, whatever its torch, always gets its run."""
+    if NVIDIA_DRIVER.exists():
+        return None
+    proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__, "
+                           "torch.cuda.is_available())"], capture_output=True, text=True,
+                          timeout=300)
+    words = proc.stdout.split()
+    if proc.returncode == 0 and words[-1:] == ["False"]:
+        return f"no CUDA GPU here (no {NVIDIA_DRIVER}; torch {words[0]} sees no CUDA device)"
+    return None

@@ -19,6 +19,21 @@ from tests.support.launch import ROOT
 
 
 
+def test_without_a_gpu_a_full_plan_is_refused_at_once_and_says_what_to_run(tmp_path):
+    """Not --smoke on a machine without NVIDIA's driver and a CUDA device: exit 2 in seconds,
+    saying so (it used to run the stages until the data stage's budget ran out)."""
+    from bench.gpu.orchestrator import NVIDIA_DRIVER
+    if NVIDIA_DRIVER.exists():
+        pytest.skip(f"{NVIDIA_DRIVER} exists: a GPU machine is never refused")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--out", str(tmp_path / "out")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "no CUDA GPU here" in proc.stderr and "--smoke" in proc.stderr, proc.stderr
+    assert "GPU_QUICKSTART" in proc.stderr and time.monotonic() - t0 < 120
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)   # a hang guard: 91 s alone, 115-223 s beside the other worker
 def test_smoke_run_records_every_stage_and_isolates_a_failure(tmp_path):
