@@ -26,6 +26,8 @@ What this module owns:
         LAMB   pass 1, one loop: read p, g, m, v; write m, v; per-row Σx², Σu²
                per tensor: norms = index_add of row sums; trust ratio; lr·ratio per row
                pass 2: read p, m, v (u recomputed, never stored); write p
+               (``FusedLambStoredUpdate``: pass 1 also writes u over g, in g's dtype;
+               pass 2 reads p, u; write p - optim.lamb_update "stored")
         AdamW  one pass: read p, g, m, v; write p, m, v
         LARS   pass 1: read p, g; per-row Σw², Σ(sg)²    pass 2: read p, g, buf; write buf, p
 
@@ -68,8 +70,9 @@ from dataclasses import dataclass
 import torch
 
 from kernels.optim_passes import (adamw_pass, adamw_pass_master, lamb_pass1,  # noqa: F401
-                                  lamb_pass2, lamb_pass2_master, lars_pass1, lars_pass2,
-                                  lars_pass2_master)
+                                  lamb_pass1_store, lamb_pass2, lamb_pass2_master,
+                                  lamb_pass2_master_stored, lamb_pass2_stored, lars_pass1,
+                                  lars_pass2, lars_pass2_master)
 from kernels.optim_reference import ROW, Scalar, _trust_ratio, norm_of_rows, row_norms
 from kernels.compiled_pass import CompiledPass
 
@@ -81,6 +84,7 @@ __all__ = [
     "FlatSegment",
     "FusedAdamW",
     "FusedLamb",
+    "FusedLambStoredUpdate",
     "FusedLars",
 ]
 
@@ -523,16 +527,51 @@ class FusedLamb(_FusedStep):
         seg = self.buffers.row_block
         G, X = self._rows("grads"), self._x_rows()
         M, V = self._rows("exp_avg"), self._rows("exp_avg_sq")
-        x2, u2 = self.kernels["lamb_pass1"](X, G, M, V, keep, t, seg,
-                                            self._grad_scale(grad_scale))
+        x2, u2 = self.kernels[self.pass_functions[0].__name__](X, G, M, V, keep, t, seg,
+                                                                self._grad_scale(grad_scale))
         w, u = self._segment_norms(x2, u2)
         phi = torch.minimum(w, clamp)
         ratio = torch.where(adapt, _trust_ratio(w, u, phi, u), torch.ones_like(w))
-        self._update(M, V, keep, t, seg, lr * ratio)
+        self._update(*self._pass2_inputs(M, V, G, keep, t, seg, lr * ratio))
+
+    @staticmethod
+    def _pass2_inputs(M, V, G, keep, t, seg, lr) -> tuple:
+        """Pass 2's arguments after the rows it writes: u is recomputed from m, v and t."""
+        return M, V, keep, t, seg, lr
 
     def _warmup_step(self) -> None:
         self.step(steps=1, lr=0.0, beta1=0.9, beta2=0.999, eps=1e-6, weight_decays=0.0,
                   adapt_flags=True, active=False)
+
+
+class FusedLambStoredUpdate(FusedLamb):
+    """LAMB whose pass 1 stores the update u over the gradient rows, in the gradients' dtype,
+    and whose pass 2 reads it instead of m and v (``optim.lamb_update = "stored"``).
+
+    Bytes per parameter: pass 1 writes u (+ the gradient's width), pass 2 reads u instead of
+    m and v (− 8 + the gradient's width). With fp32 gradients u is stored exactly and the
+    step moves as many bytes as ``FusedLamb`` (it exists there only to be tested against it);
+    with the bf16/fp16 gradients of the ``*_master`` precisions it moves 4 bytes a parameter
+    less (36 of 40) and applies u rounded to the gradient's dtype: the trust ratio is of the
+    unrounded u, as ``kernels.optim_reference.lamb_step(update_dtype=...)`` computes it. After
+    a step the gradient buffer holds the update, not the gradient: the gradient syncs
+    overwrite it before the next step reads it (the buckets' first copy, DDP's zeroing), and
+    ``grad_norm`` is read before the step."""
+
+    pass_functions = (lamb_pass1_store, lamb_pass2_stored, lamb_pass2_master_stored)
+    update_passes = ("lamb_pass2_stored", "lamb_pass2_master_stored")
+
+    @staticmethod
+    def _pass2_inputs(M, V, G, keep, t, seg, lr) -> tuple:
+        """Pass 2 reads the stored u (the gradient rows) instead of m, v and t."""
+        return G, keep, seg, lr
+
+    def _warmup_step(self) -> None:
+        """The warm-up writes u over the gradient rows too: the gradient bound at build time
+        is put back."""
+        grads = self.buffers.grads.clone()
+        super()._warmup_step()
+        self.buffers.grads.copy_(grads)
 
 
 class FusedAdamW(_FusedStep):

@@ -48,6 +48,37 @@ def lamb_pass1(p, g, m, v, keep, t, seg, gs):
     return (x * x).sum(1), (u * u).sum(1)
 
 
+def lamb_pass1_store(p, g, m, v, keep, t, seg, gs):
+    """LAMB pass 1 that also stores the update: as ``lamb_pass1``, and u written over the
+    gradient rows ``g`` in their dtype (the gradient is not read after this pass). The row
+    sums are of u before that rounding."""
+    keep, t = keep[seg][:, None], t[seg]
+    x = p.to(m.dtype)
+    m_new, v_new = _moments(g, m, v, keep, t, gs)
+    u = _adam_direction(x, m_new, v_new, t)
+    m.copy_(m_new)
+    v.copy_(v_new)
+    sums = (x * x).sum(1), (u * u).sum(1)
+    # the store after the sums: written before them, Inductor's C++ outer-loop fusion fails
+    # on a bf16 g (KeyError 'buf0', torch 2.13); the loop it compiles is the same one
+    g.copy_(u.to(g.dtype))
+    return sums
+
+
+def lamb_pass2_stored(p, u, keep, seg, lr):
+    """LAMB pass 2 on the update ``u`` that ``lamb_pass1_store`` stored: p ← x − (lr·ratio)·u."""
+    x = p.to(torch.promote_types(p.dtype, torch.float32))
+    p.copy_(torch.where(keep[seg][:, None], x - lr[seg][:, None] * u.to(x.dtype), x)
+            .to(p.dtype))
+
+
+def lamb_pass2_master_stored(p, w, u, keep, seg, lr):
+    """``lamb_pass2_stored`` on fp32 master weights ``w``; the model's copy p ← w."""
+    new = torch.where(keep[seg][:, None], w - lr[seg][:, None] * u.to(w.dtype), w)
+    w.copy_(new)
+    p.copy_(new.to(p.dtype))
+
+
 def lamb_pass2(p, m, v, keep, t, seg, lr):
     """LAMB pass 2: p ← x − (lr·ratio)·u, u recomputed from the updated m, v."""
     x = p.to(m.dtype)

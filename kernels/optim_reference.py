@@ -116,7 +116,8 @@ def lamb_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
               exp_avgs: Sequence[torch.Tensor], exp_avg_sqs: Sequence[torch.Tensor], *,
               step: int, lr: Scalar, beta1: float, beta2: float, eps: float,
               weight_decays, adapt_flags, bias_correction: bool = True,
-              grad_scale: Scalar = 1.0, trust_clamp: float | None = None) -> None:
+              grad_scale: Scalar = 1.0, trust_clamp: float | None = None,
+              update_dtype: torch.dtype | None = None) -> None:
     """One LAMB update (You et al., paper v5), per tensor:
 
         g  = grad_scale · grad
@@ -128,6 +129,9 @@ def lamb_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
 
     φ is the identity, or ``min(‖x‖, trust_clamp)`` when ``trust_clamp`` is set.
     Excluded parameters (bias/LayerNorm) are passed with adapt=False and λ=0.
+    ``update_dtype``: the u applied to x is u rounded to this dtype (the ratio is of the
+    unrounded u) - the stored update of ``optim.lamb_update = "stored"``, kept in the
+    gradients' dtype (kernels.optim_flat.FusedLambStoredUpdate).
     """
     _check_step(step)
     n = _check_lengths(params=params, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs)
@@ -142,9 +146,11 @@ def lamb_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
             u_norm = torch.linalg.vector_norm(u)
             phi = w_norm if trust_clamp is None else w_norm.clamp(max=trust_clamp)
             ratio = _trust_ratio(w_norm, u_norm, phi, u_norm)
-            p.copy_(x - (lr * ratio) * u)
         else:
-            p.copy_(x - lr * u)
+            ratio = 1.0
+        if update_dtype is not None:
+            u = u.to(update_dtype).to(u.dtype)
+        p.copy_(x - (lr * ratio) * u if adapt else x - lr * u)
 
 
 @torch.no_grad()

@@ -59,6 +59,8 @@ LoaderKind = Literal["torch", "dali"]
 OptimizerName = Literal["lamb", "adamw", "lars"]
 """The optimizers a config can name: runtime.optim's registry (tests hold the two equal)."""
 OptimBackend = Literal["auto", "reference", "foreach", "fused", "apex"]
+LambUpdate = Literal["recompute", "stored"]
+"""optim.lamb_update: how LAMB's second fused pass gets the update (kernels.optim_flat)."""
 OptimShard = Literal["none", "node", "world"]
 """optim.shard: which ranks share one optimizer update (its rows: ``SHARD_SCOPES``)."""
 LrScaling = Literal["none", "linear", "sqrt"]

@@ -25,11 +25,11 @@ from loaders.balance_spec import BalanceMode, BalanceSpec
 from loaders.shapes import STATIC_SEQS_PER_ROW, ShapeMode
 from runtime.choices import (AFTER_MODES, COMPILE_MODES, FP8_ROLES, MATCH, PRECISIONS, RECORD,
                              AttentionMode, ClipMode, ConfigError, CudaGraphs, Fp8Emulate,
-                             Fp8Recipe, GradSyncKind, LoaderKind, LrScaling, ModelCompile,
-                             OptimBackend, OptimizerName, OptimShard, Precision, ReduceDtype,
-                             ScheduleName, TiedEmbeddingSync, clip_help, clip_spec, compile_help,
-                             fp8_help, fp8_layers_help, graph_modes_help, hparam_error,
-                             is_number, key_field, one_of, shard_help)
+                             Fp8Recipe, GradSyncKind, LambUpdate, LoaderKind, LrScaling,
+                             ModelCompile, OptimBackend, OptimizerName, OptimShard, Precision,
+                             ReduceDtype, ScheduleName, TiedEmbeddingSync, clip_help, clip_spec,
+                             compile_help, fp8_help, fp8_layers_help, graph_modes_help,
+                             hparam_error, is_number, key_field, one_of, shard_help)
 from kernels.fusions import COMPILED, check_fusions
 from runtime.model.config import SHAPE, BertConfig
 
@@ -299,6 +299,15 @@ class OptimConfig:
     trust_clamp: float | None = _doc("LAMB: clamp ||w|| at this value in the trust ratio "
                                      "(None = identity, the reference)", None,
                                      resume=RECORD, why="the trust ratio from here on")
+    lamb_update: LambUpdate = _doc(
+        "LAMB, fused backend: how the second pass gets the update u: " + one_of(LambUpdate, {
+            "recompute": "from m and v, re-read (exact; 40 bytes a parameter a step)",
+            "stored": "pass 1 writes u over the gradient in the gradient's dtype and pass 2 "
+                      "reads it: 4 bytes a parameter less with the bf16/fp16 gradients of "
+                      "'*_master' precisions, u applied rounded to that dtype (the same samples "
+                      "to target on 3 seeds: docs/benchmarks/device_time.md); with fp32 "
+                      "gradients exact and no byte less"}), "recompute",
+        resume=RECORD, why="the update's rounding from here on")
     momentum: float = _doc("LARS momentum", 0.9, resume=MATCH, why=_STATE)
     trust_coefficient: float = _doc("LARS trust coefficient", 0.001,
                                     resume=RECORD, why="the trust ratio from here on")
@@ -316,6 +325,12 @@ class OptimConfig:
             why = hparam_error(key, getattr(self, key))
             if why:
                 raise ConfigError(f"optim.{key} {why}")
+        if self.lamb_update != "recompute" and (self.name != "lamb" or
+                                                self.backend not in ("auto", "fused")):
+            raise ConfigError(f"optim.lamb_update={self.lamb_update!r} is a step of LAMB's "
+                              f"fused backend: it needs optim.name 'lamb' and optim.backend "
+                              f"'auto' or 'fused' (got {self.name!r}, {self.backend!r}); "
+                              f"set optim.lamb_update 'recompute' otherwise")
         if self.lr_scaling != "none" and self.base_global_batch_size <= 0:
             raise ConfigError("optim.lr_scaling needs optim.base_global_batch_size > 0 "
                               "(the batch optim.lr was tuned for)")

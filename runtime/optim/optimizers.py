@@ -91,6 +91,10 @@ _BACKENDS: dict[str, dict[str, Backend]] = {
     "lars": {"reference": Backend(_ref.lars_step), "foreach": Backend(_foreach.lars_step),
              "fused": Backend(flat=_flat.FusedLars)},
 }
+# optim.lamb_update -> LAMB's fused step class (the per-tensor backends always recompute u)
+LAMB_UPDATES: dict[str, type] = {"recompute": _flat.FusedLamb,
+                                 "stored": _flat.FusedLambStoredUpdate}
+
 if _apex.available():  # never offered where NVIDIA apex does not import
     _BACKENDS["lamb"]["apex"] = Backend(_apex.lamb_step)
     _BACKENDS["adamw"]["apex"] = Backend(_apex.adamw_step)
@@ -164,7 +168,8 @@ class _PrestoOptimizer(torch.optim.Optimizer):
     name = ""  # registry / backend-table name
 
     def __init__(self, params, defaults: dict[str, Any], backend: str,
-                 param_order=None, master_weights: bool = False) -> None:
+                 param_order=None, master_weights: bool = False,
+                 flat_step: type | None = None) -> None:
         _validate(self.name, {**defaults, "backend": backend})
         self._flat: FlatBinding | None = None
         super().__init__(params, defaults)
@@ -181,8 +186,12 @@ class _PrestoOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{self.name}: fp32 master weights (train.precision '*_master') "
                              f"need the fused backend (optim.backend 'auto' or 'fused'), not "
                              f"{self.backend!r}")
+        if flat_step is not None and row.flat is None:
+            raise ValueError(f"{self.name}: {flat_step.__name__} is a step of the fused backend "
+                             f"(optim.backend 'auto' or 'fused'), not {self.backend!r}")
         if row.flat is not None:
-            self._flat = FlatBinding(self, row.flat, param_order, master=master_weights,
+            self._flat = FlatBinding(self, flat_step or row.flat, param_order,
+                                     master=master_weights,
                                      blocks=self._blocks)
             self.compile_seconds = self._flat.warmup()
         else:
@@ -427,12 +436,18 @@ class Lamb(_AdamFamily):
                  eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
                  trust_clamp: float | None = None, use_nvlamb: bool = False,
                  backend: str = "reference", param_order=None,
-                 master_weights: bool = False) -> None:
+                 master_weights: bool = False, lamb_update: str = "recompute") -> None:
         _validate(self.name, {"use_nvlamb": use_nvlamb})
+        if lamb_update not in LAMB_UPDATES:
+            raise ValueError(f"lamb: lamb_update {lamb_update!r} is not one of "
+                             f"{', '.join(LAMB_UPDATES)}")
         self.use_nvlamb = use_nvlamb
+        self.lamb_update = lamb_update
         defaults = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction, trust_clamp=trust_clamp, adapt=True)
-        super().__init__(params, defaults, backend, param_order, master_weights)
+        super().__init__(params, defaults, backend, param_order, master_weights,
+                         flat_step=None if lamb_update == "recompute"
+                         else LAMB_UPDATES[lamb_update])
 
     def _hparams(self, group) -> dict[str, Any]:
         return dict(lr=group["lr"], beta1=group["beta1"], beta2=group["beta2"],
@@ -591,12 +606,13 @@ def _groups(named_parameters, weight_decay: float):
 def _build_lamb(named_parameters, *, lr: float, beta1: float = 0.9, beta2: float = 0.999,
                 eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
                 trust_clamp: float | None = None, use_nvlamb: bool = False,
-                backend: str = "reference", master_weights: bool = False) -> Lamb:
+                backend: str = "reference", master_weights: bool = False,
+                lamb_update: str = "recompute") -> Lamb:
     groups, order = _groups(named_parameters, weight_decay)
     return Lamb(groups, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                 bias_correction=bias_correction, trust_clamp=trust_clamp,
                 use_nvlamb=use_nvlamb, backend=backend, param_order=order,
-                master_weights=master_weights)
+                master_weights=master_weights, lamb_update=lamb_update)
 
 
 @register_optimizer("adamw")

@@ -105,14 +105,19 @@ def test_hopper_configs_run_the_measured_best_step_at_a_reference_convergence_po
 
 
 @pytest.mark.parametrize("path", HOPPER, ids=lambda p: p.name)
-def test_hopper_configs_are_refused_in_one_sentence_where_they_cannot_run(path, monkeypatch):
+def test_hopper_configs_are_refused_in_one_sentence_where_they_cannot_run(path, monkeypatch,
+                                                                           tmp_path):
     """On this CPU machine, before any rank starts (run_and_time.sh's pre-launch check): srun
     outside an allocation where Slurm does not answer (its answer given here: a unit test
-    starts no srun; tests/unit/test_preflight.py and the e2e tests ask a real one), and with
-    a launcher that starts ranks here, no CUDA."""
+    starts no srun - $SRUN names one that is never run, so the test holds on a machine
+    without Slurm installed too; tests/unit/test_preflight.py and the e2e tests ask a real
+    one), and with a launcher that starts ranks here, no CUDA."""
     import subprocess
     from submission import preflight
     asked = []
+    fake = tmp_path / "srun"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
 
     def no_slurm(args, **kw):
         asked.append(args)
@@ -120,8 +125,8 @@ def test_hopper_configs_are_refused_in_one_sentence_where_they_cannot_run(path, 
             args, 1, "", "srun: fatal: Could not establish a configuration source\n")
     monkeypatch.setattr(preflight.subprocess, "run", no_slurm)
     assert "outside a Slurm allocation" in preflight.problems(
-        str(path), [], environ={"PATH": "/usr/bin:/bin"})[0]
-    assert asked and asked[0][:2] == ["srun", "--test-only"]
+        str(path), [], environ={"PATH": "/usr/bin:/bin", "SRUN": str(fake)})[0]
+    assert asked and Path(asked[0][0]).name == "srun" and asked[0][1] == "--test-only"
     monkeypatch.undo()
     found = preflight.problems(str(path), ["system.launcher=mpiexec", "system.nodes=1"])
     assert any("system.device='cuda'" in p for p in found), found
