@@ -3,6 +3,10 @@ best mode (bf16_master, qkv, pad_vocab, compiled layers) at 2 full rows of 512 o
 
   * a cut that landed, by its commit: the step counted in the tree before it and in this tree
     (the gradient buffer's zero-then-add -> copy, commit 3a22c0e after 3f8dd61);
+  * a cut that landed as an option: the step counted in this tree with and without it
+    (``optim.lamb_update = "stored"``: LAMB's pass 1 writes u over the bf16 gradient, pass 2
+    reads it instead of m and v - the passes' bytes as Inductor's kernels read and write
+    them, beside the what-if below);
   * a cut asked for, before it is made: the counted step with its kernels' bytes changed as
     the cut would change them, priced the same way (``what_if``):
       - LAMB's second pass reading an update u stored by the first instead of m and v: pass 1
@@ -23,6 +27,8 @@ from runtime.calibrate.gpus import GpuRow, kernel_seconds
 BEFORE_F8 = "3f8dd61"
 """The tree before the gradient buffer's copy (3a22c0e, issue 63): the review's commit."""
 BEST = "bf16_master_layers"
+STORED = "optim.lamb_update=stored"
+"""The option that stores LAMB's update (kernels.optim_flat.FusedLambStoredUpdate)."""
 
 
 def _passes(priced: dict) -> tuple[tuple[str, dict], tuple[str, dict]]:
@@ -62,6 +68,9 @@ def cuts(gpus: list[str], depths, case_of, predict) -> dict:
     for g in gpus:
         case = case_of(g)
         after = predict(case, GPUS[g], depths)
+        stored = case_of(g)
+        stored.spec["overrides"] = [*stored.spec["overrides"], STORED]
+        with_stored = predict(stored, GPUS[g], depths)
         case.tree = BEFORE_F8
         before = predict(case, GPUS[g], depths)
         out[g] = {"mode": BEST, "config": "rows2",
@@ -72,6 +81,14 @@ def cuts(gpus: list[str], depths, case_of, predict) -> dict:
                       "buffer_after_ms": after["by_part"]["gradient buffer"]["s"] * 1e3,
                       "buffer_before_GB": before["by_part"]["gradient buffer"]["bytes"] / 1e9,
                       "buffer_after_GB": after["by_part"]["gradient buffer"]["bytes"] / 1e9},
+                  "lamb_stored_update": {
+                      "option": STORED, "before_ms": after["s"] * 1e3,
+                      "after_ms": with_stored["s"] * 1e3,
+                      "optimizer_before_ms": after["by_part"]["optimizer"]["s"] * 1e3,
+                      "optimizer_after_ms": with_stored["by_part"]["optimizer"]["s"] * 1e3,
+                      "optimizer_before_GB": after["by_part"]["optimizer"]["bytes"] / 1e9,
+                      "optimizer_after_GB": with_stored["by_part"]["optimizer"]["bytes"] / 1e9,
+                      "kernels_before": after["kernels"], "kernels_after": with_stored["kernels"]},
                   "what_if": what_if(after, GPUS[g]),
                   "non_gemm_bytes": _ranked(after)}
     return out

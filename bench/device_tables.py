@@ -93,6 +93,21 @@ def cuts_table(cuts: dict) -> str:
     return "\n".join(out)
 
 
+def stored_table(cuts: dict) -> str:
+    """``optim.lamb_update = "stored"`` counted with and without (bench.device_cuts)."""
+    out = ["| GPU | busy without -> with, ms | optimizer ms (GB) without -> with | kernels "
+           "without -> with |", "|---|---|---|---|"]
+    for g, c in cuts.items():
+        s = c.get("lamb_stored_update")
+        if s is None:   # a record from before the option
+            continue
+        out.append(f"| {g.upper()} | {s['before_ms']:.2f} -> **{s['after_ms']:.2f}** | "
+                   f"{s['optimizer_before_ms']:.2f} ({s['optimizer_before_GB']:.2f}) -> "
+                   f"{s['optimizer_after_ms']:.2f} ({s['optimizer_after_GB']:.2f}) | "
+                   f"{s['kernels_before']:.0f} -> {s['kernels_after']:.0f} |")
+    return "\n".join(out)
+
+
 def tables(rec: dict) -> str:
     parts = []
     if "validation" in rec:
@@ -105,7 +120,9 @@ def tables(rec: dict) -> str:
                   predictions_table(rec["predictions"], "throughput"), ""]
     if "cuts" in rec:
         parts += ["The cuts, best mode at 2 full rows (what the model prices them at)", "",
-                  cuts_table(rec["cuts"]), ""]
+                  cuts_table(rec["cuts"]), "",
+                  'optim.lamb_update = "stored", best mode at 2 full rows (counted with and '
+                  'without)', "", stored_table(rec["cuts"]), ""]
     if "node8" in rec:
         parts += ["8 GPUs of a node, 2 full rows a GPU (the tuner's projection of the "
                   "model: profile)", "", node_table(rec["node8"]), ""]
