@@ -242,7 +242,7 @@ def seq512() -> Path:
     out = CACHE / "seq512"
     if not (out / "stats.json").is_file():
         from loaders.prepare import PrepareConfig, build
-        from loaders.presets import SOURCES
+        from basis.presets import SOURCES
         if not SOURCES.is_dir():
             raise RuntimeError(f"{SOURCES} is missing: `make sources` fetches the text the "
                                f"GPU records' data was built from")

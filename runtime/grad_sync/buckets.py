@@ -21,8 +21,9 @@ Owns:
     gradients are in the buffer before the next one starts, so a backward that hands out
     gradients in memory it rewrites later (the encoder CUDA graphs' static outputs) stays
     correct. ``finish`` points the ``.grad`` back at their views; after ``zero_grad`` they
-    still hold the last step's gradient until the next step's first copy (nothing reads them
-    in between: the optimizer has stepped);
+    still hold the last step's gradient (with ``optim.lamb_update = "stored"``, the update
+    LAMB wrote over it) until the next step's first copy (nothing reads them in between: the
+    optimizer has stepped);
   * the post-accumulate-grad hooks that launch each bucket's asynchronous allreduce
     (``async_op=True`` on the gloo/NCCL group) as soon as its last gradient is produced,
     strictly in bucket order, while backward goes on; with gradient accumulation only the

@@ -177,6 +177,17 @@ def test_values_that_make_no_sense_are_refused_by_config_and_submit(override, ke
 
 
 
+@pytest.mark.parametrize("other", ['optim.name="adamw"', 'optim.backend="foreach"'])
+def test_a_stored_lamb_update_outside_lambs_fused_step_is_refused(other):
+    """optim.lamb_update 'stored' is a pass of LAMB's fused step: another optimizer or a
+    per-tensor backend is refused by the config, naming the key and the way out."""
+    with pytest.raises(ConfigError, match=r"optim\.lamb_update='stored' .* set "
+                                          r"optim\.lamb_update 'recompute' otherwise"):
+        load_config(CPU_CONFIG, ['optim.lamb_update="stored"', other])
+    cfg = load_config(CPU_CONFIG, ['optim.lamb_update="stored"', 'train.precision="bf16_master"'])
+    assert cfg.optim.lamb_update == "stored"
+
+
 def test_profile_steps_say_what_is_wrong_and_are_taken_in_order():
     """train.profile_steps accepted a step twice, a step past max_steps (never profiled) and
     10^20 without a word: each is refused naming the key and what to give; a list out of
