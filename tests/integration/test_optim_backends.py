@@ -189,6 +189,7 @@ def test_lamb_stored_update_in_bf16_applies_u_rounded_to_bf16():
         exact_apart = max(exact_apart, max((ref[n][0] - ref[n][1]).abs().max().item()
                                            for n in ref) / scale)
     assert exact_apart > 1e-6, exact_apart
+    assert opt.flat_binding.compiled   # both passes compiled (no eager fallback on bf16 g)
     # after the step the gradient buffer holds u (bf16), not the gradient it was given
     p = dict(bf16)["emb.word_embeddings.weight"]
     assert not torch.equal(p.grad, grads[11]["emb.word_embeddings.weight"].to(torch.bfloat16))
