@@ -304,9 +304,10 @@ class OptimConfig:
             "recompute": "from m and v, re-read (exact; 40 bytes a parameter a step)",
             "stored": "pass 1 writes u over the gradient in the gradient's dtype and pass 2 "
                       "reads it: 4 bytes a parameter less with the bf16/fp16 gradients of "
-                      "'*_master' precisions, u applied rounded to that dtype (the same samples "
-                      "to target on 3 seeds: docs/benchmarks/device_time.md); with fp32 "
-                      "gradients exact and no byte less"}), "recompute",
+                      "'*_master' precisions, u applied rounded to that dtype (samples to "
+                      "target within one evaluation on 3 seeds: docs/benchmarks/"
+                      "convergence.md); with fp32 gradients exact and no byte less"}),
+        "recompute",
         resume=RECORD, why="the update's rounding from here on")
     momentum: float = _doc("LARS momentum", 0.9, resume=MATCH, why=_STATE)
     trust_coefficient: float = _doc("LARS trust coefficient", 0.001,
