@@ -554,9 +554,10 @@ class FusedLambStoredUpdate(FusedLamb):
     with the bf16/fp16 gradients of the ``*_master`` precisions it moves 4 bytes a parameter
     less (36 of 40) and applies u rounded to the gradient's dtype: the trust ratio is of the
     unrounded u, as ``kernels.optim_reference.lamb_step(update_dtype=...)`` computes it. After
-    a step the gradient buffer holds the update, not the gradient: the gradient syncs
-    overwrite it before the next step reads it (the buckets' first copy, DDP's zeroing), and
-    ``grad_norm`` is read before the step."""
+    a step the gradient buffer holds the update of every active tensor, not its gradient: the
+    gradient syncs overwrite it before the next step reads it (the buckets' first copy, DDP's
+    zeroing), and ``grad_norm`` is read before the step. An inactive tensor's gradient stays
+    (so the warm-up, every tensor inactive, changes nothing)."""
 
     pass_functions = (lamb_pass1_store, lamb_pass2_stored, lamb_pass2_master_stored)
     update_passes = ("lamb_pass2_stored", "lamb_pass2_master_stored")
@@ -565,13 +566,6 @@ class FusedLambStoredUpdate(FusedLamb):
     def _pass2_inputs(M, V, G, keep, t, seg, lr) -> tuple:
         """Pass 2 reads the stored u (the gradient rows) instead of m, v and t."""
         return G, keep, seg, lr
-
-    def _warmup_step(self) -> None:
-        """The warm-up writes u over the gradient rows too: the gradient bound at build time
-        is put back."""
-        grads = self.buffers.grads.clone()
-        super()._warmup_step()
-        self.buffers.grads.copy_(grads)
 
 
 class FusedAdamW(_FusedStep):

@@ -37,31 +37,32 @@ def _moments(g, m, v, keep, t, gs):
     return m_new, v_new
 
 
-def lamb_pass1(p, g, m, v, keep, t, seg, gs):
-    """LAMB pass 1: m, v updated in place; returns per-row (Σx², Σu²)."""
+def _lamb_moments(p, g, m, v, keep, t, seg, gs):
+    """Pass 1's common part: m, v updated in place; returns (per-row keep, x, u)."""
     keep, t = keep[seg][:, None], t[seg]
     x = p.to(m.dtype)
     m_new, v_new = _moments(g, m, v, keep, t, gs)
     u = _adam_direction(x, m_new, v_new, t)
     m.copy_(m_new)
     v.copy_(v_new)
+    return keep, x, u
+
+
+def lamb_pass1(p, g, m, v, keep, t, seg, gs):
+    """LAMB pass 1: m, v updated in place; returns per-row (Σx², Σu²)."""
+    _, x, u = _lamb_moments(p, g, m, v, keep, t, seg, gs)
     return (x * x).sum(1), (u * u).sum(1)
 
 
 def lamb_pass1_store(p, g, m, v, keep, t, seg, gs):
     """LAMB pass 1 that also stores the update: as ``lamb_pass1``, and u written over the
-    gradient rows ``g`` in their dtype (the gradient is not read after this pass). The row
-    sums are of u before that rounding."""
-    keep, t = keep[seg][:, None], t[seg]
-    x = p.to(m.dtype)
-    m_new, v_new = _moments(g, m, v, keep, t, gs)
-    u = _adam_direction(x, m_new, v_new, t)
-    m.copy_(m_new)
-    v.copy_(v_new)
+    gradient rows ``g`` of the active tensors in their dtype (the gradient is not read after
+    this pass; an inactive tensor's stays). The row sums are of u before that rounding."""
+    keep, x, u = _lamb_moments(p, g, m, v, keep, t, seg, gs)
     sums = (x * x).sum(1), (u * u).sum(1)
     # the store after the sums: written before them, Inductor's C++ outer-loop fusion fails
     # on a bf16 g (KeyError 'buf0', torch 2.13); the loop it compiles is the same one
-    g.copy_(u.to(g.dtype))
+    g.copy_(torch.where(keep, u.to(g.dtype), g))
     return sums
 
 

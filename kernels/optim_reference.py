@@ -150,7 +150,7 @@ def lamb_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
             ratio = 1.0
         if update_dtype is not None:
             u = u.to(update_dtype).to(u.dtype)
-        p.copy_(x - (lr * ratio) * u if adapt else x - lr * u)
+        p.copy_(x - (lr * ratio) * u)   # lr · 1.0 is lr exactly: unadapted, x − lr·u
 
 
 @torch.no_grad()

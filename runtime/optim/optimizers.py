@@ -91,9 +91,10 @@ _BACKENDS: dict[str, dict[str, Backend]] = {
     "lars": {"reference": Backend(_ref.lars_step), "foreach": Backend(_foreach.lars_step),
              "fused": Backend(flat=_flat.FusedLars)},
 }
-# optim.lamb_update -> LAMB's fused step class (the per-tensor backends always recompute u)
-LAMB_UPDATES: dict[str, type] = {"recompute": _flat.FusedLamb,
-                                 "stored": _flat.FusedLambStoredUpdate}
+# optim.lamb_update -> LAMB's fused step class in place of the backend's (None: the
+# backend's own; the per-tensor backends always recompute u)
+LAMB_UPDATES: dict[str, type | None] = {"recompute": None,
+                                        "stored": _flat.FusedLambStoredUpdate}
 
 if _apex.available():  # never offered where NVIDIA apex does not import
     _BACKENDS["lamb"]["apex"] = Backend(_apex.lamb_step)
@@ -442,12 +443,10 @@ class Lamb(_AdamFamily):
             raise ValueError(f"lamb: lamb_update {lamb_update!r} is not one of "
                              f"{', '.join(LAMB_UPDATES)}")
         self.use_nvlamb = use_nvlamb
-        self.lamb_update = lamb_update
         defaults = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction, trust_clamp=trust_clamp, adapt=True)
         super().__init__(params, defaults, backend, param_order, master_weights,
-                         flat_step=None if lamb_update == "recompute"
-                         else LAMB_UPDATES[lamb_update])
+                         flat_step=LAMB_UPDATES[lamb_update])
 
     def _hparams(self, group) -> dict[str, Any]:
         return dict(lr=group["lr"], beta1=group["beta1"], beta2=group["beta2"],
